@@ -1,0 +1,19 @@
+//! usermm: the Linux memory-management core, executable in user space.
+//!
+//! Layers, bottom up; each uses only those beneath it:
+//!
+//! 1. [`phys`]: nodes, frames with real bytes, page descriptors, folios, buddy.
+//! 2. [`pgtable`]: x86-64 four-level page tables held in frames.
+//! 3. [`mm`]: address spaces (mm_struct), VMAs, mmap_lock.
+//! 4. [`rmap`]: anon_vma and the folio rmap counters.
+//! 5. [`cpu`]: CPUs with software TLBs and shootdowns.
+//! 6. Operations: [`memory`] (faults, zap), [`mmu_gather`], [`mmap`],
+//!    [`mprotect`], [`madvise`], [`uaccess`] (loads and stores).
+//! 7. Statistics: [`vmstat`], [`stat`]; and the oracles in [`check`].
+
+pub mod errno;
+pub mod phys;
+pub mod sync;
+pub mod vmstat;
+
+pub use errno::{Errno, KResult};

@@ -1,0 +1,155 @@
+//! Folios: a head page and its tails, handled as one (`struct folio`).
+//!
+//! [`Folio`] is a handle (the head's PFN); the state lives in the memmap. A
+//! folio's references and mapcounts follow the kernel's conventions:
+//! `_refcount` counts one reference per mapping PTE/PMD plus transient ones;
+//! per-page `_mapcount` and the folio-wide `_large_mapcount` and
+//! `_entire_mapcount` start at -1; `_nr_pages_mapped` counts pages mapped by
+//! PTEs.
+
+use super::memmap::{pg, Page, PAGE_MAPPING_ANON};
+use super::{AllocFlags, Pfn, PhysMem};
+use crate::sync::Ordering;
+use crate::vmstat::MthpStat;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Folio(pub Pfn);
+
+impl Folio {
+    #[inline]
+    pub fn pfn(self) -> Pfn {
+        self.0
+    }
+
+    #[inline]
+    pub fn head(self, mem: &PhysMem) -> &Page {
+        mem.page(self.0)
+    }
+
+    #[inline]
+    pub fn order(self, mem: &PhysMem) -> u32 {
+        self.head(mem).order()
+    }
+
+    #[inline]
+    pub fn nr_pages(self, mem: &PhysMem) -> u64 {
+        1 << self.order(mem)
+    }
+
+    #[inline]
+    pub fn is_large(self, mem: &PhysMem) -> bool {
+        self.head(mem).test(pg::HEAD)
+    }
+
+    #[inline]
+    pub fn test_anon(self, mem: &PhysMem) -> bool {
+        self.head(mem).mapping.load(Ordering::Relaxed) & PAGE_MAPPING_ANON != 0
+    }
+
+    #[inline]
+    pub fn is_zero(self, mem: &PhysMem) -> bool {
+        self.head(mem).test(pg::ZERO)
+    }
+
+    #[inline]
+    pub fn ref_count(self, mem: &PhysMem) -> i32 {
+        self.head(mem).refcount.load(Ordering::Relaxed)
+    }
+
+    /// `folio_get`.
+    #[inline]
+    pub fn get(self, mem: &PhysMem) {
+        self.ref_add(mem, 1)
+    }
+
+    /// `folio_ref_add`.
+    #[inline]
+    pub fn ref_add(self, mem: &PhysMem, nr: i32) {
+        let old = self.head(mem).refcount.fetch_add(nr, Ordering::Relaxed);
+        debug_assert!(old > 0, "folio {:#x}: reference taken on a free folio", self.0);
+    }
+
+    /// `folio_put`.
+    #[inline]
+    pub fn put(self, mem: &PhysMem, cpu: usize) {
+        self.put_refs(mem, 1, cpu)
+    }
+
+    /// `folio_put_refs`: drop `nr` references at once and free the folio when
+    /// they were the last ones.
+    pub fn put_refs(self, mem: &PhysMem, nr: i32, cpu: usize) {
+        // Release: our earlier accesses to the folio happen before whoever
+        // frees it; Acquire on the last drop: we see everyone else's.
+        let old = self.head(mem).refcount.fetch_sub(nr, Ordering::AcqRel);
+        debug_assert!(old >= nr, "folio {:#x}: refcount {old} dropped by {nr}", self.0);
+        if old == nr {
+            self.free(mem, cpu);
+        }
+    }
+
+    /// `__folio_put`: the last reference is gone.
+    fn free(self, mem: &PhysMem, cpu: usize) {
+        let order = self.order(mem);
+        let head = self.head(mem);
+        debug_assert!(!head.test(pg::ZERO), "freeing the zero page");
+        if self.test_anon(mem) && order > 1 {
+            mem.vmstat.mod_mthp(order, MthpStat::NR_ANON, -1);
+            if head.test(pg::PARTIALLY_MAPPED) {
+                mem.vmstat.mod_mthp(order, MthpStat::NR_ANON_PARTIALLY_MAPPED, -1);
+            }
+        }
+        mem.free_pages(self.0, order, cpu);
+    }
+
+    /// `folio_mapcount`: how many page-table entries map some page of it.
+    pub fn mapcount(self, mem: &PhysMem) -> i32 {
+        let head = self.head(mem);
+        if self.is_large(mem) {
+            head.large_mapcount.load(Ordering::Relaxed) + 1
+        } else {
+            head.mapcount.load(Ordering::Relaxed) + 1
+        }
+    }
+
+    #[inline]
+    pub fn mapped(self, mem: &PhysMem) -> bool {
+        self.mapcount(mem) > 0
+    }
+
+    pub fn entire_mapcount(self, mem: &PhysMem) -> i32 {
+        self.head(mem).entire_mapcount.load(Ordering::Relaxed) + 1
+    }
+}
+
+/// `PageAnonExclusive` and friends, per page.
+#[inline]
+pub fn page_anon_exclusive(mem: &PhysMem, pfn: Pfn) -> bool {
+    mem.page(pfn).test(pg::ANON_EXCLUSIVE)
+}
+
+#[inline]
+pub fn set_page_anon_exclusive(mem: &PhysMem, pfn: Pfn) {
+    mem.page(pfn).set(pg::ANON_EXCLUSIVE)
+}
+
+#[inline]
+pub fn clear_page_anon_exclusive(mem: &PhysMem, pfn: Pfn) {
+    mem.page(pfn).clear(pg::ANON_EXCLUSIVE)
+}
+
+/// `page_mapcount`: PTE mappings of this page plus PMD mappings of its folio.
+pub fn page_mapcount(mem: &PhysMem, pfn: Pfn) -> i32 {
+    let folio = mem.page_folio(pfn);
+    let mut n = mem.page(pfn).mapcount.load(Ordering::Relaxed) + 1;
+    if folio.is_large(mem) {
+        n += folio.entire_mapcount(mem);
+    }
+    n
+}
+
+impl PhysMem {
+    /// `folio_alloc`: a folio of `order` on `nid` (or a fallback node).
+    pub fn folio_alloc(&self, nid: usize, order: u32, cpu: usize, zero: bool, this_node: bool) -> Option<Folio> {
+        self.alloc_pages(nid, order, cpu, AllocFlags { zero, this_node, comp: true }).map(Folio)
+    }
+}

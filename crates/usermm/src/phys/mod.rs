@@ -1,0 +1,186 @@
+//! Layer 1: physical memory.
+//!
+//! NUMA nodes, each an [`arena::Arena`] of 4 KiB frames that hold real bytes,
+//! a memmap of page descriptors ([`memmap::Page`]), folios of order 0..=9
+//! ([`folio`]) and a buddy allocator per node with per-CPU page lists and
+//! watermarks ([`page_alloc`]).
+//!
+//! A PFN names a frame machine-wide: the node number sits above
+//! [`NODE_PFN_SHIFT`], the frame's offset in its node below, so that the node
+//! of a PFN is one shift away (the kernel's `pfn_to_nid` with one section per
+//! node).
+
+pub mod arena;
+pub mod folio;
+pub mod memmap;
+pub mod page_alloc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::errno::KResult;
+pub use folio::Folio;
+pub use memmap::{pg, Page};
+pub use page_alloc::{AllocFlags, Zone};
+
+pub const PAGE_SHIFT: u32 = 12;
+pub const PAGE_SIZE: u64 = 1 << PAGE_SHIFT;
+pub const PAGE_MASK: u64 = !(PAGE_SIZE - 1);
+/// Largest buddy order (`MAX_PAGE_ORDER`, 4 MiB blocks).
+pub const MAX_PAGE_ORDER: u32 = 10;
+/// `HPAGE_PMD_ORDER`: a PMD maps 2 MiB.
+pub const HPAGE_PMD_ORDER: u32 = 9;
+pub const HPAGE_PMD_NR: u64 = 1 << HPAGE_PMD_ORDER;
+pub const HPAGE_PMD_SIZE: u64 = PAGE_SIZE << HPAGE_PMD_ORDER;
+/// Bits of a PFN that give the frame's offset inside its node (1 TiB a node).
+pub const NODE_PFN_SHIFT: u32 = 28;
+
+pub type Pfn = u64;
+
+/// Memory tiers, as the kernel's memory-tiering code ranks them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tier {
+    /// Fast DRAM, usually with CPUs.
+    Dram,
+    /// Slow, CXL-like memory without CPUs.
+    Slow,
+}
+
+/// How one node is built.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct NodeConfig {
+    pub size_bytes: u64,
+    pub tier: Tier,
+    /// Whether CPUs belong to this node (a CXL node has none).
+    pub has_cpus: bool,
+}
+
+/// `pg_data_t` with its single zone.
+pub struct Node {
+    pub id: usize,
+    pub tier: Tier,
+    pub has_cpus: bool,
+    pub nr_pages: u64,
+    arena: arena::Arena,
+    memmap: Box<[Page]>,
+    pub zone: Zone,
+}
+
+impl Node {
+    #[inline]
+    pub fn start_pfn(&self) -> Pfn {
+        (self.id as u64) << NODE_PFN_SHIFT
+    }
+
+    #[inline]
+    pub fn contains(&self, pfn: Pfn) -> bool {
+        pfn >> NODE_PFN_SHIFT == self.id as u64 && (pfn & ((1 << NODE_PFN_SHIFT) - 1)) < self.nr_pages
+    }
+}
+
+/// All the machine's physical memory.
+pub struct PhysMem {
+    pub nodes: Vec<Node>,
+    /// The machine's counters; kept here because every layer counts.
+    pub vmstat: crate::vmstat::VmStat,
+}
+
+impl PhysMem {
+    pub fn new(configs: &[NodeConfig], nr_cpus: usize) -> KResult<PhysMem> {
+        let mut nodes = Vec::with_capacity(configs.len());
+        for (id, c) in configs.iter().enumerate() {
+            let nr_pages = c.size_bytes >> PAGE_SHIFT;
+            assert!(nr_pages >= 1 << MAX_PAGE_ORDER, "a node needs at least 4 MiB");
+            assert!(nr_pages < 1 << NODE_PFN_SHIFT, "a node holds at most 1 TiB");
+            let arena = arena::Arena::new((nr_pages << PAGE_SHIFT) as usize)?;
+            let memmap: Box<[Page]> = (0..nr_pages).map(|_| Page::default()).collect();
+            let zone = Zone::new(nr_pages, nr_cpus);
+            nodes.push(Node { id, tier: c.tier, has_cpus: c.has_cpus, nr_pages, arena, memmap, zone });
+        }
+        let mem = PhysMem { nodes, vmstat: crate::vmstat::VmStat::new(nr_cpus) };
+        for node in &mem.nodes {
+            page_alloc::init_free_area(&mem, node);
+        }
+        Ok(mem)
+    }
+
+    #[inline]
+    pub fn nid(pfn: Pfn) -> usize {
+        (pfn >> NODE_PFN_SHIFT) as usize
+    }
+
+    #[inline]
+    fn offset(pfn: Pfn) -> usize {
+        (pfn & ((1 << NODE_PFN_SHIFT) - 1)) as usize
+    }
+
+    #[inline]
+    pub fn node(&self, pfn: Pfn) -> &Node {
+        &self.nodes[Self::nid(pfn)]
+    }
+
+    /// Whether `pfn` names a frame of this machine.
+    pub fn pfn_valid(&self, pfn: Pfn) -> bool {
+        self.nodes.get(Self::nid(pfn)).is_some_and(|n| n.contains(pfn))
+    }
+
+    /// `pfn_to_page`.
+    #[inline]
+    pub fn page(&self, pfn: Pfn) -> &Page {
+        &self.node(pfn).memmap[Self::offset(pfn)]
+    }
+
+    /// The frame's bytes (`page_address`).
+    #[inline]
+    pub fn frame_ptr(&self, pfn: Pfn) -> *mut u8 {
+        let node = self.node(pfn);
+        debug_assert!(node.contains(pfn), "pfn {pfn:#x} outside node {}", node.id);
+        // SAFETY: the offset is inside the node's arena (checked above in
+        // debug builds; PFNs come from the allocator or from page tables that
+        // only hold allocator PFNs).
+        unsafe { node.arena.base().add(Self::offset(pfn) << PAGE_SHIFT) }
+    }
+
+    /// `page_folio`: the folio a page belongs to.
+    #[inline]
+    pub fn page_folio(&self, pfn: Pfn) -> Folio {
+        let head = self.page(pfn).compound_head.load(crate::sync::Ordering::Relaxed);
+        if head & memmap::COMPOUND_TAIL != 0 {
+            Folio(head & !memmap::COMPOUND_TAIL)
+        } else {
+            Folio(pfn)
+        }
+    }
+
+    /// Back every node's frames with host memory now (before timed runs).
+    pub fn prefault(&self) {
+        for n in &self.nodes {
+            n.arena.prefault();
+        }
+    }
+
+    /// Fill a frame with zeroes (`clear_page`). The caller owns the frame.
+    pub fn clear_page(&self, pfn: Pfn) {
+        // SAFETY: the frame is PAGE_SIZE bytes inside the arena and owned by
+        // the caller (just allocated, not yet mapped anywhere).
+        unsafe { std::ptr::write_bytes(self.frame_ptr(pfn), 0, PAGE_SIZE as usize) }
+    }
+
+    /// Copy one frame to another (`copy_user_highpage`). The destination is
+    /// owned by the caller; the source is mapped read-only everywhere (COW).
+    pub fn copy_page(&self, dst: Pfn, src: Pfn) {
+        // SAFETY: both frames are PAGE_SIZE bytes inside the arena; dst is
+        // owned by the caller; src is write-protected in every page table and
+        // TLB (COW), so no store races with this read.
+        unsafe { std::ptr::copy_nonoverlapping(self.frame_ptr(src), self.frame_ptr(dst), PAGE_SIZE as usize) }
+    }
+
+    /// Free pages in the buddy allocator plus those on per-CPU lists.
+    pub fn nr_free_pages(&self) -> u64 {
+        self.nodes.iter().map(|n| n.zone.nr_free_pages()).sum()
+    }
+
+    pub fn nr_pages(&self) -> u64 {
+        self.nodes.iter().map(|n| n.nr_pages).sum()
+    }
+}

@@ -1,0 +1,442 @@
+//! The buddy allocator (mm/page_alloc.c), one zone per node.
+//!
+//! Free blocks of order 0..=[`MAX_PAGE_ORDER`] sit on per-order lists linked
+//! through the descriptors' `lru_next`/`lru_prev` (offsets within the node); a
+//! free block's head carries `PG_buddy` and its order in `private`, so that
+//! freeing can find and merge its buddy in O(1). Per-CPU page lists (pcp)
+//! cache blocks of order 0..=3 and the PMD order, refilled and drained in
+//! batches, as the kernel's `rmqueue_pcplist` / `free_unref_page` do.
+//!
+//! # Locking
+//!
+//! The free lists and every `PG_buddy` descriptor are guarded by the zone lock
+//! (`zone->lock`); a pcp list by its own lock (the kernel disables preemption
+//! and takes `pcp->lock`). Lock order: pcp lock, then zone lock.
+//!
+//! # Watermarks
+//!
+//! `min`, `low` and `high` follow `__setup_per_zone_wmarks` with
+//! `min_free_kbytes = 4 * sqrt(lowmem_kbytes)`. An allocation that would take
+//! the zone below `min` fails (there is no reclaim yet, so no slow path): the
+//! caller sees ENOMEM or falls back to a smaller order.
+
+use super::memmap::{pg, LIST_NONE};
+use super::{Node, Pfn, PhysMem, MAX_PAGE_ORDER, NODE_PFN_SHIFT};
+use crate::sync::{AtomicU64, Mutex, Ordering};
+use crate::vmstat::Event;
+
+const NR_ORDERS: usize = MAX_PAGE_ORDER as usize + 1;
+/// pcp lists: orders 0..=PAGE_ALLOC_COSTLY_ORDER, then the PMD order.
+const NR_PCP_LISTS: usize = 5;
+const PCP_BATCH: u64 = 63;
+const PCP_HIGH: u64 = 6 * PCP_BATCH;
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AllocFlags {
+    /// `__GFP_ZERO`.
+    pub zero: bool,
+    /// `__GFP_THISNODE`: no fallback to other nodes.
+    pub this_node: bool,
+    /// `__GFP_COMP`: make a compound page (folio) of a high-order block.
+    pub comp: bool,
+}
+
+struct FreeArea {
+    head: [u32; NR_ORDERS],
+    nr_free: [u64; NR_ORDERS],
+}
+
+#[derive(Default)]
+struct PerCpuPages {
+    lists: [Vec<u32>; NR_PCP_LISTS],
+    /// Pages (not blocks) on all lists.
+    count: u64,
+}
+
+pub struct Zone {
+    free_area: Mutex<FreeArea>,
+    /// `NR_FREE_PAGES`: pages in the buddy lists (pcp pages excluded).
+    nr_free: AtomicU64,
+    /// Pages sitting on pcp lists.
+    nr_pcp: AtomicU64,
+    pcp: Box<[Mutex<PerCpuPages>]>,
+    /// `_watermark[WMARK_MIN..=WMARK_HIGH]`, in pages.
+    pub watermark: [u64; 3],
+}
+
+pub const WMARK_MIN: usize = 0;
+pub const WMARK_LOW: usize = 1;
+pub const WMARK_HIGH: usize = 2;
+
+fn pcp_index(order: u32) -> Option<usize> {
+    match order {
+        0..=3 => Some(order as usize),
+        super::HPAGE_PMD_ORDER => Some(4),
+        _ => None,
+    }
+}
+
+impl Zone {
+    pub(super) fn new(nr_pages: u64, nr_cpus: usize) -> Zone {
+        let kbytes = nr_pages * 4;
+        let min_free_kbytes = (4 * (kbytes as f64).sqrt() as u64).clamp(128, 262_144);
+        let min = min_free_kbytes / 4;
+        let step = (min / 4).max(nr_pages * 10 / 10_000);
+        Zone {
+            free_area: Mutex::new(FreeArea { head: [LIST_NONE; NR_ORDERS], nr_free: [0; NR_ORDERS] }),
+            nr_free: AtomicU64::new(0),
+            nr_pcp: AtomicU64::new(0),
+            pcp: (0..=nr_cpus).map(|_| Mutex::new(PerCpuPages::default())).collect(),
+            watermark: [min, min + step, min + 2 * step],
+        }
+    }
+
+    pub fn nr_free_pages(&self) -> u64 {
+        self.nr_free.load(Ordering::Relaxed) + self.nr_pcp.load(Ordering::Relaxed)
+    }
+
+    /// Pages in the buddy lists only (`NR_FREE_PAGES`).
+    pub fn nr_free_buddy(&self) -> u64 {
+        self.nr_free.load(Ordering::Relaxed)
+    }
+
+    /// `__zone_watermark_ok` against `mark`, for a block of `order`.
+    fn watermark_ok(&self, area: &FreeArea, order: u32, mark: usize) -> bool {
+        let free = self.nr_free.load(Ordering::Relaxed) as i64 - ((1i64 << order) - 1);
+        if free <= self.watermark[mark] as i64 {
+            return false;
+        }
+        order == 0 || (order as usize..NR_ORDERS).any(|o| area.nr_free[o] > 0)
+    }
+}
+
+/// Build the free lists of a new node: the largest aligned blocks that fit.
+pub(super) fn init_free_area(mem: &PhysMem, node: &Node) {
+    let mut area = node.zone.free_area.lock();
+    let mut off = 0u64;
+    while off < node.nr_pages {
+        let mut order = MAX_PAGE_ORDER;
+        while off & ((1 << order) - 1) != 0 || off + (1 << order) > node.nr_pages {
+            order -= 1;
+        }
+        add_to_free_list(mem, node, &mut area, off as u32, order);
+        node.zone.nr_free.fetch_add(1 << order, Ordering::Relaxed);
+        off += 1 << order;
+    }
+}
+
+fn add_to_free_list(mem: &PhysMem, node: &Node, area: &mut FreeArea, off: u32, order: u32) {
+    let page = mem.page(node.start_pfn() + off as u64);
+    page.set(pg::BUDDY);
+    page.private.store(order as u64, Ordering::Relaxed);
+    let old = area.head[order as usize];
+    page.lru_next.store(old, Ordering::Relaxed);
+    page.lru_prev.store(LIST_NONE, Ordering::Relaxed);
+    if old != LIST_NONE {
+        mem.page(node.start_pfn() + old as u64).lru_prev.store(off, Ordering::Relaxed);
+    }
+    area.head[order as usize] = off;
+    area.nr_free[order as usize] += 1;
+}
+
+fn del_from_free_list(mem: &PhysMem, node: &Node, area: &mut FreeArea, off: u32, order: u32) {
+    let page = mem.page(node.start_pfn() + off as u64);
+    let next = page.lru_next.load(Ordering::Relaxed);
+    let prev = page.lru_prev.load(Ordering::Relaxed);
+    if prev == LIST_NONE {
+        area.head[order as usize] = next;
+    } else {
+        mem.page(node.start_pfn() + prev as u64).lru_next.store(next, Ordering::Relaxed);
+    }
+    if next != LIST_NONE {
+        mem.page(node.start_pfn() + next as u64).lru_prev.store(prev, Ordering::Relaxed);
+    }
+    page.clear(pg::BUDDY);
+    page.lru_next.store(LIST_NONE, Ordering::Relaxed);
+    page.lru_prev.store(LIST_NONE, Ordering::Relaxed);
+    area.nr_free[order as usize] -= 1;
+}
+
+/// `__rmqueue_smallest` + `expand`: take the smallest block of at least
+/// `order` and give back the halves not needed. Zone lock held.
+fn rmqueue_smallest(mem: &PhysMem, node: &Node, area: &mut FreeArea, order: u32) -> Option<u32> {
+    let found = (order..=MAX_PAGE_ORDER).find(|&o| area.head[o as usize] != LIST_NONE)?;
+    let off = area.head[found as usize];
+    del_from_free_list(mem, node, area, off, found);
+    let mut high = found;
+    while high > order {
+        high -= 1;
+        add_to_free_list(mem, node, area, off + (1 << high), high);
+    }
+    node.zone.nr_free.fetch_sub(1 << order, Ordering::Relaxed);
+    Some(off)
+}
+
+/// `__free_one_page`: merge with free buddies while possible. Zone lock held.
+fn free_one_page(mem: &PhysMem, node: &Node, area: &mut FreeArea, mut off: u32, mut order: u32) {
+    node.zone.nr_free.fetch_add(1 << order, Ordering::Relaxed);
+    while order < MAX_PAGE_ORDER {
+        let buddy = off ^ (1 << order);
+        if buddy as u64 >= node.nr_pages {
+            break;
+        }
+        let bp = mem.page(node.start_pfn() + buddy as u64);
+        if !bp.test(pg::BUDDY) || bp.private.load(Ordering::Relaxed) != order as u64 {
+            break;
+        }
+        del_from_free_list(mem, node, area, buddy, order);
+        off &= buddy;
+        order += 1;
+    }
+    add_to_free_list(mem, node, area, off, order);
+}
+
+impl PhysMem {
+    /// `__alloc_pages`: a block of `2^order` frames, preferring `nid` and then
+    /// falling back along the zonelist (same tier first). `cpu` picks the pcp
+    /// lists. Returns the head PFN with a refcount of 1.
+    pub fn alloc_pages(&self, nid: usize, order: u32, cpu: usize, flags: AllocFlags) -> Option<Pfn> {
+        debug_assert!(order <= MAX_PAGE_ORDER);
+        let pfn = self.zonelist(nid, flags.this_node).find_map(|n| self.rmqueue(&self.nodes[n], order, cpu))?;
+        self.prep_new_page(pfn, order, flags);
+        self.vmstat.count(cpu, Event::PGALLOC, 1 << order);
+        Some(pfn)
+    }
+
+    /// Node ids in fallback order: the preferred node, then same-tier nodes,
+    /// then the rest (a stand-in for node distances).
+    fn zonelist(&self, nid: usize, this_node: bool) -> impl Iterator<Item = usize> + '_ {
+        let nid = nid.min(self.nodes.len() - 1);
+        let tier = self.nodes[nid].tier;
+        let same = self.nodes.iter().filter(move |n| n.id != nid && n.tier == tier).map(|n| n.id);
+        let other = self.nodes.iter().filter(move |n| n.tier != tier).map(|n| n.id);
+        std::iter::once(nid).chain(same.chain(other).filter(move |_| !this_node))
+    }
+
+    fn rmqueue(&self, node: &Node, order: u32, cpu: usize) -> Option<Pfn> {
+        let zone = &node.zone;
+        if let Some(idx) = pcp_index(order) {
+            let mut pcp = zone.pcp[cpu.min(zone.pcp.len() - 1)].lock();
+            if pcp.lists[idx].is_empty() {
+                let mut area = zone.free_area.lock();
+                if !zone.watermark_ok(&area, order, WMARK_MIN) {
+                    return None;
+                }
+                // rmqueue_bulk: refill with a batch, never below the min mark.
+                let blocks = (PCP_BATCH >> order).max(1);
+                for _ in 0..blocks {
+                    if !zone.watermark_ok(&area, order, WMARK_MIN) {
+                        break;
+                    }
+                    let Some(off) = rmqueue_smallest(self, node, &mut area, order) else { break };
+                    self.page(node.start_pfn() + off as u64).set(pg::PCP);
+                    pcp.lists[idx].push(off);
+                    pcp.count += 1 << order;
+                    zone.nr_pcp.fetch_add(1 << order, Ordering::Relaxed);
+                }
+            }
+            let off = pcp.lists[idx].pop()?;
+            pcp.count -= 1 << order;
+            zone.nr_pcp.fetch_sub(1 << order, Ordering::Relaxed);
+            let pfn = node.start_pfn() + off as u64;
+            self.page(pfn).clear(pg::PCP);
+            return Some(pfn);
+        }
+        let mut area = zone.free_area.lock();
+        if !zone.watermark_ok(&area, order, WMARK_MIN) {
+            return None;
+        }
+        rmqueue_smallest(self, node, &mut area, order).map(|off| node.start_pfn() + off as u64)
+    }
+
+    /// `prep_new_page` / `prep_compound_page`.
+    fn prep_new_page(&self, pfn: Pfn, order: u32, flags: AllocFlags) {
+        let head = self.page(pfn);
+        debug_assert_eq!(head.refcount.load(Ordering::Relaxed), 0, "allocating a referenced page {pfn:#x}");
+        head.refcount.store(1, Ordering::Relaxed);
+        if flags.comp && order > 0 {
+            head.flags.store(pg::HEAD | ((order as u64) << pg::ORDER_SHIFT), Ordering::Relaxed);
+            for i in 1..(1u64 << order) {
+                let tail = self.page(pfn + i);
+                tail.compound_head.store(pfn | super::memmap::COMPOUND_TAIL, Ordering::Relaxed);
+            }
+            head.large_mapcount.store(-1, Ordering::Relaxed);
+            head.entire_mapcount.store(-1, Ordering::Relaxed);
+            head.nr_pages_mapped.store(0, Ordering::Relaxed);
+        }
+        if flags.zero {
+            for i in 0..(1u64 << order) {
+                self.clear_page(pfn + i);
+            }
+        }
+    }
+
+    /// `__free_pages` of a block whose references are gone: reset the
+    /// descriptors (checking, as `free_pages_prepare` does, that nothing still
+    /// maps them) and return the block to the pcp list or the buddy lists.
+    pub fn free_pages(&self, pfn: Pfn, order: u32, cpu: usize) {
+        for i in 0..(1u64 << order) {
+            let p = self.page(pfn + i);
+            debug_assert_eq!(p.mapcount.load(Ordering::Relaxed), -1, "freeing mapped page {:#x}", pfn + i);
+            debug_assert!(!p.test(pg::BUDDY | pg::PCP), "double free of {:#x}", pfn + i);
+            p.flags.store(0, Ordering::Relaxed);
+            p.compound_head.store(0, Ordering::Relaxed);
+            p.mapping.store(0, Ordering::Relaxed);
+            p.private.store(0, Ordering::Relaxed);
+            p.refcount.store(0, Ordering::Relaxed);
+        }
+        let head = self.page(pfn);
+        head.large_mapcount.store(-1, Ordering::Relaxed);
+        head.entire_mapcount.store(-1, Ordering::Relaxed);
+        head.nr_pages_mapped.store(0, Ordering::Relaxed);
+        self.vmstat.count(cpu, Event::PGFREE, 1 << order);
+
+        let node = self.node(pfn);
+        let off = (pfn & ((1 << NODE_PFN_SHIFT) - 1)) as u32;
+        let zone = &node.zone;
+        if let Some(idx) = pcp_index(order) {
+            let mut pcp = zone.pcp[cpu.min(zone.pcp.len() - 1)].lock();
+            head.set(pg::PCP);
+            pcp.lists[idx].push(off);
+            pcp.count += 1 << order;
+            zone.nr_pcp.fetch_add(1 << order, Ordering::Relaxed);
+            if pcp.count > PCP_HIGH {
+                self.free_pcppages_bulk(node, &mut pcp, PCP_BATCH);
+            }
+            return;
+        }
+        let mut area = zone.free_area.lock();
+        free_one_page(self, node, &mut area, off, order);
+    }
+
+    /// Return at least `pages` pages from a pcp to the buddy lists, oldest first.
+    fn free_pcppages_bulk(&self, node: &Node, pcp: &mut PerCpuPages, pages: u64) {
+        let mut area = node.zone.free_area.lock();
+        let mut freed = 0;
+        'lists: for idx in 0..NR_PCP_LISTS {
+            let order = if idx == 4 { super::HPAGE_PMD_ORDER } else { idx as u32 };
+            while !pcp.lists[idx].is_empty() {
+                if freed >= pages {
+                    break 'lists;
+                }
+                let off = pcp.lists[idx].remove(0);
+                self.page(node.start_pfn() + off as u64).clear(pg::PCP);
+                free_one_page(self, node, &mut area, off, order);
+                pcp.count -= 1 << order;
+                node.zone.nr_pcp.fetch_sub(1 << order, Ordering::Relaxed);
+                freed += 1 << order;
+            }
+        }
+    }
+
+    /// Return every pcp page to the buddy lists (`drain_all_pages`).
+    pub fn drain_all_pages(&self) {
+        for node in &self.nodes {
+            for pcp in node.zone.pcp.iter() {
+                let mut pcp = pcp.lock();
+                let n = pcp.count;
+                self.free_pcppages_bulk(node, &mut pcp, n);
+            }
+        }
+    }
+
+    /// Call `f(head, order)` for every free block, in the buddy lists and on
+    /// the pcp lists (for the invariant checker; takes every lock in turn).
+    pub fn for_each_free_block(&self, mut f: impl FnMut(Pfn, u32)) {
+        for node in &self.nodes {
+            for pcp in node.zone.pcp.iter() {
+                let pcp = pcp.lock();
+                for (idx, list) in pcp.lists.iter().enumerate() {
+                    let order = if idx == 4 { super::HPAGE_PMD_ORDER } else { idx as u32 };
+                    list.iter().for_each(|&off| f(node.start_pfn() + off as u64, order));
+                }
+            }
+            let area = node.zone.free_area.lock();
+            for order in 0..=MAX_PAGE_ORDER {
+                let mut off = area.head[order as usize];
+                while off != LIST_NONE {
+                    f(node.start_pfn() + off as u64, order);
+                    off = self.page(node.start_pfn() + off as u64).lru_next.load(Ordering::Relaxed);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::phys::{NodeConfig, Tier};
+
+    fn mem(mib: u64) -> PhysMem {
+        PhysMem::new(&[NodeConfig { size_bytes: mib << 20, tier: Tier::Dram, has_cpus: true }], 2).unwrap()
+    }
+
+    #[test]
+    fn alloc_free_round_trip_restores_free_count() {
+        let m = mem(16);
+        let before = m.nr_free_pages();
+        let mut got = vec![];
+        for order in [0, 1, 2, 3, 4, 9, 0, 9, 10] {
+            got.push((m.alloc_pages(0, order, 0, AllocFlags::default()).unwrap(), order));
+        }
+        assert_eq!(m.nr_free_pages(), before - got.iter().map(|&(_, o)| 1u64 << o).sum::<u64>());
+        for (pfn, order) in got {
+            m.page(pfn).refcount.store(0, Ordering::Relaxed);
+            m.free_pages(pfn, order, 1);
+        }
+        m.drain_all_pages();
+        assert_eq!(m.nr_free_pages(), before);
+        // Everything merged back into max-order blocks.
+        let area = m.nodes[0].zone.free_area.lock();
+        assert_eq!(area.nr_free[MAX_PAGE_ORDER as usize], 16 << 20 >> 22);
+    }
+
+    #[test]
+    fn blocks_are_aligned_and_disjoint() {
+        let m = mem(8);
+        let mut seen = std::collections::HashSet::new();
+        while let Some(pfn) = m.alloc_pages(0, 2, 0, AllocFlags::default()) {
+            assert_eq!(pfn % 4, 0);
+            for i in 0..4 {
+                assert!(seen.insert(pfn + i), "frame {:#x} handed out twice", pfn + i);
+            }
+        }
+        let mut free_frames = 0;
+        m.for_each_free_block(|head, order| {
+            for i in 0..1u64 << order {
+                assert!(!seen.contains(&(head + i)), "frame {:#x} both free and allocated", head + i);
+            }
+            free_frames += 1u64 << order;
+        });
+        assert_eq!(free_frames, m.nr_free_pages());
+        // Allocation stopped at the min watermark, not at zero.
+        let free = m.nodes[0].zone.nr_free_buddy();
+        assert!(free <= m.nodes[0].zone.watermark[WMARK_MIN] + 4, "free {free}");
+        assert!(free > 0);
+    }
+
+    #[test]
+    fn zeroed_allocation_is_zero() {
+        let m = mem(8);
+        let pfn = m.alloc_pages(0, 0, 0, AllocFlags::default()).unwrap();
+        // SAFETY: the frame was just allocated and is owned here.
+        unsafe { std::ptr::write_bytes(m.frame_ptr(pfn), 0xaa, 4096) };
+        m.page(pfn).refcount.store(0, Ordering::Relaxed);
+        m.free_pages(pfn, 0, 0);
+        let again = m.alloc_pages(0, 0, 0, AllocFlags { zero: true, ..Default::default() }).unwrap();
+        assert_eq!(again, pfn, "pcp lists are LIFO");
+        // SAFETY: as above.
+        let bytes = unsafe { std::slice::from_raw_parts(m.frame_ptr(again), 4096) };
+        assert!(bytes.iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn fallback_to_other_node_unless_thisnode() {
+        let cfg = NodeConfig { size_bytes: 8 << 20, tier: Tier::Dram, has_cpus: true };
+        let m = PhysMem::new(&[cfg.clone(), NodeConfig { has_cpus: false, tier: Tier::Slow, ..cfg }], 1).unwrap();
+        while m.alloc_pages(0, 0, 0, AllocFlags { this_node: true, ..Default::default() }).is_some() {}
+        let pfn = m.alloc_pages(0, 0, 0, AllocFlags::default()).unwrap();
+        assert_eq!(PhysMem::nid(pfn), 1);
+    }
+}

@@ -1,0 +1,168 @@
+//! Counters with the kernel's names: /proc/vmstat events (`enum vm_event_item`),
+//! node statistics (`enum node_stat_item`), and the per-size mTHP statistics of
+//! `/sys/kernel/mm/transparent_hugepage/hugepages-<size>kB/stats`.
+//!
+//! Events are per-CPU, as in the kernel: each CPU adds to its own slots with
+//! relaxed atomics (no cache line is shared between writers) and a reader sums
+//! them, so a sum taken while CPUs run is a snapshot, not an instant.
+//! Node statistics are machine-wide signed atomics.
+
+use serde::Serialize;
+
+use crate::sync::{AtomicI64, AtomicU64, Ordering};
+
+macro_rules! counters {
+    ($(#[$m:meta])* $name:ident { $($item:ident => $text:literal,)* }) => {
+        $(#[$m])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        #[allow(non_camel_case_types, clippy::upper_case_acronyms)]
+        #[repr(usize)]
+        pub enum $name { $($item,)* }
+
+        impl $name {
+            pub const ALL: &'static [$name] = &[$($name::$item,)*];
+            pub const COUNT: usize = Self::ALL.len();
+            pub fn name(self) -> &'static str {
+                match self { $($name::$item => $text,)* }
+            }
+        }
+    };
+}
+
+counters! {
+    /// `enum vm_event_item`, plus model-only events prefixed `usermm_`.
+    Event {
+        PGALLOC => "pgalloc_normal",
+        PGFREE => "pgfree",
+        PGFAULT => "pgfault",
+        THP_FAULT_ALLOC => "thp_fault_alloc",
+        THP_FAULT_FALLBACK => "thp_fault_fallback",
+        THP_SPLIT_PMD => "thp_split_pmd",
+        THP_DEFERRED_SPLIT_PAGE => "thp_deferred_split_page",
+        PGLAZYFREE => "pglazyfree",
+        NR_TLB_REMOTE_FLUSH => "nr_tlb_remote_flush",
+        NR_TLB_REMOTE_FLUSH_RECEIVED => "nr_tlb_remote_flush_received",
+        NR_TLB_LOCAL_FLUSH_ALL => "nr_tlb_local_flush_all",
+        NR_TLB_LOCAL_FLUSH_ONE => "nr_tlb_local_flush_one",
+        TLB_MISS => "usermm_tlb_miss",
+        TLB_LAZY_FLUSH => "usermm_tlb_lazy_flush",
+        COW_FAULT => "usermm_cow_fault",
+        WP_REUSE => "usermm_wp_reuse",
+        GATHER_FORCE_FLUSH => "usermm_gather_force_flush",
+        PT_FREED => "usermm_pt_freed",
+    }
+}
+
+counters! {
+    /// `enum node_stat_item` (and `NR_FREE_PAGES` of the zone), those modelled.
+    NodeStat {
+        NR_ANON_MAPPED => "nr_anon_pages",
+        NR_ANON_THPS => "nr_anon_transparent_hugepages",
+        NR_PAGETABLE => "nr_page_table_pages",
+    }
+}
+
+counters! {
+    /// Per-order mTHP statistics (`enum mthp_stat_item`).
+    MthpStat {
+        ANON_FAULT_ALLOC => "anon_fault_alloc",
+        ANON_FAULT_FALLBACK => "anon_fault_fallback",
+        SPLIT_DEFERRED => "split_deferred",
+        NR_ANON => "nr_anon",
+        NR_ANON_PARTIALLY_MAPPED => "nr_anon_partially_mapped",
+    }
+}
+
+/// Orders that have mTHP statistics: 0..=PMD order (order 0 and 1 unused).
+pub const MTHP_ORDERS: usize = 10;
+
+#[repr(align(128))]
+struct CpuEvents([AtomicU64; Event::COUNT]);
+
+pub struct VmStat {
+    /// One row per CPU, plus a last row for work done on no CPU.
+    events: Box<[CpuEvents]>,
+    node: [AtomicI64; NodeStat::COUNT],
+    mthp: [[AtomicI64; MthpStat::COUNT]; MTHP_ORDERS],
+}
+
+impl VmStat {
+    pub fn new(nr_cpus: usize) -> VmStat {
+        VmStat {
+            events: (0..=nr_cpus).map(|_| CpuEvents(std::array::from_fn(|_| AtomicU64::new(0)))).collect(),
+            node: std::array::from_fn(|_| AtomicI64::new(0)),
+            mthp: std::array::from_fn(|_| std::array::from_fn(|_| AtomicI64::new(0))),
+        }
+    }
+
+    /// The row used by code that runs on no CPU.
+    pub fn no_cpu(&self) -> usize {
+        self.events.len() - 1
+    }
+
+    /// `count_vm_events(item, n)` on `cpu`.
+    #[inline]
+    pub fn count(&self, cpu: usize, item: Event, n: u64) {
+        let slot = &self.events[cpu.min(self.events.len() - 1)].0[item as usize];
+        // Only this CPU writes its row: a load and a store suffice and avoid
+        // a locked instruction, as the kernel's this_cpu_add does.
+        slot.store(slot.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+    }
+
+    pub fn event(&self, item: Event) -> u64 {
+        self.events.iter().map(|r| r.0[item as usize].load(Ordering::Relaxed)).sum()
+    }
+
+    pub fn event_on(&self, cpu: usize, item: Event) -> u64 {
+        self.events[cpu].0[item as usize].load(Ordering::Relaxed)
+    }
+
+    #[inline]
+    pub fn mod_node(&self, item: NodeStat, delta: i64) {
+        self.node[item as usize].fetch_add(delta, Ordering::Relaxed);
+    }
+
+    pub fn node(&self, item: NodeStat) -> i64 {
+        self.node[item as usize].load(Ordering::Relaxed)
+    }
+
+    #[inline]
+    pub fn mod_mthp(&self, order: u32, item: MthpStat, delta: i64) {
+        self.mthp[order as usize][item as usize].fetch_add(delta, Ordering::Relaxed);
+    }
+
+    pub fn mthp(&self, order: u32, item: MthpStat) -> i64 {
+        self.mthp[order as usize][item as usize].load(Ordering::Relaxed)
+    }
+
+    /// Every counter by its kernel name, for reports.
+    pub fn snapshot(&self) -> VmStatSnapshot {
+        VmStatSnapshot {
+            events: Event::ALL.iter().map(|&e| (e.name().to_string(), self.event(e))).collect(),
+            node: NodeStat::ALL.iter().map(|&s| (s.name().to_string(), self.node(s))).collect(),
+            mthp: (2..MTHP_ORDERS as u32)
+                .map(|o| {
+                    let kb = 4u64 << o;
+                    (format!("hugepages-{kb}kB"), MthpStat::ALL.iter().map(|&s| (s.name().to_string(), self.mthp(o, s))).collect())
+                })
+                .collect(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct VmStatSnapshot {
+    pub events: Vec<(String, u64)>,
+    pub node: Vec<(String, i64)>,
+    pub mthp: Vec<(String, Vec<(String, i64)>)>,
+}
+
+impl VmStatSnapshot {
+    pub fn get(&self, name: &str) -> Option<i64> {
+        self.events
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| *v as i64)
+            .or_else(|| self.node.iter().find(|(n, _)| n == name).map(|(_, v)| *v))
+    }
+}
