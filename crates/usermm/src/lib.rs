@@ -17,3 +17,4 @@ pub mod sync;
 pub mod vmstat;
 
 pub use errno::{Errno, KResult};
+pub mod pgtable;
