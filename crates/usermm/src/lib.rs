@@ -18,3 +18,8 @@ pub mod vmstat;
 
 pub use errno::{Errno, KResult};
 pub mod pgtable;
+pub mod mm;
+pub mod cpu;
+pub mod rmap;
+pub mod machine;
+pub use machine::{Machine, MachineConfig, OnCpu, ThpMode};

@@ -83,6 +83,8 @@ pub struct PhysMem {
     pub nodes: Vec<Node>,
     /// The machine's counters; kept here because every layer counts.
     pub vmstat: crate::vmstat::VmStat,
+    /// Frames whose freeing waits for an epoch grace period (page tables).
+    rcu_pending: crate::sync::AtomicU64,
 }
 
 impl PhysMem {
@@ -97,7 +99,7 @@ impl PhysMem {
             let zone = Zone::new(nr_pages, nr_cpus);
             nodes.push(Node { id, tier: c.tier, has_cpus: c.has_cpus, nr_pages, arena, memmap, zone });
         }
-        let mem = PhysMem { nodes, vmstat: crate::vmstat::VmStat::new(nr_cpus) };
+        let mem = PhysMem { nodes, vmstat: crate::vmstat::VmStat::new(nr_cpus), rcu_pending: crate::sync::AtomicU64::new(0) };
         for node in &mem.nodes {
             page_alloc::init_free_area(&mem, node);
         }
@@ -173,6 +175,20 @@ impl PhysMem {
         // owned by the caller; src is write-protected in every page table and
         // TLB (COW), so no store races with this read.
         unsafe { std::ptr::copy_nonoverlapping(self.frame_ptr(src), self.frame_ptr(dst), PAGE_SIZE as usize) }
+    }
+
+    /// Count a frame whose free is deferred past a grace period.
+    pub fn rcu_pending_add(&self, n: i64) {
+        if n >= 0 {
+            self.rcu_pending.fetch_add(n as u64, crate::sync::Ordering::AcqRel);
+        } else {
+            self.rcu_pending.fetch_sub((-n) as u64, crate::sync::Ordering::AcqRel);
+        }
+    }
+
+    /// Frames still waiting for a grace period.
+    pub fn rcu_pending(&self) -> u64 {
+        self.rcu_pending.load(crate::sync::Ordering::Acquire)
     }
 
     /// Free pages in the buddy allocator plus those on per-CPU lists.

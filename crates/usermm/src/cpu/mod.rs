@@ -1,0 +1,285 @@
+//! Layer 5: CPUs, their TLBs, and TLB shootdowns across threads.
+//!
+//! A [`Cpu`] is played by one real thread at a time. It runs one address
+//! space (its loaded mm), caches translations in a software [`tlb::Tlb`], and
+//! has a mailbox for flush requests from other CPUs: the model's IPIs.
+//!
+//! # The shootdown protocol
+//!
+//! A CPU is either in *user mode* (executing loads and stores through its
+//! TLB) or not (running kernel code, or idle). Its `state` word counts mode
+//! changes and has the low bit set in user mode.
+//!
+//! A flusher (`flush_tlb_mm_range`, after changing PTEs):
+//! 1. bumps `mm.tlb_gen` (SeqCst);
+//! 2. for each other CPU in `mm_cpumask`, reads its `state` (SeqCst); if it is
+//!    in user mode, posts the request in its mailbox;
+//! 3. waits until each such CPU has acknowledged the request *or* changed
+//!    state (it left user mode, so it will re-check `tlb_gen` before using its
+//!    TLB again).
+//!
+//! A CPU in user mode polls its mailbox before every access, handles the
+//! requests (`flush_tlb_func`) and acknowledges with Release, so that its
+//! earlier stores happen before the flusher frees the pages. A CPU entering
+//! user mode stores its new state (SeqCst) and then compares its slot's
+//! `tlb_gen` with `mm.tlb_gen` (SeqCst), flushing if behind. Either the
+//! flusher sees it in user mode and waits for it, or it sees the flusher's
+//! generation: the two SeqCst store/load pairs cannot both miss (Dekker).
+//! This is x86's scheme, where lazy-TLB and idle CPUs catch up on
+//! `tlb_gen` instead of taking IPIs.
+//!
+//! A hardware walk and the TLB fill it makes are one step of an access, so a
+//! request is handled either before the walk or after the fill: a fill made
+//! from a PTE that was just cleared is removed by the flush that follows.
+//!
+//! `mm_cpumask` is set before a CPU reads `tlb_gen` when switching to an mm
+//! (SeqCst both), and read after `tlb_gen` is bumped by a flusher, for the
+//! same reason.
+
+pub mod tlb;
+
+use std::time::{Duration, Instant};
+
+use crate::mm::Mm;
+use crate::sync::{spin_until, Arc, AtomicBool, AtomicU64, Mutex, Ordering};
+use crate::vmstat::{Event, VmStat};
+use tlb::Tlb;
+
+/// `tlb_single_page_flush_ceiling`: above this many pages, flush everything.
+pub const TLB_SINGLE_PAGE_FLUSH_CEILING: u64 = 33;
+/// `TLB_FLUSH_ALL`.
+pub const TLB_FLUSH_ALL: u64 = u64::MAX;
+/// Maximum CPUs (mm_cpumask is one word).
+pub const MAX_CPUS: usize = 64;
+/// A CPU that neither acknowledges nor leaves user mode for this long is
+/// reported: its thread blocked while in user mode.
+const SHOOTDOWN_TIMEOUT: Duration = Duration::from_secs(20);
+
+const USER: u64 = 1;
+
+/// `struct flush_tlb_info`, shared by all the CPUs a shootdown targets.
+pub struct FlushRequest {
+    pub mm: Arc<Mm>,
+    pub start: u64,
+    pub end: u64,
+    pub stride_shift: u32,
+    pub new_tlb_gen: u64,
+    /// CPUs that handled the request.
+    acks: AtomicU64,
+}
+
+pub struct Cpu {
+    pub id: usize,
+    pub node: usize,
+    state: AtomicU64,
+    bound: AtomicBool,
+    has_mail: AtomicBool,
+    mailbox: Mutex<Vec<Arc<FlushRequest>>>,
+    pub tlb: Mutex<Tlb>,
+    /// The loaded mm and its ASID slot (`cpu_tlbstate.loaded_mm`).
+    loaded: Mutex<Option<(Arc<Mm>, usize)>>,
+}
+
+impl Cpu {
+    pub fn new(id: usize, node: usize) -> Cpu {
+        Cpu {
+            id,
+            node,
+            state: AtomicU64::new(0),
+            bound: AtomicBool::new(false),
+            has_mail: AtomicBool::new(false),
+            mailbox: Mutex::new(Vec::new()),
+            tlb: Mutex::new(Tlb::default()),
+            loaded: Mutex::new(None),
+        }
+    }
+
+    /// Claim the CPU for the calling thread; false if another thread has it.
+    pub fn try_bind(&self) -> bool {
+        self.bound.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok()
+    }
+
+    pub fn unbind(&self) {
+        self.bound.store(false, Ordering::Release);
+    }
+
+    pub fn is_bound(&self) -> bool {
+        self.bound.load(Ordering::Relaxed)
+    }
+
+    #[inline]
+    pub fn in_user(&self) -> bool {
+        self.state.load(Ordering::Relaxed) & USER != 0
+    }
+
+    pub fn loaded_mm(&self) -> Option<Arc<Mm>> {
+        self.loaded.lock().as_ref().map(|(mm, _)| mm.clone())
+    }
+
+    /// The loaded mm's id and ASID slot, for the access fast path.
+    pub fn loaded_asid(&self) -> Option<(u64, usize)> {
+        self.loaded.lock().as_ref().map(|(mm, s)| (mm.id, *s))
+    }
+
+    /// Enter user mode (return from the kernel): catch up with flushes that
+    /// skipped us while we were away.
+    pub fn enter_user(&self, vmstat: &VmStat) {
+        if self.in_user() {
+            return;
+        }
+        // SeqCst: ordered before the tlb_gen load below (see module doc).
+        self.state.fetch_add(1, Ordering::SeqCst);
+        if let Some((mm, slot)) = self.loaded.lock().as_ref() {
+            let gen = mm.tlb_gen.load(Ordering::SeqCst);
+            let mut tlb = self.tlb.lock();
+            if tlb.slots[*slot].tlb_gen < gen {
+                tlb.flush_slot(*slot);
+                tlb.slots[*slot].tlb_gen = gen;
+                vmstat.count(self.id, Event::TLB_LAZY_FLUSH, 1);
+            }
+        }
+    }
+
+    /// Leave user mode (a fault, a system call, or going idle). Requests
+    /// already posted are handled first, as an interrupt taken on the way in.
+    pub fn enter_kernel(&self, vmstat: &VmStat) {
+        if !self.in_user() {
+            return;
+        }
+        self.handle_flush_requests(vmstat);
+        self.state.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Poll the mailbox (a cheap load when empty), as an interrupt would be
+    /// taken between two instructions.
+    #[inline]
+    pub fn poll(&self, vmstat: &VmStat) {
+        if self.has_mail.load(Ordering::Acquire) {
+            self.handle_flush_requests(vmstat);
+        }
+    }
+
+    fn handle_flush_requests(&self, vmstat: &VmStat) {
+        let reqs = {
+            let mut mb = self.mailbox.lock();
+            self.has_mail.store(false, Ordering::Relaxed);
+            std::mem::take(&mut *mb)
+        };
+        if reqs.is_empty() {
+            return;
+        }
+        let mut tlb = self.tlb.lock();
+        for req in reqs {
+            vmstat.count(self.id, Event::NR_TLB_REMOTE_FLUSH_RECEIVED, 1);
+            flush_tlb_func(&mut tlb, &req, None, vmstat);
+            // Release: this CPU's accesses through the old translations
+            // happen before the flusher goes on to free the pages.
+            req.acks.fetch_or(1 << self.id, Ordering::Release);
+        }
+    }
+
+    fn post(&self, req: Arc<FlushRequest>) {
+        self.mailbox.lock().push(req);
+        self.has_mail.store(true, Ordering::Release);
+    }
+
+    /// `switch_mm_irqs_off`: load `next` (or nothing). Kernel mode only.
+    pub fn switch_mm(&self, next: Option<&Arc<Mm>>) {
+        debug_assert!(!self.in_user());
+        let mut loaded = self.loaded.lock();
+        if let Some((prev, _)) = loaded.take() {
+            prev.cpumask.fetch_and(!(1 << self.id), Ordering::SeqCst);
+        }
+        if let Some(next) = next {
+            // SeqCst: the cpumask bit is visible before we read tlb_gen.
+            next.cpumask.fetch_or(1 << self.id, Ordering::SeqCst);
+            let gen = next.tlb_gen.load(Ordering::SeqCst);
+            let mut tlb = self.tlb.lock();
+            let (slot, _new) = tlb.assign_slot(next.id, gen);
+            if tlb.slots[slot].tlb_gen < gen {
+                tlb.flush_slot(slot);
+            }
+            tlb.slots[slot].tlb_gen = gen;
+            *loaded = Some((next.clone(), slot));
+        }
+    }
+}
+
+/// `flush_tlb_func`: apply one request to a TLB. `local` is the initiating
+/// CPU's id when this is the local flush (it counts the local events).
+fn flush_tlb_func(tlb: &mut Tlb, req: &FlushRequest, local: Option<usize>, vmstat: &VmStat) {
+    let Some(slot) = tlb.slot_of(req.mm.id) else { return };
+    let local_gen = tlb.slots[slot].tlb_gen;
+    let mm_gen = req.mm.tlb_gen.load(Ordering::Acquire);
+    if local_gen >= req.new_tlb_gen {
+        // An earlier full flush already covered this request.
+        return;
+    }
+    if req.end != TLB_FLUSH_ALL && req.new_tlb_gen == local_gen + 1 {
+        let mut addr = req.start;
+        let mut nr = 0;
+        while addr < req.end {
+            tlb.flush_one(slot, addr);
+            addr += 1 << req.stride_shift;
+            nr += 1;
+        }
+        tlb.slots[slot].tlb_gen = req.new_tlb_gen;
+        if let Some(cpu) = local {
+            vmstat.count(cpu, Event::NR_TLB_LOCAL_FLUSH_ONE, nr);
+        }
+    } else {
+        tlb.flush_slot(slot);
+        tlb.slots[slot].tlb_gen = mm_gen;
+        if let Some(cpu) = local {
+            vmstat.count(cpu, Event::NR_TLB_LOCAL_FLUSH_ALL, 1);
+        }
+    }
+}
+
+/// `flush_tlb_mm_range`: invalidate `[start, end)` of `mm` on every CPU that
+/// may cache it, and return only when none can use a stale translation.
+/// `me` is the calling CPU (in kernel mode).
+pub fn flush_tlb_mm_range(cpus: &[Cpu], me: &Cpu, mm: &Arc<Mm>, start: u64, end: u64, stride_shift: u32, vmstat: &VmStat) {
+    let end = if end == TLB_FLUSH_ALL || (end - start) >> stride_shift > TLB_SINGLE_PAGE_FLUSH_CEILING { TLB_FLUSH_ALL } else { end };
+    // SeqCst: the bump is ordered before the cpumask and state loads below
+    // (pairs with switch_mm and enter_user).
+    let new_tlb_gen = mm.tlb_gen.fetch_add(1, Ordering::SeqCst) + 1;
+    let req = Arc::new(FlushRequest { mm: mm.clone(), start, end, stride_shift, new_tlb_gen, acks: AtomicU64::new(0) });
+
+    if me.loaded.lock().as_ref().is_some_and(|(m, _)| m.id == mm.id) {
+        flush_tlb_func(&mut me.tlb.lock(), &req, Some(me.id), vmstat);
+    }
+
+    let others = mm.cpumask.load(Ordering::SeqCst) & !(1u64 << me.id);
+    if others == 0 {
+        return;
+    }
+    vmstat.count(me.id, Event::NR_TLB_REMOTE_FLUSH, 1);
+    let mut targets = Vec::new();
+    for cpu in cpus.iter().filter(|c| others & (1 << c.id) != 0) {
+        let s = cpu.state.load(Ordering::SeqCst);
+        if s & USER != 0 {
+            cpu.post(req.clone());
+            targets.push((cpu, s));
+        }
+    }
+    let deadline = Instant::now() + SHOOTDOWN_TIMEOUT;
+    for (cpu, s) in targets {
+        let bit = 1u64 << cpu.id;
+        spin_until(|| {
+            // Acquire: pairs with the target's Release acknowledgement.
+            let done = req.acks.load(Ordering::Acquire) & bit != 0 || cpu.state.load(Ordering::SeqCst) != s;
+            assert!(
+                done || Instant::now() < deadline,
+                "CPU {} did not acknowledge a TLB shootdown: its thread blocked while in user mode (call OnCpu::idle first)",
+                cpu.id
+            );
+            done
+        });
+    }
+}
+
+/// `flush_tlb_mm`.
+pub fn flush_tlb_mm(cpus: &[Cpu], me: &Cpu, mm: &Arc<Mm>, vmstat: &VmStat) {
+    flush_tlb_mm_range(cpus, me, mm, 0, TLB_FLUSH_ALL, crate::phys::PAGE_SHIFT, vmstat)
+}

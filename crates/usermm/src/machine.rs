@@ -1,0 +1,267 @@
+//! The machine: physical memory, CPUs, the knobs, and [`OnCpu`], the handle
+//! through which a thread runs code on one CPU.
+
+use std::marker::PhantomData;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cpu::{self, Cpu, MAX_CPUS};
+use crate::errno::{Errno, KResult};
+use crate::mm::Mm;
+use crate::phys::{pg, Folio, NodeConfig, Pfn, PhysMem, Tier};
+use crate::sync::{Arc, AtomicU8, Mutex, Ordering};
+use crate::vmstat::VmStat;
+
+/// How the machine is built.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct MachineConfig {
+    pub nodes: Vec<NodeConfig>,
+    /// The node of each CPU.
+    pub cpus: Vec<usize>,
+}
+
+impl Default for MachineConfig {
+    /// One 4 GiB DRAM node with four CPUs.
+    fn default() -> Self {
+        MachineConfig::single_node(4 << 30, 4)
+    }
+}
+
+impl MachineConfig {
+    pub fn single_node(bytes: u64, nr_cpus: usize) -> MachineConfig {
+        MachineConfig { nodes: vec![NodeConfig { size_bytes: bytes, tier: Tier::Dram, has_cpus: true }], cpus: vec![0; nr_cpus] }
+    }
+}
+
+/// A THP knob's value, as the sysfs files spell them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ThpMode {
+    Always,
+    Inherit,
+    Madvise,
+    Never,
+}
+
+impl ThpMode {
+    pub fn parse(s: &str) -> Option<ThpMode> {
+        match s {
+            "always" => Some(ThpMode::Always),
+            "inherit" => Some(ThpMode::Inherit),
+            "madvise" => Some(ThpMode::Madvise),
+            "never" => Some(ThpMode::Never),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            ThpMode::Always => "always",
+            ThpMode::Inherit => "inherit",
+            ThpMode::Madvise => "madvise",
+            ThpMode::Never => "never",
+        }
+    }
+    fn from_u8(v: u8) -> ThpMode {
+        [ThpMode::Always, ThpMode::Inherit, ThpMode::Madvise, ThpMode::Never][v as usize]
+    }
+}
+
+/// `/sys/kernel/mm/transparent_hugepage/enabled` and the per-size
+/// `hugepages-<size>kB/enabled` files, changeable while the machine runs.
+pub struct ThpKnobs {
+    enabled: AtomicU8,
+    per_order: [AtomicU8; 10],
+}
+
+impl Default for ThpKnobs {
+    /// The kernel's defaults with `CONFIG_TRANSPARENT_HUGEPAGE_MADVISE`:
+    /// top level `madvise`, 2 MiB `inherit`, the other sizes `never`.
+    fn default() -> Self {
+        let k = ThpKnobs { enabled: AtomicU8::new(ThpMode::Madvise as u8), per_order: std::array::from_fn(|_| AtomicU8::new(ThpMode::Never as u8)) };
+        k.per_order[crate::phys::HPAGE_PMD_ORDER as usize].store(ThpMode::Inherit as u8, Ordering::Relaxed);
+        k
+    }
+}
+
+impl ThpKnobs {
+    pub fn enabled(&self) -> ThpMode {
+        ThpMode::from_u8(self.enabled.load(Ordering::Relaxed))
+    }
+    /// Top level: always, madvise or never (inherit is refused, as by sysfs).
+    pub fn set_enabled(&self, mode: ThpMode) -> KResult<()> {
+        if mode == ThpMode::Inherit {
+            return Err(Errno::EINVAL);
+        }
+        self.enabled.store(mode as u8, Ordering::Relaxed);
+        Ok(())
+    }
+    pub fn order(&self, order: u32) -> ThpMode {
+        ThpMode::from_u8(self.per_order[order as usize].load(Ordering::Relaxed))
+    }
+    /// `hugepages-<size>kB/enabled`; anonymous mTHP orders are 2..=9.
+    pub fn set_order(&self, order: u32, mode: ThpMode) -> KResult<()> {
+        if !(2..=crate::phys::HPAGE_PMD_ORDER).contains(&order) {
+            return Err(Errno::EINVAL);
+        }
+        self.per_order[order as usize].store(mode as u8, Ordering::Relaxed);
+        Ok(())
+    }
+    /// Set one size to `always` and every other to `never`, the top level to
+    /// `never`: the state the folio-size benchmarks want.
+    pub fn only_order(&self, order: u32) {
+        self.enabled.store(ThpMode::Never as u8, Ordering::Relaxed);
+        for o in 2..=crate::phys::HPAGE_PMD_ORDER {
+            self.per_order[o as usize].store(if o == order { ThpMode::Always } else { ThpMode::Never } as u8, Ordering::Relaxed);
+        }
+    }
+}
+
+pub struct Machine {
+    pub mem: Arc<PhysMem>,
+    pub cpus: Box<[Cpu]>,
+    pub thp: ThpKnobs,
+    /// The shared zero page (`ZERO_PAGE(0)`).
+    pub zero_pfn: Pfn,
+    mms: Mutex<Vec<std::sync::Weak<Mm>>>,
+    pub config: MachineConfig,
+}
+
+impl Machine {
+    pub fn new(config: MachineConfig) -> KResult<Arc<Machine>> {
+        if config.cpus.is_empty() || config.cpus.len() > MAX_CPUS {
+            return Err(Errno::EINVAL);
+        }
+        if config.nodes.is_empty() || config.cpus.iter().any(|&n| n >= config.nodes.len()) {
+            return Err(Errno::EINVAL);
+        }
+        let mem = Arc::new(PhysMem::new(&config.nodes, config.cpus.len())?);
+        let zero_pfn = mem.alloc_pages(0, 0, 0, crate::phys::AllocFlags { zero: true, ..Default::default() }).ok_or(Errno::ENOMEM)?;
+        mem.page(zero_pfn).set(pg::ZERO);
+        let cpus = config.cpus.iter().enumerate().map(|(id, &node)| Cpu::new(id, node)).collect();
+        Ok(Arc::new(Machine { mem, cpus, thp: ThpKnobs::default(), zero_pfn, mms: Mutex::new(Vec::new()), config }))
+    }
+
+    pub fn vmstat(&self) -> &VmStat {
+        &self.mem.vmstat
+    }
+
+    /// Run the calling thread on CPU `id` until the handle is dropped.
+    pub fn bind(&self, id: usize) -> KResult<OnCpu<'_>> {
+        let cpu = self.cpus.get(id).ok_or(Errno::EINVAL)?;
+        if !cpu.try_bind() {
+            return Err(Errno::EBUSY);
+        }
+        Ok(OnCpu { m: self, cpu, _not_send: PhantomData })
+    }
+
+    /// Every live address space.
+    pub fn mms(&self) -> Vec<Arc<Mm>> {
+        let mut v = self.mms.lock();
+        v.retain(|w| w.strong_count() > 0);
+        v.iter().filter_map(|w| w.upgrade()).filter(|m| !m.dead.load(Ordering::Relaxed)).collect()
+    }
+
+    pub(crate) fn register_mm(&self, mm: &Arc<Mm>) {
+        self.mms.lock().push(Arc::downgrade(mm));
+    }
+
+    /// Back all frames with host memory now, so timed runs do not include
+    /// the host's first-touch faults.
+    pub fn prefault(&self) {
+        self.mem.prefault();
+    }
+
+    /// Wait until page tables freed by earlier operations have gone back to
+    /// the allocator (an `rcu_barrier`).
+    pub fn rcu_barrier(&self) {
+        for _ in 0..256 {
+            let g = crossbeam_epoch::pin();
+            g.flush();
+            drop(g);
+            if self.mem.rcu_pending() == 0 {
+                return;
+            }
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// A thread running on one CPU: the model's `current` plus `smp_processor_id()`.
+/// Not `Send`: the binding belongs to the thread that made it.
+pub struct OnCpu<'m> {
+    pub m: &'m Machine,
+    pub cpu: &'m Cpu,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl Drop for OnCpu<'_> {
+    fn drop(&mut self) {
+        self.cpu.enter_kernel(self.m.vmstat());
+        self.cpu.unbind();
+    }
+}
+
+impl<'m> OnCpu<'m> {
+    #[inline]
+    pub fn id(&self) -> usize {
+        self.cpu.id
+    }
+    #[inline]
+    pub fn mem(&self) -> &'m Arc<PhysMem> {
+        &self.m.mem
+    }
+    #[inline]
+    pub fn vmstat(&self) -> &'m VmStat {
+        &self.m.mem.vmstat
+    }
+
+    /// The address space this CPU runs.
+    pub fn mm(&self) -> KResult<Arc<Mm>> {
+        self.cpu.loaded_mm().ok_or(Errno::EINVAL)
+    }
+
+    /// Create a new, empty process and run it here.
+    pub fn new_mm(&self) -> KResult<Arc<Mm>> {
+        let mm = Mm::new(self.m.mem.clone(), self.cpu.node, self.id())?;
+        self.m.register_mm(&mm);
+        self.switch_mm(&mm);
+        Ok(mm)
+    }
+
+    /// Context-switch to a thread of `mm`.
+    pub fn switch_mm(&self, mm: &Arc<Mm>) {
+        self.kernel_enter();
+        self.cpu.switch_mm(Some(mm));
+    }
+
+    /// Stop running user code (the thread is about to block or wait).
+    /// Flushers stop waiting for this CPU; it catches up when it next
+    /// accesses memory.
+    pub fn idle(&self) {
+        self.kernel_enter();
+    }
+
+    #[inline]
+    pub(crate) fn kernel_enter(&self) {
+        self.cpu.enter_kernel(self.m.vmstat());
+    }
+
+    #[inline]
+    pub(crate) fn user_enter(&self) {
+        self.cpu.enter_user(self.m.vmstat());
+    }
+
+    /// `flush_tlb_range` / `flush_tlb_mm_range` from this CPU.
+    pub fn flush_tlb_range(&self, mm: &Arc<Mm>, start: u64, end: u64, stride_shift: u32) {
+        cpu::flush_tlb_mm_range(&self.m.cpus, self.cpu, mm, start, end, stride_shift, self.vmstat());
+    }
+
+    pub fn flush_tlb_mm(&self, mm: &Arc<Mm>) {
+        cpu::flush_tlb_mm(&self.m.cpus, self.cpu, mm, self.vmstat());
+    }
+
+    /// Free a folio reference from this CPU.
+    pub fn folio_put_refs(&self, folio: Folio, nr: i32) {
+        folio.put_refs(self.mem(), nr, self.id());
+    }
+}

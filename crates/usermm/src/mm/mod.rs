@@ -1,0 +1,200 @@
+//! Layer 3: address spaces (`struct mm_struct`) and their VMAs.
+//!
+//! # Locking
+//!
+//! * `mmap_lock` (a reader-writer semaphore) guards the VMA tree's layout and
+//!   the VMAs' fields: written by mmap, munmap, mprotect, taken for reading by
+//!   page faults and madvise. The tree is also readable with no lock at all,
+//!   under an epoch guard (see [`vma`]).
+//! * `page_table_lock` guards populating the PGD and PUD levels.
+//! * The PMD lock (in the PMD table frame's descriptor) guards a PMD table's
+//!   entries; the PTE lock (in the PTE table frame's descriptor) guards a PTE
+//!   table's entries. Order: mmap_lock, then PMD lock, then PTE lock.
+//! * RSS counters and `pgtables_bytes` are atomics; the walkers batch RSS
+//!   changes per PTE table, as the kernel's `add_mm_rss_vec` does.
+
+pub mod pgalloc;
+pub mod vma;
+
+use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned};
+
+pub use vma::{AnonVma, Vma, VmaTree};
+
+use crate::errno::{Errno, KResult};
+use crate::phys::{Pfn, PhysMem, PAGE_SHIFT, PAGE_SIZE};
+use crate::sync::{Arc, AtomicI32, AtomicI64, AtomicU64, Ordering, RwLock, SpinLock};
+
+/// `TASK_SIZE` for 47-bit user addresses (the top page is never mapped).
+pub const TASK_SIZE: u64 = (1 << 47) - PAGE_SIZE;
+/// `vm.mmap_min_addr`'s usual value.
+pub const MMAP_MIN_ADDR: u64 = 65536;
+/// Where top-down placement starts: below the stack and its guard gap (the
+/// kernel randomises it; the model does not, so runs are deterministic).
+pub const MMAP_BASE: u64 = 0x7f00_0000_0000;
+/// `vm.max_map_count`.
+pub const MAX_MAP_COUNT: usize = 65530;
+
+/// `enum { MM_FILEPAGES, MM_ANONPAGES, MM_SWAPENTS, MM_SHMEMPAGES }`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(usize)]
+pub enum MmCounter {
+    FilePages,
+    AnonPages,
+    SwapEnts,
+    ShmemPages,
+}
+pub const NR_MM_COUNTERS: usize = 4;
+
+static MM_ID: AtomicU64 = AtomicU64::new(1);
+
+/// `struct mm_struct`.
+pub struct Mm {
+    /// Identifies the address space in TLB tags (an ASID/PCID stand-in).
+    pub id: u64,
+    pub mem: Arc<PhysMem>,
+    /// The PGD's frame.
+    pub pgd: Pfn,
+    /// Preferred node for this address space's allocations.
+    pub home_node: usize,
+    pub mmap_lock: RwLock<()>,
+    tree: Atomic<VmaTree>,
+    pub page_table_lock: SpinLock,
+    /// `mm->pgtables_bytes`: PTE, PMD and PUD tables (the PGD is not counted).
+    pub pgtables_bytes: AtomicI64,
+    rss: [AtomicI64; NR_MM_COUNTERS],
+    /// `mm->hiwater_rss`, in pages.
+    pub hiwater_rss: AtomicI64,
+    /// `mm_cpumask`: CPUs that have this address space loaded.
+    pub cpumask: AtomicU64,
+    /// `mm->context.tlb_gen`: bumped by every flush request (x86).
+    pub tlb_gen: AtomicU64,
+    /// `mm->tlb_flush_pending`: mmu_gathers in progress.
+    pub tlb_flush_pending: AtomicI32,
+    /// `mm->total_vm`, in pages.
+    pub total_vm: AtomicU64,
+    /// Set by exit_mmap; no new faults.
+    pub dead: std::sync::atomic::AtomicBool,
+}
+
+impl std::fmt::Debug for Mm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Mm#{}", self.id)
+    }
+}
+
+impl Mm {
+    /// `mm_alloc` + `mm_init`: an empty address space with its PGD.
+    pub fn new(mem: Arc<PhysMem>, home_node: usize, cpu: usize) -> KResult<Arc<Mm>> {
+        let pgd = crate::pgtable::table_alloc(&mem, home_node, cpu).ok_or(Errno::ENOMEM)?;
+        Ok(Arc::new(Mm {
+            id: MM_ID.fetch_add(1, Ordering::Relaxed),
+            mem,
+            pgd,
+            home_node,
+            mmap_lock: RwLock::new(()),
+            tree: Atomic::new(VmaTree::default()),
+            page_table_lock: SpinLock::new(),
+            pgtables_bytes: AtomicI64::new(0),
+            rss: std::array::from_fn(|_| AtomicI64::new(0)),
+            hiwater_rss: AtomicI64::new(0),
+            cpumask: AtomicU64::new(0),
+            tlb_gen: AtomicU64::new(1),
+            tlb_flush_pending: AtomicI32::new(0),
+            total_vm: AtomicU64::new(0),
+            dead: std::sync::atomic::AtomicBool::new(false),
+        }))
+    }
+
+    /// The current VMA tree, for a reader that holds mmap_lock or an epoch
+    /// guard; the guard keeps the returned version alive.
+    pub fn vma_tree<'g>(&self, guard: &'g Guard) -> &'g VmaTree {
+        let p = self.tree.load(Ordering::Acquire, guard);
+        // SAFETY: the pointer is never null (set in new(), replaced only by
+        // non-null values), and the version it names is destroyed only after
+        // every guard pinned when it was unpublished has been dropped.
+        unsafe { p.deref() }
+    }
+
+    /// Publish a new VMA tree. mmap_lock must be held for writing.
+    pub fn vma_tree_publish(&self, tree: VmaTree, guard: &Guard) {
+        debug_assert!(self.mmap_lock.is_locked_exclusive(), "VMA tree changed without mmap_lock held for writing");
+        #[cfg(debug_assertions)]
+        tree.check();
+        // Release: readers that load the new pointer see the tree's contents.
+        let old = self.tree.swap(Owned::new(tree), Ordering::AcqRel, guard);
+        // SAFETY: `old` is unreachable from now on for new readers; readers
+        // that still hold it are pinned, and deferral waits for them.
+        unsafe { guard.defer_destroy(old) };
+    }
+
+    /// A private copy of the tree for a writer to edit and then publish.
+    pub fn vma_tree_clone(&self) -> VmaTree {
+        let guard = epoch::pin();
+        self.vma_tree(&guard).clone()
+    }
+
+    pub fn map_count(&self) -> usize {
+        self.vma_tree(&epoch::pin()).vmas.len()
+    }
+
+    #[inline]
+    pub fn get_rss(&self, c: MmCounter) -> i64 {
+        self.rss[c as usize].load(Ordering::Relaxed)
+    }
+
+    /// `add_mm_counter`.
+    #[inline]
+    pub fn add_rss(&self, c: MmCounter, delta: i64) {
+        if delta != 0 {
+            let new = self.rss[c as usize].fetch_add(delta, Ordering::Relaxed) + delta;
+            debug_assert!(new >= 0, "{self:?}: rss {c:?} went negative");
+            if delta > 0 {
+                let total = self.rss_pages();
+                self.hiwater_rss.fetch_max(total, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// `add_mm_rss_vec`.
+    pub fn add_rss_vec(&self, rss: &[i64; NR_MM_COUNTERS]) {
+        self.add_rss(MmCounter::FilePages, rss[0]);
+        self.add_rss(MmCounter::AnonPages, rss[1]);
+        self.add_rss(MmCounter::SwapEnts, rss[2]);
+        self.add_rss(MmCounter::ShmemPages, rss[3]);
+    }
+
+    /// `get_mm_rss`.
+    pub fn rss_pages(&self) -> i64 {
+        self.get_rss(MmCounter::FilePages) + self.get_rss(MmCounter::AnonPages) + self.get_rss(MmCounter::ShmemPages)
+    }
+
+    /// `mm_inc_nr_ptes` and its PMD/PUD siblings: one table more.
+    #[inline]
+    pub fn inc_nr_tables(&self) {
+        self.pgtables_bytes.fetch_add(PAGE_SIZE as i64, Ordering::Relaxed);
+    }
+
+    #[inline]
+    pub fn dec_nr_tables(&self) {
+        let old = self.pgtables_bytes.fetch_sub(PAGE_SIZE as i64, Ordering::Relaxed);
+        debug_assert!(old >= PAGE_SIZE as i64, "{self:?}: pgtables_bytes underflow");
+    }
+
+    /// `inc_tlb_flush_pending`.
+    pub fn inc_tlb_flush_pending(&self) {
+        self.tlb_flush_pending.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub fn dec_tlb_flush_pending(&self) {
+        self.tlb_flush_pending.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// `mm_tlb_flush_nested`: another gather runs on this mm as well.
+    pub fn tlb_flush_nested(&self) -> bool {
+        self.tlb_flush_pending.load(Ordering::Acquire) > 1
+    }
+
+    pub fn vm_pages_to_kb(pages: u64) -> u64 {
+        pages << (PAGE_SHIFT - 10)
+    }
+}
