@@ -9,6 +9,7 @@ pub struct Errno(pub i32);
 
 impl Errno {
     pub const EPERM: Errno = Errno(1);
+    pub const EBADF: Errno = Errno(9);
     pub const EINTR: Errno = Errno(4);
     pub const EAGAIN: Errno = Errno(11);
     pub const ENOMEM: Errno = Errno(12);
@@ -24,6 +25,7 @@ impl Errno {
     pub fn name(self) -> &'static str {
         match self.0 {
             1 => "EPERM",
+            9 => "EBADF",
             4 => "EINTR",
             11 => "EAGAIN",
             12 => "ENOMEM",
@@ -42,6 +44,7 @@ impl Errno {
     pub fn from_name(name: &str) -> Option<Errno> {
         [
             Errno::EPERM,
+            Errno::EBADF,
             Errno::EINTR,
             Errno::EAGAIN,
             Errno::ENOMEM,

@@ -29,7 +29,14 @@ impl Default for MachineConfig {
 
 impl MachineConfig {
     pub fn single_node(bytes: u64, nr_cpus: usize) -> MachineConfig {
-        MachineConfig { nodes: vec![NodeConfig { size_bytes: bytes, tier: Tier::Dram, has_cpus: true }], cpus: vec![0; nr_cpus] }
+        MachineConfig {
+            nodes: vec![NodeConfig {
+                size_bytes: bytes,
+                tier: Tier::Dram,
+                has_cpus: true,
+            }],
+            cpus: vec![0; nr_cpus],
+        }
     }
 }
 
@@ -62,7 +69,12 @@ impl ThpMode {
         }
     }
     fn from_u8(v: u8) -> ThpMode {
-        [ThpMode::Always, ThpMode::Inherit, ThpMode::Madvise, ThpMode::Never][v as usize]
+        [
+            ThpMode::Always,
+            ThpMode::Inherit,
+            ThpMode::Madvise,
+            ThpMode::Never,
+        ][v as usize]
     }
 }
 
@@ -77,8 +89,12 @@ impl Default for ThpKnobs {
     /// The kernel's defaults with `CONFIG_TRANSPARENT_HUGEPAGE_MADVISE`:
     /// top level `madvise`, 2 MiB `inherit`, the other sizes `never`.
     fn default() -> Self {
-        let k = ThpKnobs { enabled: AtomicU8::new(ThpMode::Madvise as u8), per_order: std::array::from_fn(|_| AtomicU8::new(ThpMode::Never as u8)) };
-        k.per_order[crate::phys::HPAGE_PMD_ORDER as usize].store(ThpMode::Inherit as u8, Ordering::Relaxed);
+        let k = ThpKnobs {
+            enabled: AtomicU8::new(ThpMode::Madvise as u8),
+            per_order: std::array::from_fn(|_| AtomicU8::new(ThpMode::Never as u8)),
+        };
+        k.per_order[crate::phys::HPAGE_PMD_ORDER as usize]
+            .store(ThpMode::Inherit as u8, Ordering::Relaxed);
         k
     }
 }
@@ -111,7 +127,14 @@ impl ThpKnobs {
     pub fn only_order(&self, order: u32) {
         self.enabled.store(ThpMode::Never as u8, Ordering::Relaxed);
         for o in 2..=crate::phys::HPAGE_PMD_ORDER {
-            self.per_order[o as usize].store(if o == order { ThpMode::Always } else { ThpMode::Never } as u8, Ordering::Relaxed);
+            self.per_order[o as usize].store(
+                if o == order {
+                    ThpMode::Always
+                } else {
+                    ThpMode::Never
+                } as u8,
+                Ordering::Relaxed,
+            );
         }
     }
 }
@@ -135,10 +158,32 @@ impl Machine {
             return Err(Errno::EINVAL);
         }
         let mem = Arc::new(PhysMem::new(&config.nodes, config.cpus.len())?);
-        let zero_pfn = mem.alloc_pages(0, 0, 0, crate::phys::AllocFlags { zero: true, ..Default::default() }).ok_or(Errno::ENOMEM)?;
+        let zero_pfn = mem
+            .alloc_pages(
+                0,
+                0,
+                0,
+                crate::phys::AllocFlags {
+                    zero: true,
+                    ..Default::default()
+                },
+            )
+            .ok_or(Errno::ENOMEM)?;
         mem.page(zero_pfn).set(pg::ZERO);
-        let cpus = config.cpus.iter().enumerate().map(|(id, &node)| Cpu::new(id, node)).collect();
-        Ok(Arc::new(Machine { mem, cpus, thp: ThpKnobs::default(), zero_pfn, mms: Mutex::new(Vec::new()), config }))
+        let cpus = config
+            .cpus
+            .iter()
+            .enumerate()
+            .map(|(id, &node)| Cpu::new(id, node))
+            .collect();
+        Ok(Arc::new(Machine {
+            mem,
+            cpus,
+            thp: ThpKnobs::default(),
+            zero_pfn,
+            mms: Mutex::new(Vec::new()),
+            config,
+        }))
     }
 
     pub fn vmstat(&self) -> &VmStat {
@@ -151,14 +196,21 @@ impl Machine {
         if !cpu.try_bind() {
             return Err(Errno::EBUSY);
         }
-        Ok(OnCpu { m: self, cpu, _not_send: PhantomData })
+        Ok(OnCpu {
+            m: self,
+            cpu,
+            _not_send: PhantomData,
+        })
     }
 
     /// Every live address space.
     pub fn mms(&self) -> Vec<Arc<Mm>> {
         let mut v = self.mms.lock();
         v.retain(|w| w.strong_count() > 0);
-        v.iter().filter_map(|w| w.upgrade()).filter(|m| !m.dead.load(Ordering::Relaxed)).collect()
+        v.iter()
+            .filter_map(|w| w.upgrade())
+            .filter(|m| !m.dead.load(Ordering::Relaxed))
+            .collect()
     }
 
     pub(crate) fn register_mm(&self, mm: &Arc<Mm>) {
@@ -253,7 +305,15 @@ impl<'m> OnCpu<'m> {
 
     /// `flush_tlb_range` / `flush_tlb_mm_range` from this CPU.
     pub fn flush_tlb_range(&self, mm: &Arc<Mm>, start: u64, end: u64, stride_shift: u32) {
-        cpu::flush_tlb_mm_range(&self.m.cpus, self.cpu, mm, start, end, stride_shift, self.vmstat());
+        cpu::flush_tlb_mm_range(
+            &self.m.cpus,
+            self.cpu,
+            mm,
+            start,
+            end,
+            stride_shift,
+            self.vmstat(),
+        );
     }
 
     pub fn flush_tlb_mm(&self, mm: &Arc<Mm>) {

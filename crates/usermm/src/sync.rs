@@ -9,7 +9,10 @@
 //! that spins briefly and then parks: the threads that play CPUs outnumber the
 //! host's cores, and a pure spinlock would burn the time slice of the holder.
 
-pub use std::sync::atomic::{fence, AtomicBool, AtomicI32, AtomicI64, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+pub use std::sync::atomic::{
+    fence, AtomicBool, AtomicI32, AtomicI64, AtomicU16, AtomicU32, AtomicU64, AtomicU8,
+    AtomicUsize, Ordering,
+};
 pub use std::sync::Arc;
 
 pub use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};

@@ -89,7 +89,9 @@ pub struct VmStat {
 impl VmStat {
     pub fn new(nr_cpus: usize) -> VmStat {
         VmStat {
-            events: (0..=nr_cpus).map(|_| CpuEvents(std::array::from_fn(|_| AtomicU64::new(0)))).collect(),
+            events: (0..=nr_cpus)
+                .map(|_| CpuEvents(std::array::from_fn(|_| AtomicU64::new(0))))
+                .collect(),
             node: std::array::from_fn(|_| AtomicI64::new(0)),
             mthp: std::array::from_fn(|_| std::array::from_fn(|_| AtomicI64::new(0))),
         }
@@ -106,11 +108,17 @@ impl VmStat {
         let slot = &self.events[cpu.min(self.events.len() - 1)].0[item as usize];
         // Only this CPU writes its row: a load and a store suffice and avoid
         // a locked instruction, as the kernel's this_cpu_add does.
-        slot.store(slot.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+        slot.store(
+            slot.load(Ordering::Relaxed).wrapping_add(n),
+            Ordering::Relaxed,
+        );
     }
 
     pub fn event(&self, item: Event) -> u64 {
-        self.events.iter().map(|r| r.0[item as usize].load(Ordering::Relaxed)).sum()
+        self.events
+            .iter()
+            .map(|r| r.0[item as usize].load(Ordering::Relaxed))
+            .sum()
     }
 
     pub fn event_on(&self, cpu: usize, item: Event) -> u64 {
@@ -138,12 +146,24 @@ impl VmStat {
     /// Every counter by its kernel name, for reports.
     pub fn snapshot(&self) -> VmStatSnapshot {
         VmStatSnapshot {
-            events: Event::ALL.iter().map(|&e| (e.name().to_string(), self.event(e))).collect(),
-            node: NodeStat::ALL.iter().map(|&s| (s.name().to_string(), self.node(s))).collect(),
+            events: Event::ALL
+                .iter()
+                .map(|&e| (e.name().to_string(), self.event(e)))
+                .collect(),
+            node: NodeStat::ALL
+                .iter()
+                .map(|&s| (s.name().to_string(), self.node(s)))
+                .collect(),
             mthp: (2..MTHP_ORDERS as u32)
                 .map(|o| {
                     let kb = 4u64 << o;
-                    (format!("hugepages-{kb}kB"), MthpStat::ALL.iter().map(|&s| (s.name().to_string(), self.mthp(o, s))).collect())
+                    (
+                        format!("hugepages-{kb}kB"),
+                        MthpStat::ALL
+                            .iter()
+                            .map(|&s| (s.name().to_string(), self.mthp(o, s)))
+                            .collect(),
+                    )
                 })
                 .collect(),
         }

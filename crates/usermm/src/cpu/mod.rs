@@ -96,7 +96,9 @@ impl Cpu {
 
     /// Claim the CPU for the calling thread; false if another thread has it.
     pub fn try_bind(&self) -> bool {
-        self.bound.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok()
+        self.bound
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
     }
 
     pub fn unbind(&self) {
@@ -116,9 +118,9 @@ impl Cpu {
         self.loaded.lock().as_ref().map(|(mm, _)| mm.clone())
     }
 
-    /// The loaded mm's id and ASID slot, for the access fast path.
-    pub fn loaded_asid(&self) -> Option<(u64, usize)> {
-        self.loaded.lock().as_ref().map(|(mm, s)| (mm.id, *s))
+    /// The loaded mm's PGD and ASID slot, for the access path.
+    pub fn loaded_pgd(&self) -> Option<(crate::phys::Pfn, usize)> {
+        self.loaded.lock().as_ref().map(|(mm, s)| (mm.pgd, *s))
     }
 
     /// Enter user mode (return from the kernel): catch up with flushes that
@@ -208,7 +210,9 @@ impl Cpu {
 /// `flush_tlb_func`: apply one request to a TLB. `local` is the initiating
 /// CPU's id when this is the local flush (it counts the local events).
 fn flush_tlb_func(tlb: &mut Tlb, req: &FlushRequest, local: Option<usize>, vmstat: &VmStat) {
-    let Some(slot) = tlb.slot_of(req.mm.id) else { return };
+    let Some(slot) = tlb.slot_of(req.mm.id) else {
+        return;
+    };
     let local_gen = tlb.slots[slot].tlb_gen;
     let mm_gen = req.mm.tlb_gen.load(Ordering::Acquire);
     if local_gen >= req.new_tlb_gen {
@@ -239,14 +243,39 @@ fn flush_tlb_func(tlb: &mut Tlb, req: &FlushRequest, local: Option<usize>, vmsta
 /// `flush_tlb_mm_range`: invalidate `[start, end)` of `mm` on every CPU that
 /// may cache it, and return only when none can use a stale translation.
 /// `me` is the calling CPU (in kernel mode).
-pub fn flush_tlb_mm_range(cpus: &[Cpu], me: &Cpu, mm: &Arc<Mm>, start: u64, end: u64, stride_shift: u32, vmstat: &VmStat) {
-    let end = if end == TLB_FLUSH_ALL || (end - start) >> stride_shift > TLB_SINGLE_PAGE_FLUSH_CEILING { TLB_FLUSH_ALL } else { end };
+pub fn flush_tlb_mm_range(
+    cpus: &[Cpu],
+    me: &Cpu,
+    mm: &Arc<Mm>,
+    start: u64,
+    end: u64,
+    stride_shift: u32,
+    vmstat: &VmStat,
+) {
+    let end =
+        if end == TLB_FLUSH_ALL || (end - start) >> stride_shift > TLB_SINGLE_PAGE_FLUSH_CEILING {
+            TLB_FLUSH_ALL
+        } else {
+            end
+        };
     // SeqCst: the bump is ordered before the cpumask and state loads below
     // (pairs with switch_mm and enter_user).
     let new_tlb_gen = mm.tlb_gen.fetch_add(1, Ordering::SeqCst) + 1;
-    let req = Arc::new(FlushRequest { mm: mm.clone(), start, end, stride_shift, new_tlb_gen, acks: AtomicU64::new(0) });
+    let req = Arc::new(FlushRequest {
+        mm: mm.clone(),
+        start,
+        end,
+        stride_shift,
+        new_tlb_gen,
+        acks: AtomicU64::new(0),
+    });
 
-    if me.loaded.lock().as_ref().is_some_and(|(m, _)| m.id == mm.id) {
+    if me
+        .loaded
+        .lock()
+        .as_ref()
+        .is_some_and(|(m, _)| m.id == mm.id)
+    {
         flush_tlb_func(&mut me.tlb.lock(), &req, Some(me.id), vmstat);
     }
 
@@ -268,7 +297,8 @@ pub fn flush_tlb_mm_range(cpus: &[Cpu], me: &Cpu, mm: &Arc<Mm>, start: u64, end:
         let bit = 1u64 << cpu.id;
         spin_until(|| {
             // Acquire: pairs with the target's Release acknowledgement.
-            let done = req.acks.load(Ordering::Acquire) & bit != 0 || cpu.state.load(Ordering::SeqCst) != s;
+            let done = req.acks.load(Ordering::Acquire) & bit != 0
+                || cpu.state.load(Ordering::SeqCst) != s;
             assert!(
                 done || Instant::now() < deadline,
                 "CPU {} did not acknowledge a TLB shootdown: its thread blocked while in user mode (call OnCpu::idle first)",
@@ -281,5 +311,13 @@ pub fn flush_tlb_mm_range(cpus: &[Cpu], me: &Cpu, mm: &Arc<Mm>, start: u64, end:
 
 /// `flush_tlb_mm`.
 pub fn flush_tlb_mm(cpus: &[Cpu], me: &Cpu, mm: &Arc<Mm>, vmstat: &VmStat) {
-    flush_tlb_mm_range(cpus, me, mm, 0, TLB_FLUSH_ALL, crate::phys::PAGE_SHIFT, vmstat)
+    flush_tlb_mm_range(
+        cpus,
+        me,
+        mm,
+        0,
+        TLB_FLUSH_ALL,
+        crate::phys::PAGE_SHIFT,
+        vmstat,
+    )
 }

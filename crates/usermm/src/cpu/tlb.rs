@@ -106,7 +106,12 @@ impl Tlb {
         let hpn = vaddr >> 21;
         let htag = hpn + 1;
         let hset = &self.huge[hpn as usize % SETS_2M];
-        hset.iter().find(|e| self.live(e, htag, asid)).map(|e| TlbEntry { pfn: e.pfn + (vpn & 511), ..*e })
+        hset.iter()
+            .find(|e| self.live(e, htag, asid))
+            .map(|e| TlbEntry {
+                pfn: e.pfn + (vpn & 511),
+                ..*e
+            })
     }
 
     /// Cache a translation for `vaddr`.
@@ -116,13 +121,33 @@ impl Tlb {
         if t.size == crate::pgtable::PMD_SIZE {
             let hpn = vaddr >> 21;
             let set = &mut self.huge[hpn as usize % SETS_2M];
-            let way = set.iter().position(|e| e.tag == hpn + 1 && e.asid as usize == asid).unwrap_or(self.victim as usize % WAYS_2M);
-            set[way] = TlbEntry { tag: hpn + 1, asid: asid as u8, gen, pfn: t.pfn, writable: t.writable, dirty: t.dirty };
+            let way = set
+                .iter()
+                .position(|e| e.tag == hpn + 1 && e.asid as usize == asid)
+                .unwrap_or(self.victim as usize % WAYS_2M);
+            set[way] = TlbEntry {
+                tag: hpn + 1,
+                asid: asid as u8,
+                gen,
+                pfn: t.pfn,
+                writable: t.writable,
+                dirty: t.dirty,
+            };
         } else {
             let vpn = vaddr >> PAGE_SHIFT;
             let set = &mut self.small[vpn as usize % SETS_4K];
-            let way = set.iter().position(|e| e.tag == vpn + 1 && e.asid as usize == asid).unwrap_or(self.victim as usize % WAYS_4K);
-            set[way] = TlbEntry { tag: vpn + 1, asid: asid as u8, gen, pfn: t.pfn, writable: t.writable, dirty: t.dirty };
+            let way = set
+                .iter()
+                .position(|e| e.tag == vpn + 1 && e.asid as usize == asid)
+                .unwrap_or(self.victim as usize % WAYS_4K);
+            set[way] = TlbEntry {
+                tag: vpn + 1,
+                asid: asid as u8,
+                gen,
+                pfn: t.pfn,
+                writable: t.writable,
+                dirty: t.dirty,
+            };
         }
     }
 
@@ -163,8 +188,14 @@ impl Tlb {
                 });
             }
         };
-        self.small.iter().flatten().for_each(|e| push(e, 4096, PAGE_SHIFT));
-        self.huge.iter().flatten().for_each(|e| push(e, 2 << 20, 21));
+        self.small
+            .iter()
+            .flatten()
+            .for_each(|e| push(e, 4096, PAGE_SHIFT));
+        self.huge
+            .iter()
+            .flatten()
+            .for_each(|e| push(e, 2 << 20, 21));
         out
     }
 }
@@ -174,7 +205,12 @@ mod tests {
     use super::*;
 
     fn t(pfn: Pfn, size: u64) -> Translation {
-        Translation { pfn, size, writable: true, dirty: false }
+        Translation {
+            pfn,
+            size,
+            writable: true,
+            dirty: false,
+        }
     }
 
     #[test]
@@ -190,7 +226,10 @@ mod tests {
         tlb.insert(a, 0x20_0000, &t(0x400, 2 << 20));
         assert_eq!(tlb.lookup(a, 0x20_3000).unwrap().pfn, 0x403);
         tlb.flush_one(a, 0x3f_f000);
-        assert!(tlb.lookup(a, 0x20_0000).is_none(), "INVLPG of any address inside drops a 2M entry");
+        assert!(
+            tlb.lookup(a, 0x20_0000).is_none(),
+            "INVLPG of any address inside drops a 2M entry"
+        );
         tlb.insert(a, 0x5000, &t(1, 4096));
         tlb.flush_slot(a);
         assert!(tlb.lookup(a, 0x5000).is_none());
@@ -211,6 +250,9 @@ mod tests {
         for i in 0..NR_DYN_ASIDS as u64 {
             tlb.assign_slot(100 + i, 1);
         }
-        assert!(tlb.slot_of(2).is_none(), "evicted after six newer address spaces");
+        assert!(
+            tlb.slot_of(2).is_none(),
+            "evicted after six newer address spaces"
+        );
     }
 }

@@ -117,7 +117,10 @@ impl Mm {
 
     /// Publish a new VMA tree. mmap_lock must be held for writing.
     pub fn vma_tree_publish(&self, tree: VmaTree, guard: &Guard) {
-        debug_assert!(self.mmap_lock.is_locked_exclusive(), "VMA tree changed without mmap_lock held for writing");
+        debug_assert!(
+            self.mmap_lock.is_locked_exclusive(),
+            "VMA tree changed without mmap_lock held for writing"
+        );
         #[cfg(debug_assertions)]
         tree.check();
         // Release: readers that load the new pointer see the tree's contents.
@@ -165,19 +168,27 @@ impl Mm {
 
     /// `get_mm_rss`.
     pub fn rss_pages(&self) -> i64 {
-        self.get_rss(MmCounter::FilePages) + self.get_rss(MmCounter::AnonPages) + self.get_rss(MmCounter::ShmemPages)
+        self.get_rss(MmCounter::FilePages)
+            + self.get_rss(MmCounter::AnonPages)
+            + self.get_rss(MmCounter::ShmemPages)
     }
 
     /// `mm_inc_nr_ptes` and its PMD/PUD siblings: one table more.
     #[inline]
     pub fn inc_nr_tables(&self) {
-        self.pgtables_bytes.fetch_add(PAGE_SIZE as i64, Ordering::Relaxed);
+        self.pgtables_bytes
+            .fetch_add(PAGE_SIZE as i64, Ordering::Relaxed);
     }
 
     #[inline]
     pub fn dec_nr_tables(&self) {
-        let old = self.pgtables_bytes.fetch_sub(PAGE_SIZE as i64, Ordering::Relaxed);
-        debug_assert!(old >= PAGE_SIZE as i64, "{self:?}: pgtables_bytes underflow");
+        let old = self
+            .pgtables_bytes
+            .fetch_sub(PAGE_SIZE as i64, Ordering::Relaxed);
+        debug_assert!(
+            old >= PAGE_SIZE as i64,
+            "{self:?}: pgtables_bytes underflow"
+        );
     }
 
     /// `inc_tlb_flush_pending`.

@@ -11,7 +11,9 @@
 use super::Mm;
 use crate::errno::{Errno, KResult};
 use crate::pgtable::entry::{Pmd, _PAGE_PRESENT, _PAGE_PSE, _PAGE_TABLE, PTE_PFN_MASK};
-use crate::pgtable::{entry_get, entry_set, pgd_index, pmd_index, pud_index, table_alloc, table_free};
+use crate::pgtable::{
+    entry_get, entry_set, pgd_index, pmd_index, pud_index, table_alloc, table_free,
+};
 use crate::phys::{Pfn, PAGE_SHIFT};
 use crate::sync::SpinGuard;
 
@@ -36,7 +38,13 @@ pub struct PteLocked<'a> {
 
 impl Mm {
     /// Install a table at `(parent, idx)` under `lock` unless one is there.
-    fn populate(&self, parent: Pfn, idx: usize, lock: &crate::sync::SpinLock, cpu: usize) -> KResult<Pfn> {
+    fn populate(
+        &self,
+        parent: Pfn,
+        idx: usize,
+        lock: &crate::sync::SpinLock,
+        cpu: usize,
+    ) -> KResult<Pfn> {
         let new = table_alloc(&self.mem, self.home_node, cpu).ok_or(Errno::ENOMEM)?;
         let _g = lock.lock();
         let cur = entry_get(&self.mem, parent, idx);
@@ -65,8 +73,15 @@ impl Mm {
     pub fn pmd_alloc(&self, addr: u64, cpu: usize) -> KResult<PmdSlot> {
         let pud = self.pud_alloc(addr, cpu)?;
         let e = entry_get(&self.mem, pud, pud_index(addr));
-        let table = if e & _PAGE_PRESENT != 0 { next_table(e) } else { self.populate(pud, pud_index(addr), &self.page_table_lock, cpu)? };
-        Ok(PmdSlot { table, idx: pmd_index(addr) })
+        let table = if e & _PAGE_PRESENT != 0 {
+            next_table(e)
+        } else {
+            self.populate(pud, pud_index(addr), &self.page_table_lock, cpu)?
+        };
+        Ok(PmdSlot {
+            table,
+            idx: pmd_index(addr),
+        })
     }
 
     /// Find the PMD slot covering `addr` without allocating (`mm_find_pmd`).
@@ -79,7 +94,10 @@ impl Mm {
         if e & _PAGE_PRESENT == 0 {
             return None;
         }
-        Some(PmdSlot { table: next_table(e), idx: pmd_index(addr) })
+        Some(PmdSlot {
+            table: next_table(e),
+            idx: pmd_index(addr),
+        })
     }
 
     #[inline]

@@ -61,7 +61,10 @@ pub struct AnonVma {
 
 impl AnonVma {
     pub fn new() -> Arc<AnonVma> {
-        Arc::new(AnonVma { id: ANON_VMA_ID.fetch_add(1, Ordering::Relaxed), vmas: RwLock::new(Vec::new()) })
+        Arc::new(AnonVma {
+            id: ANON_VMA_ID.fetch_add(1, Ordering::Relaxed),
+            vmas: RwLock::new(Vec::new()),
+        })
     }
 }
 
@@ -81,7 +84,13 @@ pub struct Vma {
 
 impl std::fmt::Debug for Vma {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Vma({:#x}-{:#x} flags={:#x})", self.start(), self.end(), self.flags())
+        write!(
+            f,
+            "Vma({:#x}-{:#x} flags={:#x})",
+            self.start(),
+            self.end(),
+            self.flags()
+        )
     }
 }
 
@@ -186,14 +195,25 @@ impl VmaTree {
 
     pub fn insert(&mut self, vma: Arc<Vma>) {
         let idx = self.vmas.partition_point(|v| v.start() < vma.start());
-        debug_assert!(idx == 0 || self.vmas[idx - 1].end() <= vma.start(), "overlapping VMA {vma:?}");
-        debug_assert!(idx == self.vmas.len() || self.vmas[idx].start() >= vma.end(), "overlapping VMA {vma:?}");
+        debug_assert!(
+            idx == 0 || self.vmas[idx - 1].end() <= vma.start(),
+            "overlapping VMA {vma:?}"
+        );
+        debug_assert!(
+            idx == self.vmas.len() || self.vmas[idx].start() >= vma.end(),
+            "overlapping VMA {vma:?}"
+        );
         self.vmas.insert(idx, vma);
     }
 
     pub fn check(&self) {
         for w in self.vmas.windows(2) {
-            assert!(w[0].end() <= w[1].start(), "VMAs out of order: {:?} {:?}", w[0], w[1]);
+            assert!(
+                w[0].end() <= w[1].start(),
+                "VMAs out of order: {:?} {:?}",
+                w[0],
+                w[1]
+            );
         }
         for v in &self.vmas {
             assert!(v.start() < v.end(), "empty VMA {v:?}");

@@ -28,8 +28,14 @@ pub const PMD_PFN_MASK: u64 = ((1u64 << 52) - 1) & !((1u64 << 21) - 1);
 /// Flags of an entry that points to a lower table (`_PAGE_TABLE`).
 pub const _PAGE_TABLE: u64 = _PAGE_PRESENT | _PAGE_RW | _PAGE_USER | _PAGE_ACCESSED | _PAGE_DIRTY;
 /// Bits that `pte_modify` keeps when the protection changes (`_PAGE_CHG_MASK`).
-pub const _PAGE_CHG_MASK: u64 =
-    PTE_PFN_MASK | _PAGE_PCD | _PAGE_PWT | _PAGE_SPECIAL | _PAGE_ACCESSED | _PAGE_DIRTY | _PAGE_SOFT_DIRTY | _PAGE_UFFD_WP;
+pub const _PAGE_CHG_MASK: u64 = PTE_PFN_MASK
+    | _PAGE_PCD
+    | _PAGE_PWT
+    | _PAGE_SPECIAL
+    | _PAGE_ACCESSED
+    | _PAGE_DIRTY
+    | _PAGE_SOFT_DIRTY
+    | _PAGE_UFFD_WP;
 
 /// `pgprot_t`: protection and cache bits of an entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -39,7 +45,8 @@ impl Pgprot {
     pub const NONE: Pgprot = Pgprot(_PAGE_PROTNONE | _PAGE_ACCESSED);
     pub const READONLY: Pgprot = Pgprot(_PAGE_PRESENT | _PAGE_USER | _PAGE_ACCESSED | _PAGE_NX);
     pub const READONLY_EXEC: Pgprot = Pgprot(_PAGE_PRESENT | _PAGE_USER | _PAGE_ACCESSED);
-    pub const SHARED: Pgprot = Pgprot(_PAGE_PRESENT | _PAGE_RW | _PAGE_USER | _PAGE_ACCESSED | _PAGE_NX);
+    pub const SHARED: Pgprot =
+        Pgprot(_PAGE_PRESENT | _PAGE_RW | _PAGE_USER | _PAGE_ACCESSED | _PAGE_NX);
     pub const SHARED_EXEC: Pgprot = Pgprot(_PAGE_PRESENT | _PAGE_RW | _PAGE_USER | _PAGE_ACCESSED);
 }
 
@@ -204,7 +211,8 @@ impl Pmd {
     /// The leaf's bits as a PTE would carry them (for splitting).
     #[inline]
     pub fn leaf_pte(self, pfn: Pfn) -> Pte {
-        Pte(((pfn << PAGE_SHIFT) & PTE_PFN_MASK) | (self.0 & !PMD_PFN_MASK & !_PAGE_PSE & !(1 << 12)))
+        Pte(((pfn << PAGE_SHIFT) & PTE_PFN_MASK)
+            | (self.0 & !PMD_PFN_MASK & !_PAGE_PSE & !(1 << 12)))
     }
     #[inline]
     pub fn write(self) -> bool {

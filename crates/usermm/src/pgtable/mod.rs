@@ -61,7 +61,10 @@ pub fn addr_end(addr: u64, end: u64, size: u64) -> u64 {
 /// The 512 entries of a table frame.
 #[inline]
 pub fn table(mem: &PhysMem, pfn: Pfn) -> &[AtomicU64; PTRS_PER_TABLE] {
-    debug_assert!(mem.page(pfn).test(pg::TABLE), "frame {pfn:#x} is not a page table");
+    debug_assert!(
+        mem.page(pfn).test(pg::TABLE),
+        "frame {pfn:#x} is not a page table"
+    );
     // SAFETY: a table frame is 4096 bytes, page-aligned, inside an arena that
     // lives as long as `mem`; every access to a table frame's bytes is atomic
     // (this is the only way the engine reaches them), and AtomicU64 has the
@@ -93,20 +96,38 @@ pub fn entry_get_and_clear(mem: &PhysMem, table_pfn: Pfn, idx: usize) -> u64 {
 
 /// Allocate a zeroed table frame (`pagetable_alloc` + `pagetable_pte_ctor`).
 pub fn table_alloc(mem: &PhysMem, nid: usize, cpu: usize) -> Option<Pfn> {
-    let pfn = mem.alloc_pages(nid, 0, cpu, crate::phys::AllocFlags { zero: true, ..Default::default() })?;
+    let pfn = mem.alloc_pages(
+        nid,
+        0,
+        cpu,
+        crate::phys::AllocFlags {
+            zero: true,
+            ..Default::default()
+        },
+    )?;
     mem.page(pfn).set(pg::TABLE);
-    mem.vmstat.mod_node(crate::vmstat::NodeStat::NR_PAGETABLE, 1);
+    mem.vmstat
+        .mod_node(crate::vmstat::NodeStat::NR_PAGETABLE, 1);
     Some(pfn)
 }
 
 /// Free a table frame that no walker can reach any more (`pagetable_free`).
 /// The caller has waited for the TLB flush and for lockless walkers.
 pub fn table_free(mem: &PhysMem, pfn: Pfn, cpu: usize) {
-    debug_assert!(table(mem, pfn).iter().all(|e| e.load(Ordering::Relaxed) == 0), "freeing a non-empty table {pfn:#x}");
+    debug_assert!(
+        table(mem, pfn)
+            .iter()
+            .all(|e| e.load(Ordering::Relaxed) == 0),
+        "freeing a non-empty table {pfn:#x}"
+    );
     let page = mem.page(pfn);
     page.clear(pg::TABLE);
-    debug_assert!(!page.ptl.is_locked(), "freeing table {pfn:#x} with its lock held");
-    mem.vmstat.mod_node(crate::vmstat::NodeStat::NR_PAGETABLE, -1);
+    debug_assert!(
+        !page.ptl.is_locked(),
+        "freeing table {pfn:#x} with its lock held"
+    );
+    mem.vmstat
+        .mod_node(crate::vmstat::NodeStat::NR_PAGETABLE, -1);
     crate::phys::Folio(pfn).put(mem, cpu);
 }
 

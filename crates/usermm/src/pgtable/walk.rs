@@ -75,11 +75,20 @@ pub fn hw_walk(mem: &PhysMem, pgd: Pfn, addr: u64, write: bool) -> Result<Transl
             return Err(WalkFault::Protection);
         }
         let want = leaf | _PAGE_ACCESSED | if write { _PAGE_DIRTY } else { 0 };
-        if want != leaf && slot.compare_exchange(leaf, want, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        if want != leaf
+            && slot
+                .compare_exchange(leaf, want, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+        {
             // The kernel changed the entry while we walked: walk again, as
             // the MMU's locked A/D update would see the new value.
             continue 'again;
         }
-        return Ok(Translation { pfn, size, writable: leaf & _PAGE_RW != 0, dirty: want & _PAGE_DIRTY != 0 });
+        return Ok(Translation {
+            pfn,
+            size,
+            writable: leaf & _PAGE_RW != 0,
+            dirty: want & _PAGE_DIRTY != 0,
+        });
     }
 }

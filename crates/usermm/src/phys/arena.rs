@@ -42,7 +42,10 @@ impl Arena {
         // SAFETY: p is the mapping just made, len bytes long. The advice is a
         // hint; failure (THP disabled on the host) is harmless.
         unsafe { libc::madvise(p, len, libc::MADV_HUGEPAGE) };
-        Ok(Arena { base: NonNull::new(p as *mut u8).expect("mmap returned NULL"), len })
+        Ok(Arena {
+            base: NonNull::new(p as *mut u8).expect("mmap returned NULL"),
+            len,
+        })
     }
 
     #[inline]

@@ -66,7 +66,11 @@ impl Folio {
     #[inline]
     pub fn ref_add(self, mem: &PhysMem, nr: i32) {
         let old = self.head(mem).refcount.fetch_add(nr, Ordering::Relaxed);
-        debug_assert!(old > 0, "folio {:#x}: reference taken on a free folio", self.0);
+        debug_assert!(
+            old > 0,
+            "folio {:#x}: reference taken on a free folio",
+            self.0
+        );
     }
 
     /// `folio_put`.
@@ -81,7 +85,11 @@ impl Folio {
         // Release: our earlier accesses to the folio happen before whoever
         // frees it; Acquire on the last drop: we see everyone else's.
         let old = self.head(mem).refcount.fetch_sub(nr, Ordering::AcqRel);
-        debug_assert!(old >= nr, "folio {:#x}: refcount {old} dropped by {nr}", self.0);
+        debug_assert!(
+            old >= nr,
+            "folio {:#x}: refcount {old} dropped by {nr}",
+            self.0
+        );
         if old == nr {
             self.free(mem, cpu);
         }
@@ -95,7 +103,8 @@ impl Folio {
         if self.test_anon(mem) && order > 1 {
             mem.vmstat.mod_mthp(order, MthpStat::NR_ANON, -1);
             if head.test(pg::PARTIALLY_MAPPED) {
-                mem.vmstat.mod_mthp(order, MthpStat::NR_ANON_PARTIALLY_MAPPED, -1);
+                mem.vmstat
+                    .mod_mthp(order, MthpStat::NR_ANON_PARTIALLY_MAPPED, -1);
             }
         }
         mem.free_pages(self.0, order, cpu);
@@ -149,7 +158,24 @@ pub fn page_mapcount(mem: &PhysMem, pfn: Pfn) -> i32 {
 
 impl PhysMem {
     /// `folio_alloc`: a folio of `order` on `nid` (or a fallback node).
-    pub fn folio_alloc(&self, nid: usize, order: u32, cpu: usize, zero: bool, this_node: bool) -> Option<Folio> {
-        self.alloc_pages(nid, order, cpu, AllocFlags { zero, this_node, comp: true }).map(Folio)
+    pub fn folio_alloc(
+        &self,
+        nid: usize,
+        order: u32,
+        cpu: usize,
+        zero: bool,
+        this_node: bool,
+    ) -> Option<Folio> {
+        self.alloc_pages(
+            nid,
+            order,
+            cpu,
+            AllocFlags {
+                zero,
+                this_node,
+                comp: true,
+            },
+        )
+        .map(Folio)
     }
 }

@@ -74,7 +74,8 @@ impl Node {
 
     #[inline]
     pub fn contains(&self, pfn: Pfn) -> bool {
-        pfn >> NODE_PFN_SHIFT == self.id as u64 && (pfn & ((1 << NODE_PFN_SHIFT) - 1)) < self.nr_pages
+        pfn >> NODE_PFN_SHIFT == self.id as u64
+            && (pfn & ((1 << NODE_PFN_SHIFT) - 1)) < self.nr_pages
     }
 }
 
@@ -92,14 +93,29 @@ impl PhysMem {
         let mut nodes = Vec::with_capacity(configs.len());
         for (id, c) in configs.iter().enumerate() {
             let nr_pages = c.size_bytes >> PAGE_SHIFT;
-            assert!(nr_pages >= 1 << MAX_PAGE_ORDER, "a node needs at least 4 MiB");
+            assert!(
+                nr_pages >= 1 << MAX_PAGE_ORDER,
+                "a node needs at least 4 MiB"
+            );
             assert!(nr_pages < 1 << NODE_PFN_SHIFT, "a node holds at most 1 TiB");
             let arena = arena::Arena::new((nr_pages << PAGE_SHIFT) as usize)?;
             let memmap: Box<[Page]> = (0..nr_pages).map(|_| Page::default()).collect();
             let zone = Zone::new(nr_pages, nr_cpus);
-            nodes.push(Node { id, tier: c.tier, has_cpus: c.has_cpus, nr_pages, arena, memmap, zone });
+            nodes.push(Node {
+                id,
+                tier: c.tier,
+                has_cpus: c.has_cpus,
+                nr_pages,
+                arena,
+                memmap,
+                zone,
+            });
         }
-        let mem = PhysMem { nodes, vmstat: crate::vmstat::VmStat::new(nr_cpus), rcu_pending: crate::sync::AtomicU64::new(0) };
+        let mem = PhysMem {
+            nodes,
+            vmstat: crate::vmstat::VmStat::new(nr_cpus),
+            rcu_pending: crate::sync::AtomicU64::new(0),
+        };
         for node in &mem.nodes {
             page_alloc::init_free_area(&mem, node);
         }
@@ -123,7 +139,9 @@ impl PhysMem {
 
     /// Whether `pfn` names a frame of this machine.
     pub fn pfn_valid(&self, pfn: Pfn) -> bool {
-        self.nodes.get(Self::nid(pfn)).is_some_and(|n| n.contains(pfn))
+        self.nodes
+            .get(Self::nid(pfn))
+            .is_some_and(|n| n.contains(pfn))
     }
 
     /// `pfn_to_page`.
@@ -146,7 +164,10 @@ impl PhysMem {
     /// `page_folio`: the folio a page belongs to.
     #[inline]
     pub fn page_folio(&self, pfn: Pfn) -> Folio {
-        let head = self.page(pfn).compound_head.load(crate::sync::Ordering::Relaxed);
+        let head = self
+            .page(pfn)
+            .compound_head
+            .load(crate::sync::Ordering::Relaxed);
         if head & memmap::COMPOUND_TAIL != 0 {
             Folio(head & !memmap::COMPOUND_TAIL)
         } else {
@@ -174,15 +195,23 @@ impl PhysMem {
         // SAFETY: both frames are PAGE_SIZE bytes inside the arena; dst is
         // owned by the caller; src is write-protected in every page table and
         // TLB (COW), so no store races with this read.
-        unsafe { std::ptr::copy_nonoverlapping(self.frame_ptr(src), self.frame_ptr(dst), PAGE_SIZE as usize) }
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.frame_ptr(src),
+                self.frame_ptr(dst),
+                PAGE_SIZE as usize,
+            )
+        }
     }
 
     /// Count a frame whose free is deferred past a grace period.
     pub fn rcu_pending_add(&self, n: i64) {
         if n >= 0 {
-            self.rcu_pending.fetch_add(n as u64, crate::sync::Ordering::AcqRel);
+            self.rcu_pending
+                .fetch_add(n as u64, crate::sync::Ordering::AcqRel);
         } else {
-            self.rcu_pending.fetch_sub((-n) as u64, crate::sync::Ordering::AcqRel);
+            self.rcu_pending
+                .fetch_sub((-n) as u64, crate::sync::Ordering::AcqRel);
         }
     }
 

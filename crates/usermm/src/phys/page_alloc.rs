@@ -83,10 +83,15 @@ impl Zone {
         let min = min_free_kbytes / 4;
         let step = (min / 4).max(nr_pages * 10 / 10_000);
         Zone {
-            free_area: Mutex::new(FreeArea { head: [LIST_NONE; NR_ORDERS], nr_free: [0; NR_ORDERS] }),
+            free_area: Mutex::new(FreeArea {
+                head: [LIST_NONE; NR_ORDERS],
+                nr_free: [0; NR_ORDERS],
+            }),
             nr_free: AtomicU64::new(0),
             nr_pcp: AtomicU64::new(0),
-            pcp: (0..=nr_cpus).map(|_| Mutex::new(PerCpuPages::default())).collect(),
+            pcp: (0..=nr_cpus)
+                .map(|_| Mutex::new(PerCpuPages::default()))
+                .collect(),
             watermark: [min, min + step, min + 2 * step],
         }
     }
@@ -133,7 +138,9 @@ fn add_to_free_list(mem: &PhysMem, node: &Node, area: &mut FreeArea, off: u32, o
     page.lru_next.store(old, Ordering::Relaxed);
     page.lru_prev.store(LIST_NONE, Ordering::Relaxed);
     if old != LIST_NONE {
-        mem.page(node.start_pfn() + old as u64).lru_prev.store(off, Ordering::Relaxed);
+        mem.page(node.start_pfn() + old as u64)
+            .lru_prev
+            .store(off, Ordering::Relaxed);
     }
     area.head[order as usize] = off;
     area.nr_free[order as usize] += 1;
@@ -146,10 +153,14 @@ fn del_from_free_list(mem: &PhysMem, node: &Node, area: &mut FreeArea, off: u32,
     if prev == LIST_NONE {
         area.head[order as usize] = next;
     } else {
-        mem.page(node.start_pfn() + prev as u64).lru_next.store(next, Ordering::Relaxed);
+        mem.page(node.start_pfn() + prev as u64)
+            .lru_next
+            .store(next, Ordering::Relaxed);
     }
     if next != LIST_NONE {
-        mem.page(node.start_pfn() + next as u64).lru_prev.store(prev, Ordering::Relaxed);
+        mem.page(node.start_pfn() + next as u64)
+            .lru_prev
+            .store(prev, Ordering::Relaxed);
     }
     page.clear(pg::BUDDY);
     page.lru_next.store(LIST_NONE, Ordering::Relaxed);
@@ -195,9 +206,17 @@ impl PhysMem {
     /// `__alloc_pages`: a block of `2^order` frames, preferring `nid` and then
     /// falling back along the zonelist (same tier first). `cpu` picks the pcp
     /// lists. Returns the head PFN with a refcount of 1.
-    pub fn alloc_pages(&self, nid: usize, order: u32, cpu: usize, flags: AllocFlags) -> Option<Pfn> {
+    pub fn alloc_pages(
+        &self,
+        nid: usize,
+        order: u32,
+        cpu: usize,
+        flags: AllocFlags,
+    ) -> Option<Pfn> {
         debug_assert!(order <= MAX_PAGE_ORDER);
-        let pfn = self.zonelist(nid, flags.this_node).find_map(|n| self.rmqueue(&self.nodes[n], order, cpu))?;
+        let pfn = self
+            .zonelist(nid, flags.this_node)
+            .find_map(|n| self.rmqueue(&self.nodes[n], order, cpu))?;
         self.prep_new_page(pfn, order, flags);
         self.vmstat.count(cpu, Event::PGALLOC, 1 << order);
         Some(pfn)
@@ -208,8 +227,16 @@ impl PhysMem {
     fn zonelist(&self, nid: usize, this_node: bool) -> impl Iterator<Item = usize> + '_ {
         let nid = nid.min(self.nodes.len() - 1);
         let tier = self.nodes[nid].tier;
-        let same = self.nodes.iter().filter(move |n| n.id != nid && n.tier == tier).map(|n| n.id);
-        let other = self.nodes.iter().filter(move |n| n.tier != tier).map(|n| n.id);
+        let same = self
+            .nodes
+            .iter()
+            .filter(move |n| n.id != nid && n.tier == tier)
+            .map(|n| n.id);
+        let other = self
+            .nodes
+            .iter()
+            .filter(move |n| n.tier != tier)
+            .map(|n| n.id);
         std::iter::once(nid).chain(same.chain(other).filter(move |_| !this_node))
     }
 
@@ -228,7 +255,9 @@ impl PhysMem {
                     if !zone.watermark_ok(&area, order, WMARK_MIN) {
                         break;
                     }
-                    let Some(off) = rmqueue_smallest(self, node, &mut area, order) else { break };
+                    let Some(off) = rmqueue_smallest(self, node, &mut area, order) else {
+                        break;
+                    };
                     self.page(node.start_pfn() + off as u64).set(pg::PCP);
                     pcp.lists[idx].push(off);
                     pcp.count += 1 << order;
@@ -252,13 +281,21 @@ impl PhysMem {
     /// `prep_new_page` / `prep_compound_page`.
     fn prep_new_page(&self, pfn: Pfn, order: u32, flags: AllocFlags) {
         let head = self.page(pfn);
-        debug_assert_eq!(head.refcount.load(Ordering::Relaxed), 0, "allocating a referenced page {pfn:#x}");
+        debug_assert_eq!(
+            head.refcount.load(Ordering::Relaxed),
+            0,
+            "allocating a referenced page {pfn:#x}"
+        );
         head.refcount.store(1, Ordering::Relaxed);
         if flags.comp && order > 0 {
-            head.flags.store(pg::HEAD | ((order as u64) << pg::ORDER_SHIFT), Ordering::Relaxed);
+            head.flags.store(
+                pg::HEAD | ((order as u64) << pg::ORDER_SHIFT),
+                Ordering::Relaxed,
+            );
             for i in 1..(1u64 << order) {
                 let tail = self.page(pfn + i);
-                tail.compound_head.store(pfn | super::memmap::COMPOUND_TAIL, Ordering::Relaxed);
+                tail.compound_head
+                    .store(pfn | super::memmap::COMPOUND_TAIL, Ordering::Relaxed);
             }
             head.large_mapcount.store(-1, Ordering::Relaxed);
             head.entire_mapcount.store(-1, Ordering::Relaxed);
@@ -277,8 +314,17 @@ impl PhysMem {
     pub fn free_pages(&self, pfn: Pfn, order: u32, cpu: usize) {
         for i in 0..(1u64 << order) {
             let p = self.page(pfn + i);
-            debug_assert_eq!(p.mapcount.load(Ordering::Relaxed), -1, "freeing mapped page {:#x}", pfn + i);
-            debug_assert!(!p.test(pg::BUDDY | pg::PCP), "double free of {:#x}", pfn + i);
+            debug_assert_eq!(
+                p.mapcount.load(Ordering::Relaxed),
+                -1,
+                "freeing mapped page {:#x}",
+                pfn + i
+            );
+            debug_assert!(
+                !p.test(pg::BUDDY | pg::PCP),
+                "double free of {:#x}",
+                pfn + i
+            );
             p.flags.store(0, Ordering::Relaxed);
             p.compound_head.store(0, Ordering::Relaxed);
             p.mapping.store(0, Ordering::Relaxed);
@@ -314,7 +360,11 @@ impl PhysMem {
         let mut area = node.zone.free_area.lock();
         let mut freed = 0;
         'lists: for idx in 0..NR_PCP_LISTS {
-            let order = if idx == 4 { super::HPAGE_PMD_ORDER } else { idx as u32 };
+            let order = if idx == 4 {
+                super::HPAGE_PMD_ORDER
+            } else {
+                idx as u32
+            };
             while !pcp.lists[idx].is_empty() {
                 if freed >= pages {
                     break 'lists;
@@ -347,8 +397,13 @@ impl PhysMem {
             for pcp in node.zone.pcp.iter() {
                 let pcp = pcp.lock();
                 for (idx, list) in pcp.lists.iter().enumerate() {
-                    let order = if idx == 4 { super::HPAGE_PMD_ORDER } else { idx as u32 };
-                    list.iter().for_each(|&off| f(node.start_pfn() + off as u64, order));
+                    let order = if idx == 4 {
+                        super::HPAGE_PMD_ORDER
+                    } else {
+                        idx as u32
+                    };
+                    list.iter()
+                        .for_each(|&off| f(node.start_pfn() + off as u64, order));
                 }
             }
             let area = node.zone.free_area.lock();
@@ -356,7 +411,10 @@ impl PhysMem {
                 let mut off = area.head[order as usize];
                 while off != LIST_NONE {
                     f(node.start_pfn() + off as u64, order);
-                    off = self.page(node.start_pfn() + off as u64).lru_next.load(Ordering::Relaxed);
+                    off = self
+                        .page(node.start_pfn() + off as u64)
+                        .lru_next
+                        .load(Ordering::Relaxed);
                 }
             }
         }
@@ -369,7 +427,15 @@ mod tests {
     use crate::phys::{NodeConfig, Tier};
 
     fn mem(mib: u64) -> PhysMem {
-        PhysMem::new(&[NodeConfig { size_bytes: mib << 20, tier: Tier::Dram, has_cpus: true }], 2).unwrap()
+        PhysMem::new(
+            &[NodeConfig {
+                size_bytes: mib << 20,
+                tier: Tier::Dram,
+                has_cpus: true,
+            }],
+            2,
+        )
+        .unwrap()
     }
 
     #[test]
@@ -378,9 +444,15 @@ mod tests {
         let before = m.nr_free_pages();
         let mut got = vec![];
         for order in [0, 1, 2, 3, 4, 9, 0, 9, 10] {
-            got.push((m.alloc_pages(0, order, 0, AllocFlags::default()).unwrap(), order));
+            got.push((
+                m.alloc_pages(0, order, 0, AllocFlags::default()).unwrap(),
+                order,
+            ));
         }
-        assert_eq!(m.nr_free_pages(), before - got.iter().map(|&(_, o)| 1u64 << o).sum::<u64>());
+        assert_eq!(
+            m.nr_free_pages(),
+            before - got.iter().map(|&(_, o)| 1u64 << o).sum::<u64>()
+        );
         for (pfn, order) in got {
             m.page(pfn).refcount.store(0, Ordering::Relaxed);
             m.free_pages(pfn, order, 1);
@@ -399,20 +471,31 @@ mod tests {
         while let Some(pfn) = m.alloc_pages(0, 2, 0, AllocFlags::default()) {
             assert_eq!(pfn % 4, 0);
             for i in 0..4 {
-                assert!(seen.insert(pfn + i), "frame {:#x} handed out twice", pfn + i);
+                assert!(
+                    seen.insert(pfn + i),
+                    "frame {:#x} handed out twice",
+                    pfn + i
+                );
             }
         }
         let mut free_frames = 0;
         m.for_each_free_block(|head, order| {
             for i in 0..1u64 << order {
-                assert!(!seen.contains(&(head + i)), "frame {:#x} both free and allocated", head + i);
+                assert!(
+                    !seen.contains(&(head + i)),
+                    "frame {:#x} both free and allocated",
+                    head + i
+                );
             }
             free_frames += 1u64 << order;
         });
         assert_eq!(free_frames, m.nr_free_pages());
         // Allocation stopped at the min watermark, not at zero.
         let free = m.nodes[0].zone.nr_free_buddy();
-        assert!(free <= m.nodes[0].zone.watermark[WMARK_MIN] + 4, "free {free}");
+        assert!(
+            free <= m.nodes[0].zone.watermark[WMARK_MIN] + 4,
+            "free {free}"
+        );
         assert!(free > 0);
     }
 
@@ -424,7 +507,17 @@ mod tests {
         unsafe { std::ptr::write_bytes(m.frame_ptr(pfn), 0xaa, 4096) };
         m.page(pfn).refcount.store(0, Ordering::Relaxed);
         m.free_pages(pfn, 0, 0);
-        let again = m.alloc_pages(0, 0, 0, AllocFlags { zero: true, ..Default::default() }).unwrap();
+        let again = m
+            .alloc_pages(
+                0,
+                0,
+                0,
+                AllocFlags {
+                    zero: true,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
         assert_eq!(again, pfn, "pcp lists are LIFO");
         // SAFETY: as above.
         let bytes = unsafe { std::slice::from_raw_parts(m.frame_ptr(again), 4096) };
@@ -433,9 +526,35 @@ mod tests {
 
     #[test]
     fn fallback_to_other_node_unless_thisnode() {
-        let cfg = NodeConfig { size_bytes: 8 << 20, tier: Tier::Dram, has_cpus: true };
-        let m = PhysMem::new(&[cfg.clone(), NodeConfig { has_cpus: false, tier: Tier::Slow, ..cfg }], 1).unwrap();
-        while m.alloc_pages(0, 0, 0, AllocFlags { this_node: true, ..Default::default() }).is_some() {}
+        let cfg = NodeConfig {
+            size_bytes: 8 << 20,
+            tier: Tier::Dram,
+            has_cpus: true,
+        };
+        let m = PhysMem::new(
+            &[
+                cfg.clone(),
+                NodeConfig {
+                    has_cpus: false,
+                    tier: Tier::Slow,
+                    ..cfg
+                },
+            ],
+            1,
+        )
+        .unwrap();
+        while m
+            .alloc_pages(
+                0,
+                0,
+                0,
+                AllocFlags {
+                    this_node: true,
+                    ..Default::default()
+                },
+            )
+            .is_some()
+        {}
         let pfn = m.alloc_pages(0, 0, 0, AllocFlags::default()).unwrap();
         assert_eq!(PhysMem::nid(pfn), 1);
     }

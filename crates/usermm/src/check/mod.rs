@@ -1,0 +1,217 @@
+//! Oracles: the invariant checker.
+//!
+//! [`check_invariants`] walks every address space and asserts what the
+//! kernel's accounting promises: each folio's refcount and mapcounts equal
+//! what the page tables say, RSS equals the mapped pages, `pgtables_bytes`
+//! equals the table frames, no free frame is mapped or cached in a TLB, and
+//! every TLB entry whose address space has no flush pending agrees with the
+//! page tables. It needs a quiescent machine: no operation in flight.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::machine::Machine;
+use crate::mm::{Mm, MmCounter};
+use crate::pgtable::entry::*;
+use crate::pgtable::{entry_get, PGDIR_SIZE, PMD_SIZE, PUD_SIZE};
+use crate::phys::{Folio, Pfn, PAGE_SIZE};
+use crate::sync::{Arc, Ordering};
+
+#[derive(Default)]
+struct Expect {
+    refs: HashMap<Pfn, i64>,
+    page_maps: HashMap<Pfn, i64>,
+    entire: HashMap<Pfn, i64>,
+    mapped: HashSet<Pfn>,
+    tables: HashSet<Pfn>,
+}
+
+/// A leaf translation in the page tables: (pfn, writable) by 4 KiB address.
+type Leaves = HashMap<u64, (Pfn, bool)>;
+
+pub fn check_invariants(m: &Machine) -> Result<(), String> {
+    let mem = &m.mem;
+    let mut ex = Expect::default();
+    let mut leaves_by_mm: HashMap<u64, Leaves> = HashMap::new();
+    let mms = m.mms();
+    for mm in &mms {
+        let mut leaves = Leaves::new();
+        check_mm(m, mm, &mut ex, &mut leaves)?;
+        leaves_by_mm.insert(mm.id, leaves);
+    }
+    for (&head, &refs) in &ex.refs {
+        let f = Folio(head);
+        let got = f.ref_count(mem) as i64;
+        if got != refs {
+            return Err(format!(
+                "folio {head:#x}: refcount {got}, page tables hold {refs}"
+            ));
+        }
+        let nr = f.nr_pages(mem);
+        let entire = ex.entire.get(&head).copied().unwrap_or(0);
+        let mut total = entire;
+        for p in head..head + nr {
+            let want = ex.page_maps.get(&p).copied().unwrap_or(0);
+            let got = mem.page(p).mapcount.load(Ordering::Relaxed) as i64 + 1;
+            if got != want {
+                return Err(format!("page {p:#x} (folio {head:#x}): mapcount {got}, page tables map it {want} times"));
+            }
+            total += want;
+        }
+        if f.is_large(mem) {
+            let lm = f.head(mem).large_mapcount.load(Ordering::Relaxed) as i64 + 1;
+            if lm != total {
+                return Err(format!(
+                    "folio {head:#x}: large_mapcount {lm}, mappings {total}"
+                ));
+            }
+            let em = f.entire_mapcount(mem) as i64;
+            if em != entire {
+                return Err(format!(
+                    "folio {head:#x}: entire_mapcount {em}, PMD mappings {entire}"
+                ));
+            }
+        }
+    }
+    let mut free = HashSet::new();
+    mem.for_each_free_block(|head, order| {
+        for i in 0..1u64 << order {
+            free.insert(head + i);
+        }
+    });
+    if let Some(p) = ex.mapped.iter().find(|p| free.contains(p)) {
+        return Err(format!("frame {p:#x} is free but mapped"));
+    }
+    if let Some(p) = ex.tables.iter().find(|p| free.contains(p)) {
+        return Err(format!("frame {p:#x} is free but used as a page table"));
+    }
+    check_tlbs(m, &mms, &leaves_by_mm, &free)
+}
+
+fn check_mm(m: &Machine, mm: &Arc<Mm>, ex: &mut Expect, leaves: &mut Leaves) -> Result<(), String> {
+    let mem = &m.mem;
+    let mut tables = 0i64;
+    let mut anon = 0i64;
+    let next = |e: u64| (e & PTE_PFN_MASK) >> 12;
+    for gi in 0..256u64 {
+        let g = entry_get(mem, mm.pgd, gi as usize);
+        if g == 0 {
+            continue;
+        }
+        tables += 1;
+        ex.tables.insert(next(g));
+        for ui in 0..512u64 {
+            let u = entry_get(mem, next(g), ui as usize);
+            if u == 0 {
+                continue;
+            }
+            tables += 1;
+            ex.tables.insert(next(u));
+            for mi in 0..512u64 {
+                let base = gi * PGDIR_SIZE + ui * PUD_SIZE + mi * PMD_SIZE;
+                let pm = Pmd(entry_get(mem, next(u), mi as usize));
+                if pm.none() {
+                    continue;
+                }
+                tables += 1;
+                if pm.trans_huge() {
+                    let head = pm.pfn();
+                    *ex.refs.entry(head).or_default() += 1;
+                    *ex.entire.entry(head).or_default() += 1;
+                    for i in 0..512 {
+                        ex.mapped.insert(head + i);
+                        leaves.insert(base + i * PAGE_SIZE, (head + i, pm.write()));
+                    }
+                    anon += 512;
+                    continue;
+                }
+                let pt = pm.table_pfn();
+                ex.tables.insert(pt);
+                for ti in 0..512u64 {
+                    let pte = Pte(entry_get(mem, pt, ti as usize));
+                    if pte.none() {
+                        continue;
+                    }
+                    let addr = base + ti * PAGE_SIZE;
+                    if pte.0 & _PAGE_PRESENT != 0 {
+                        leaves.insert(addr, (pte.pfn(), pte.write()));
+                    }
+                    if pte.special() {
+                        if pte.pfn() != m.zero_pfn {
+                            return Err(format!(
+                                "{mm:?} {addr:#x}: special PTE not mapping the zero page"
+                            ));
+                        }
+                        if pte.write() {
+                            return Err(format!("{mm:?} {addr:#x}: writable zero page"));
+                        }
+                        continue;
+                    }
+                    let p = pte.pfn();
+                    if !mem.pfn_valid(p) {
+                        return Err(format!("{mm:?} {addr:#x}: PTE maps invalid pfn {p:#x}"));
+                    }
+                    let f = mem.page_folio(p);
+                    if pte.write() && !crate::phys::folio::page_anon_exclusive(mem, p) {
+                        return Err(format!("{mm:?} {addr:#x}: writable PTE of a page that is not PageAnonExclusive"));
+                    }
+                    *ex.refs.entry(f.pfn()).or_default() += 1;
+                    *ex.page_maps.entry(p).or_default() += 1;
+                    ex.mapped.insert(p);
+                    anon += 1;
+                }
+            }
+        }
+    }
+    // Deposited tables under huge PMDs are counted as PTE tables.
+    let bytes = mm.pgtables_bytes.load(Ordering::Relaxed);
+    if bytes != tables * PAGE_SIZE as i64 {
+        return Err(format!(
+            "{mm:?}: pgtables_bytes {bytes}, tables in the tree {tables} (x4096)"
+        ));
+    }
+    let rss = mm.get_rss(MmCounter::AnonPages);
+    if rss != anon {
+        return Err(format!(
+            "{mm:?}: RssAnon {rss} pages, page tables map {anon}"
+        ));
+    }
+    Ok(())
+}
+
+fn check_tlbs(
+    m: &Machine,
+    mms: &[Arc<Mm>],
+    leaves: &HashMap<u64, Leaves>,
+    free: &HashSet<Pfn>,
+) -> Result<(), String> {
+    for cpu in m.cpus.iter() {
+        let tlb = cpu.tlb.lock();
+        for e in tlb.entries() {
+            let Some(mm) = mms.iter().find(|mm| mm.id == e.mm_id) else {
+                continue;
+            };
+            let pending = e.slot_tlb_gen < mm.tlb_gen.load(Ordering::Acquire);
+            if pending {
+                continue;
+            }
+            for i in 0..e.size / PAGE_SIZE {
+                let pfn = e.pfn + i;
+                if free.contains(&pfn) {
+                    return Err(format!(
+                        "CPU {}: TLB maps free frame {pfn:#x} at {:#x}",
+                        cpu.id,
+                        e.vaddr + i * PAGE_SIZE
+                    ));
+                }
+                let a = e.vaddr + i * PAGE_SIZE;
+                match leaves[&mm.id].get(&a) {
+                    Some(&(p, w)) if p == pfn && (w || !e.writable) => {}
+                    other => {
+                        return Err(format!("CPU {}: TLB entry {a:#x} -> {pfn:#x} (w={}) disagrees with page tables {other:?}", cpu.id, e.writable))
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}

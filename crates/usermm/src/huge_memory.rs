@@ -1,0 +1,203 @@
+//! PMD-mapped transparent huge pages (mm/huge_memory.c).
+//!
+//! A 2 MiB anonymous folio mapped by one PMD entry. As in the kernel, a PTE
+//! table is allocated with it and *deposited* under the PMD (and counted in
+//! `pgtables_bytes`), so that splitting the PMD later never needs to
+//! allocate. The deposit list hangs off the PMD table's descriptor
+//! (`pmd_huge_pte`), linked through the deposited tables' `private`.
+
+use crate::errno::{Errno, KResult};
+use crate::machine::OnCpu;
+use crate::mm::pgalloc::PmdSlot;
+use crate::mm::{Mm, MmCounter, Vma};
+use crate::mmu_gather::MmuGather;
+use crate::pgtable::{entry_set, table_alloc, table_free, Pmd, PMD_MASK, PMD_SIZE};
+use crate::phys::{Folio, Pfn, PhysMem, HPAGE_PMD_NR, HPAGE_PMD_ORDER, PAGE_SIZE};
+use crate::rmap;
+use crate::sync::{Arc, Ordering};
+use crate::vmstat::{Event, MthpStat};
+
+/// `pgtable_trans_huge_deposit`. PMD lock held.
+fn deposit(mem: &PhysMem, slot: PmdSlot, table: Pfn) {
+    let head = &mem.page(slot.table).private;
+    mem.page(table)
+        .private
+        .store(head.load(Ordering::Relaxed), Ordering::Relaxed);
+    head.store(table + 1, Ordering::Relaxed);
+}
+
+/// `pgtable_trans_huge_withdraw`. PMD lock held.
+fn withdraw(mem: &PhysMem, slot: PmdSlot) -> Pfn {
+    let head = &mem.page(slot.table).private;
+    let t = head.load(Ordering::Relaxed);
+    assert!(t != 0, "huge PMD without a deposited table");
+    let table = t - 1;
+    head.store(
+        mem.page(table).private.load(Ordering::Relaxed),
+        Ordering::Relaxed,
+    );
+    mem.page(table).private.store(0, Ordering::Relaxed);
+    table
+}
+
+/// Result of trying the PMD path of a fault.
+pub enum HugeFault {
+    Done,
+    Fallback,
+}
+
+/// `do_huge_pmd_anonymous_page` for a write fault on an empty PMD.
+pub fn do_huge_pmd_anonymous_page(
+    oncpu: &OnCpu,
+    mm: &Arc<Mm>,
+    vma: &Vma,
+    slot: PmdSlot,
+    addr: u64,
+) -> KResult<HugeFault> {
+    let mem = oncpu.mem();
+    let haddr = addr & PMD_MASK;
+    let Some(folio) = mem.folio_alloc(mm.home_node, HPAGE_PMD_ORDER, oncpu.id(), true, false)
+    else {
+        oncpu
+            .vmstat()
+            .count(oncpu.id(), Event::THP_FAULT_FALLBACK, 1);
+        mem.vmstat
+            .mod_mthp(HPAGE_PMD_ORDER, MthpStat::ANON_FAULT_FALLBACK, 1);
+        return Ok(HugeFault::Fallback);
+    };
+    let Some(pgtable) = table_alloc(mem, mm.home_node, oncpu.id()) else {
+        folio.put(mem, oncpu.id());
+        return Err(Errno::ENOMEM);
+    };
+    let ptl = mm.pmd_lock(slot);
+    if !mm.pmd_get(slot).none() {
+        drop(ptl);
+        table_free(mem, pgtable, oncpu.id());
+        folio.put(mem, oncpu.id());
+        return Ok(HugeFault::Done);
+    }
+    rmap::folio_add_new_anon_rmap(mem, folio, vma, haddr, true, true);
+    deposit(mem, slot, pgtable);
+    let mut pmd = Pmd::huge(folio.pfn(), vma.page_prot()).mkdirty();
+    if vma.flags() & crate::mm::vma::VM_WRITE != 0 {
+        pmd = pmd.mkwrite();
+    }
+    mm.pmd_set(slot, pmd);
+    mm.add_rss(MmCounter::AnonPages, HPAGE_PMD_NR as i64);
+    mm.inc_nr_tables();
+    drop(ptl);
+    oncpu.vmstat().count(oncpu.id(), Event::THP_FAULT_ALLOC, 1);
+    mem.vmstat
+        .mod_mthp(HPAGE_PMD_ORDER, MthpStat::ANON_FAULT_ALLOC, 1);
+    Ok(HugeFault::Done)
+}
+
+/// `do_huge_pmd_wp_page`: a write to a read-only huge PMD. Reuse the folio
+/// if this mapping is exclusive, else split the PMD and let the PTE-level
+/// COW handle the page (the kernel's fallback).
+pub fn do_huge_pmd_wp_page(oncpu: &OnCpu, mm: &Arc<Mm>, slot: PmdSlot, addr: u64) -> HugeFault {
+    let mem = oncpu.mem();
+    let ptl = mm.pmd_lock(slot);
+    let pmd = mm.pmd_get(slot);
+    if !pmd.trans_huge() || pmd.write() {
+        return HugeFault::Done;
+    }
+    let folio = Folio(pmd.pfn());
+    if crate::phys::folio::page_anon_exclusive(mem, folio.pfn()) {
+        // Permission upgrade: no flush needed (x86 re-walks on the fault).
+        mm.pmd_set(slot, pmd.mkyoung().mkdirty().mkwrite());
+        oncpu.vmstat().count(oncpu.id(), Event::WP_REUSE, 1);
+        return HugeFault::Done;
+    }
+    drop(ptl);
+    split_huge_pmd(oncpu, mm, slot, addr);
+    HugeFault::Fallback
+}
+
+/// `zap_huge_pmd`: unmap a whole PMD-mapped folio. Returns false if the PMD
+/// is no longer huge (the caller walks its PTE table instead).
+pub fn zap_huge_pmd(oncpu: &OnCpu, tlb: &mut MmuGather, mm: &Mm, slot: PmdSlot, addr: u64) -> bool {
+    let mem = oncpu.mem();
+    let ptl = mm.pmd_lock(slot);
+    let pmd = Pmd(crate::pgtable::entry_get_and_clear(
+        mem, slot.table, slot.idx,
+    ));
+    if !pmd.trans_huge() {
+        // Raced with a split: put it back and let the caller walk the table.
+        mm.pmd_set(slot, pmd);
+        return false;
+    }
+    tlb.remove_pmd_tlb_entry(addr);
+    let table = withdraw(mem, slot);
+    mm.dec_nr_tables();
+    let folio = Folio(pmd.pfn());
+    rmap::folio_remove_rmap_pmd(mem, folio, oncpu.id());
+    mm.add_rss(MmCounter::AnonPages, -(HPAGE_PMD_NR as i64));
+    drop(ptl);
+    // The deposited table was never reachable by walkers: it goes to the
+    // table batch only so that it is freed with the others.
+    tlb.remove_table(oncpu, table);
+    if tlb.remove_folio_pages(folio.pfn(), 1, false) {
+        tlb.flush_mmu(oncpu);
+    }
+    true
+}
+
+/// `__split_huge_pmd`: replace a huge PMD by the deposited PTE table filled
+/// with 512 entries mapping the same pages with the same bits.
+pub fn split_huge_pmd(oncpu: &OnCpu, mm: &Arc<Mm>, slot: PmdSlot, addr: u64) {
+    let mem = oncpu.mem();
+    let haddr = addr & PMD_MASK;
+    let ptl = mm.pmd_lock(slot);
+    let pmd = mm.pmd_get(slot);
+    if !pmd.trans_huge() {
+        return;
+    }
+    // pmdp_invalidate: clear, flush, then repopulate (x86 needs the flush so
+    // that no CPU holds the 2M translation and a 4K one at once).
+    let old = Pmd(crate::pgtable::entry_get_and_clear(
+        mem, slot.table, slot.idx,
+    ));
+    oncpu.flush_tlb_range(mm, haddr, haddr + PMD_SIZE, crate::pgtable::PMD_SHIFT);
+    let table = withdraw(mem, slot);
+    let folio = Folio(old.pfn());
+    for i in 0..HPAGE_PMD_NR {
+        entry_set(mem, table, i as usize, old.leaf_pte(folio.pfn() + i).0);
+    }
+    // Each PTE holds a reference: the PMD's one plus 511 more.
+    folio.ref_add(mem, (HPAGE_PMD_NR - 1) as i32);
+    rmap::folio_split_pmd_mapping(mem, folio, oncpu.id());
+    mm.pmd_set(slot, Pmd::table(table));
+    drop(ptl);
+    oncpu.vmstat().count(oncpu.id(), Event::THP_SPLIT_PMD, 1);
+    let _ = PAGE_SIZE;
+}
+
+/// `change_huge_pmd`: apply a new protection to a whole huge PMD. Returns
+/// true if it needs a TLB flush (permissions were reduced).
+pub fn change_huge_pmd(
+    oncpu: &OnCpu,
+    mm: &Mm,
+    slot: PmdSlot,
+    vma: &Vma,
+    newprot: crate::pgtable::Pgprot,
+) -> bool {
+    let mem = oncpu.mem();
+    let _ptl = mm.pmd_lock(slot);
+    let pmd = mm.pmd_get(slot);
+    if !pmd.trans_huge() {
+        return false;
+    }
+    let mut new = pmd.modify(newprot);
+    if vma.flags() & crate::mm::vma::VM_WRITE != 0
+        && crate::phys::folio::page_anon_exclusive(mem, pmd.pfn())
+        && pmd.dirty()
+    {
+        new = new.mkwrite();
+    }
+    mm.pmd_set(slot, new);
+    pmd.write() && !new.write()
+        || pmd.present() && !new.present()
+        || (pmd.0 & crate::pgtable::entry::_PAGE_PRESENT != 0
+            && new.0 & crate::pgtable::entry::_PAGE_PRESENT == 0)
+}

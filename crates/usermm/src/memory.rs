@@ -1,0 +1,676 @@
+//! Page faults, zapping and freeing page tables (mm/memory.c).
+//!
+//! # Faults
+//!
+//! [`handle_mm_fault`] runs with mmap_lock held for reading. It allocates
+//! the upper tables, tries the PMD path for a THP-eligible empty PMD, and
+//! otherwise handles the PTE: an empty one gets the zero page (read) or a
+//! new folio whose order the mTHP knobs choose (write, [`alloc_anon_folio`]);
+//! a present read-only one under a write gets COW or reuse ([`do_wp_page`]).
+//! Every PTE change is made under the PTE lock after re-reading the entry;
+//! if it changed, the fault returns and the access is retried.
+//!
+//! # Zapping
+//!
+//! [`unmap_vmas`] walks the range level by level into [`zap_pte_range`],
+//! which clears present PTEs under the PTE lock, records the TLB range, drops
+//! the rmap, and queues the page in the mmu_gather. This is the kernel's
+//! pre-v6.9 algorithm: one PTE, one rmap removal, one gather entry at a time.
+//! When the gather fills, the TLB is flushed before the PTE lock is dropped
+//! and the pages are freed after.
+
+use crate::errno::{Errno, KResult};
+use crate::huge_memory::{self, HugeFault};
+use crate::machine::{OnCpu, ThpMode};
+use crate::mm::pgalloc::PmdSlot;
+use crate::mm::vma::{VM_HUGEPAGE, VM_NOHUGEPAGE, VM_WRITE};
+use crate::mm::{AnonVma, Mm, MmCounter, Vma, NR_MM_COUNTERS};
+use crate::mmu_gather::MmuGather;
+use crate::pgtable::{
+    self, addr_end, entry_get, entry_get_and_clear, entry_set, Pte, PGDIR_SIZE, PMD_MASK, PMD_SIZE,
+    PUD_SIZE,
+};
+use crate::phys::{folio, Folio, Pfn, HPAGE_PMD_ORDER, PAGE_SHIFT, PAGE_SIZE};
+use crate::rmap;
+use crate::sync::Arc;
+use crate::vmstat::{Event, MthpStat};
+
+/// What a fault needs to know about the access (`FAULT_FLAG_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FaultFlags {
+    pub write: bool,
+}
+
+/// `anon_vma_prepare`.
+pub fn anon_vma_prepare(vma: &Arc<Vma>) -> &Arc<AnonVma> {
+    vma.anon_vma.get_or_init(|| {
+        let av = AnonVma::new();
+        av.vmas.write().push(Arc::downgrade(vma));
+        av
+    })
+}
+
+/// `vm_normal_page`: the page behind a present PTE, or None for special
+/// mappings (the zero page).
+#[inline]
+pub fn vm_normal_page(pte: Pte) -> Option<Pfn> {
+    (!pte.special()).then(|| pte.pfn())
+}
+
+/// `thp_vma_allowable_orders`: the orders in `mask` that the knobs and the
+/// VMA's flags allow (bit n set = order n allowed).
+pub fn thp_vma_allowable_orders(oncpu: &OnCpu, vma: &Vma, mask: u32) -> u32 {
+    let flags = vma.flags();
+    if flags & VM_NOHUGEPAGE != 0 {
+        return 0;
+    }
+    let knobs = &oncpu.m.thp;
+    let global = knobs.enabled();
+    let madv = flags & VM_HUGEPAGE != 0;
+    let mut orders = 0;
+    for order in 2..=HPAGE_PMD_ORDER {
+        let ok = match knobs.order(order) {
+            ThpMode::Always => true,
+            ThpMode::Madvise => madv,
+            ThpMode::Inherit => global == ThpMode::Always || (global == ThpMode::Madvise && madv),
+            ThpMode::Never => false,
+        };
+        if ok {
+            orders |= 1 << order;
+        }
+    }
+    orders & mask
+}
+
+/// `thp_vma_suitable_order`: the naturally aligned block around `addr` lies
+/// inside the VMA.
+#[inline]
+fn thp_vma_suitable_order(vma: &Vma, addr: u64, order: u32) -> bool {
+    let size = PAGE_SIZE << order;
+    let start = addr & !(size - 1);
+    start >= vma.start() && start + size <= vma.end()
+}
+
+/// `handle_mm_fault`. mmap_lock held for reading; the VMA contains `addr`
+/// and permits the access.
+pub fn handle_mm_fault(
+    oncpu: &OnCpu,
+    mm: &Arc<Mm>,
+    vma: &Arc<Vma>,
+    addr: u64,
+    flags: FaultFlags,
+) -> KResult<()> {
+    let slot = mm.pmd_alloc(addr, oncpu.id())?;
+    loop {
+        let pmd = mm.pmd_get(slot);
+        if pmd.none()
+            && flags.write
+            && thp_vma_allowable_orders(oncpu, vma, 1 << HPAGE_PMD_ORDER) != 0
+            && thp_vma_suitable_order(vma, addr, HPAGE_PMD_ORDER)
+        {
+            anon_vma_prepare(vma);
+            if let HugeFault::Done =
+                huge_memory::do_huge_pmd_anonymous_page(oncpu, mm, vma, slot, addr)?
+            {
+                return Ok(());
+            }
+        }
+        let pmd = mm.pmd_get(slot);
+        if pmd.trans_huge() {
+            if flags.write && !pmd.write() {
+                if let HugeFault::Fallback = huge_memory::do_huge_pmd_wp_page(oncpu, mm, slot, addr)
+                {
+                    continue;
+                }
+            } else {
+                huge_pmd_set_accessed(mm, slot, flags);
+            }
+            return Ok(());
+        }
+        if pmd.none() {
+            mm.pte_alloc(slot, oncpu.id())?;
+        }
+        return handle_pte_fault(oncpu, mm, vma, slot, addr, flags);
+    }
+}
+
+fn huge_pmd_set_accessed(mm: &Mm, slot: PmdSlot, flags: FaultFlags) {
+    let _ptl = mm.pmd_lock(slot);
+    let pmd = mm.pmd_get(slot);
+    if pmd.trans_huge() {
+        let new = if flags.write && pmd.write() {
+            pmd.mkyoung().mkdirty()
+        } else {
+            pmd.mkyoung()
+        };
+        mm.pmd_set(slot, new);
+    }
+}
+
+/// `handle_pte_fault`.
+fn handle_pte_fault(
+    oncpu: &OnCpu,
+    mm: &Arc<Mm>,
+    vma: &Arc<Vma>,
+    slot: PmdSlot,
+    addr: u64,
+    flags: FaultFlags,
+) -> KResult<()> {
+    let Some(locked) = mm.pte_offset_map_lock(slot) else {
+        // The table went away or became huge under us: retry the access.
+        return Ok(());
+    };
+    let idx = pgtable::pte_index(addr);
+    let pte = Pte(entry_get(oncpu.mem(), locked.table, idx));
+    if pte.none() {
+        drop(locked);
+        return do_anonymous_page(oncpu, mm, vma, slot, addr, flags);
+    }
+    if flags.write && !pte.write() {
+        return do_wp_page(oncpu, mm, vma, slot, locked, addr, pte);
+    }
+    // Spurious fault or A/D update: nothing to flush on x86.
+    let new = if flags.write {
+        pte.mkyoung().mkdirty()
+    } else {
+        pte.mkyoung()
+    };
+    entry_set(oncpu.mem(), locked.table, idx, new.0);
+    Ok(())
+}
+
+/// `alloc_anon_folio`: the largest allowed, suitable order whose PTEs are all
+/// empty, falling back order by order; order 0 last. Returns the folio and
+/// the address of its first page.
+fn alloc_anon_folio(
+    oncpu: &OnCpu,
+    mm: &Mm,
+    vma: &Vma,
+    slot: PmdSlot,
+    addr: u64,
+) -> KResult<(Folio, u64)> {
+    let mem = oncpu.mem();
+    let mut orders = thp_vma_allowable_orders(oncpu, vma, (1 << HPAGE_PMD_ORDER) - 1);
+    orders &= (0..HPAGE_PMD_ORDER)
+        .filter(|&o| thp_vma_suitable_order(vma, addr, o))
+        .fold(0, |m, o| m | 1 << o);
+    if orders != 0 {
+        let table = mm.pmd_get(slot).table_pfn();
+        // Drop orders whose range is not all empty (a lockless look, as the
+        // kernel's; rechecked under the PTL when mapping).
+        let mut o = 31 - orders.leading_zeros();
+        while orders != 0 {
+            let start = addr & !((PAGE_SIZE << o) - 1);
+            let i0 = pgtable::pte_index(start);
+            if (i0..i0 + (1 << o)).all(|i| entry_get(mem, table, i) == 0) {
+                break;
+            }
+            orders &= !(1 << o);
+            o = if orders == 0 {
+                0
+            } else {
+                31 - orders.leading_zeros()
+            };
+        }
+        while orders != 0 {
+            let o = 31 - orders.leading_zeros();
+            if let Some(f) = mem.folio_alloc(mm.home_node, o, oncpu.id(), true, false) {
+                mem.vmstat.mod_mthp(o, MthpStat::ANON_FAULT_ALLOC, 1);
+                return Ok((f, addr & !((PAGE_SIZE << o) - 1)));
+            }
+            mem.vmstat.mod_mthp(o, MthpStat::ANON_FAULT_FALLBACK, 1);
+            orders &= !(1 << o);
+        }
+    }
+    let f = mem
+        .folio_alloc(mm.home_node, 0, oncpu.id(), true, false)
+        .ok_or(Errno::ENOMEM)?;
+    Ok((f, addr & !(PAGE_SIZE - 1)))
+}
+
+/// `do_anonymous_page`.
+fn do_anonymous_page(
+    oncpu: &OnCpu,
+    mm: &Arc<Mm>,
+    vma: &Arc<Vma>,
+    slot: PmdSlot,
+    addr: u64,
+    flags: FaultFlags,
+) -> KResult<()> {
+    let mem = oncpu.mem();
+    if !flags.write {
+        // Map the shared zero page read-only; no RSS, no reference.
+        let pte = Pte::new(oncpu.m.zero_pfn, vma.page_prot()).mkspecial();
+        let Some(locked) = mm.pte_offset_map_lock(slot) else {
+            return Ok(());
+        };
+        let idx = pgtable::pte_index(addr);
+        if entry_get(mem, locked.table, idx) == 0 {
+            entry_set(mem, locked.table, idx, pte.0);
+        }
+        return Ok(());
+    }
+    anon_vma_prepare(vma);
+    let (folio, start) = alloc_anon_folio(oncpu, mm, vma, slot, addr)?;
+    let nr = folio.nr_pages(mem);
+    let Some(locked) = mm.pte_offset_map_lock(slot) else {
+        folio.put(mem, oncpu.id());
+        return Ok(());
+    };
+    let i0 = pgtable::pte_index(start);
+    if (i0..i0 + nr as usize).any(|i| entry_get(mem, locked.table, i) != 0) {
+        // Someone else faulted part of the range in: retry.
+        drop(locked);
+        folio.put(mem, oncpu.id());
+        return Ok(());
+    }
+    rmap::folio_add_new_anon_rmap(mem, folio, vma, start, true, false);
+    folio.ref_add(mem, nr as i32 - 1);
+    mm.add_rss(MmCounter::AnonPages, nr as i64);
+    let mut pte = Pte::new(folio.pfn(), vma.page_prot()).mkdirty();
+    if vma.flags() & VM_WRITE != 0 {
+        pte = pte.mkwrite();
+    }
+    // set_ptes: one entry per page, each advancing the PFN.
+    for i in 0..nr {
+        entry_set(mem, locked.table, i0 + i as usize, pte.advance_pfn(i).0);
+    }
+    Ok(())
+}
+
+/// `do_wp_page`: a write to a present read-only PTE of a writable VMA.
+fn do_wp_page(
+    oncpu: &OnCpu,
+    mm: &Arc<Mm>,
+    vma: &Arc<Vma>,
+    slot: PmdSlot,
+    locked: crate::mm::pgalloc::PteLocked,
+    addr: u64,
+    orig: Pte,
+) -> KResult<()> {
+    let mem = oncpu.mem();
+    let idx = pgtable::pte_index(addr);
+    let page = vm_normal_page(orig);
+    if let Some(page) = page {
+        let f = mem.page_folio(page);
+        let reuse = folio::page_anon_exclusive(mem, page)
+            || (!f.is_large(mem) && f.ref_count(mem) == 1 && f.mapcount(mem) == 1);
+        if reuse {
+            // wp_page_reuse: an upgrade, no flush needed.
+            folio::set_page_anon_exclusive(mem, page);
+            entry_set(mem, locked.table, idx, orig.mkyoung().mkdirty().mkwrite().0);
+            oncpu.vmstat().count(oncpu.id(), Event::WP_REUSE, 1);
+            return Ok(());
+        }
+    }
+    drop(locked);
+    wp_page_copy(oncpu, mm, vma, slot, addr, orig, page)
+}
+
+/// `wp_page_copy`: give this mapping its own copy of the page.
+fn wp_page_copy(
+    oncpu: &OnCpu,
+    mm: &Arc<Mm>,
+    vma: &Arc<Vma>,
+    slot: PmdSlot,
+    addr: u64,
+    orig: Pte,
+    old: Option<Pfn>,
+) -> KResult<()> {
+    let mem = oncpu.mem();
+    anon_vma_prepare(vma);
+    let new = mem
+        .folio_alloc(mm.home_node, 0, oncpu.id(), old.is_none(), false)
+        .ok_or(Errno::ENOMEM)?;
+    if let Some(old) = old {
+        mem.copy_page(new.pfn(), old);
+    }
+    let Some(locked) = mm.pte_offset_map_lock(slot) else {
+        new.put(mem, oncpu.id());
+        return Ok(());
+    };
+    let idx = pgtable::pte_index(addr);
+    if entry_get(mem, locked.table, idx) != orig.0 {
+        drop(locked);
+        new.put(mem, oncpu.id());
+        return Ok(());
+    }
+    let mut pte = Pte::new(new.pfn(), vma.page_prot()).mkdirty();
+    if vma.flags() & VM_WRITE != 0 {
+        pte = pte.mkwrite();
+    }
+    // ptep_clear_flush: no CPU may keep writing... reading the old page
+    // through a stale entry once the new one is in place.
+    entry_get_and_clear(mem, locked.table, idx);
+    let page_addr = addr & !(PAGE_SIZE - 1);
+    oncpu.flush_tlb_range(mm, page_addr, page_addr + PAGE_SIZE, PAGE_SHIFT);
+    rmap::folio_add_new_anon_rmap(mem, new, vma, page_addr, true, false);
+    entry_set(mem, locked.table, idx, pte.0);
+    match old {
+        Some(old) => {
+            let f = mem.page_folio(old);
+            rmap::folio_remove_rmap_ptes(mem, f, old, 1, oncpu.id());
+            drop(locked);
+            f.put(mem, oncpu.id());
+        }
+        None => {
+            mm.add_rss(MmCounter::AnonPages, 1);
+            drop(locked);
+        }
+    }
+    oncpu.vmstat().count(oncpu.id(), Event::COW_FAULT, 1);
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Zapping
+
+/// `unmap_vmas`: zap every page of `vmas` inside `[start, end)`.
+pub fn unmap_vmas(oncpu: &OnCpu, tlb: &mut MmuGather, vmas: &[Arc<Vma>], start: u64, end: u64) {
+    for vma in vmas {
+        let s = start.max(vma.start());
+        let e = end.min(vma.end());
+        if s < e {
+            unmap_page_range(oncpu, tlb, s, e);
+        }
+    }
+}
+
+/// `unmap_page_range` (and `zap_page_range_single` for one VMA's range).
+pub fn unmap_page_range(oncpu: &OnCpu, tlb: &mut MmuGather, start: u64, end: u64) {
+    let mm = tlb.mm;
+    let mut addr = start;
+    while addr < end {
+        let next = addr_end(addr, end, PMD_SIZE);
+        if let Some(slot) = mm.pmd_lookup(addr) {
+            zap_pmd(oncpu, tlb, slot, addr, next);
+            addr = next;
+        } else {
+            // No PUD table here: skip to the next PUD boundary.
+            addr = addr_end(addr, end, PUD_SIZE);
+        }
+    }
+}
+
+/// One step of `zap_pmd_range`.
+fn zap_pmd(oncpu: &OnCpu, tlb: &mut MmuGather, slot: PmdSlot, addr: u64, next: u64) {
+    let mm = tlb.mm;
+    let pmd = mm.pmd_get(slot);
+    if pmd.trans_huge() {
+        if next - addr == PMD_SIZE && huge_memory::zap_huge_pmd(oncpu, tlb, mm, slot, addr) {
+            return;
+        }
+        if mm.pmd_get(slot).trans_huge() {
+            huge_memory::split_huge_pmd(oncpu, mm, slot, addr);
+        }
+    }
+    if !mm.pmd_get(slot).none() {
+        zap_pte_range(oncpu, tlb, slot, addr, next);
+    }
+}
+
+/// `zap_pte_range`: clear the PTEs of `[addr, end)` in one PTE table.
+pub fn zap_pte_range(oncpu: &OnCpu, tlb: &mut MmuGather, slot: PmdSlot, mut addr: u64, end: u64) {
+    let mm = tlb.mm;
+    let mem = oncpu.mem();
+    loop {
+        let mut rss = [0i64; NR_MM_COUNTERS];
+        let mut force_flush = false;
+        let Some(locked) = mm.pte_offset_map_lock(slot) else {
+            return;
+        };
+        while addr != end {
+            let idx = pgtable::pte_index(addr);
+            let pte = Pte(entry_get(mem, locked.table, idx));
+            if pte.none() {
+                addr += PAGE_SIZE;
+                continue;
+            }
+            debug_assert!(
+                pte.present(),
+                "non-present PTE {pte:?} (swap is not modelled)"
+            );
+            let nr = zap_present_pte(
+                oncpu,
+                tlb,
+                locked.table,
+                idx,
+                addr,
+                &mut rss,
+                &mut force_flush,
+            );
+            addr += nr << PAGE_SHIFT;
+            if force_flush {
+                break;
+            }
+        }
+        mm.add_rss_vec(&rss);
+        if force_flush {
+            // The flush and the delayed rmaps must complete before the PTL
+            // is dropped.
+            tlb.flush_mmu_tlbonly(oncpu);
+            tlb.flush_rmaps(oncpu);
+        }
+        drop(locked);
+        if force_flush {
+            oncpu
+                .vmstat()
+                .count(oncpu.id(), Event::GATHER_FORCE_FLUSH, 1);
+            tlb.flush_mmu(oncpu);
+        }
+        if addr == end {
+            return;
+        }
+    }
+}
+
+/// `zap_present_pte`: one present PTE. Returns the number of PTEs processed.
+#[inline]
+fn zap_present_pte(
+    oncpu: &OnCpu,
+    tlb: &mut MmuGather,
+    table: Pfn,
+    idx: usize,
+    addr: u64,
+    rss: &mut [i64; NR_MM_COUNTERS],
+    force_flush: &mut bool,
+) -> u64 {
+    let mem = oncpu.mem();
+    let pte = Pte(entry_get_and_clear(mem, table, idx));
+    tlb.remove_tlb_entries(addr, 1);
+    let Some(page) = vm_normal_page(pte) else {
+        return 1;
+    };
+    let folio = mem.page_folio(page);
+    rss[MmCounter::AnonPages as usize] -= 1;
+    rmap::folio_remove_rmap_ptes(mem, folio, page, 1, oncpu.id());
+    if tlb.remove_page(page) {
+        *force_flush = true;
+    }
+    1
+}
+
+// ---------------------------------------------------------------------------
+// Freeing page tables
+
+/// `free_pgtables`: free the tables that only `vmas` used. `floor` is the end
+/// of the VMA below them (or 0), `ceiling` the start of the one above (or
+/// the top of user space).
+pub fn free_pgtables(
+    oncpu: &OnCpu,
+    tlb: &mut MmuGather,
+    vmas: &[Arc<Vma>],
+    floor: u64,
+    ceiling: u64,
+) {
+    for (i, vma) in vmas.iter().enumerate() {
+        let next = vmas.get(i + 1).map_or(ceiling, |n| n.start());
+        free_pgd_range(oncpu, tlb, vma.start(), vma.end(), floor, next);
+    }
+}
+
+/// `free_pgd_range`: free every table that lies wholly inside the PMD-aligned
+/// span between `floor` and `ceiling` and is touched by `[addr, end)`.
+pub fn free_pgd_range(
+    oncpu: &OnCpu,
+    tlb: &mut MmuGather,
+    addr: u64,
+    end: u64,
+    floor: u64,
+    ceiling: u64,
+) {
+    let mut addr = addr & PMD_MASK;
+    if addr < floor {
+        addr = addr.wrapping_add(PMD_SIZE);
+        if addr == 0 {
+            return;
+        }
+    }
+    let mut ceiling = ceiling;
+    let mut end = end;
+    if ceiling != 0 {
+        ceiling &= PMD_MASK;
+        if ceiling == 0 {
+            return;
+        }
+    }
+    if end.wrapping_sub(1) > ceiling.wrapping_sub(1) {
+        end -= PMD_SIZE;
+    }
+    if addr > end.wrapping_sub(1) {
+        return;
+    }
+    let mm = tlb.mm;
+    let mem = oncpu.mem();
+    let mut a = addr;
+    loop {
+        let next = addr_end(a, end, PGDIR_SIZE);
+        let e = entry_get(mem, mm.pgd, pgtable::pgd_index(a));
+        if e != 0 {
+            free_pud_range(
+                oncpu,
+                tlb,
+                (e & pgtable::entry::PTE_PFN_MASK) >> PAGE_SHIFT,
+                a,
+                next,
+                floor,
+                ceiling,
+            );
+        }
+        a = next;
+        if a == end {
+            break;
+        }
+    }
+}
+
+fn free_pud_range(
+    oncpu: &OnCpu,
+    tlb: &mut MmuGather,
+    pud_table: Pfn,
+    addr: u64,
+    end: u64,
+    floor: u64,
+    ceiling: u64,
+) {
+    let mem = oncpu.mem();
+    let mut a = addr;
+    loop {
+        let next = addr_end(a, end, PUD_SIZE);
+        let e = entry_get(mem, pud_table, pgtable::pud_index(a));
+        if e != 0 {
+            free_pmd_range(
+                oncpu,
+                tlb,
+                (e & pgtable::entry::PTE_PFN_MASK) >> PAGE_SHIFT,
+                a,
+                next,
+                floor,
+                ceiling,
+            );
+        }
+        a = next;
+        if a == end {
+            break;
+        }
+    }
+    if let Some(start) = table_span_free(addr, end, floor, ceiling, pgtable::PGDIR_MASK) {
+        let mm = tlb.mm;
+        entry_set(mem, mm.pgd, pgtable::pgd_index(start), 0);
+        pt_free_tlb(oncpu, tlb, pud_table, start);
+    }
+}
+
+fn free_pmd_range(
+    oncpu: &OnCpu,
+    tlb: &mut MmuGather,
+    pmd_table: Pfn,
+    addr: u64,
+    end: u64,
+    floor: u64,
+    ceiling: u64,
+) {
+    let mem = oncpu.mem();
+    let mut a = addr;
+    loop {
+        let next = addr_end(a, end, PMD_SIZE);
+        let idx = pgtable::pmd_index(a);
+        let e = entry_get(mem, pmd_table, idx);
+        if e != 0 {
+            debug_assert!(
+                e & pgtable::entry::_PAGE_PSE == 0,
+                "free_pte_range on a huge PMD at {a:#x}"
+            );
+            // free_pte_range
+            entry_set(mem, pmd_table, idx, 0);
+            pt_free_tlb(
+                oncpu,
+                tlb,
+                (e & pgtable::entry::PTE_PFN_MASK) >> PAGE_SHIFT,
+                a,
+            );
+        }
+        a = next;
+        if a == end {
+            break;
+        }
+    }
+    if let Some(start) = table_span_free(addr, end, floor, ceiling, pgtable::PUD_MASK) {
+        let mm = tlb.mm;
+        let pud_table = mm.pmd_lookup(start).map(|_| ());
+        debug_assert!(pud_table.is_some());
+        let pgde = entry_get(mem, mm.pgd, pgtable::pgd_index(start));
+        let pud_tbl = (pgde & pgtable::entry::PTE_PFN_MASK) >> PAGE_SHIFT;
+        entry_set(mem, pud_tbl, pgtable::pud_index(start), 0);
+        pt_free_tlb(oncpu, tlb, pmd_table, start);
+    }
+}
+
+/// The floor/ceiling test of `free_pmd_range`/`free_pud_range`: may the
+/// table covering `[addr, end)` at the level above (`mask`) go? Returns its
+/// aligned start.
+fn table_span_free(addr: u64, end: u64, floor: u64, ceiling: u64, mask: u64) -> Option<u64> {
+    let start = addr & mask;
+    if start < floor {
+        return None;
+    }
+    let mut ceiling = ceiling;
+    if ceiling != 0 {
+        ceiling &= mask;
+        if ceiling == 0 {
+            return None;
+        }
+    }
+    if end.wrapping_sub(1) > ceiling.wrapping_sub(1) {
+        return None;
+    }
+    Some(start)
+}
+
+/// `pte_free_tlb` / `pmd_free_tlb` / `pud_free_tlb`: account and queue.
+fn pt_free_tlb(oncpu: &OnCpu, tlb: &mut MmuGather, table: Pfn, addr: u64) {
+    tlb.mm.dec_nr_tables();
+    tlb.adjust_range(addr, PAGE_SIZE);
+    tlb.cleared_pmds = true;
+    tlb.remove_table(oncpu, table);
+}

@@ -1,0 +1,166 @@
+//! mprotect (mm/mprotect.c): change VMA protections and the PTEs under them.
+//!
+//! Reducing permissions needs a TLB flush before mprotect returns; the PTEs
+//! whose change needs one are gathered in an mmu_gather, as
+//! `change_protection` does since v6.x. Making a private page writable
+//! directly (without a write fault) is allowed only for an exclusive
+//! anonymous page (`can_change_pte_writable`).
+
+use crate::errno::{Errno, KResult};
+use crate::machine::OnCpu;
+use crate::mm::vma::*;
+use crate::mm::{Mm, Vma};
+use crate::mmap::{calc_vm_prot_bits, merge_around, split_range, PROT_EXEC, PROT_READ, PROT_WRITE};
+use crate::mmu_gather::MmuGather;
+use crate::pgtable::entry::_PAGE_PRESENT;
+use crate::pgtable::{self, addr_end, entry_get, entry_set, Pgprot, Pte, PMD_SIZE};
+use crate::phys::{folio, PAGE_MASK, PAGE_SIZE};
+use crate::sync::Arc;
+
+pub const PROT_SEM: u32 = 0x8;
+pub const PROT_GROWSDOWN: u32 = 0x0100_0000;
+pub const PROT_GROWSUP: u32 = 0x0200_0000;
+
+/// `mprotect(2)`.
+pub fn do_mprotect(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, len: u64, prot: u32) -> KResult<()> {
+    let grows = prot & (PROT_GROWSDOWN | PROT_GROWSUP);
+    if grows == (PROT_GROWSDOWN | PROT_GROWSUP) {
+        return Err(Errno::EINVAL);
+    }
+    let prot = prot & !(PROT_GROWSDOWN | PROT_GROWSUP);
+    if start & !PAGE_MASK != 0 {
+        return Err(Errno::EINVAL);
+    }
+    if len == 0 {
+        return Ok(());
+    }
+    let len = len
+        .checked_add(PAGE_SIZE - 1)
+        .map(|l| l & PAGE_MASK)
+        .ok_or(Errno::ENOMEM)?;
+    let end = start.checked_add(len).ok_or(Errno::ENOMEM)?;
+    if prot & !(PROT_READ | PROT_WRITE | PROT_EXEC | PROT_SEM) != 0 {
+        return Err(Errno::EINVAL);
+    }
+    let _g = mm.mmap_lock.write();
+    let mut tree = mm.vma_tree_clone();
+    let first = tree.find_vma(start).cloned();
+    let result = match first {
+        Some(v) if v.start() <= start => mprotect_walk(oncpu, mm, &mut tree, start, end, prot),
+        _ => Err(Errno::ENOMEM),
+    };
+    mm.vma_tree_publish(tree, &crossbeam_epoch::pin());
+    result
+}
+
+fn mprotect_walk(
+    oncpu: &OnCpu,
+    mm: &Arc<Mm>,
+    tree: &mut crate::mm::VmaTree,
+    start: u64,
+    end: u64,
+    prot: u32,
+) -> KResult<()> {
+    let mut addr = start;
+    while addr < end {
+        let Some(vma) = tree.vma_lookup(addr).cloned() else {
+            return Err(Errno::ENOMEM);
+        };
+        let tmp = vma.end().min(end);
+        let newflags = (vma.flags() & !VM_ACCESS_FLAGS) | calc_vm_prot_bits(prot);
+        if newflags != vma.flags() {
+            mprotect_fixup(oncpu, mm, tree, addr, tmp, newflags)?;
+        }
+        addr = tmp;
+    }
+    Ok(())
+}
+
+/// `mprotect_fixup`: split, set the flags, change the PTEs, merge.
+fn mprotect_fixup(
+    oncpu: &OnCpu,
+    mm: &Arc<Mm>,
+    tree: &mut crate::mm::VmaTree,
+    start: u64,
+    end: u64,
+    newflags: VmFlags,
+) -> KResult<()> {
+    let r = split_range(oncpu, mm, tree, start, end)?;
+    let idx = r.start;
+    let vma = tree.vmas[idx].clone();
+    vma.set_flags(newflags);
+    change_protection(oncpu, mm, &vma, start, end);
+    merge_around(tree, idx);
+    Ok(())
+}
+
+/// `change_protection` over `[start, end)` of one VMA.
+pub fn change_protection(oncpu: &OnCpu, mm: &Arc<Mm>, vma: &Arc<Vma>, start: u64, end: u64) {
+    let newprot = vma.page_prot();
+    let mut tlb = MmuGather::new(mm);
+    let mut addr = start;
+    while addr < end {
+        let next = addr_end(addr, end, PMD_SIZE);
+        if let Some(slot) = mm.pmd_lookup(addr) {
+            let pmd = mm.pmd_get(slot);
+            if pmd.trans_huge() {
+                if next - addr == PMD_SIZE {
+                    if crate::huge_memory::change_huge_pmd(oncpu, mm, slot, vma, newprot) {
+                        tlb.remove_pmd_tlb_entry(addr);
+                    }
+                    addr = next;
+                    continue;
+                }
+                crate::huge_memory::split_huge_pmd(oncpu, mm, slot, addr);
+            }
+            change_pte_range(oncpu, &mut tlb, mm, vma, slot, addr, next, newprot);
+        }
+        addr = next;
+    }
+    tlb.finish(oncpu);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn change_pte_range(
+    oncpu: &OnCpu,
+    tlb: &mut MmuGather,
+    mm: &Mm,
+    vma: &Vma,
+    slot: crate::mm::pgalloc::PmdSlot,
+    start: u64,
+    end: u64,
+    newprot: Pgprot,
+) {
+    let mem = oncpu.mem();
+    let Some(locked) = mm.pte_offset_map_lock(slot) else {
+        return;
+    };
+    let mut addr = start;
+    while addr < end {
+        let idx = pgtable::pte_index(addr);
+        let old = Pte(entry_get(mem, locked.table, idx));
+        if old.present() {
+            let mut new = old.modify(newprot);
+            if vma.flags() & VM_WRITE != 0
+                && !new.write()
+                && !old.special()
+                && !new.protnone()
+                && folio::page_anon_exclusive(mem, old.pfn())
+            {
+                // can_change_pte_writable: an exclusive anon page.
+                new = new.mkwrite();
+            }
+            if new != old {
+                entry_set(mem, locked.table, idx, new.0);
+                // pte_needs_flush: the hardware saw it and lost a permission.
+                if old.0 & _PAGE_PRESENT != 0
+                    && (new.0 & _PAGE_PRESENT == 0 || (old.write() && !new.write()))
+                {
+                    tlb.remove_tlb_entries(addr, 1);
+                }
+            }
+        }
+        addr += PAGE_SIZE;
+    }
+    drop(locked);
+}

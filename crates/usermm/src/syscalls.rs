@@ -1,0 +1,41 @@
+//! The system calls, as a thread on a CPU makes them: each enters the
+//! kernel, acts on the CPU's current mm, and returns.
+
+use crate::errno::KResult;
+use crate::machine::OnCpu;
+
+impl OnCpu<'_> {
+    /// `mmap(2)` (anonymous private memory).
+    pub fn mmap(&self, addr: u64, len: u64, prot: u32, flags: u32) -> KResult<u64> {
+        self.kernel_enter();
+        crate::mmap::do_mmap(self, &self.mm()?, addr, len, prot, flags)
+    }
+
+    /// `munmap(2)`.
+    pub fn munmap(&self, addr: u64, len: u64) -> KResult<()> {
+        self.kernel_enter();
+        crate::mmap::do_munmap(self, &self.mm()?, addr, len)
+    }
+
+    /// `mprotect(2)`.
+    pub fn mprotect(&self, addr: u64, len: u64, prot: u32) -> KResult<()> {
+        self.kernel_enter();
+        crate::mprotect::do_mprotect(self, &self.mm()?, addr, len, prot)
+    }
+
+    /// `madvise(2)`.
+    pub fn madvise(&self, addr: u64, len: u64, advice: i32) -> KResult<()> {
+        self.kernel_enter();
+        crate::madvise::do_madvise(self, &self.mm()?, addr, len, advice)
+    }
+
+    /// The process exits: its address space is torn down and this CPU is left
+    /// running no mm.
+    pub fn exit_mm(&self) -> KResult<()> {
+        self.kernel_enter();
+        let mm = self.mm()?;
+        crate::mmap::exit_mmap(self, &mm);
+        self.cpu.switch_mm(None);
+        Ok(())
+    }
+}

@@ -1,0 +1,205 @@
+//! User loads and stores: the CPU side of an access (TLB, page walk, fault).
+//!
+//! An access enters user mode, polls the CPU's mailbox (taking any pending
+//! shootdown), looks the address up in the TLB, walks the page tables on a
+//! miss and caches the result, and on a walk failure raises a page fault
+//! (`exc_page_fault` → `do_user_addr_fault` → [`memory::handle_mm_fault`]).
+//! A fault the kernel would answer with SIGSEGV returns `EFAULT`.
+//!
+//! Bytes are read and written with relaxed atomics of the access's size, so
+//! that CPUs racing on the same word behave as on x86 (no tearing of an
+//! aligned word) without undefined behaviour in the host program.
+
+use crate::errno::{Errno, KResult};
+use crate::machine::OnCpu;
+use crate::memory::{self, FaultFlags};
+use crate::mm::vma::{VM_EXEC, VM_READ, VM_WRITE};
+use crate::pgtable::walk::{hw_walk, WalkFault};
+use crate::phys::{Pfn, PAGE_SIZE};
+use crate::sync::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use crate::vmstat::Event;
+
+impl OnCpu<'_> {
+    /// Translate `addr` for a load or store, faulting as needed.
+    fn translate(&self, addr: u64, write: bool) -> KResult<(Pfn, u64)> {
+        let vmstat = self.vmstat();
+        self.user_enter();
+        let mut faults = 0;
+        loop {
+            self.cpu.poll(vmstat);
+            let (pgd, slot) = self.cpu.loaded_pgd().ok_or(Errno::EFAULT)?;
+            {
+                let mut tlb = self.cpu.tlb.lock();
+                if let Some(e) = tlb.lookup(slot, addr) {
+                    if !write || (e.writable && e.dirty) {
+                        return Ok((e.pfn, addr % PAGE_SIZE));
+                    }
+                }
+                vmstat.count(self.id(), Event::TLB_MISS, 1);
+                let guard = crossbeam_epoch::pin();
+                match hw_walk(self.mem(), pgd, addr, write) {
+                    Ok(t) => {
+                        tlb.insert(slot, addr, &t);
+                        drop(guard);
+                        let (pfn, off) = t.frame_of(addr);
+                        return Ok((pfn, off));
+                    }
+                    Err(WalkFault::NotPresent | WalkFault::Protection) => {
+                        // The #PF invalidates whatever the TLB had for addr.
+                        tlb.flush_one(slot, addr);
+                    }
+                }
+            }
+            faults += 1;
+            debug_assert!(faults < 1000, "fault loop at {addr:#x}");
+            self.page_fault(addr, write)?;
+        }
+    }
+
+    /// `do_user_addr_fault`.
+    fn page_fault(&self, addr: u64, write: bool) -> KResult<()> {
+        self.kernel_enter();
+        let r = (|| {
+            let mm = self.mm()?;
+            let _g = mm.mmap_lock.read();
+            let guard = crossbeam_epoch::pin();
+            let vma = mm
+                .vma_tree(&guard)
+                .vma_lookup(addr)
+                .cloned()
+                .ok_or(Errno::EFAULT)?;
+            drop(guard);
+            let flags = vma.flags();
+            let ok = if write {
+                flags & VM_WRITE != 0
+            } else {
+                flags & (VM_READ | VM_WRITE | VM_EXEC) != 0
+            };
+            if !ok {
+                return Err(Errno::EFAULT);
+            }
+            memory::handle_mm_fault(self, &mm, &vma, addr, FaultFlags { write })
+        })();
+        if r.is_ok() {
+            self.vmstat().count(self.id(), Event::PGFAULT, 1);
+        }
+        self.user_enter();
+        r.map_err(|e| {
+            if e == Errno::ENOMEM {
+                Errno::ENOMEM
+            } else {
+                Errno::EFAULT
+            }
+        })
+    }
+
+    #[inline]
+    fn byte_ptr(&self, pfn: Pfn, off: u64) -> *mut u8 {
+        // SAFETY: off < PAGE_SIZE, inside the frame.
+        unsafe { self.mem().frame_ptr(pfn).add(off as usize) }
+    }
+
+    /// Load `N` bytes from an address aligned to `N` (one page).
+    fn load_aligned<const N: usize>(&self, addr: u64) -> KResult<u64> {
+        let (pfn, off) = self.translate(addr, false)?;
+        let p = self.byte_ptr(pfn, off);
+        // SAFETY: p is N-aligned (addr is, and frames are page-aligned), N
+        // bytes inside a live frame; all concurrent accesses are atomic.
+        Ok(unsafe {
+            match N {
+                1 => AtomicU8::from_ptr(p).load(Ordering::Relaxed) as u64,
+                2 => AtomicU16::from_ptr(p as *mut u16).load(Ordering::Relaxed) as u64,
+                4 => AtomicU32::from_ptr(p as *mut u32).load(Ordering::Relaxed) as u64,
+                _ => AtomicU64::from_ptr(p as *mut u64).load(Ordering::Relaxed),
+            }
+        })
+    }
+
+    fn store_aligned<const N: usize>(&self, addr: u64, v: u64) -> KResult<()> {
+        let (pfn, off) = self.translate(addr, true)?;
+        let p = self.byte_ptr(pfn, off);
+        // SAFETY: as in load_aligned.
+        unsafe {
+            match N {
+                1 => AtomicU8::from_ptr(p).store(v as u8, Ordering::Relaxed),
+                2 => AtomicU16::from_ptr(p as *mut u16).store(v as u16, Ordering::Relaxed),
+                4 => AtomicU32::from_ptr(p as *mut u32).store(v as u32, Ordering::Relaxed),
+                _ => AtomicU64::from_ptr(p as *mut u64).store(v, Ordering::Relaxed),
+            }
+        }
+        Ok(())
+    }
+
+    fn load_n<const N: usize>(&self, addr: u64) -> KResult<u64> {
+        if addr % N as u64 == 0 {
+            return self.load_aligned::<N>(addr);
+        }
+        let mut v = 0u64;
+        for i in 0..N as u64 {
+            v |= self.load_aligned::<1>(addr + i)? << (8 * i);
+        }
+        Ok(v)
+    }
+
+    fn store_n<const N: usize>(&self, addr: u64, v: u64) -> KResult<()> {
+        if addr % N as u64 == 0 {
+            return self.store_aligned::<N>(addr, v);
+        }
+        for i in 0..N as u64 {
+            self.store_aligned::<1>(addr + i, v >> (8 * i))?;
+        }
+        Ok(())
+    }
+
+    pub fn load_u8(&self, addr: u64) -> KResult<u8> {
+        self.load_n::<1>(addr).map(|v| v as u8)
+    }
+    pub fn load_u16(&self, addr: u64) -> KResult<u16> {
+        self.load_n::<2>(addr).map(|v| v as u16)
+    }
+    pub fn load_u32(&self, addr: u64) -> KResult<u32> {
+        self.load_n::<4>(addr).map(|v| v as u32)
+    }
+    pub fn load_u64(&self, addr: u64) -> KResult<u64> {
+        self.load_n::<8>(addr)
+    }
+    pub fn store_u8(&self, addr: u64, v: u8) -> KResult<()> {
+        self.store_n::<1>(addr, v as u64)
+    }
+    pub fn store_u16(&self, addr: u64, v: u16) -> KResult<()> {
+        self.store_n::<2>(addr, v as u64)
+    }
+    pub fn store_u32(&self, addr: u64, v: u32) -> KResult<()> {
+        self.store_n::<4>(addr, v as u64)
+    }
+    pub fn store_u64(&self, addr: u64, v: u64) -> KResult<()> {
+        self.store_n::<8>(addr, v)
+    }
+
+    /// Read `buf.len()` bytes from `addr` (page by page).
+    pub fn read_bytes(&self, addr: u64, buf: &mut [u8]) -> KResult<()> {
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = self.load_aligned::<1>(addr + i as u64)? as u8;
+        }
+        Ok(())
+    }
+
+    /// Write `buf` at `addr`.
+    pub fn write_bytes(&self, addr: u64, buf: &[u8]) -> KResult<()> {
+        for (i, &b) in buf.iter().enumerate() {
+            self.store_aligned::<1>(addr + i as u64, b as u64)?;
+        }
+        Ok(())
+    }
+
+    /// Store one byte into every page of `[start, end)`: the write faults a
+    /// program takes when it first touches a buffer.
+    pub fn touch_pages(&self, start: u64, end: u64, v: u8) -> KResult<()> {
+        let mut a = start;
+        while a < end {
+            self.store_u8(a, v)?;
+            a += PAGE_SIZE;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,177 @@
+//! End-to-end tests of the engine core: mmap, faults, munmap, mprotect,
+//! madvise, exit, with the invariant checker after every operation.
+
+use usermm::check::check_invariants;
+use usermm::madvise::*;
+use usermm::mmap::*;
+use usermm::{Errno, Machine, MachineConfig, ThpMode};
+
+fn machine() -> std::sync::Arc<Machine> {
+    Machine::new(MachineConfig::single_node(256 << 20, 4)).unwrap()
+}
+
+const RW: u32 = PROT_READ | PROT_WRITE;
+const ANON: u32 = MAP_PRIVATE | MAP_ANONYMOUS;
+
+#[test]
+fn write_then_read_back_and_munmap_frees_everything() {
+    let m = machine();
+    let c = m.bind(0).unwrap();
+    let mm = c.new_mm().unwrap();
+    let free0 = m.mem.nr_free_pages();
+    let a = c.mmap(0, 64 << 10, RW, ANON).unwrap();
+    for i in 0..16u64 {
+        c.store_u64(a + i * 4096 + 8, i * 7).unwrap();
+    }
+    for i in 0..16u64 {
+        assert_eq!(c.load_u64(a + i * 4096 + 8).unwrap(), i * 7);
+    }
+    assert_eq!(mm.get_rss(usermm::mm::MmCounter::AnonPages), 16);
+    check_invariants(&m).unwrap();
+    c.munmap(a, 64 << 10).unwrap();
+    assert_eq!(mm.get_rss(usermm::mm::MmCounter::AnonPages), 0);
+    assert_eq!(c.load_u64(a), Err(Errno::EFAULT));
+    m.rcu_barrier();
+    check_invariants(&m).unwrap();
+    assert_eq!(
+        m.mem.nr_free_pages(),
+        free0,
+        "pages and page tables all returned"
+    );
+}
+
+#[test]
+fn read_fault_maps_the_zero_page() {
+    let m = machine();
+    let c = m.bind(0).unwrap();
+    let mm = c.new_mm().unwrap();
+    let a = c.mmap(0, 8192, RW, ANON).unwrap();
+    assert_eq!(c.load_u64(a).unwrap(), 0);
+    assert_eq!(mm.rss_pages(), 0);
+    c.store_u8(a + 5, 9).unwrap();
+    assert_eq!(c.load_u8(a + 5).unwrap(), 9);
+    assert_eq!(mm.rss_pages(), 1);
+    check_invariants(&m).unwrap();
+}
+
+#[test]
+fn mthp_orders_follow_the_knobs() {
+    for order in [2u32, 4, 6, 9] {
+        let m = machine();
+        m.thp.only_order(order);
+        let c = m.bind(0).unwrap();
+        let mm = c.new_mm().unwrap();
+        let a = c.mmap(0, 4 << 20, RW, ANON).unwrap();
+        c.store_u8(a, 1).unwrap();
+        assert_eq!(mm.rss_pages(), 1 << order, "order {order}");
+        c.touch_pages(a, a + (4 << 20), 2).unwrap();
+        assert_eq!(mm.rss_pages(), 1024);
+        check_invariants(&m).unwrap();
+        // Partial munmap of large folios.
+        c.munmap(a + 4096, 3 * 4096).unwrap();
+        check_invariants(&m).unwrap();
+        assert_eq!(c.load_u8(a).unwrap(), 2);
+        assert_eq!(c.load_u8(a + 4096), Err(Errno::EFAULT));
+        c.exit_mm().unwrap();
+        m.rcu_barrier();
+        check_invariants(&m).unwrap();
+        assert_eq!(
+            mm.pgtables_bytes.load(std::sync::atomic::Ordering::Relaxed),
+            0
+        );
+    }
+}
+
+#[test]
+fn pmd_thp_maps_with_one_entry_and_deposits_a_table() {
+    let m = machine();
+    m.thp.set_enabled(ThpMode::Always).unwrap();
+    let c = m.bind(0).unwrap();
+    let mm = c.new_mm().unwrap();
+    let a = c.mmap(0, 4 << 20, RW, ANON).unwrap();
+    assert_eq!(
+        a % (2 << 20),
+        0,
+        "PMD-multiple anonymous mappings are PMD-aligned"
+    );
+    c.store_u64(a, 5).unwrap();
+    assert_eq!(mm.rss_pages(), 512);
+    // PUD + PMD tables + the deposited PTE table.
+    assert_eq!(
+        mm.pgtables_bytes.load(std::sync::atomic::Ordering::Relaxed),
+        3 * 4096
+    );
+    check_invariants(&m).unwrap();
+    // Partial mprotect splits the PMD.
+    c.mprotect(a, 4096, PROT_READ).unwrap();
+    assert_eq!(c.store_u64(a, 1), Err(Errno::EFAULT));
+    c.store_u64(a + 4096, 6).unwrap();
+    assert_eq!(c.load_u64(a).unwrap(), 5);
+    check_invariants(&m).unwrap();
+    c.exit_mm().unwrap();
+    check_invariants(&m).unwrap();
+}
+
+#[test]
+fn mmap_errors_are_the_kernels() {
+    let m = machine();
+    let c = m.bind(0).unwrap();
+    c.new_mm().unwrap();
+    assert_eq!(c.mmap(0, 0, RW, ANON), Err(Errno::EINVAL));
+    assert_eq!(
+        c.mmap(0x10001, 4096, RW, ANON | MAP_FIXED),
+        Err(Errno::EINVAL)
+    );
+    assert_eq!(
+        c.mmap(0x1000, 4096, RW, ANON | MAP_FIXED),
+        Err(Errno::EPERM)
+    );
+    assert_eq!(c.mmap(0, u64::MAX - 10, RW, ANON), Err(Errno::ENOMEM));
+    assert_eq!(c.mmap(0, 4096, RW, MAP_ANONYMOUS), Err(Errno::EINVAL));
+    let a = c.mmap(0, 8192, RW, ANON).unwrap();
+    assert_eq!(
+        c.mmap(a, 4096, RW, ANON | MAP_FIXED_NOREPLACE),
+        Err(Errno::EEXIST)
+    );
+    assert_eq!(c.munmap(a + 1, 4096), Err(Errno::EINVAL));
+    assert_eq!(c.munmap(a, 0), Err(Errno::EINVAL));
+    assert_eq!(c.mprotect(a + 1, 4096, PROT_READ), Err(Errno::EINVAL));
+    assert_eq!(c.mprotect(a, 4096, 0x40), Err(Errno::EINVAL));
+    assert_eq!(c.mprotect(a, 3 * 4096, PROT_READ), Err(Errno::ENOMEM));
+    assert_eq!(c.madvise(a, 4096, 99), Err(Errno::EINVAL));
+    assert_eq!(c.madvise(a, 4 * 4096, MADV_DONTNEED), Err(Errno::ENOMEM));
+    check_invariants(&m).unwrap();
+}
+
+#[test]
+fn munmap_splits_and_mprotect_merges_vmas() {
+    let m = machine();
+    let c = m.bind(0).unwrap();
+    let mm = c.new_mm().unwrap();
+    let a = c.mmap(0, 10 * 4096, RW, ANON).unwrap();
+    c.touch_pages(a, a + 10 * 4096, 1).unwrap();
+    c.munmap(a + 4 * 4096, 2 * 4096).unwrap();
+    assert_eq!(mm.map_count(), 2);
+    c.mprotect(a + 4096, 4096, PROT_READ).unwrap();
+    assert_eq!(mm.map_count(), 4);
+    c.mprotect(a + 4096, 4096, RW).unwrap();
+    assert_eq!(mm.map_count(), 2, "restoring the protection merges back");
+    c.store_u8(a + 4096, 3).unwrap();
+    check_invariants(&m).unwrap();
+}
+
+#[test]
+fn dontneed_zero_fills_and_free_keeps_contents() {
+    let m = machine();
+    let c = m.bind(0).unwrap();
+    let mm = c.new_mm().unwrap();
+    let a = c.mmap(0, 8 * 4096, RW, ANON).unwrap();
+    c.touch_pages(a, a + 8 * 4096, 0xab).unwrap();
+    c.madvise(a, 4 * 4096, MADV_DONTNEED).unwrap();
+    assert_eq!(c.load_u8(a).unwrap(), 0);
+    assert_eq!(mm.rss_pages(), 4);
+    c.madvise(a + 4 * 4096, 4 * 4096, MADV_FREE).unwrap();
+    assert_eq!(c.load_u8(a + 4 * 4096).unwrap(), 0xab);
+    assert_eq!(mm.rss_pages(), 4);
+    check_invariants(&m).unwrap();
+}
