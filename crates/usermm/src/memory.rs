@@ -637,8 +637,6 @@ fn free_pmd_range(
     }
     if let Some(start) = table_span_free(addr, end, floor, ceiling, pgtable::PUD_MASK) {
         let mm = tlb.mm;
-        let pud_table = mm.pmd_lookup(start).map(|_| ());
-        debug_assert!(pud_table.is_some());
         let pgde = entry_get(mem, mm.pgd, pgtable::pgd_index(start));
         let pud_tbl = (pgde & pgtable::entry::PTE_PFN_MASK) >> PAGE_SHIFT;
         entry_set(mem, pud_tbl, pgtable::pud_index(start), 0);
