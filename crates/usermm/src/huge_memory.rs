@@ -12,7 +12,7 @@ use crate::mm::pgalloc::PmdSlot;
 use crate::mm::{Mm, MmCounter, Vma};
 use crate::mmu_gather::MmuGather;
 use crate::pgtable::{entry_set, table_alloc, table_free, Pmd, PMD_MASK, PMD_SIZE};
-use crate::phys::{Folio, Pfn, PhysMem, HPAGE_PMD_NR, HPAGE_PMD_ORDER, PAGE_SIZE};
+use crate::phys::{Folio, Pfn, PhysMem, HPAGE_PMD_NR, HPAGE_PMD_ORDER};
 use crate::rmap;
 use crate::sync::{Arc, Ordering};
 use crate::vmstat::{Event, MthpStat};
@@ -170,7 +170,6 @@ pub fn split_huge_pmd(oncpu: &OnCpu, mm: &Arc<Mm>, slot: PmdSlot, addr: u64) {
     mm.pmd_set(slot, Pmd::table(table));
     drop(ptl);
     oncpu.vmstat().count(oncpu.id(), Event::THP_SPLIT_PMD, 1);
-    let _ = PAGE_SIZE;
 }
 
 /// `change_huge_pmd`: apply a new protection to a whole huge PMD. Returns
@@ -196,8 +195,7 @@ pub fn change_huge_pmd(
         new = new.mkwrite();
     }
     mm.pmd_set(slot, new);
-    pmd.write() && !new.write()
-        || pmd.present() && !new.present()
-        || (pmd.0 & crate::pgtable::entry::_PAGE_PRESENT != 0
-            && new.0 & crate::pgtable::entry::_PAGE_PRESENT == 0)
+    // pmd_needs_flush: the hardware saw it and lost a permission.
+    let hw_present = |p: Pmd| p.0 & crate::pgtable::entry::_PAGE_PRESENT != 0;
+    hw_present(pmd) && (!hw_present(new) || (pmd.write() && !new.write()))
 }
