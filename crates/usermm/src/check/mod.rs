@@ -1,4 +1,4 @@
-//! Oracles: the invariant checker.
+//! Oracles: the invariant checker, and the shadow memory ([`shadow`]).
 //!
 //! [`check_invariants`] walks every address space and asserts what the
 //! kernel's accounting promises: each folio's refcount and mapcounts equal
@@ -6,6 +6,8 @@
 //! equals the table frames, no free frame is mapped or cached in a TLB, and
 //! every TLB entry whose address space has no flush pending agrees with the
 //! page tables. It needs a quiescent machine: no operation in flight.
+
+pub mod shadow;
 
 use std::collections::{HashMap, HashSet};
 
