@@ -114,6 +114,46 @@ pub fn do_huge_pmd_wp_page(oncpu: &OnCpu, mm: &Arc<Mm>, slot: PmdSlot, addr: u64
     HugeFault::Fallback
 }
 
+/// `copy_huge_pmd` (fork): share a PMD-mapped THP with the child, both
+/// sides read-only. The child gets its own deposited PTE table. Returns
+/// false if the source PMD is no longer huge (split meanwhile): the caller
+/// copies its PTE table instead. Both mmap_locks held for writing.
+pub fn copy_huge_pmd(
+    oncpu: &OnCpu,
+    dst_mm: &Mm,
+    src_mm: &Mm,
+    dst_slot: PmdSlot,
+    src_slot: PmdSlot,
+) -> KResult<bool> {
+    let mem = oncpu.mem();
+    let pgtable = table_alloc(mem, dst_mm.home_node, oncpu.id()).ok_or(Errno::ENOMEM)?;
+    // The kernel's order: the child's PMD lock, then the parent's, nested.
+    let dst_ptl = dst_mm.pmd_lock(dst_slot);
+    let src_ptl = src_mm.pmd_lock(src_slot);
+    let pmd = src_mm.pmd_get(src_slot);
+    if !pmd.trans_huge() {
+        drop((src_ptl, dst_ptl));
+        table_free(mem, pgtable, oncpu.id());
+        return Ok(false);
+    }
+    debug_assert!(dst_mm.pmd_get(dst_slot).none(), "fork into a populated PMD");
+    let folio = Folio(pmd.pfn());
+    folio.get(mem);
+    rmap::folio_dup_anon_rmap_pmd(mem, folio);
+    dst_mm.add_rss(MmCounter::AnonPages, HPAGE_PMD_NR as i64);
+    dst_mm.inc_nr_tables();
+    deposit(mem, dst_slot, pgtable);
+    // pmdp_set_wrprotect: one atomic, keeping a racing walker's A/D update.
+    crate::pgtable::entry_clear_bits(
+        mem,
+        src_slot.table,
+        src_slot.idx,
+        crate::pgtable::entry::_PAGE_RW,
+    );
+    dst_mm.pmd_set(dst_slot, pmd.wrprotect().mkold());
+    Ok(true)
+}
+
 /// `zap_huge_pmd`: unmap a whole PMD-mapped folio. Returns false if the PMD
 /// is no longer huge (the caller walks its PTE table instead).
 pub fn zap_huge_pmd(oncpu: &OnCpu, tlb: &mut MmuGather, mm: &Mm, slot: PmdSlot, addr: u64) -> bool {

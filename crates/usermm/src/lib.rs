@@ -7,7 +7,7 @@
 //! 3. [`mm`]: address spaces (mm_struct), VMAs, mmap_lock.
 //! 4. [`rmap`]: anon_vma and the folio rmap counters.
 //! 5. [`cpu`]: CPUs with software TLBs and shootdowns.
-//! 6. Operations: [`memory`] (faults, zap), [`mmu_gather`], [`mmap`],
+//! 6. Operations: [`memory`] (faults, zap, copy), [`mmu_gather`], [`mmap`], [`fork`],
 //!    [`mprotect`], [`madvise`], [`uaccess`] (loads and stores).
 //! 7. Statistics: [`vmstat`], [`stat`]; and the oracles in [`check`].
 
@@ -24,6 +24,7 @@ pub mod pgtable;
 pub mod rmap;
 pub use machine::{Machine, MachineConfig, OnCpu, ThpMode};
 pub mod check;
+pub mod fork;
 pub mod huge_memory;
 pub mod madvise;
 pub mod memory;

@@ -18,13 +18,26 @@
 //! pre-v6.9 algorithm: one PTE, one rmap removal, one gather entry at a time.
 //! When the gather fills, the TLB is flushed before the PTE lock is dropped
 //! and the pages are freed after.
+//!
+//! With the `zap_batch` tunable on (v6.9's F2), a run of PTEs that map
+//! consecutive pages of one large folio ([`folio_pte_batch`]) is zapped as a
+//! unit: one TLB-range record, one rmap removal, one reference drop, and one
+//! two-slot folio fragment in the gather.
+//!
+//! # Fork
+//!
+//! [`copy_page_range`] copies a VMA's page tables into a fork child:
+//! present PTEs are shared and, for COW mappings, write-protected in both.
+//! With the `fork_batch` tunable on (v6.9's F1), [`copy_present_ptes`] copies
+//! a run of PTEs of one large folio with one reference and one rmap
+//! duplication; off, it is the pre-v6.9 per-PTE `copy_present_pte`.
 
 use crate::errno::{Errno, KResult};
 use crate::huge_memory::{self, HugeFault};
 use crate::machine::{OnCpu, ThpMode};
 use crate::mm::pgalloc::PmdSlot;
-use crate::mm::vma::{VM_HUGEPAGE, VM_NOHUGEPAGE, VM_WRITE};
-use crate::mm::{AnonVma, Mm, MmCounter, Vma, NR_MM_COUNTERS};
+use crate::mm::vma::{VM_HUGEPAGE, VM_MAYWRITE, VM_NOHUGEPAGE, VM_SHARED, VM_WRITE};
+use crate::mm::{Mm, MmCounter, Vma, NR_MM_COUNTERS};
 use crate::mmu_gather::MmuGather;
 use crate::pgtable::{
     self, addr_end, entry_get, entry_get_and_clear, entry_set, Pte, PGDIR_SIZE, PMD_MASK, PMD_SIZE,
@@ -32,6 +45,7 @@ use crate::pgtable::{
 };
 use crate::phys::{folio, Folio, Pfn, HPAGE_PMD_ORDER, PAGE_SHIFT, PAGE_SIZE};
 use crate::rmap;
+use crate::rmap::anon_vma_prepare;
 use crate::sync::Arc;
 use crate::vmstat::{Event, MthpStat};
 
@@ -39,15 +53,6 @@ use crate::vmstat::{Event, MthpStat};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FaultFlags {
     pub write: bool,
-}
-
-/// `anon_vma_prepare`.
-pub fn anon_vma_prepare(vma: &Arc<Vma>) -> &Arc<AnonVma> {
-    vma.anon_vma.get_or_init(|| {
-        let av = AnonVma::new();
-        av.vmas.write().push(Arc::downgrade(vma));
-        av
-    })
 }
 
 /// `vm_normal_page`: the page behind a present PTE, or None for special
@@ -430,11 +435,14 @@ pub fn zap_pte_range(oncpu: &OnCpu, tlb: &mut MmuGather, slot: PmdSlot, mut addr
                 pte.present(),
                 "non-present PTE {pte:?} (swap is not modelled)"
             );
-            let nr = zap_present_pte(
+            let max_nr = ((end - addr) >> PAGE_SHIFT) as usize;
+            let nr = zap_present_ptes(
                 oncpu,
                 tlb,
                 locked.table,
                 idx,
+                pte,
+                max_nr,
                 addr,
                 &mut rss,
                 &mut force_flush,
@@ -452,6 +460,10 @@ pub fn zap_pte_range(oncpu: &OnCpu, tlb: &mut MmuGather, slot: PmdSlot, mut addr
             tlb.flush_rmaps(oncpu);
         }
         drop(locked);
+        debug_assert!(
+            !tlb.delayed_rmap,
+            "PTE lock dropped with rmap removals still delayed"
+        );
         if force_flush {
             oncpu
                 .vmstat()
@@ -464,30 +476,375 @@ pub fn zap_pte_range(oncpu: &OnCpu, tlb: &mut MmuGather, slot: PmdSlot, mut addr
     }
 }
 
-/// `zap_present_pte`: one present PTE. Returns the number of PTEs processed.
+/// `zap_present_ptes`: zap the present PTE at `idx` and, when zap batching
+/// is on and it maps part of a large folio, the PTEs that follow it mapping
+/// the rest of that folio. Returns the number of PTEs zapped.
+///
+/// With batching off this is the pre-v6.9 loop body, one PTE at a time; a
+/// small folio takes the same single-PTE path in both settings.
+#[allow(clippy::too_many_arguments)]
 #[inline]
-fn zap_present_pte(
+fn zap_present_ptes(
     oncpu: &OnCpu,
     tlb: &mut MmuGather,
     table: Pfn,
     idx: usize,
+    pte: Pte,
+    max_nr: usize,
     addr: u64,
     rss: &mut [i64; NR_MM_COUNTERS],
     force_flush: &mut bool,
 ) -> u64 {
     let mem = oncpu.mem();
-    let pte = Pte(entry_get_and_clear(mem, table, idx));
-    tlb.remove_tlb_entries(addr, 1);
     let Some(page) = vm_normal_page(pte) else {
+        // The zero page: nothing to free, nothing to count.
+        entry_get_and_clear(mem, table, idx);
+        tlb.remove_tlb_entries(addr, 1);
         return 1;
     };
     let folio = mem.page_folio(page);
-    rss[MmCounter::AnonPages as usize] -= 1;
-    rmap::folio_remove_rmap_ptes(mem, folio, page, 1, oncpu.id());
-    if tlb.remove_page(page) {
+    if max_nr != 1 && folio.is_large(mem) && oncpu.m.tunables.zap_batch() {
+        let (nr, _) = folio_pte_batch(
+            mem,
+            folio,
+            table,
+            idx,
+            pte,
+            max_nr,
+            FPB_IGNORE_DIRTY | FPB_IGNORE_SOFT_DIRTY,
+        );
+        zap_present_folio_ptes(
+            oncpu,
+            tlb,
+            folio,
+            page,
+            table,
+            idx,
+            nr,
+            addr,
+            rss,
+            force_flush,
+        );
+        return nr as u64;
+    }
+    zap_present_folio_ptes(
+        oncpu,
+        tlb,
+        folio,
+        page,
+        table,
+        idx,
+        1,
+        addr,
+        rss,
+        force_flush,
+    );
+    1
+}
+
+/// `zap_present_folio_ptes`: clear `nr` PTEs mapping consecutive pages of
+/// one anon folio, record one TLB range, remove the rmap once and queue one
+/// folio fragment. (File folios would collect the dirty bits and delay the
+/// rmap removal until after the flush; anon folios never do.)
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn zap_present_folio_ptes(
+    oncpu: &OnCpu,
+    tlb: &mut MmuGather,
+    folio: Folio,
+    page: Pfn,
+    table: Pfn,
+    idx: usize,
+    nr: usize,
+    addr: u64,
+    rss: &mut [i64; NR_MM_COUNTERS],
+    force_flush: &mut bool,
+) {
+    let mem = oncpu.mem();
+    clear_full_ptes(mem, table, idx, nr);
+    rss[MmCounter::AnonPages as usize] -= nr as i64;
+    tlb.remove_tlb_entries(addr, nr as u64);
+    rmap::folio_remove_rmap_ptes(mem, folio, page, nr as u64, oncpu.id());
+    if tlb.remove_folio_pages(page, nr as u64, false) {
         *force_flush = true;
     }
+}
+
+/// `clear_full_ptes`: clear `nr` consecutive entries, one atomic exchange
+/// each (x86 has no contiguous-PTE hint to do better).
+#[inline]
+fn clear_full_ptes(mem: &crate::phys::PhysMem, table: Pfn, idx: usize, nr: usize) {
+    for i in idx..idx + nr {
+        entry_get_and_clear(mem, table, i);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// PTE batches (mm/internal.h)
+
+/// `folio_pte_batch` flag: dirty may differ within a batch.
+pub const FPB_IGNORE_DIRTY: u32 = 1;
+/// `folio_pte_batch` flag: soft-dirty may differ within a batch.
+pub const FPB_IGNORE_SOFT_DIRTY: u32 = 2;
+
+/// `__pte_batch_clear_ignored`: the bits a batch may disagree on, cleared.
+/// Accessed and writable always; dirty and soft-dirty when asked.
+#[inline]
+fn pte_batch_clear_ignored(pte: Pte, flags: u32) -> Pte {
+    let mut pte = pte.mkold().wrprotect();
+    if flags & FPB_IGNORE_DIRTY != 0 {
+        pte = pte.mkclean();
+    }
+    if flags & FPB_IGNORE_SOFT_DIRTY != 0 {
+        pte = pte.clear_soft_dirty();
+    }
+    pte
+}
+
+/// `folio_pte_batch`: how many PTEs from `idx` (whose value is `pte`, mapping
+/// a page of `folio`) map consecutive pages of that folio with the same bits
+/// but the ignored ones, up to `max_nr` (which the caller bounds by its range,
+/// the VMA and this PTE table). Also returns whether any PTE after the first
+/// was writable (`any_writable`). Always at least 1. PTE lock held.
+pub fn folio_pte_batch(
+    mem: &crate::phys::PhysMem,
+    folio: Folio,
+    table: Pfn,
+    idx: usize,
+    pte: Pte,
+    max_nr: usize,
+    flags: u32,
+) -> (usize, bool) {
+    debug_assert!(
+        idx + max_nr <= pgtable::PTRS_PER_TABLE,
+        "batch crosses its PTE table"
+    );
+    // Clamp to the folio first: never look past its last page.
+    let folio_end = folio.pfn() + folio.nr_pages(mem);
+    debug_assert!(pte.pfn() >= folio.pfn() && pte.pfn() < folio_end);
+    let max_nr = max_nr.min((folio_end - pte.pfn()) as usize);
+    let mut expected = pte_batch_clear_ignored(pte.advance_pfn(1), flags);
+    let mut any_writable = false;
+    let mut nr = 1;
+    while nr < max_nr {
+        let next = Pte(entry_get(mem, table, idx + nr));
+        if pte_batch_clear_ignored(next, flags) != expected {
+            break;
+        }
+        any_writable |= next.write();
+        expected = expected.advance_pfn(1);
+        nr += 1;
+    }
+    (nr, any_writable)
+}
+
+// ---------------------------------------------------------------------------
+// Copying page tables (fork)
+
+/// `is_cow_mapping`: private and may become writable.
+#[inline]
+pub fn is_cow_mapping(flags: u64) -> bool {
+    flags & (VM_SHARED | VM_MAYWRITE) == VM_MAYWRITE
+}
+
+/// `vma_needs_copy`: anonymous memory that was never written has no pages to
+/// share (its zero-page entries are refaulted in the child).
+pub fn vma_needs_copy(src_vma: &Vma) -> bool {
+    src_vma.anon_vma().is_some()
+}
+
+/// `copy_page_range`: give `dst_vma` (in `dst_mm`, a fork child) the
+/// mappings of `src_vma`. Both mms' mmap_locks are held for writing. For a
+/// COW mapping the parent's entries are write-protected; the caller flushes
+/// the parent's TLB once when every VMA is copied.
+pub fn copy_page_range(
+    oncpu: &OnCpu,
+    dst_mm: &Mm,
+    src_mm: &Mm,
+    dst_vma: &Vma,
+    src_vma: &Vma,
+) -> KResult<()> {
+    let end = src_vma.end();
+    let mut addr = src_vma.start();
+    while addr < end {
+        let next = addr_end(addr, end, PMD_SIZE);
+        let Some(src_slot) = src_mm.pmd_lookup(addr) else {
+            addr = addr_end(addr, end, PUD_SIZE);
+            continue;
+        };
+        if !src_mm.pmd_get(src_slot).none() {
+            let dst_slot = dst_mm.pmd_alloc(addr, oncpu.id())?;
+            copy_pmd(
+                oncpu, dst_mm, src_mm, dst_vma, src_vma, dst_slot, src_slot, addr, next,
+            )?;
+        }
+        addr = next;
+    }
+    Ok(())
+}
+
+/// One step of `copy_pmd_range`.
+#[allow(clippy::too_many_arguments)]
+fn copy_pmd(
+    oncpu: &OnCpu,
+    dst_mm: &Mm,
+    src_mm: &Mm,
+    dst_vma: &Vma,
+    src_vma: &Vma,
+    dst_slot: PmdSlot,
+    src_slot: PmdSlot,
+    addr: u64,
+    next: u64,
+) -> KResult<()> {
+    if src_mm.pmd_get(src_slot).trans_huge()
+        && huge_memory::copy_huge_pmd(oncpu, dst_mm, src_mm, dst_slot, src_slot)?
+    {
+        return Ok(());
+    }
+    if src_mm.pmd_get(src_slot).none() {
+        return Ok(());
+    }
+    copy_pte_range(
+        oncpu, dst_mm, src_mm, dst_vma, src_vma, dst_slot, src_slot, addr, next,
+    )
+}
+
+/// `copy_pte_range`: copy the present PTEs of `[addr, end)`, one PTE table,
+/// with both PTE locks held.
+#[allow(clippy::too_many_arguments)]
+fn copy_pte_range(
+    oncpu: &OnCpu,
+    dst_mm: &Mm,
+    src_mm: &Mm,
+    dst_vma: &Vma,
+    src_vma: &Vma,
+    dst_slot: PmdSlot,
+    src_slot: PmdSlot,
+    mut addr: u64,
+    end: u64,
+) -> KResult<()> {
+    let mem = oncpu.mem();
+    dst_mm.pte_alloc(dst_slot, oncpu.id())?;
+    let dst = dst_mm
+        .pte_offset_map_lock(dst_slot)
+        .expect("the child's PMD holds the table just allocated");
+    let Some(src) = src_mm.pte_offset_map_lock(src_slot) else {
+        return Ok(());
+    };
+    let mut rss = [0i64; NR_MM_COUNTERS];
+    while addr != end {
+        let idx = pgtable::pte_index(addr);
+        let pte = Pte(entry_get(mem, src.table, idx));
+        if pte.none() {
+            addr += PAGE_SIZE;
+            continue;
+        }
+        debug_assert!(
+            pte.present(),
+            "non-present PTE {pte:?} (swap is not modelled)"
+        );
+        let max_nr = ((end - addr) >> PAGE_SHIFT) as usize;
+        let tables = (dst.table, src.table);
+        let nr = copy_present_ptes(oncpu, dst_vma, src_vma, tables, idx, pte, max_nr, &mut rss);
+        addr += (nr as u64) << PAGE_SHIFT;
+    }
+    drop(src);
+    dst_mm.add_rss_vec(&rss);
+    Ok(())
+}
+
+/// `copy_present_ptes`: copy the present PTE at `idx` and, when fork
+/// batching is on and it maps part of a large folio, the PTEs after it that
+/// map the rest of that folio: one reference and one rmap dup for the
+/// batch. Returns the number of PTEs copied.
+///
+/// With batching off this is the pre-v6.9 `copy_present_pte`, one PTE at a
+/// time; a small folio takes the same single-PTE path in both settings.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn copy_present_ptes(
+    oncpu: &OnCpu,
+    dst_vma: &Vma,
+    src_vma: &Vma,
+    (dst_table, src_table): (Pfn, Pfn),
+    idx: usize,
+    pte: Pte,
+    max_nr: usize,
+    rss: &mut [i64; NR_MM_COUNTERS],
+) -> usize {
+    let mem = oncpu.mem();
+    let Some(page) = vm_normal_page(pte) else {
+        // The zero page: no reference, no rmap, no RSS.
+        __copy_present_ptes(oncpu, dst_vma, src_vma, dst_table, src_table, idx, pte, 1);
+        return 1;
+    };
+    let folio = mem.page_folio(page);
+    if max_nr != 1 && folio.is_large(mem) && oncpu.m.tunables.fork_batch() {
+        // Soft-dirty tracking is not modelled (never enabled on a VMA), so
+        // the kernel's rule says to ignore it; dirty only for shared VMAs.
+        let mut flags = FPB_IGNORE_SOFT_DIRTY;
+        if src_vma.flags() & VM_SHARED != 0 {
+            flags |= FPB_IGNORE_DIRTY;
+        }
+        let (nr, any_writable) = folio_pte_batch(mem, folio, src_table, idx, pte, max_nr, flags);
+        folio.ref_add(mem, nr as i32);
+        rmap::folio_dup_anon_rmap_ptes(mem, folio, page, nr as u64);
+        rss[MmCounter::AnonPages as usize] += nr as i64;
+        let pte = if any_writable { pte.mkwrite() } else { pte };
+        __copy_present_ptes(oncpu, dst_vma, src_vma, dst_table, src_table, idx, pte, nr);
+        return nr;
+    }
+    folio.get(mem);
+    rmap::folio_dup_anon_rmap_ptes(mem, folio, page, 1);
+    rss[MmCounter::AnonPages as usize] += 1;
+    __copy_present_ptes(oncpu, dst_vma, src_vma, dst_table, src_table, idx, pte, 1);
     1
+}
+
+/// `__copy_present_ptes`: write-protect the parent's `nr` entries if the
+/// mapping is COW and `pte` (the batch's template) is writable, and set the
+/// child's `nr` entries from the template, old and (for COW) read-only.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn __copy_present_ptes(
+    oncpu: &OnCpu,
+    _dst_vma: &Vma,
+    src_vma: &Vma,
+    dst_table: Pfn,
+    src_table: Pfn,
+    idx: usize,
+    mut pte: Pte,
+    nr: usize,
+) {
+    let mem = oncpu.mem();
+    if is_cow_mapping(src_vma.flags()) && pte.write() {
+        wrprotect_ptes(mem, src_table, idx, nr);
+        pte = pte.wrprotect();
+    }
+    if src_vma.flags() & VM_SHARED != 0 {
+        pte = pte.mkclean();
+    }
+    pte = pte.mkold();
+    // No VMA is registered with userfaultfd: the child never keeps uffd-wp.
+    pte = Pte(pte.0 & !pgtable::entry::_PAGE_UFFD_WP);
+    set_ptes(mem, dst_table, idx, pte, nr);
+}
+
+/// `wrprotect_ptes`: clear the writable bit of `nr` entries, each with one
+/// atomic operation (a racing walker's accessed/dirty update survives).
+#[inline]
+fn wrprotect_ptes(mem: &crate::phys::PhysMem, table: Pfn, idx: usize, nr: usize) {
+    for i in idx..idx + nr {
+        pgtable::entry_clear_bits(mem, table, i, pgtable::entry::_PAGE_RW);
+    }
+}
+
+/// `set_ptes`: `nr` entries from `pte`, the PFN advancing by one each.
+#[inline]
+fn set_ptes(mem: &crate::phys::PhysMem, table: Pfn, idx: usize, pte: Pte, nr: usize) {
+    for i in 0..nr {
+        entry_set(mem, table, idx + i, pte.advance_pfn(i as u64).0);
+    }
 }
 
 // ---------------------------------------------------------------------------

@@ -127,12 +127,13 @@ pub(crate) fn merge_around(tree: &mut VmaTree, mut idx: usize) -> usize {
     idx
 }
 
-fn absorb(keep: &Vma, gone: &Vma, new_end: u64) {
-    if keep.anon_vma().is_none() {
-        if let Some(av) = gone.anon_vma() {
-            let _ = keep.anon_vma.set(av.clone());
-        }
+/// `keep` grows over `gone`, which leaves the tree (`vma_expand` +
+/// `dup_anon_vma`, then `unlink_anon_vmas` of the removed VMA).
+fn absorb(keep: &Arc<Vma>, gone: &Arc<Vma>, new_end: u64) {
+    if keep.anon_vma().is_none() && gone.anon_vma().is_some() {
+        crate::rmap::anon_vma_clone(keep, gone);
     }
+    crate::rmap::unlink_anon_vmas(gone);
     keep.set_end(new_end);
 }
 
@@ -159,15 +160,13 @@ pub(crate) fn split_vma(
         }
     }
     let upper = Arc::new(Vma::new(
+        mm.id,
         addr,
         vma.end(),
         vma.flags(),
         vma.linear_page_index(addr),
     ));
-    if let Some(av) = vma.anon_vma() {
-        let _ = upper.anon_vma.set(av.clone());
-        av.vmas.write().push(Arc::downgrade(&upper));
-    }
+    crate::rmap::anon_vma_clone(&upper, &vma);
     vma.set_end(addr);
     tree.vmas.insert(idx + 1, upper);
     Ok(())
@@ -248,7 +247,13 @@ pub fn do_mmap(
     if tree.find_vma_intersection(addr, addr + len).is_some() {
         do_vmi_munmap(oncpu, mm, &mut tree, addr, addr + len)?;
     }
-    let vma = Arc::new(Vma::new(addr, addr + len, vm_flags, addr >> PAGE_SHIFT));
+    let vma = Arc::new(Vma::new(
+        mm.id,
+        addr,
+        addr + len,
+        vm_flags,
+        addr >> PAGE_SHIFT,
+    ));
     tree.insert(vma);
     let idx = tree.vmas.partition_point(|v| v.start() < addr);
     merge_around(&mut tree, idx);
@@ -301,6 +306,9 @@ fn do_vmi_munmap(
     let floor = tree.prev_of(r.start).map_or(0, |p| p.end());
     let ceiling = tree.vmas.get(r.end).map_or(0, |n| n.start());
     let detached: Vec<Arc<Vma>> = tree.vmas.drain(r).collect();
+    for v in &detached {
+        crate::rmap::unlink_anon_vmas(v);
+    }
     // Publish the tree without them before zapping: no new fault can map
     // into the range once we drop the lock.
     mm.vma_tree_publish(tree.clone(), &crossbeam_epoch::pin());
@@ -346,6 +354,9 @@ pub fn exit_mmap(oncpu: &OnCpu, mm: &Arc<Mm>) {
         memory::unmap_vmas(oncpu, &mut tlb, &vmas, 0, u64::MAX);
         memory::free_pgtables(oncpu, &mut tlb, &vmas, 0, 0);
         tlb.finish(oncpu);
+    }
+    for v in &vmas {
+        crate::rmap::unlink_anon_vmas(v);
     }
     mm.vma_tree_publish(VmaTree::default(), &crossbeam_epoch::pin());
     mm.total_vm.store(0, Ordering::Relaxed);

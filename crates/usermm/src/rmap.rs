@@ -11,12 +11,100 @@
 //! All changes are made under the page-table lock of the entries that
 //! gain or lose the mapping.
 
-use crate::mm::Vma;
-use crate::phys::folio::{set_page_anon_exclusive, Folio};
+use crate::mm::{AnonVma, Vma};
+use crate::phys::folio::{clear_page_anon_exclusive, set_page_anon_exclusive, Folio};
 use crate::phys::memmap::{pg, PAGE_MAPPING_ANON};
 use crate::phys::{Pfn, PhysMem, HPAGE_PMD_ORDER};
+use crate::sync::Arc;
 use crate::sync::Ordering;
 use crate::vmstat::{Event, MthpStat, NodeStat};
+
+/// `anon_vma_prepare`: give the VMA an anon_vma before its first anon folio.
+/// Called with mmap_lock held (for reading, by faults): two faults of one
+/// VMA may race, and the OnceLock lets exactly one of them create it.
+pub fn anon_vma_prepare(vma: &Arc<Vma>) -> &Arc<AnonVma> {
+    vma.anon_vma.get_or_init(|| {
+        let av = AnonVma::new(None);
+        anon_vma_chain_link(vma, &av);
+        av
+    })
+}
+
+fn anon_vma_chain_link(vma: &Arc<Vma>, av: &Arc<AnonVma>) {
+    av.vmas.write().push(Arc::downgrade(vma));
+    vma.anon_vma_chain.lock().push(av.clone());
+}
+
+/// `anon_vma_clone`: chain `dst` to every anon_vma `src` is chained to, and
+/// share its anon_vma (a split, or the first half of a fork).
+pub fn anon_vma_clone(dst: &Arc<Vma>, src: &Vma) {
+    let chain = src.anon_vma_chain.lock().clone();
+    for av in &chain {
+        anon_vma_chain_link(dst, av);
+    }
+    if let Some(av) = src.anon_vma() {
+        let _ = dst.anon_vma.set(av.clone());
+    }
+}
+
+/// `anon_vma_fork`: the child's VMA is chained to the parent's anon_vmas
+/// (so the folios they share are found from either side) and gets an
+/// anon_vma of its own, a child of the parent's, for the folios it will
+/// allocate itself. mmap_lock of both mms held for writing.
+pub fn anon_vma_fork(child: &Arc<Vma>, parent: &Vma) {
+    let Some(pav) = parent.anon_vma() else {
+        return;
+    };
+    for av in parent.anon_vma_chain.lock().clone() {
+        anon_vma_chain_link(child, &av);
+    }
+    let av = AnonVma::new(Some(pav.clone()));
+    anon_vma_chain_link(child, &av);
+    let _ = child.anon_vma.set(av);
+}
+
+/// `unlink_anon_vmas`: the VMA is gone; take it off every chain.
+pub fn unlink_anon_vmas(vma: &Vma) {
+    for av in vma.anon_vma_chain.lock().drain(..) {
+        av.vmas
+            .write()
+            .retain(|w| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), vma));
+    }
+}
+
+/// `rmap_walk_anon`: every (VMA, address) where page `pfn` of an anon folio
+/// may be mapped: the VMAs chained to the folio's anon_vma whose linear
+/// range covers the page's index.
+pub fn rmap_walk_anon(mem: &PhysMem, folio: Folio, pfn: Pfn) -> Vec<(Arc<Vma>, u64)> {
+    let Some(av) = folio_anon_vma(mem, folio) else {
+        return Vec::new();
+    };
+    let pgoff = folio_page_pgoff(mem, folio, pfn);
+    av.vmas
+        .read()
+        .iter()
+        .filter_map(|w| w.upgrade())
+        .filter_map(|v| v.address_of(pgoff).map(|a| (v, a)))
+        .collect()
+}
+
+/// `folio_anon_vma`: the anon_vma an anon folio is attached to.
+pub fn folio_anon_vma(mem: &PhysMem, folio: Folio) -> Option<&AnonVma> {
+    let mapping = folio.head(mem).mapping.load(Ordering::Relaxed);
+    if mapping & PAGE_MAPPING_ANON == 0 {
+        return None;
+    }
+    // SAFETY: a mapped anon folio's mapping points to an AnonVma kept alive
+    // by the VMAs chained to it (each holds an Arc in its anon_vma_chain),
+    // and those outlive the folio's mappings; callers look with the mapping
+    // stable (page tables locked, or the machine quiescent).
+    Some(unsafe { &*((mapping & !PAGE_MAPPING_ANON) as *const AnonVma) })
+}
+
+/// The linear index of page `pfn` of an anon folio (`page_pgoff`).
+pub fn folio_page_pgoff(mem: &PhysMem, folio: Folio, pfn: Pfn) -> u64 {
+    folio.head(mem).index.load(Ordering::Relaxed) + (pfn - folio.pfn())
+}
 
 /// Added to `_nr_pages_mapped` while a PMD maps the whole folio.
 pub const ENTIRELY_MAPPED: i32 = 0x80_0000;
@@ -102,6 +190,41 @@ pub fn folio_add_anon_rmap_ptes(mem: &PhysMem, folio: Folio, page: Pfn, nr: u64,
         }
     }
     mem.vmstat.mod_node(NodeStat::NR_ANON_MAPPED, first as i64);
+}
+
+/// `folio_try_dup_anon_rmap_ptes` (fork): the child maps `page..page+nr`
+/// too. Each page stops being exclusive to one process; the per-page
+/// loop raises `_mapcount`, the folio-wide counter moves once. The kernel's
+/// version refuses (EBUSY) when the folio may be pinned for DMA and the
+/// pages must be copied instead; the model has no GUP pins, so the dup
+/// always succeeds. Called under the parent's PTE lock.
+pub fn folio_dup_anon_rmap_ptes(mem: &PhysMem, folio: Folio, page: Pfn, nr: u64) {
+    debug_assert!(
+        page >= folio.pfn() && page + nr <= folio.pfn() + folio.nr_pages(mem),
+        "rmap batch leaves its folio"
+    );
+    for p in page..page + nr {
+        clear_page_anon_exclusive(mem, p);
+        let old = mem.page(p).mapcount.fetch_add(1, Ordering::Relaxed);
+        debug_assert!(old >= 0, "page {p:#x}: dup of an unmapped page");
+    }
+    if folio.is_large(mem) {
+        folio
+            .head(mem)
+            .large_mapcount
+            .fetch_add(nr as i32, Ordering::Relaxed);
+    }
+}
+
+/// `folio_try_dup_anon_rmap_pmd` (fork of a PMD-mapped THP).
+pub fn folio_dup_anon_rmap_pmd(mem: &PhysMem, folio: Folio) {
+    for p in folio.pfn()..folio.pfn() + folio.nr_pages(mem) {
+        clear_page_anon_exclusive(mem, p);
+    }
+    let head = folio.head(mem);
+    let old = head.entire_mapcount.fetch_add(1, Ordering::Relaxed);
+    debug_assert!(old >= 0, "folio {:#x}: dup of an unmapped PMD", folio.pfn());
+    head.large_mapcount.fetch_add(1, Ordering::Relaxed);
 }
 
 /// `folio_remove_rmap_ptes`: `nr` PTE mappings of `page..page+nr` are gone.

@@ -29,6 +29,14 @@ impl OnCpu<'_> {
         crate::madvise::do_madvise(self, &self.mm()?, addr, len, advice)
     }
 
+    /// `fork(2)`'s memory half: a child process whose address space is a
+    /// copy-on-write copy of this CPU's. This CPU keeps running the parent;
+    /// run the child with [`OnCpu::switch_mm`].
+    pub fn fork(&self) -> KResult<crate::sync::Arc<crate::mm::Mm>> {
+        self.kernel_enter();
+        crate::fork::dup_mm(self, &self.mm()?)
+    }
+
     /// The process exits: its address space is torn down and this CPU is left
     /// running no mm.
     pub fn exit_mm(&self) -> KResult<()> {

@@ -5,14 +5,16 @@
 //! what the page tables say, RSS equals the mapped pages, `pgtables_bytes`
 //! equals the table frames, no free frame is mapped or cached in a TLB, and
 //! every TLB entry whose address space has no flush pending agrees with the
-//! page tables. It needs a quiescent machine: no operation in flight.
+//! page tables, and the reverse map finds every mapping of an anon page
+//! (its folio's anon_vma chains the VMA that maps it, at that address). It
+//! needs a quiescent machine: no operation in flight.
 
 pub mod shadow;
 
 use std::collections::{HashMap, HashSet};
 
 use crate::machine::Machine;
-use crate::mm::{Mm, MmCounter};
+use crate::mm::{Mm, MmCounter, VmaTree};
 use crate::pgtable::entry::*;
 use crate::pgtable::{entry_get, PGDIR_SIZE, PMD_SIZE, PUD_SIZE};
 use crate::phys::{Folio, Pfn, PAGE_SIZE};
@@ -89,8 +91,44 @@ pub fn check_invariants(m: &Machine) -> Result<(), String> {
     check_tlbs(m, &mms, &leaves_by_mm, &free)
 }
 
+/// The reverse map must lead from page `p` back to `addr` in `mm`: the VMA
+/// that maps it is chained to the folio's anon_vma and maps the page's
+/// index at `addr`.
+fn check_rmap(m: &Machine, mm: &Mm, tree: &VmaTree, p: Pfn, addr: u64) -> Result<(), String> {
+    let mem = &m.mem;
+    let f = mem.page_folio(p);
+    let Some(vma) = tree.vma_lookup(addr) else {
+        return Err(format!(
+            "{mm:?} {addr:#x}: page {p:#x} mapped outside any VMA"
+        ));
+    };
+    let Some(av) = crate::rmap::folio_anon_vma(mem, f) else {
+        return Err(format!(
+            "{mm:?} {addr:#x}: mapped folio {:#x} is not anon",
+            f.pfn()
+        ));
+    };
+    if !av.has_vma(vma) {
+        return Err(format!(
+            "{mm:?} {addr:#x}: {vma:?} is not on the chain of folio {:#x}'s anon_vma {}",
+            f.pfn(),
+            av.id
+        ));
+    }
+    let pgoff = crate::rmap::folio_page_pgoff(mem, f, p);
+    if vma.address_of(pgoff) != Some(addr) {
+        return Err(format!(
+            "{mm:?} {addr:#x}: page {p:#x} has index {pgoff:#x}, which {vma:?} maps at {:?}",
+            vma.address_of(pgoff)
+        ));
+    }
+    Ok(())
+}
+
 fn check_mm(m: &Machine, mm: &Arc<Mm>, ex: &mut Expect, leaves: &mut Leaves) -> Result<(), String> {
     let mem = &m.mem;
+    let guard = crossbeam_epoch::pin();
+    let tree = mm.vma_tree(&guard);
     let mut tables = 0i64;
     let mut anon = 0i64;
     let next = |e: u64| (e & PTE_PFN_MASK) >> 12;
@@ -117,6 +155,7 @@ fn check_mm(m: &Machine, mm: &Arc<Mm>, ex: &mut Expect, leaves: &mut Leaves) -> 
                 tables += 1;
                 if pm.trans_huge() {
                     let head = pm.pfn();
+                    check_rmap(m, mm, tree, head, base)?;
                     *ex.refs.entry(head).or_default() += 1;
                     *ex.entire.entry(head).or_default() += 1;
                     for i in 0..512 {
@@ -156,6 +195,7 @@ fn check_mm(m: &Machine, mm: &Arc<Mm>, ex: &mut Expect, leaves: &mut Leaves) -> 
                     if pte.write() && !crate::phys::folio::page_anon_exclusive(mem, p) {
                         return Err(format!("{mm:?} {addr:#x}: writable PTE of a page that is not PageAnonExclusive"));
                     }
+                    check_rmap(m, mm, tree, p, addr)?;
                     *ex.refs.entry(f.pfn()).or_default() += 1;
                     *ex.page_maps.entry(p).or_default() += 1;
                     ex.mapped.insert(p);

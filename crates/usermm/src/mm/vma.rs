@@ -15,7 +15,7 @@
 use std::sync::{OnceLock, Weak};
 
 use crate::pgtable::Pgprot;
-use crate::sync::{Arc, AtomicU64, Ordering, RwLock};
+use crate::sync::{Arc, AtomicU64, Mutex, Ordering, RwLock};
 
 pub type VmFlags = u64;
 pub const VM_NONE: VmFlags = 0;
@@ -52,19 +52,33 @@ pub fn vm_get_page_prot(flags: VmFlags) -> Pgprot {
 static ANON_VMA_ID: AtomicU64 = AtomicU64::new(1);
 
 /// `struct anon_vma`: the set of VMAs whose pages an anonymous folio may be
-/// mapped in. The model keeps the interval tree of anon_vma_chains as a
-/// list of VMAs, guarded by the anon_vma's rwsem.
+/// mapped in. The model keeps the interval tree of anon_vma_chains (the
+/// `rb_root`) as a list of VMAs, guarded by the anon_vma's rwsem (the kernel
+/// uses the root anon_vma's lock for the whole family).
 pub struct AnonVma {
     pub id: u64,
+    /// The anon_vma of the VMA this one's VMA was forked from.
+    pub parent: Option<Arc<AnonVma>>,
+    /// Every VMA chained to this anon_vma: its own, its splits and its
+    /// forked descendants'.
     pub vmas: RwLock<Vec<Weak<Vma>>>,
 }
 
 impl AnonVma {
-    pub fn new() -> Arc<AnonVma> {
+    pub fn new(parent: Option<Arc<AnonVma>>) -> Arc<AnonVma> {
         Arc::new(AnonVma {
             id: ANON_VMA_ID.fetch_add(1, Ordering::Relaxed),
+            parent,
             vmas: RwLock::new(Vec::new()),
         })
+    }
+
+    /// Does the chain hold `vma`?
+    pub fn has_vma(&self, vma: &Vma) -> bool {
+        self.vmas
+            .read()
+            .iter()
+            .any(|w| std::ptr::eq(w.as_ptr(), vma))
     }
 }
 
@@ -72,14 +86,20 @@ impl AnonVma {
 /// them only with mmap_lock held for writing, but lockless readers (the
 /// hardware walker never, speculative faults later) may read them at any time.
 pub struct Vma {
+    /// `vm_mm`, by id.
+    pub mm_id: u64,
     vm_start: AtomicU64,
     vm_end: AtomicU64,
     /// For anonymous VMAs, `vm_start >> PAGE_SHIFT` at creation; kept across
     /// splits so that a folio's index stays valid.
     vm_pgoff: AtomicU64,
     vm_flags: AtomicU64,
-    /// Set once, by `anon_vma_prepare` on the first fault.
+    /// The anon_vma new folios of this VMA attach to; set once, by
+    /// `anon_vma_prepare` on the first fault, or by fork or a split.
     pub anon_vma: OnceLock<Arc<AnonVma>>,
+    /// `anon_vma_chain`: every anon_vma this VMA is chained to (its own and
+    /// its ancestors'), so that it can be unlinked from them all.
+    pub anon_vma_chain: Mutex<Vec<Arc<AnonVma>>>,
 }
 
 impl std::fmt::Debug for Vma {
@@ -95,13 +115,15 @@ impl std::fmt::Debug for Vma {
 }
 
 impl Vma {
-    pub fn new(start: u64, end: u64, flags: VmFlags, pgoff: u64) -> Vma {
+    pub fn new(mm_id: u64, start: u64, end: u64, flags: VmFlags, pgoff: u64) -> Vma {
         Vma {
+            mm_id,
             vm_start: AtomicU64::new(start),
             vm_end: AtomicU64::new(end),
             vm_pgoff: AtomicU64::new(pgoff),
             vm_flags: AtomicU64::new(flags),
             anon_vma: OnceLock::new(),
+            anon_vma_chain: Mutex::new(Vec::new()),
         }
     }
 
@@ -145,6 +167,15 @@ impl Vma {
     }
     pub fn set_flags(&self, flags: VmFlags) {
         self.vm_flags.store(flags, Ordering::Relaxed)
+    }
+
+    /// The address of page `pgoff` of this VMA's linear mapping
+    /// (`vma_address`), if it falls inside the VMA.
+    pub fn address_of(&self, pgoff: u64) -> Option<u64> {
+        let addr = self
+            .start()
+            .checked_add(pgoff.checked_sub(self.pgoff())? << crate::phys::PAGE_SHIFT)?;
+        (addr < self.end()).then_some(addr)
     }
 
     /// `linear_page_index`.

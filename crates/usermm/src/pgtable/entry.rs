@@ -145,6 +145,10 @@ impl Pte {
         Pte(self.0 & !_PAGE_DIRTY)
     }
     #[inline]
+    pub fn clear_soft_dirty(self) -> Pte {
+        Pte(self.0 & !_PAGE_SOFT_DIRTY)
+    }
+    #[inline]
     pub fn mkyoung(self) -> Pte {
         Pte(self.0 | _PAGE_ACCESSED)
     }
@@ -237,6 +241,10 @@ impl Pmd {
     #[inline]
     pub fn mkdirty(self) -> Pmd {
         Pmd(self.0 | _PAGE_DIRTY | _PAGE_SOFT_DIRTY)
+    }
+    #[inline]
+    pub fn mkold(self) -> Pmd {
+        Pmd(self.0 & !_PAGE_ACCESSED)
     }
     #[inline]
     pub fn mkyoung(self) -> Pmd {

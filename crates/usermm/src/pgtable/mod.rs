@@ -94,6 +94,13 @@ pub fn entry_get_and_clear(mem: &PhysMem, table_pfn: Pfn, idx: usize) -> u64 {
     table(mem, table_pfn)[idx].swap(0, Ordering::AcqRel)
 }
 
+/// Clear `bits` in an entry atomically (`ptep_set_wrprotect` and the like):
+/// a walker's concurrent accessed/dirty update is kept.
+#[inline]
+pub fn entry_clear_bits(mem: &PhysMem, table_pfn: Pfn, idx: usize, bits: u64) -> u64 {
+    table(mem, table_pfn)[idx].fetch_and(!bits, Ordering::AcqRel)
+}
+
 /// Allocate a zeroed table frame (`pagetable_alloc` + `pagetable_pte_ctor`).
 pub fn table_alloc(mem: &PhysMem, nid: usize, cpu: usize) -> Option<Pfn> {
     let pfn = mem.alloc_pages(

@@ -1,0 +1,72 @@
+//! fork's address-space half (kernel/fork.c: `dup_mm`, `dup_mmap`).
+//!
+//! The child gets a copy of every VMA and, for those with anonymous pages,
+//! of their page tables ([`memory::copy_page_range`]): pages are shared,
+//! write-protected on both sides for COW, and no longer exclusive to either.
+//! Both mms' mmap_locks are held for writing throughout, so no fault in the
+//! parent can install a writable entry while the copy runs; other parent
+//! CPUs may still write through writable entries cached in their TLBs until
+//! the single `flush_tlb_mm` at the end. That is harmless because the child
+//! has not run yet: its snapshot is the memory as it is at the flush.
+
+use crate::errno::{Errno, KResult};
+use crate::machine::OnCpu;
+use crate::memory;
+use crate::mm::vma::VM_DONTCOPY;
+use crate::mm::{Mm, Vma, VmaTree};
+use crate::phys::PAGE_SHIFT;
+use crate::rmap;
+use crate::sync::{Arc, Ordering};
+
+/// `dup_mm`: a new mm that is a copy of `oldmm`, registered with the
+/// machine. On failure nothing of the child is left.
+pub fn dup_mm(oncpu: &OnCpu, oldmm: &Arc<Mm>) -> KResult<Arc<Mm>> {
+    if oldmm.dead.load(Ordering::Relaxed) {
+        return Err(Errno::EINVAL);
+    }
+    let mm = Mm::new(oncpu.mem().clone(), oldmm.home_node, oncpu.id())?;
+    if let Err(e) = dup_mmap(oncpu, &mm, oldmm) {
+        // What was copied before the failure is torn down as at exit.
+        crate::mmap::exit_mmap(oncpu, &mm);
+        return Err(e);
+    }
+    oncpu.m.register_mm(&mm);
+    Ok(mm)
+}
+
+/// `dup_mmap`.
+fn dup_mmap(oncpu: &OnCpu, mm: &Arc<Mm>, oldmm: &Arc<Mm>) -> KResult<()> {
+    let _old = oldmm.mmap_lock.write();
+    let _new = mm.mmap_lock.write();
+    let src = oldmm.vma_tree_clone();
+    let mut tree = VmaTree::default();
+    let mut total_vm = 0;
+    let mut result = Ok(());
+    for mpnt in &src.vmas {
+        if mpnt.flags() & VM_DONTCOPY != 0 {
+            continue;
+        }
+        let tmp = Arc::new(Vma::new(
+            mm.id,
+            mpnt.start(),
+            mpnt.end(),
+            mpnt.flags(),
+            mpnt.pgoff(),
+        ));
+        rmap::anon_vma_fork(&tmp, mpnt);
+        tree.insert(tmp.clone());
+        total_vm += (mpnt.end() - mpnt.start()) >> PAGE_SHIFT;
+        if memory::vma_needs_copy(mpnt) {
+            result = memory::copy_page_range(oncpu, mm, oldmm, &tmp, mpnt);
+            if result.is_err() {
+                break;
+            }
+        }
+    }
+    mm.vma_tree_publish(tree, &crossbeam_epoch::pin());
+    mm.total_vm.store(total_vm, Ordering::Relaxed);
+    // One flush for every write-protect made in the parent, still under its
+    // mmap_lock (so that no new writable entry can appear meanwhile).
+    oncpu.flush_tlb_mm(oldmm);
+    result
+}
