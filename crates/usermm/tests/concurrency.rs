@@ -164,3 +164,95 @@ fn shadow_memory_reports_a_lost_write() {
     );
     assert!(v[0].to_string().contains("0xabcd"), "{}", v[0]);
 }
+
+/// While CPU 0 forks the process again and again (checking each child's
+/// snapshot through the shadow memory, then writing to it and exiting it)
+/// and munmaps and remaps part of it, two CPUs keep storing to and loading
+/// from the parent's memory. No load in the parent or in any child may
+/// return a value it could not have; with fork and zap batching off and on,
+/// and with memory in 64K folios and PMD-mapped THPs.
+#[test]
+fn fork_and_munmap_while_other_cpus_write() {
+    for (batch, order) in [(false, 4), (true, 4), (false, 9), (true, 9)] {
+        let m = Machine::new(MachineConfig::single_node(256 << 20, 3)).unwrap();
+        m.tunables.set_fork_batch(batch);
+        m.tunables.set_zap_batch(batch);
+        m.thp.only_order(order);
+        let shadow = Shadow::new();
+        let c0 = m.bind(0).unwrap();
+        let parent = c0.new_mm().unwrap();
+        const LEN: u64 = 4 << 20;
+        let a = c0.mmap(0, LEN, RW, ANON).unwrap();
+        assert_eq!(a % (2 << 20), 0);
+        // Populate through words the test never checks.
+        for p in (a..a + LEN).step_by(4096) {
+            c0.store_u64(p + 2048, 1).unwrap();
+        }
+        let stop = AtomicBool::new(false);
+        let accesses = AtomicU64::new(0);
+        std::thread::scope(|s| {
+            for id in 1..3u64 {
+                let (m, mm, stop, shadow, accesses) =
+                    (&m, parent.clone(), &stop, &shadow, &accesses);
+                s.spawn(move || {
+                    let c = m.bind(id as usize).unwrap();
+                    c.switch_mm(&mm);
+                    let mut rng = SmallRng::seed_from_u64(id);
+                    let mut seq = 1u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        // A few hot words per 64K, so that forks and munmaps
+                        // cut through runs of writes.
+                        let addr =
+                            a + rng.gen_range(0..LEN / 65536) * 65536 + rng.gen_range(0..4) * 8;
+                        let r = if rng.gen_bool(0.6) {
+                            seq += 1;
+                            shadow.store_u64(&c, addr, (id << 56) | seq)
+                        } else {
+                            shadow.load_u64(&c, addr).map(|_| ())
+                        };
+                        assert!(matches!(r, Ok(()) | Err(Errno::EFAULT)), "{r:?}");
+                        accesses.fetch_add(1, Ordering::Relaxed);
+                    }
+                    c.idle();
+                });
+            }
+            let mut i = 0u64;
+            while i < 40 || accesses.load(Ordering::Relaxed) < 30_000 {
+                i += 1;
+                if i % 4 == 3 {
+                    let off = (i % 2) * (2 << 20);
+                    shadow.zap(&c0, parent.id, a + off, a + off + (1 << 20), || {
+                        c0.munmap(a + off, 1 << 20).unwrap();
+                        c0.mmap(a + off, 1 << 20, RW, ANON | MAP_FIXED).unwrap();
+                    });
+                    continue;
+                }
+                let child = shadow
+                    .fork(&c0, parent.id, || c0.fork().map(|ch| (ch.clone(), ch.id)))
+                    .unwrap();
+                c0.switch_mm(&child);
+                for w in 0..LEN / 65536 {
+                    for k in 0..4 {
+                        shadow.load_u64(&c0, a + w * 65536 + k * 8).unwrap();
+                    }
+                }
+                // The child's writes must stay in the child.
+                for w in 0..LEN / 65536 {
+                    shadow
+                        .store_u64(&c0, a + w * 65536, 0xc0de_0000 | w)
+                        .unwrap();
+                }
+                c0.exit_mm().unwrap();
+                shadow.exit(child.id);
+                c0.switch_mm(&parent);
+            }
+            stop.store(true, Ordering::Relaxed);
+            c0.idle();
+        });
+        if let Err(e) = shadow.verdict() {
+            panic!("batch={batch} order={order}: {e}");
+        }
+        m.rcu_barrier();
+        check_invariants(&m).unwrap();
+    }
+}

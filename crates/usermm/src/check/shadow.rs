@@ -285,14 +285,30 @@ impl Shadow {
         r
     }
 
-    /// Run `op`, a fork of `parent` that returns the child's mm id: the
-    /// child's words start with any value the parent's could have had while
-    /// the fork ran.
-    pub fn fork<T>(&self, parent: u64, op: impl FnOnce() -> KResult<(T, u64)>) -> KResult<T> {
-        let _ = self.inner.lock().tick();
+    /// Run `op`, a fork of `parent` that returns the child's mm id. The
+    /// child's copy is taken at some point while `op` runs: events that
+    /// completed before it started are in the child; events that completed
+    /// later, or are still in flight, may or may not be (a store that faulted
+    /// and waited for the fork lands in the parent only), so in the child they
+    /// stay in flight for good: values it may see that overwrite nothing.
+    ///
+    /// While the fork runs, the parent's histories are kept back to its
+    /// start, as for a load in flight on the forking CPU.
+    pub fn fork<T>(
+        &self,
+        c: &OnCpu,
+        parent: u64,
+        op: impl FnOnce() -> KResult<(T, u64)>,
+    ) -> KResult<T> {
+        let t0 = {
+            let mut g = self.inner.lock();
+            let t0 = g.tick();
+            self.load_start[c.id()].store(t0, Ordering::Relaxed);
+            t0
+        };
         let r = op();
         let mut g = self.inner.lock();
-        let t1 = g.tick();
+        self.load_start[c.id()].store(IN_FLIGHT, Ordering::Relaxed);
         let (t, child) = r?;
         let copy: BTreeMap<u64, Vec<ShadowEvent>> = g
             .spaces
@@ -304,9 +320,7 @@ impl Shadow {
                         let h = h
                             .iter()
                             .map(|e| ShadowEvent {
-                                // An event still in flight may have reached
-                                // the shared page before the fork's flush.
-                                t1: e.t1.min(t1),
+                                t1: if e.t1 < t0 { e.t1 } else { IN_FLIGHT },
                                 origin: Origin::Fork { parent_mm: parent },
                                 ..*e
                             })
