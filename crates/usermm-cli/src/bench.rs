@@ -1,16 +1,19 @@
 //! Experiments: each runs in the engine and natively in the same invocation.
 
+use std::path::PathBuf;
 use std::time::Instant;
+
+use anyhow::Context;
 
 use serde::Serialize;
 use usermm::mmap::{MAP_ANONYMOUS, MAP_PRIVATE, PROT_READ, PROT_WRITE};
 use usermm::{Machine, MachineConfig};
 
-use crate::native;
+use crate::{batching, native, plot};
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    /// Experiment: fault. All when omitted.
+    /// Experiment: fault, munmap, dontneed or fork. All when omitted.
     pub name: Option<String>,
     /// Runs per size; medians are reported.
     #[arg(long, default_value_t = 3)]
@@ -21,6 +24,15 @@ pub struct BenchArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Only these folio sizes, in KiB (comma-separated); all when omitted.
+    #[arg(long, value_delimiter = ',')]
+    pub sizes: Vec<u64>,
+    /// Skip the runs on the host kernel.
+    #[arg(long)]
+    pub no_host: bool,
+    /// Folder for the results (JSON and SVG per experiment).
+    #[arg(long, default_value = "results")]
+    pub out: PathBuf,
 }
 
 const SIZES_KB: [u64; 9] = [4, 16, 32, 64, 128, 256, 512, 1024, 2048];
@@ -35,32 +47,127 @@ struct Row {
     host_note: Option<String>,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v[v.len() / 2]
 }
 
+const EXPERIMENTS: [&str; 4] = ["fault", "munmap", "dontneed", "fork"];
+
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
-    match a.name.as_deref() {
-        None | Some("fault") => bench_fault(&a),
-        Some(other) => anyhow::bail!("unknown experiment {other:?} (known: fault)"),
+    let names: Vec<&str> = match a.name.as_deref() {
+        None => EXPERIMENTS.to_vec(),
+        Some(n) if EXPERIMENTS.contains(&n) => vec![n],
+        Some(other) => anyhow::bail!(
+            "unknown experiment {other:?} (known: {})",
+            EXPERIMENTS.join(", ")
+        ),
+    };
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    let mut all = serde_json::Map::new();
+    for name in names {
+        let v = match name {
+            "fault" => bench_fault(&a)?,
+            op => bench_batching(&a, op)?,
+        };
+        std::fs::write(
+            a.out.join(format!("{name}.json")),
+            serde_json::to_string_pretty(&v)?,
+        )?;
+        all.insert(name.to_string(), v);
     }
+    if a.json {
+        // One experiment: its object; several: one object keyed by name.
+        let v = if all.len() == 1 {
+            all.into_iter().next().unwrap().1
+        } else {
+            serde_json::Value::Object(all)
+        };
+        println!("{v}");
+    } else {
+        println!("results in {}/", a.out.display());
+    }
+    Ok(())
+}
+
+fn bench_batching(a: &BenchArgs, name: &str) -> anyhow::Result<serde_json::Value> {
+    let op = match name {
+        "munmap" => batching::Op::Munmap,
+        "dontneed" => batching::Op::Dontneed,
+        _ => batching::Op::Fork,
+    };
+    let rows = batching::run(a, op)?;
+    if !a.json {
+        batching::print_table(op, &rows, a);
+        println!();
+    }
+    let labels: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            format!(
+                "{}K{}",
+                r.folio_kb,
+                if r.mapping == "pmd" { " PMD" } else { "" }
+            )
+        })
+        .collect();
+    let mut series = vec![plot::Series {
+        label: "usermm: batched vs baseline".into(),
+        points: rows
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (i, (r.ratio - 1.0) * 100.0))
+            .collect(),
+        dashed: false,
+    }];
+    let seed: Vec<(usize, f64)> = rows
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| r.seed_change_pct.map(|c| (i, c)))
+        .collect();
+    if !seed.is_empty() {
+        series.push(plot::Series {
+            label: "seed (v6.9 series, Xeon 4210R)".into(),
+            points: seed,
+            dashed: true,
+        });
+    }
+    plot::change_plot(
+        &a.out.join(format!("{name}.svg")),
+        &format!("{name}: change with PTE batching, {} MiB", a.size_mb),
+        &labels,
+        "change (%)",
+        &series,
+    )?;
+    Ok(serde_json::json!({
+        "experiment": name,
+        "size_mb": a.size_mb,
+        "runs": a.runs.max(1),
+        "rows": rows,
+    }))
 }
 
 /// `bench fault`: populate by write faults, then munmap, per folio size.
-fn bench_fault(a: &BenchArgs) -> anyhow::Result<()> {
+fn bench_fault(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let len = a.size_mb << 20;
     let runs = a.runs.max(1);
     let m = Machine::new(MachineConfig::single_node(len + len / 2 + (64 << 20), 2))
         .map_err(|e| anyhow::anyhow!("machine: {e}"))?;
     m.prefault();
     let mut rows = vec![];
-    for &kb in &SIZES_KB {
+    for &kb in SIZES_KB
+        .iter()
+        .filter(|k| a.sizes.is_empty() || a.sizes.contains(k))
+    {
         let order = (kb / 4).trailing_zeros();
         // Order 0 leaves every size at never.
         m.thp.only_order(order);
         let (mut pe, mut me, mut ph, mut mh) = (vec![], vec![], vec![], vec![]);
-        let host = native::HostKnobs::only_size(kb).map_err(|e| e.to_string());
+        let host = if a.no_host {
+            Err("not run".to_string())
+        } else {
+            native::HostKnobs::only_size(kb).map_err(|e| e.to_string())
+        };
         let mut note = host.as_ref().err().cloned();
         for _ in 0..runs {
             let (p, u) = engine_populate_munmap(&m, len)?;
@@ -97,12 +204,7 @@ fn bench_fault(a: &BenchArgs) -> anyhow::Result<()> {
             eprintln!("  fault: {kb}K done");
         }
     }
-    if a.json {
-        println!(
-            "{}",
-            serde_json::json!({ "experiment": "fault", "size_mb": a.size_mb, "runs": runs, "rows": rows })
-        );
-    } else {
+    if !a.json {
         println!(
             "bench fault: populate {} MiB by write faults, then munmap; medians of {runs} runs",
             a.size_mb
@@ -124,8 +226,11 @@ fn bench_fault(a: &BenchArgs) -> anyhow::Result<()> {
                 r.host_note.clone().unwrap_or_default()
             );
         }
+        println!();
     }
-    Ok(())
+    Ok(
+        serde_json::json!({ "experiment": "fault", "size_mb": a.size_mb, "runs": runs, "rows": rows }),
+    )
 }
 
 fn engine_populate_munmap(m: &Machine, len: u64) -> anyhow::Result<(f64, f64)> {

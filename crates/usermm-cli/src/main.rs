@@ -1,7 +1,9 @@
 //! `usermm`: run the experiments, in the engine and on the host kernel.
 
+mod batching;
 mod bench;
 mod native;
+mod plot;
 
 use clap::{Parser, Subcommand};
 

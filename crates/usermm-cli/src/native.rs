@@ -87,3 +87,117 @@ pub fn populate_munmap(len: usize) -> (f64, f64) {
     unsafe { libc::munmap(p, len) };
     (populate, t.elapsed().as_secs_f64())
 }
+
+/// An anonymous private mapping on the host, populated by write faults.
+pub struct HostRegion {
+    pub ptr: *mut libc::c_void,
+    pub len: usize,
+    mapped: bool,
+}
+
+impl HostRegion {
+    /// Map and populate `len` bytes, one write per page. With `split_pmd`,
+    /// every PMD-mapped THP is then remapped by PTEs (cow.c's trick: make
+    /// one page read-only, which splits the PMD, and restore it).
+    pub fn populate(len: usize, split_pmd: bool) -> HostRegion {
+        // SAFETY: an anonymous private mapping of our own; checked below.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert!(ptr != libc::MAP_FAILED, "host mmap failed");
+        for off in (0..len).step_by(4096) {
+            // SAFETY: inside the mapping just made.
+            unsafe { std::ptr::write_volatile((ptr as *mut u8).add(off), 1) };
+        }
+        if split_pmd {
+            let base = ptr as usize;
+            let first = (base + (2 << 20) - 1) & !((2 << 20) - 1);
+            for blk in (first..base + len).step_by(2 << 20) {
+                let page = (blk + 4096) as *mut libc::c_void;
+                // SAFETY: one page inside the mapping.
+                unsafe {
+                    libc::mprotect(page, 4096, libc::PROT_READ);
+                    libc::mprotect(page, 4096, libc::PROT_READ | libc::PROT_WRITE);
+                }
+            }
+        }
+        HostRegion {
+            ptr,
+            len,
+            mapped: true,
+        }
+    }
+
+    /// Time one munmap of the whole region.
+    pub fn munmap(&mut self) -> f64 {
+        let t = Instant::now();
+        // SAFETY: unmapping exactly what we mapped.
+        unsafe { libc::munmap(self.ptr, self.len) };
+        self.mapped = false;
+        t.elapsed().as_secs_f64()
+    }
+
+    /// Time one MADV_DONTNEED of the whole region.
+    pub fn dontneed(&mut self) -> f64 {
+        let t = Instant::now();
+        // SAFETY: our own mapping.
+        unsafe { libc::madvise(self.ptr, self.len, libc::MADV_DONTNEED) };
+        t.elapsed().as_secs_f64()
+    }
+
+    /// Time one fork() in the parent; the child exits at once and is reaped
+    /// outside the timing.
+    pub fn fork(&mut self) -> f64 {
+        let t = Instant::now();
+        // SAFETY: the child only calls _exit, which is async-signal-safe.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: leave the child without running any destructor.
+            unsafe { libc::_exit(0) };
+        }
+        let dt = t.elapsed().as_secs_f64();
+        assert!(pid > 0, "host fork failed");
+        let mut status = 0;
+        // SAFETY: reaping our own child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        dt
+    }
+}
+
+impl Drop for HostRegion {
+    fn drop(&mut self) {
+        if self.mapped {
+            // SAFETY: unmapping exactly what we mapped.
+            unsafe { libc::munmap(self.ptr, self.len) };
+        }
+    }
+}
+
+/// A field (in kB) of the /proc/self/smaps entries of the VMAs inside
+/// `[start, start + len)`, summed.
+pub fn smaps_range_kb(start: usize, len: usize, field: &str) -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    let mut inside = false;
+    let mut total = 0;
+    for line in s.lines() {
+        let mut words = line.split_whitespace();
+        let first = words.next()?;
+        if let Some((a, b)) = first.split_once('-') {
+            if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
+                inside = a >= start && b <= start + len;
+                continue;
+            }
+        }
+        if inside && first == format!("{field}:") {
+            total += words.next()?.parse::<u64>().ok()?;
+        }
+    }
+    Some(total)
+}

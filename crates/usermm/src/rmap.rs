@@ -107,8 +107,8 @@ pub fn folio_page_pgoff(mem: &PhysMem, folio: Folio, pfn: Pfn) -> u64 {
 }
 
 /// Added to `_nr_pages_mapped` while a PMD maps the whole folio.
-pub const ENTIRELY_MAPPED: i32 = 0x80_0000;
-pub const FOLIO_PAGES_MAPPED: i32 = ENTIRELY_MAPPED - 1;
+pub const ENTIRELY_MAPPED: i64 = 0x80_0000;
+pub const FOLIO_PAGES_MAPPED: i64 = ENTIRELY_MAPPED - 1;
 
 /// `__folio_set_anon`: attach a new folio to the VMA's anon_vma.
 fn folio_set_anon(mem: &PhysMem, folio: Folio, vma: &Vma, addr: u64) {
@@ -136,10 +136,10 @@ pub fn folio_add_new_anon_rmap(
 ) {
     folio_set_anon(mem, folio, vma, addr);
     let nr = folio.nr_pages(mem) as i32;
-    let head = folio.head(mem);
     if !folio.is_large(mem) {
-        head.mapcount.store(0, Ordering::Relaxed);
+        folio.head(mem).mapcount.store(0, Ordering::Relaxed);
     } else if pmd {
+        let head = folio.counters(mem);
         head.entire_mapcount.store(0, Ordering::Relaxed);
         head.large_mapcount.store(0, Ordering::Relaxed);
         head.nr_pages_mapped
@@ -151,8 +151,9 @@ pub fn folio_add_new_anon_rmap(
                 .mapcount
                 .store(0, Ordering::Relaxed);
         }
+        let head = folio.counters(mem);
         head.large_mapcount.store(nr - 1, Ordering::Relaxed);
-        head.nr_pages_mapped.store(nr, Ordering::Relaxed);
+        head.nr_pages_mapped.store(nr as i64, Ordering::Relaxed);
     }
     if exclusive {
         for i in 0..nr as u64 {
@@ -182,7 +183,7 @@ pub fn folio_add_anon_rmap_ptes(mem: &PhysMem, folio: Folio, page: Pfn, nr: u64,
         }
     }
     if folio.is_large(mem) {
-        let head = folio.head(mem);
+        let head = folio.counters(mem);
         head.large_mapcount.fetch_add(nr as i32, Ordering::Relaxed);
         let before = head.nr_pages_mapped.fetch_add(first, Ordering::Relaxed);
         if before >= ENTIRELY_MAPPED {
@@ -203,14 +204,18 @@ pub fn folio_dup_anon_rmap_ptes(mem: &PhysMem, folio: Folio, page: Pfn, nr: u64)
         page >= folio.pfn() && page + nr <= folio.pfn() + folio.nr_pages(mem),
         "rmap batch leaves its folio"
     );
-    for p in page..page + nr {
-        clear_page_anon_exclusive(mem, p);
-        let old = mem.page(p).mapcount.fetch_add(1, Ordering::Relaxed);
+    for (p, d) in (page..).zip(mem.pages(page, nr)) {
+        // ClearPageAnonExclusive only where set: no write to a shared line
+        // that does not change it.
+        if d.test(pg::ANON_EXCLUSIVE) {
+            d.clear(pg::ANON_EXCLUSIVE);
+        }
+        let old = d.mapcount.fetch_add(1, Ordering::Relaxed);
         debug_assert!(old >= 0, "page {p:#x}: dup of an unmapped page");
     }
     if folio.is_large(mem) {
         folio
-            .head(mem)
+            .counters(mem)
             .large_mapcount
             .fetch_add(nr as i32, Ordering::Relaxed);
     }
@@ -221,7 +226,7 @@ pub fn folio_dup_anon_rmap_pmd(mem: &PhysMem, folio: Folio) {
     for p in folio.pfn()..folio.pfn() + folio.nr_pages(mem) {
         clear_page_anon_exclusive(mem, p);
     }
-    let head = folio.head(mem);
+    let head = folio.counters(mem);
     let old = head.entire_mapcount.fetch_add(1, Ordering::Relaxed);
     debug_assert!(old >= 0, "folio {:#x}: dup of an unmapped PMD", folio.pfn());
     head.large_mapcount.fetch_add(1, Ordering::Relaxed);
@@ -234,8 +239,8 @@ pub fn folio_remove_rmap_ptes(mem: &PhysMem, folio: Folio, page: Pfn, nr: u64, c
         "rmap batch leaves its folio"
     );
     let mut last = 0;
-    for p in page..page + nr {
-        let old = mem.page(p).mapcount.fetch_sub(1, Ordering::Relaxed);
+    for (p, d) in (page..).zip(mem.pages(page, nr)) {
+        let old = d.mapcount.fetch_sub(1, Ordering::Relaxed);
         debug_assert!(old >= 0, "page {p:#x}: mapcount underflow");
         if old == 0 {
             last += 1;
@@ -243,7 +248,7 @@ pub fn folio_remove_rmap_ptes(mem: &PhysMem, folio: Folio, page: Pfn, nr: u64, c
     }
     let mut unmapped = last as i64;
     if folio.is_large(mem) {
-        let head = folio.head(mem);
+        let head = folio.counters(mem);
         let lm = head.large_mapcount.fetch_sub(nr as i32, Ordering::Relaxed) - nr as i32;
         let mapped = head.nr_pages_mapped.fetch_sub(last, Ordering::Relaxed) - last;
         if mapped >= ENTIRELY_MAPPED {
@@ -252,7 +257,7 @@ pub fn folio_remove_rmap_ptes(mem: &PhysMem, folio: Folio, page: Pfn, nr: u64, c
         // Some pages left mapped, some not: queue for deferred split.
         if folio.test_anon(mem)
             && lm >= 0
-            && mapped & FOLIO_PAGES_MAPPED < folio.nr_pages(mem) as i32
+            && mapped & FOLIO_PAGES_MAPPED < folio.nr_pages(mem) as i64
             && mapped < ENTIRELY_MAPPED
         {
             deferred_split_folio(mem, folio, cpu);
@@ -263,9 +268,9 @@ pub fn folio_remove_rmap_ptes(mem: &PhysMem, folio: Folio, page: Pfn, nr: u64, c
 
 /// `folio_add_anon_rmap_pmd`.
 pub fn folio_add_anon_rmap_pmd(mem: &PhysMem, folio: Folio, exclusive: bool) {
-    let head = folio.head(mem);
+    let head = folio.counters(mem);
     head.large_mapcount.fetch_add(1, Ordering::Relaxed);
-    let nr = folio.nr_pages(mem) as i32;
+    let nr = folio.nr_pages(mem) as i64;
     if head.entire_mapcount.fetch_add(1, Ordering::Relaxed) == -1 {
         let before = head
             .nr_pages_mapped
@@ -285,9 +290,9 @@ pub fn folio_add_anon_rmap_pmd(mem: &PhysMem, folio: Folio, exclusive: bool) {
 
 /// `folio_remove_rmap_pmd`.
 pub fn folio_remove_rmap_pmd(mem: &PhysMem, folio: Folio, cpu: usize) {
-    let head = folio.head(mem);
+    let head = folio.counters(mem);
     head.large_mapcount.fetch_sub(1, Ordering::Relaxed);
-    let nr = folio.nr_pages(mem) as i32;
+    let nr = folio.nr_pages(mem) as i64;
     if head.entire_mapcount.fetch_sub(1, Ordering::Relaxed) == 0 {
         let after = head
             .nr_pages_mapped

@@ -62,7 +62,7 @@ pub fn check_invariants(m: &Machine) -> Result<(), String> {
             total += want;
         }
         if f.is_large(mem) {
-            let lm = f.head(mem).large_mapcount.load(Ordering::Relaxed) as i64 + 1;
+            let lm = f.counters(mem).large_mapcount.load(Ordering::Relaxed) as i64 + 1;
             if lm != total {
                 return Err(format!(
                     "folio {head:#x}: large_mapcount {lm}, mappings {total}"

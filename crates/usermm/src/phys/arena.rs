@@ -42,6 +42,10 @@ impl Arena {
         // SAFETY: p is the mapping just made, len bytes long. The advice is a
         // hint; failure (THP disabled on the host) is harmless.
         unsafe { libc::madvise(p, len, libc::MADV_HUGEPAGE) };
+        // The frames are the model's, not the host process's: a native
+        // fork() measured in the same process must not copy them.
+        // SAFETY: as above.
+        unsafe { libc::madvise(p, len, libc::MADV_DONTFORK) };
         Ok(Arena {
             base: NonNull::new(p as *mut u8).expect("mmap returned NULL"),
             len,

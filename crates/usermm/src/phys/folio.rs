@@ -9,8 +9,16 @@
 
 use super::memmap::{pg, Page, PAGE_MAPPING_ANON};
 use super::{AllocFlags, Pfn, PhysMem};
-use crate::sync::Ordering;
+use crate::sync::{AtomicI32, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use crate::vmstat::MthpStat;
+
+/// `folio->_large_mapcount` (-1 based), `_entire_mapcount` (-1 based) and
+/// `_nr_pages_mapped`.
+pub struct FolioCounters<'a> {
+    pub large_mapcount: &'a AtomicI32,
+    pub entire_mapcount: &'a AtomicI32,
+    pub nr_pages_mapped: &'a AtomicI64,
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Folio(pub Pfn);
@@ -110,11 +118,30 @@ impl Folio {
         mem.free_pages(self.0, order, cpu);
     }
 
+    /// The folio-wide counters of a large folio, which live in its first
+    /// tail page's descriptor as in the kernel.
+    #[inline]
+    pub fn counters(self, mem: &PhysMem) -> FolioCounters<'_> {
+        debug_assert!(self.is_large(mem), "folio {:#x} has no page[1]", self.0);
+        let p1 = mem.page(self.0 + 1);
+        // SAFETY: AtomicU32/AtomicI32 and AtomicU64/AtomicI64 have the same
+        // size, alignment and bit validity; while the folio is allocated these
+        // page[1] fields (free-list links, buddy order) are not used otherwise,
+        // and every access to them goes through these typed views.
+        unsafe {
+            FolioCounters {
+                large_mapcount: &*(&p1.lru_next as *const AtomicU32 as *const AtomicI32),
+                entire_mapcount: &*(&p1.lru_prev as *const AtomicU32 as *const AtomicI32),
+                nr_pages_mapped: &*(&p1.private as *const AtomicU64 as *const AtomicI64),
+            }
+        }
+    }
+
     /// `folio_mapcount`: how many page-table entries map some page of it.
     pub fn mapcount(self, mem: &PhysMem) -> i32 {
         let head = self.head(mem);
         if self.is_large(mem) {
-            head.large_mapcount.load(Ordering::Relaxed) + 1
+            self.counters(mem).large_mapcount.load(Ordering::Relaxed) + 1
         } else {
             head.mapcount.load(Ordering::Relaxed) + 1
         }
@@ -126,7 +153,10 @@ impl Folio {
     }
 
     pub fn entire_mapcount(self, mem: &PhysMem) -> i32 {
-        self.head(mem).entire_mapcount.load(Ordering::Relaxed) + 1
+        if !self.is_large(mem) {
+            return 0;
+        }
+        self.counters(mem).entire_mapcount.load(Ordering::Relaxed) + 1
     }
 }
 

@@ -1,9 +1,11 @@
 //! The memmap: one page descriptor (`struct page`) per frame.
 //!
-//! A descriptor is a set of atomics. The kernel packs folio-wide fields of a
-//! large folio into the descriptors of its first tail pages (`folio->_large_mapcount`
-//! lives in page[1], and so on); the model keeps them in the head page's
-//! descriptor instead, which is the same information in an easier place.
+//! A descriptor is a set of atomics, 64 bytes like the kernel's `struct
+//! page`, so that walking the memmap costs what it costs there. As in the
+//! kernel, the folio-wide counters of a large folio live in the descriptor of
+//! its first tail page, in fields a tail page does not otherwise use
+//! (`struct folio` overlays page[0] and page[1]); see
+//! [`crate::phys::folio::Folio::counters`].
 
 use crate::sync::{AtomicI32, AtomicU32, AtomicU64, Ordering, SpinLock};
 
@@ -59,19 +61,15 @@ pub struct Page {
     /// Linear page index in the anon_vma (the page's address >> PAGE_SHIFT at
     /// the time it was first mapped).
     pub index: AtomicU64,
-    /// Buddy order of a free block; for a PMD table, the head of the list of
+    /// Buddy order of a free block; in page[1] of a large folio,
+    /// `_nr_pages_mapped`; for a PMD table, the head of the list of
     /// deposited PTE tables (`pmd_huge_pte`), as a PFN + 1 (0 = empty).
     pub private: AtomicU64,
     /// Free-list links (offsets within the node), guarded by the zone lock or
     /// the pcp lock; also the deposit list link of a deposited PTE table.
+    /// In page[1] of a large folio: `_large_mapcount` and `_entire_mapcount`.
     pub lru_next: AtomicU32,
     pub lru_prev: AtomicU32,
-    /// Folio-wide (head page only): `_large_mapcount`, -1 based.
-    pub large_mapcount: AtomicI32,
-    /// Folio-wide: `_entire_mapcount` (PMD mappings), -1 based.
-    pub entire_mapcount: AtomicI32,
-    /// Folio-wide: `_nr_pages_mapped`, pages mapped by PTEs.
-    pub nr_pages_mapped: AtomicI32,
     /// The split page-table lock (`ptdesc->ptl`) when this frame is a table.
     pub ptl: SpinLock,
 }
@@ -88,9 +86,6 @@ impl Default for Page {
             private: AtomicU64::new(0),
             lru_next: AtomicU32::new(LIST_NONE),
             lru_prev: AtomicU32::new(LIST_NONE),
-            large_mapcount: AtomicI32::new(-1),
-            entire_mapcount: AtomicI32::new(-1),
-            nr_pages_mapped: AtomicI32::new(0),
             ptl: SpinLock::new(),
         }
     }
@@ -123,3 +118,6 @@ impl Page {
         self.compound_head.load(Ordering::Relaxed) & COMPOUND_TAIL != 0
     }
 }
+
+// The descriptor must stay one cache line, as in the kernel.
+const _: () = assert!(std::mem::size_of::<Page>() == 64);

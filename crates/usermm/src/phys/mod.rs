@@ -150,6 +150,14 @@ impl PhysMem {
         &self.node(pfn).memmap[Self::offset(pfn)]
     }
 
+    /// The descriptors of `nr` consecutive frames of one node (the pages
+    /// of a folio, walked as the kernel walks `page++`).
+    #[inline]
+    pub fn pages(&self, pfn: Pfn, nr: u64) -> &[Page] {
+        let off = Self::offset(pfn);
+        &self.node(pfn).memmap[off..off + nr as usize]
+    }
+
     /// The frame's bytes (`page_address`).
     #[inline]
     pub fn frame_ptr(&self, pfn: Pfn) -> *mut u8 {

@@ -297,9 +297,10 @@ impl PhysMem {
                 tail.compound_head
                     .store(pfn | super::memmap::COMPOUND_TAIL, Ordering::Relaxed);
             }
-            head.large_mapcount.store(-1, Ordering::Relaxed);
-            head.entire_mapcount.store(-1, Ordering::Relaxed);
-            head.nr_pages_mapped.store(0, Ordering::Relaxed);
+            let c = super::Folio(pfn).counters(self);
+            c.large_mapcount.store(-1, Ordering::Relaxed);
+            c.entire_mapcount.store(-1, Ordering::Relaxed);
+            c.nr_pages_mapped.store(0, Ordering::Relaxed);
         }
         if flags.zero {
             for i in 0..(1u64 << order) {
@@ -312,29 +313,36 @@ impl PhysMem {
     /// descriptors (checking, as `free_pages_prepare` does, that nothing still
     /// maps them) and return the block to the pcp list or the buddy lists.
     pub fn free_pages(&self, pfn: Pfn, order: u32, cpu: usize) {
-        for i in 0..(1u64 << order) {
-            let p = self.page(pfn + i);
+        for (i, p) in self.pages(pfn, 1 << order).iter().enumerate() {
             debug_assert_eq!(
                 p.mapcount.load(Ordering::Relaxed),
                 -1,
                 "freeing mapped page {:#x}",
-                pfn + i
+                pfn + i as u64
             );
             debug_assert!(
                 !p.test(pg::BUDDY | pg::PCP),
                 "double free of {:#x}",
-                pfn + i
+                pfn + i as u64
+            );
+            debug_assert!(
+                i == 0 || p.refcount.load(Ordering::Relaxed) == 0,
+                "tail page {:#x} holds references",
+                pfn + i as u64
             );
             p.flags.store(0, Ordering::Relaxed);
             p.compound_head.store(0, Ordering::Relaxed);
             p.mapping.store(0, Ordering::Relaxed);
             p.private.store(0, Ordering::Relaxed);
-            p.refcount.store(0, Ordering::Relaxed);
+        }
+        self.page(pfn).refcount.store(0, Ordering::Relaxed);
+        if order > 0 {
+            // page[1] held the folio-wide counters: back to free-list state.
+            let p1 = self.page(pfn + 1);
+            p1.lru_next.store(LIST_NONE, Ordering::Relaxed);
+            p1.lru_prev.store(LIST_NONE, Ordering::Relaxed);
         }
         let head = self.page(pfn);
-        head.large_mapcount.store(-1, Ordering::Relaxed);
-        head.entire_mapcount.store(-1, Ordering::Relaxed);
-        head.nr_pages_mapped.store(0, Ordering::Relaxed);
         self.vmstat.count(cpu, Event::PGFREE, 1 << order);
 
         let node = self.node(pfn);

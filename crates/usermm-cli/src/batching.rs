@@ -1,0 +1,335 @@
+//! `bench munmap`, `bench dontneed`, `bench fork`: the v6.9 PTE-batching
+//! experiments (F2 and F1). For each folio size, a region populated with
+//! folios of that size is unmapped, MADV_DONTNEED'd or forked, with the
+//! batching tunable off (the pre-v6.9 per-PTE path) and on, interleaved, and
+//! the same operation is timed on the host kernel in the same invocation.
+
+use std::time::Instant;
+
+use anyhow::{anyhow, Context};
+use serde::Serialize;
+use usermm::madvise::MADV_DONTNEED;
+use usermm::mmap::{MAP_ANONYMOUS, MAP_PRIVATE, PROT_READ, PROT_WRITE};
+use usermm::vmstat::{MthpStat, NodeStat};
+use usermm::{Machine, MachineConfig, OnCpu};
+
+use crate::bench::{median, BenchArgs};
+use crate::native;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Munmap,
+    Dontneed,
+    Fork,
+}
+
+impl Op {
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Munmap => "munmap",
+            Op::Dontneed => "dontneed",
+            Op::Fork => "fork",
+        }
+    }
+
+    /// The seed's published change (patched vs. base, percent) per folio
+    /// size in KiB, PTE-mapped (Xeon Silver 4210R; F2 seed v1 and F1 seed).
+    fn seed_change(self, kb: u64) -> Option<f64> {
+        let table: &[(u64, f64)] = match self {
+            Op::Munmap => &[
+                (4, -1.0),
+                (16, -20.0),
+                (32, -31.0),
+                (64, -37.0),
+                (128, -47.0),
+                (256, -53.0),
+                (512, -56.0),
+                (1024, -57.0),
+                (2048, -58.0),
+            ],
+            Op::Fork => &[
+                (4, -2.0),
+                (16, -16.0),
+                (32, -24.0),
+                (64, -26.0),
+                (128, -28.0),
+                (256, -29.0),
+                (512, -30.0),
+                (1024, -30.0),
+                (2048, -30.0),
+            ],
+            // The seed published no MADV_DONTNEED table.
+            Op::Dontneed => &[],
+        };
+        table.iter().find(|&&(k, _)| k == kb).map(|&(_, c)| c)
+    }
+
+    fn set_batching(self, m: &Machine, on: bool) {
+        match self {
+            Op::Fork => m.tunables.set_fork_batch(on),
+            Op::Munmap | Op::Dontneed => m.tunables.set_zap_batch(on),
+        }
+    }
+}
+
+/// One folio size and how it is mapped.
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    kb: u64,
+    pmd: bool,
+}
+
+const CASES: [Case; 10] = [
+    Case { kb: 4, pmd: false },
+    Case { kb: 16, pmd: false },
+    Case { kb: 32, pmd: false },
+    Case { kb: 64, pmd: false },
+    Case {
+        kb: 128,
+        pmd: false,
+    },
+    Case {
+        kb: 256,
+        pmd: false,
+    },
+    Case {
+        kb: 512,
+        pmd: false,
+    },
+    Case {
+        kb: 1024,
+        pmd: false,
+    },
+    Case {
+        kb: 2048,
+        pmd: false,
+    },
+    Case {
+        kb: 2048,
+        pmd: true,
+    },
+];
+
+impl Case {
+    fn order(self) -> u32 {
+        (self.kb / 4).trailing_zeros()
+    }
+    fn label(self) -> String {
+        format!("{}K{}", self.kb, if self.pmd { " PMD" } else { "" })
+    }
+}
+
+#[derive(Serialize)]
+pub struct Row {
+    pub op: &'static str,
+    pub folio_kb: u64,
+    /// "pte" or "pmd": how the folios are mapped.
+    pub mapping: &'static str,
+    pub baseline_s: f64,
+    pub batched_s: f64,
+    /// batched / baseline (medians).
+    pub ratio: f64,
+    pub host_s: Option<f64>,
+    /// batched / host.
+    pub batched_host_ratio: Option<f64>,
+    pub seed_change_pct: Option<f64>,
+    pub host_note: Option<String>,
+}
+
+/// Run one batching experiment; returns its rows.
+pub fn run(a: &BenchArgs, op: Op) -> anyhow::Result<Vec<Row>> {
+    let len = a.size_mb << 20;
+    let runs = a.runs.max(1);
+    // Room for the region, its page tables (twice, for fork) and slack.
+    let m = Machine::new(MachineConfig::single_node(len + len / 2 + (64 << 20), 2))
+        .map_err(|e| anyhow!("machine: {e}"))?;
+    m.prefault();
+    let mut rows = vec![];
+    for case in CASES
+        .into_iter()
+        .filter(|c| a.sizes.is_empty() || a.sizes.contains(&c.kb))
+    {
+        let (mut base, mut batched, mut host) = (vec![], vec![], vec![]);
+        let knobs = if a.no_host {
+            Err("not run".to_string())
+        } else {
+            native::HostKnobs::only_size(case.kb).map_err(|e| e.to_string())
+        };
+        let mut note = knobs.as_ref().err().cloned();
+        for run in 0..runs {
+            // Alternate which arm goes first, so that neither always runs on
+            // the allocator state the other left.
+            let arms = if run % 2 == 0 {
+                [false, true]
+            } else {
+                [true, false]
+            };
+            for on in arms {
+                let t = engine_once(&m, op, case, len, on)
+                    .with_context(|| format!("{} {}", op.name(), case.label()))?;
+                if on {
+                    batched.push(t);
+                } else {
+                    base.push(t);
+                }
+            }
+            if knobs.is_ok() {
+                match host_once(op, case, len as usize) {
+                    Ok(t) => host.push(t),
+                    Err(e) => note = Some(e),
+                }
+            }
+        }
+        drop(knobs);
+        let (b, p) = (median(base), median(batched));
+        let host_s = (!host.is_empty() && note.is_none()).then(|| median(host));
+        rows.push(Row {
+            op: op.name(),
+            folio_kb: case.kb,
+            mapping: if case.pmd { "pmd" } else { "pte" },
+            baseline_s: b,
+            batched_s: p,
+            ratio: p / b,
+            host_s,
+            batched_host_ratio: host_s.map(|h| p / h),
+            seed_change_pct: (!case.pmd).then(|| op.seed_change(case.kb)).flatten(),
+            host_note: note,
+        });
+        if !a.json {
+            eprintln!("  {}: {} done", op.name(), case.label());
+        }
+    }
+    Ok(rows)
+}
+
+/// Populate a fresh process with folios of the case's size, then time `op`
+/// with batching `on`. Everything is torn down before returning.
+fn engine_once(m: &Machine, op: Op, case: Case, len: u64, on: bool) -> anyhow::Result<f64> {
+    let c = m.bind(0).map_err(|e| anyhow!("bind: {e}"))?;
+    c.new_mm().map_err(|e| anyhow!("mm: {e}"))?;
+    let addr = engine_populate(m, &c, case, len)?;
+    op.set_batching(m, on);
+    let t = Instant::now();
+    let child = match op {
+        Op::Munmap => {
+            c.munmap(addr, len).map_err(|e| anyhow!("munmap: {e}"))?;
+            None
+        }
+        Op::Dontneed => {
+            c.madvise(addr, len, MADV_DONTNEED)
+                .map_err(|e| anyhow!("madvise: {e}"))?;
+            None
+        }
+        Op::Fork => Some(c.fork().map_err(|e| anyhow!("fork: {e}"))?),
+    };
+    let dt = t.elapsed().as_secs_f64();
+    if let Some(child) = child {
+        let parent = c.mm().map_err(|e| anyhow!("{e}"))?;
+        c.switch_mm(&child);
+        c.exit_mm().map_err(|e| anyhow!("child exit: {e}"))?;
+        c.switch_mm(&parent);
+    }
+    c.exit_mm().map_err(|e| anyhow!("exit: {e}"))?;
+    m.rcu_barrier();
+    Ok(dt)
+}
+
+/// Map `len` bytes and populate them by write faults with folios of the
+/// case's size, checking through the mTHP counters that the engine gave
+/// that size; for 2M mapped by PTEs, split every PMD mapping afterwards.
+fn engine_populate(m: &Machine, c: &OnCpu, case: Case, len: u64) -> anyhow::Result<u64> {
+    m.thp.only_order(case.order());
+    let addr = c
+        .mmap(0, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS)
+        .map_err(|e| anyhow!("mmap: {e}"))?;
+    let before = m.vmstat().mthp(case.order(), MthpStat::ANON_FAULT_ALLOC);
+    c.touch_pages(addr, addr + len, 1)
+        .map_err(|e| anyhow!("populate: {e}"))?;
+    if case.kb > 4 {
+        let got = m.vmstat().mthp(case.order(), MthpStat::ANON_FAULT_ALLOC) - before;
+        anyhow::ensure!(
+            got as u64 == len / (case.kb << 10),
+            "the engine gave {got} folios of {}K, not {}",
+            case.kb,
+            len / (case.kb << 10)
+        );
+    }
+    if case.kb == 2048 && !case.pmd {
+        for blk in (addr..addr + len).step_by(2 << 20) {
+            c.mprotect(blk + 4096, 4096, PROT_READ)
+                .and_then(|_| c.mprotect(blk + 4096, 4096, PROT_READ | PROT_WRITE))
+                .map_err(|e| anyhow!("mprotect: {e}"))?;
+        }
+    }
+    let thp_pages = m.vmstat().node(NodeStat::NR_ANON_THPS) as u64;
+    let want = if case.pmd { len >> 12 } else { 0 };
+    anyhow::ensure!(
+        thp_pages == want,
+        "{}: {thp_pages} pages PMD-mapped, expected {want}",
+        case.label()
+    );
+    Ok(addr)
+}
+
+/// The same on the host kernel (knobs already set): Err explains why the
+/// timing cannot be trusted.
+fn host_once(op: Op, case: Case, len: usize) -> Result<f64, String> {
+    let before = native::anon_fault_alloc(case.kb);
+    let mut r = native::HostRegion::populate(len, case.kb == 2048 && !case.pmd);
+    if case.kb > 4 {
+        let got = native::anon_fault_alloc(case.kb) - before;
+        if got < (len as u64 / (case.kb << 10)) * 9 / 10 {
+            return Err(format!("host gave {got} folios of {}K", case.kb));
+        }
+    }
+    if case.kb == 2048 {
+        let thp_kb = native::smaps_range_kb(r.ptr as usize, len, "AnonHugePages").unwrap_or(0);
+        let pmd_mapped = thp_kb >= (len as u64 >> 10) * 9 / 10;
+        if pmd_mapped != case.pmd {
+            return Err(format!("host has {thp_kb} kB PMD-mapped"));
+        }
+    }
+    Ok(match op {
+        Op::Munmap => r.munmap(),
+        Op::Dontneed => r.dontneed(),
+        Op::Fork => r.fork(),
+    })
+}
+
+/// The table in the seeds' shape, with the host beside it.
+pub fn print_table(op: Op, rows: &[Row], a: &BenchArgs) {
+    println!(
+        "bench {}: {} MiB of folios of one size; batching off (baseline) vs on; medians of {} runs, interleaved",
+        op.name(),
+        a.size_mb,
+        a.runs.max(1)
+    );
+    println!(
+        "{:<10} {:>12} {:>12} {:>8} {:>8} {:>12} {:>9}",
+        "folio", "baseline(s)", "batched(s)", "change", "seed", "host(s)", "bat/host"
+    );
+    for r in rows {
+        let seed = r
+            .seed_change_pct
+            .map_or("-".into(), |c| format!("{c:+.0}%"));
+        let host = r.host_s.map_or("-".into(), |h| format!("{h:.6}"));
+        let bh = r
+            .batched_host_ratio
+            .map_or("-".into(), |q| format!("{q:.2}"));
+        println!(
+            "{:<10} {:>12.6} {:>12.6} {:>7.0}% {:>8} {:>12} {:>9}  {}",
+            format!(
+                "{}K{}",
+                r.folio_kb,
+                if r.mapping == "pmd" { " PMD" } else { "" }
+            ),
+            r.baseline_s,
+            r.batched_s,
+            (r.ratio - 1.0) * 100.0,
+            seed,
+            host,
+            bh,
+            r.host_note.clone().unwrap_or_default()
+        );
+    }
+}

@@ -1,0 +1,80 @@
+//! SVG plots of the experiments' results.
+
+use std::path::Path;
+
+use plotters::prelude::*;
+
+/// One line of a plot: a label and (x index, y) points.
+pub struct Series {
+    pub label: String,
+    pub points: Vec<(usize, f64)>,
+    pub dashed: bool,
+}
+
+/// A line plot over categorical x positions (`x_labels`), y in percent.
+pub fn change_plot(
+    path: &Path,
+    title: &str,
+    x_labels: &[String],
+    y_label: &str,
+    series: &[Series],
+) -> anyhow::Result<()> {
+    let (mut lo, mut hi) = (0f64, 0f64);
+    for s in series {
+        for &(_, y) in &s.points {
+            lo = lo.min(y);
+            hi = hi.max(y);
+        }
+    }
+    let pad = ((hi - lo) * 0.1).max(5.0);
+    let root = SVGBackend::new(path, (800, 480)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let n = x_labels.len();
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(-0.5f64..(n as f64 - 0.5), (lo - pad)..(hi + pad))?;
+    let labels = x_labels.to_vec();
+    chart
+        .configure_mesh()
+        .x_labels(n)
+        .x_label_formatter(&move |x| {
+            let i = x.round();
+            if (x - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < labels.len() {
+                labels[i as usize].clone()
+            } else {
+                String::new()
+            }
+        })
+        .x_desc("folio size")
+        .y_desc(y_label)
+        .draw()?;
+    let colors = [BLUE, RED, GREEN, MAGENTA, CYAN, BLACK];
+    for (i, s) in series.iter().enumerate() {
+        let color = colors[i % colors.len()];
+        let pts: Vec<(f64, f64)> = s.points.iter().map(|&(x, y)| (x as f64, y)).collect();
+        let style = ShapeStyle::from(&color).stroke_width(2);
+        if s.dashed {
+            chart
+                .draw_series(DashedLineSeries::new(pts.clone(), 6, 4, style))?
+                .label(&s.label)
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        } else {
+            chart
+                .draw_series(LineSeries::new(pts.clone(), style))?
+                .label(&s.label)
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        }
+        chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::LowerLeft)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
