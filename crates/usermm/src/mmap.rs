@@ -92,7 +92,7 @@ fn get_unmapped_area(tree: &VmaTree, addr: u64, len: u64, flags: u32) -> KResult
     }
     // Since v6.7 (limited to PMD-multiple lengths in v6.12), anonymous
     // mappings that can hold whole PMDs are placed PMD-aligned.
-    if len % PMD_SIZE == 0 {
+    if len.is_multiple_of(PMD_SIZE) {
         if let Some(a) = unmapped_area_topdown(tree, len + PMD_SIZE, MMAP_MIN_ADDR, MMAP_BASE) {
             return Ok((a + PMD_SIZE - 1) & PMD_MASK);
         }

@@ -190,7 +190,7 @@ pub fn folio_add_anon_rmap_ptes(mem: &PhysMem, folio: Folio, page: Pfn, nr: u64,
             first = 0; // already counted as mapped through the PMD
         }
     }
-    mem.vmstat.mod_node(NodeStat::NR_ANON_MAPPED, first as i64);
+    mem.vmstat.mod_node(NodeStat::NR_ANON_MAPPED, first);
 }
 
 /// `folio_try_dup_anon_rmap_ptes` (fork): the child maps `page..page+nr`
@@ -246,7 +246,7 @@ pub fn folio_remove_rmap_ptes(mem: &PhysMem, folio: Folio, page: Pfn, nr: u64, c
             last += 1;
         }
     }
-    let mut unmapped = last as i64;
+    let mut unmapped = last;
     if folio.is_large(mem) {
         let head = folio.counters(mem);
         let lm = head.large_mapcount.fetch_sub(nr as i32, Ordering::Relaxed) - nr as i32;
@@ -275,11 +275,9 @@ pub fn folio_add_anon_rmap_pmd(mem: &PhysMem, folio: Folio, exclusive: bool) {
         let before = head
             .nr_pages_mapped
             .fetch_add(ENTIRELY_MAPPED, Ordering::Relaxed);
-        mem.vmstat.mod_node(
-            NodeStat::NR_ANON_MAPPED,
-            (nr - (before & FOLIO_PAGES_MAPPED)) as i64,
-        );
-        mem.vmstat.mod_node(NodeStat::NR_ANON_THPS, nr as i64);
+        mem.vmstat
+            .mod_node(NodeStat::NR_ANON_MAPPED, nr - (before & FOLIO_PAGES_MAPPED));
+        mem.vmstat.mod_node(NodeStat::NR_ANON_THPS, nr);
     }
     if exclusive {
         for i in 0..nr as u64 {
@@ -298,9 +296,8 @@ pub fn folio_remove_rmap_pmd(mem: &PhysMem, folio: Folio, cpu: usize) {
             .nr_pages_mapped
             .fetch_sub(ENTIRELY_MAPPED, Ordering::Relaxed)
             - ENTIRELY_MAPPED;
-        mem.vmstat
-            .mod_node(NodeStat::NR_ANON_MAPPED, -((nr - after) as i64));
-        mem.vmstat.mod_node(NodeStat::NR_ANON_THPS, -(nr as i64));
+        mem.vmstat.mod_node(NodeStat::NR_ANON_MAPPED, -(nr - after));
+        mem.vmstat.mod_node(NodeStat::NR_ANON_THPS, -nr);
         if after > 0 && folio.test_anon(mem) {
             deferred_split_folio(mem, folio, cpu);
         }

@@ -131,7 +131,7 @@ impl OnCpu<'_> {
     }
 
     fn load_n<const N: usize>(&self, addr: u64) -> KResult<u64> {
-        if addr % N as u64 == 0 {
+        if addr.is_multiple_of(N as u64) {
             return self.load_aligned::<N>(addr);
         }
         let mut v = 0u64;
@@ -142,7 +142,7 @@ impl OnCpu<'_> {
     }
 
     fn store_n<const N: usize>(&self, addr: u64, v: u64) -> KResult<()> {
-        if addr % N as u64 == 0 {
+        if addr.is_multiple_of(N as u64) {
             return self.store_aligned::<N>(addr, v);
         }
         for i in 0..N as u64 {
