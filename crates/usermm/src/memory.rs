@@ -1029,3 +1029,69 @@ fn pt_free_tlb(oncpu: &OnCpu, tlb: &mut MmuGather, table: Pfn, addr: u64) {
     tlb.cleared_pmds = true;
     tlb.remove_table(oncpu, table);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pgtable::{entry::_PAGE_UFFD_WP, table_alloc, Pgprot};
+    use crate::{Machine, MachineConfig};
+
+    /// A PTE table whose entries 100.. map the 16 pages of an order-4
+    /// folio, writable, dirty and young like a fresh fault's.
+    fn setup() -> (std::sync::Arc<Machine>, Pfn, Folio) {
+        let m = Machine::new(MachineConfig::single_node(16 << 20, 1)).unwrap();
+        let mem = m.mem.clone();
+        let table = table_alloc(&mem, 0, 0).unwrap();
+        let folio = mem.folio_alloc(0, 4, 0, false, false).unwrap();
+        let pte = Pte::new(folio.pfn(), Pgprot::READONLY)
+            .mkwrite()
+            .mkdirty()
+            .mkyoung();
+        for i in 0..16 {
+            entry_set(&mem, table, 100 + i, pte.advance_pfn(i as u64).0);
+        }
+        (m, table, folio)
+    }
+
+    fn pte_at(m: &Machine, table: Pfn, idx: usize) -> Pte {
+        Pte(entry_get(&m.mem, table, idx))
+    }
+
+    #[test]
+    fn folio_pte_batch_stops_at_the_folio_and_at_max_nr() {
+        let (m, t, f) = setup();
+        // Two more entries after the folio map the next PFNs: never batched.
+        let next = pte_at(&m, t, 115).advance_pfn(1);
+        entry_set(&m.mem, t, 116, next.0);
+        entry_set(&m.mem, t, 117, next.advance_pfn(1).0);
+        let b = |idx, max| folio_pte_batch(&m.mem, f, t, idx, pte_at(&m, t, idx), max, 0).0;
+        // The caller's bound is the end of its range in this table.
+        assert_eq!(b(100, 412), 16, "clamped to the folio's end");
+        assert_eq!(b(104, 408), 12, "from the middle, to the end");
+        assert_eq!(b(100, 5), 5, "bounded by the caller");
+        assert_eq!(b(115, 397), 1);
+    }
+
+    #[test]
+    fn folio_pte_batch_compares_all_bits_but_the_ignored() {
+        let (m, t, f) = setup();
+        let mem = &m.mem;
+        // Accessed and writable may differ; writable is reported.
+        entry_set(mem, t, 103, pte_at(&m, t, 103).mkold().wrprotect().0);
+        let first = pte_at(&m, t, 100).wrprotect();
+        entry_set(mem, t, 100, first.0);
+        let (nr, any_writable) = folio_pte_batch(mem, f, t, 100, first, 16, 0);
+        assert_eq!((nr, any_writable), (16, true));
+        // Dirty differs: a batch only when told to ignore it.
+        entry_set(mem, t, 106, pte_at(&m, t, 106).mkclean().0);
+        assert_eq!(folio_pte_batch(mem, f, t, 100, first, 16, 0).0, 6);
+        let flags = FPB_IGNORE_DIRTY | FPB_IGNORE_SOFT_DIRTY;
+        assert_eq!(folio_pte_batch(mem, f, t, 100, first, 16, flags).0, 16);
+        // uffd-wp must agree, whatever the flags.
+        entry_set(mem, t, 110, pte_at(&m, t, 110).0 | _PAGE_UFFD_WP);
+        assert_eq!(folio_pte_batch(mem, f, t, 100, first, 16, flags).0, 10);
+        // A none entry ends the batch.
+        entry_set(mem, t, 108, 0);
+        assert_eq!(folio_pte_batch(mem, f, t, 100, first, 16, flags).0, 8);
+    }
+}

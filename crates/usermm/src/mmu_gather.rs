@@ -366,6 +366,117 @@ mod tests {
         assert_eq!((512u64 << 2) & 3, 0);
     }
 
+    use crate::mm::MmCounter;
+    use crate::mmap::{MAP_ANONYMOUS, MAP_PRIVATE, PROT_READ, PROT_WRITE};
+    use crate::pgtable::{entry_get, entry_get_and_clear, pte_index, Pte};
+    use crate::{Machine, MachineConfig};
+
+    /// Zap `nr` present PTEs from `addr` (one PTE table) into `tlb` with
+    /// delayed rmap removal, as a dirty file folio would be; flush as
+    /// zap_pte_range does when the gather fills. Returns how many PTEs were
+    /// queued before the gather first reported full.
+    fn zap_delayed(oncpu: &OnCpu, tlb: &mut MmuGather, addr: u64, nr: u64) -> Option<u64> {
+        let mm = tlb.mm;
+        let mem = oncpu.mem();
+        let slot = mm.pmd_lookup(addr).unwrap();
+        let locked = mm.pte_offset_map_lock(slot).unwrap();
+        let mut first_full = None;
+        for i in 0..nr {
+            let idx = pte_index(addr) + i as usize;
+            let pte = Pte(entry_get_and_clear(mem, locked.table, idx));
+            tlb.remove_tlb_entries(addr + i * PAGE_SIZE, 1);
+            mm.add_rss(MmCounter::AnonPages, -1);
+            if tlb.remove_folio_pages(pte.pfn(), 1, true) {
+                first_full.get_or_insert(i + 1);
+                // Under the PTL: invalidate, then the delayed rmaps.
+                tlb.flush_mmu_tlbonly(oncpu);
+                tlb.flush_rmaps(oncpu);
+                assert!(!tlb.delayed_rmap);
+                tlb.batch_pages_flush(oncpu);
+            }
+        }
+        tlb.flush_mmu_tlbonly(oncpu);
+        tlb.flush_rmaps(oncpu);
+        drop(locked);
+        first_full
+    }
+
+    #[test]
+    fn delayed_rmap_is_removed_only_after_the_flush() {
+        let m = Machine::new(MachineConfig::single_node(64 << 20, 1)).unwrap();
+        let c = m.bind(0).unwrap();
+        let mm = c.new_mm().unwrap();
+        m.thp.only_order(4);
+        let a = c
+            .mmap(
+                0,
+                1 << 20,
+                PROT_READ | PROT_WRITE,
+                MAP_PRIVATE | MAP_ANONYMOUS,
+            )
+            .unwrap();
+        c.touch_pages(a, a + (64 << 10), 1).unwrap();
+        let mem = c.mem();
+        let slot = mm.pmd_lookup(a).unwrap();
+        let pfn = Pte(entry_get(mem, mm.pmd_get(slot).table_pfn(), pte_index(a))).pfn();
+        let folio = mem.page_folio(pfn);
+        let mut tlb = MmuGather::new(&mm);
+        {
+            let locked = mm.pte_offset_map_lock(slot).unwrap();
+            for i in 0..16 {
+                entry_get_and_clear(mem, locked.table, pte_index(a) + i);
+            }
+            tlb.remove_tlb_entries(a, 16);
+            mm.add_rss(MmCounter::AnonPages, -16);
+            assert!(!tlb.remove_folio_pages(pfn, 16, true));
+            assert_eq!(folio.mapcount(mem), 16, "the rmap waits for the flush");
+            tlb.flush_mmu_tlbonly(&c);
+            assert_eq!(folio.mapcount(mem), 16);
+            tlb.flush_rmaps(&c);
+            assert_eq!(folio.mapcount(mem), 0, "removed once flushed");
+            assert_eq!(
+                folio.ref_count(mem),
+                16,
+                "references go only with the pages"
+            );
+        }
+        tlb.finish(&c);
+        m.rcu_barrier();
+        crate::check::check_invariants(&m).unwrap();
+    }
+
+    #[test]
+    fn delayed_rmaps_bound_the_gather_to_local_plus_one_batch() {
+        let m = Machine::new(MachineConfig::single_node(64 << 20, 1)).unwrap();
+        let c = m.bind(0).unwrap();
+        let mm = c.new_mm().unwrap();
+        let a = c
+            .mmap(
+                0,
+                4 << 20,
+                PROT_READ | PROT_WRITE,
+                MAP_PRIVATE | MAP_ANONYMOUS,
+            )
+            .unwrap();
+        assert_eq!(a % (2 << 20), 0);
+        c.touch_pages(a, a + (4 << 20), 1).unwrap();
+        let mut tlb = MmuGather::new(&mm);
+        // Single-page entries, one slot each, room for a two-slot entry kept
+        // free: the local bundle and one batch page hold 7 + 509, never a
+        // third batch (without delayed rmaps the gather grows to 19 more).
+        assert_eq!(zap_delayed(&c, &mut tlb, a, 512), None);
+        let limit = (MMU_GATHER_BUNDLE - 1 + MAX_GATHER_BATCH - 1) as u64;
+        assert_eq!(
+            zap_delayed(&c, &mut tlb, a + (2 << 20), 512),
+            Some(limit - 512)
+        );
+        assert_eq!(tlb.nr_batches(), 2);
+        tlb.finish(&c);
+        assert_eq!(mm.get_rss(MmCounter::AnonPages), 0);
+        m.rcu_barrier();
+        crate::check::check_invariants(&m).unwrap();
+    }
+
     #[test]
     fn constants_match_x86_64() {
         assert_eq!(MAX_GATHER_BATCH, 510);
