@@ -205,6 +205,10 @@ pub fn run(a: &BenchArgs, op: Op) -> anyhow::Result<Vec<Row>> {
 /// Populate a fresh process with folios of the case's size, then time `op`
 /// with batching `on`. Everything is torn down before returning.
 fn engine_once(m: &Machine, op: Op, case: Case, len: u64, on: bool) -> anyhow::Result<f64> {
+    // Start every arm from the same allocator state: everything in the
+    // buddy lists, none on the per-CPU lists (contiguity otherwise depends
+    // on which arm ran before).
+    m.mem.drain_all_pages();
     let c = m.bind(0).map_err(|e| anyhow!("bind: {e}"))?;
     c.new_mm().map_err(|e| anyhow!("mm: {e}"))?;
     let addr = engine_populate(m, &c, case, len)?;

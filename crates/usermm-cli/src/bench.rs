@@ -16,7 +16,7 @@ pub struct BenchArgs {
     /// Experiment: fault, munmap, dontneed or fork. All when omitted.
     pub name: Option<String>,
     /// Runs per size; medians are reported.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 7)]
     pub runs: usize,
     /// Region size in MiB.
     #[arg(long, default_value_t = 1024)]

@@ -9,7 +9,8 @@
 //! 5. [`cpu`]: CPUs with software TLBs and shootdowns.
 //! 6. Operations: [`memory`] (faults, zap, copy), [`mmu_gather`], [`mmap`], [`fork`],
 //!    [`mprotect`], [`madvise`], [`uaccess`] (loads and stores).
-//! 7. Statistics: [`vmstat`], [`stat`]; and the oracles in [`check`].
+//! 7. Statistics: [`vmstat`], [`proc`] (status and smaps); and the oracles in
+//!    [`check`].
 
 pub mod errno;
 pub mod phys;
@@ -31,5 +32,6 @@ pub mod memory;
 pub mod mmap;
 pub mod mmu_gather;
 pub mod mprotect;
+pub mod proc;
 pub mod syscalls;
 pub mod uaccess;

@@ -1,0 +1,270 @@
+//! Per-process memory figures as `/proc/<pid>/status` and
+//! `/proc/<pid>/smaps` give them (fs/proc/task_mmu.c: `task_mem`,
+//! `smaps_account`).
+//!
+//! [`status`] reads the mm's counters; [`smaps`] walks each VMA's page tables
+//! with mmap_lock held for reading and each table's lock held while it is
+//! read, and accounts every page as `smaps_account` does: the zero page
+//! (small or huge) counts nowhere, a page mapped more than once is shared and
+//! contributes to PSS in proportion.
+
+use serde::Serialize;
+
+use crate::mm::vma::{VM_EXEC, VM_MAYSHARE, VM_READ, VM_WRITE};
+use crate::mm::{Mm, MmCounter, Vma};
+use crate::pgtable::{addr_end, entry_get, pte_index, Pte, PMD_SIZE, PUD_SIZE};
+use crate::phys::memmap::pg;
+use crate::phys::{folio, Folio, PhysMem, PAGE_SIZE};
+use crate::sync::Ordering;
+
+/// The memory lines of `/proc/<pid>/status`, in kB.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Status {
+    pub vm_size: u64,
+    pub vm_hwm: u64,
+    pub vm_rss: u64,
+    pub rss_anon: u64,
+    pub rss_file: u64,
+    pub rss_shmem: u64,
+    pub vm_pte: u64,
+}
+
+/// `task_mem`.
+pub fn status(mm: &Mm) -> Status {
+    let kb = |pages: i64| (pages.max(0) as u64) << 2;
+    let rss = mm.rss_pages();
+    Status {
+        vm_size: kb(mm.total_vm.load(Ordering::Relaxed) as i64),
+        vm_hwm: kb(mm.hiwater_rss.load(Ordering::Relaxed).max(rss)),
+        vm_rss: kb(rss),
+        rss_anon: kb(mm.get_rss(MmCounter::AnonPages)),
+        rss_file: kb(mm.get_rss(MmCounter::FilePages)),
+        rss_shmem: kb(mm.get_rss(MmCounter::ShmemPages)),
+        vm_pte: (mm.pgtables_bytes.load(Ordering::Relaxed).max(0) as u64) >> 10,
+    }
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (name, v) in [
+            ("VmSize", self.vm_size),
+            ("VmHWM", self.vm_hwm),
+            ("VmRSS", self.vm_rss),
+            ("RssAnon", self.rss_anon),
+            ("RssFile", self.rss_file),
+            ("RssShmem", self.rss_shmem),
+            ("VmPTE", self.vm_pte),
+        ] {
+            writeln!(f, "{:<12}{:>8} kB", format!("{name}:"), v)?;
+        }
+        Ok(())
+    }
+}
+
+/// One VMA's `/proc/<pid>/smaps` entry (sizes in kB).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Smaps {
+    pub start: u64,
+    pub end: u64,
+    /// `rw-p` and so on.
+    pub perms: String,
+    pub size: u64,
+    pub rss: u64,
+    pub pss: u64,
+    pub shared_clean: u64,
+    pub shared_dirty: u64,
+    pub private_clean: u64,
+    pub private_dirty: u64,
+    pub referenced: u64,
+    pub anonymous: u64,
+    pub lazy_free: u64,
+    pub anon_huge_pages: u64,
+}
+
+/// `struct mem_size_stats`, in bytes; PSS carries [`PSS_SHIFT`] more bits.
+#[derive(Default)]
+struct MemSizeStats {
+    resident: u64,
+    pss: u64,
+    shared_clean: u64,
+    shared_dirty: u64,
+    private_clean: u64,
+    private_dirty: u64,
+    referenced: u64,
+    anonymous: u64,
+    lazyfree: u64,
+    anonymous_thp: u64,
+}
+
+const PSS_SHIFT: u32 = 12;
+
+impl MemSizeStats {
+    /// `smaps_page_accumulate`.
+    fn page_accumulate(&mut self, size: u64, pss: u64, dirty: bool, private: bool) {
+        self.pss += pss;
+        match (private, dirty) {
+            (true, true) => self.private_dirty += size,
+            (true, false) => self.private_clean += size,
+            (false, true) => self.shared_dirty += size,
+            (false, false) => self.shared_clean += size,
+        }
+    }
+
+    /// `smaps_account`: `nr` pages from `page` (all of the folio when it is
+    /// mapped by a PMD), mapped with the given accessed and dirty bits.
+    fn account(&mut self, mem: &PhysMem, page: u64, nr: u64, young: bool, dirty: bool) {
+        let f = mem.page_folio(page);
+        let size = nr * PAGE_SIZE;
+        if f.test_anon(mem) {
+            self.anonymous += size;
+            if !f.head(mem).test(pg::SWAPBACKED) && !dirty {
+                self.lazyfree += size;
+            }
+        }
+        self.resident += size;
+        if young {
+            self.referenced += size;
+        }
+        // A refcount of one means a single mapping, whatever the pages.
+        if f.ref_count(mem) == 1 {
+            self.page_accumulate(size, size << PSS_SHIFT, dirty, true);
+            return;
+        }
+        for p in page..page + nr {
+            let mapcount = folio::page_mapcount(mem, p).max(1) as u64;
+            let pss = (PAGE_SIZE << PSS_SHIFT) / mapcount;
+            self.page_accumulate(PAGE_SIZE, pss, dirty, mapcount < 2);
+        }
+    }
+}
+
+fn perms(vma: &Vma) -> String {
+    let f = vma.flags();
+    let c = |bit, ch| if f & bit != 0 { ch } else { '-' };
+    [
+        c(VM_READ, 'r'),
+        c(VM_WRITE, 'w'),
+        c(VM_EXEC, 'x'),
+        if f & VM_MAYSHARE != 0 { 's' } else { 'p' },
+    ]
+    .iter()
+    .collect()
+}
+
+/// `show_smap` for every VMA of `mm`.
+pub fn smaps(mm: &Mm) -> Vec<Smaps> {
+    let _g = mm.mmap_lock.read();
+    let guard = crossbeam_epoch::pin();
+    mm.vma_tree(&guard)
+        .vmas
+        .iter()
+        .map(|vma| smap_vma(mm, vma))
+        .collect()
+}
+
+/// `/proc/<pid>/smaps_rollup`: the sum over all VMAs.
+pub fn smaps_rollup(mm: &Mm) -> Smaps {
+    let mut r = Smaps {
+        perms: "---p".into(),
+        ..Smaps::default()
+    };
+    for s in smaps(mm) {
+        r.start = if r.size == 0 {
+            s.start
+        } else {
+            r.start.min(s.start)
+        };
+        r.end = r.end.max(s.end);
+        r.size += s.size;
+        r.rss += s.rss;
+        r.pss += s.pss;
+        r.shared_clean += s.shared_clean;
+        r.shared_dirty += s.shared_dirty;
+        r.private_clean += s.private_clean;
+        r.private_dirty += s.private_dirty;
+        r.referenced += s.referenced;
+        r.anonymous += s.anonymous;
+        r.lazy_free += s.lazy_free;
+        r.anon_huge_pages += s.anon_huge_pages;
+    }
+    r
+}
+
+fn smap_vma(mm: &Mm, vma: &Vma) -> Smaps {
+    let mem = &mm.mem;
+    let mut mss = MemSizeStats::default();
+    let (start, end) = (vma.start(), vma.end());
+    let mut addr = start;
+    while addr < end {
+        let next = addr_end(addr, end, PMD_SIZE);
+        let Some(slot) = mm.pmd_lookup(addr) else {
+            addr = addr_end(addr, end, PUD_SIZE);
+            continue;
+        };
+        let ptl = mm.pmd_lock(slot);
+        let pmd = mm.pmd_get(slot);
+        if pmd.trans_huge() {
+            // smaps_pmd_entry; the huge zero page counts nowhere.
+            if !pmd.special() {
+                let nr = 1u64 << crate::phys::HPAGE_PMD_ORDER;
+                mss.account(mem, pmd.pfn(), nr, pmd.young(), pmd.dirty());
+                if Folio(pmd.pfn()).test_anon(mem) {
+                    mss.anonymous_thp += nr * PAGE_SIZE;
+                }
+            }
+            drop(ptl);
+            addr = next;
+            continue;
+        }
+        drop(ptl);
+        if let Some(locked) = mm.pte_offset_map_lock(slot) {
+            for a in (addr..next).step_by(PAGE_SIZE as usize) {
+                let pte = Pte(entry_get(mem, locked.table, pte_index(a)));
+                // smaps_pte_entry: vm_normal_page skips the zero page.
+                if pte.present() && !pte.special() {
+                    mss.account(mem, pte.pfn(), 1, pte.young(), pte.dirty());
+                }
+            }
+        }
+        addr = next;
+    }
+    let kb = |b: u64| b >> 10;
+    Smaps {
+        start,
+        end,
+        perms: perms(vma),
+        size: kb(end - start),
+        rss: kb(mss.resident),
+        pss: kb(mss.pss >> PSS_SHIFT),
+        shared_clean: kb(mss.shared_clean),
+        shared_dirty: kb(mss.shared_dirty),
+        private_clean: kb(mss.private_clean),
+        private_dirty: kb(mss.private_dirty),
+        referenced: kb(mss.referenced),
+        anonymous: kb(mss.anonymous),
+        lazy_free: kb(mss.lazyfree),
+        anon_huge_pages: kb(mss.anonymous_thp),
+    }
+}
+
+impl std::fmt::Display for Smaps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "{:08x}-{:08x} {}", self.start, self.end, self.perms)?;
+        for (name, v) in [
+            ("Size", self.size),
+            ("Rss", self.rss),
+            ("Pss", self.pss),
+            ("Shared_Clean", self.shared_clean),
+            ("Shared_Dirty", self.shared_dirty),
+            ("Private_Clean", self.private_clean),
+            ("Private_Dirty", self.private_dirty),
+            ("Referenced", self.referenced),
+            ("Anonymous", self.anonymous),
+            ("LazyFree", self.lazy_free),
+            ("AnonHugePages", self.anon_huge_pages),
+        ] {
+            writeln!(f, "{:<16}{:>8} kB", format!("{name}:"), v)?;
+        }
+        Ok(())
+    }
+}
