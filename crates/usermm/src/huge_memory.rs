@@ -3,8 +3,15 @@
 //! A 2 MiB anonymous folio mapped by one PMD entry. As in the kernel, a PTE
 //! table is allocated with it and *deposited* under the PMD (and counted in
 //! `pgtables_bytes`), so that splitting the PMD later never needs to
-//! allocate. The deposit list hangs off the PMD table's descriptor
-//! (`pmd_huge_pte`), linked through the deposited tables' `private`.
+//! allocate.
+//!
+//! A read fault in such a range maps the *huge zero page* the same way,
+//! read-only and special (no reference, no RSS). A write to it gets a THP in
+//! place (`do_huge_zero_wp_pmd`, v6.12), or, failing that, the PMD is split
+//! into 512 entries of the small zero page and the write is retried there.
+//!
+//! The deposit list hangs off the PMD table's descriptor (`pmd_huge_pte`),
+//! linked through the deposited tables' `private`.
 
 use crate::errno::{Errno, KResult};
 use crate::machine::OnCpu;
@@ -46,16 +53,21 @@ pub enum HugeFault {
     Fallback,
 }
 
-/// `do_huge_pmd_anonymous_page` for a write fault on an empty PMD.
+/// `do_huge_pmd_anonymous_page`: a fault on an empty PMD of a THP-eligible
+/// range. A read maps the huge zero page; a write allocates a THP.
 pub fn do_huge_pmd_anonymous_page(
     oncpu: &OnCpu,
     mm: &Arc<Mm>,
     vma: &Vma,
     slot: PmdSlot,
     addr: u64,
+    write: bool,
 ) -> KResult<HugeFault> {
     let mem = oncpu.mem();
     let haddr = addr & PMD_MASK;
+    if !write {
+        return do_huge_zero_pmd(oncpu, mm, vma, slot);
+    }
     let Some(folio) = mem.folio_alloc(mm.home_node, HPAGE_PMD_ORDER, oncpu.id(), true, false)
     else {
         oncpu
@@ -92,11 +104,111 @@ pub fn do_huge_pmd_anonymous_page(
     Ok(HugeFault::Done)
 }
 
+/// The read-fault half of `do_huge_pmd_anonymous_page`: map the huge zero
+/// page read-only with a deposited table (`set_huge_zero_folio`). No RSS, no
+/// reference: the zero folio belongs to no one.
+fn do_huge_zero_pmd(oncpu: &OnCpu, mm: &Mm, vma: &Vma, slot: PmdSlot) -> KResult<HugeFault> {
+    let mem = oncpu.mem();
+    if !oncpu.m.thp.use_zero_page.load(Ordering::Relaxed) {
+        return Ok(HugeFault::Fallback);
+    }
+    let Some(zero) = oncpu.m.huge_zero_pfn(oncpu.id()) else {
+        return Ok(HugeFault::Fallback);
+    };
+    let pgtable = table_alloc(mem, mm.home_node, oncpu.id()).ok_or(Errno::ENOMEM)?;
+    let ptl = mm.pmd_lock(slot);
+    if !mm.pmd_get(slot).none() {
+        drop(ptl);
+        table_free(mem, pgtable, oncpu.id());
+        return Ok(HugeFault::Done);
+    }
+    set_huge_zero_pmd(mem, mm, slot, pgtable, zero, vma.page_prot());
+    Ok(HugeFault::Done)
+}
+
+/// `set_huge_zero_folio`. PMD lock held.
+fn set_huge_zero_pmd(
+    mem: &PhysMem,
+    mm: &Mm,
+    slot: PmdSlot,
+    pgtable: Pfn,
+    zero: Pfn,
+    prot: crate::pgtable::Pgprot,
+) {
+    deposit(mem, slot, pgtable);
+    mm.pmd_set(slot, Pmd::huge(zero, prot).wrprotect().mkspecial());
+    mm.inc_nr_tables();
+}
+
+/// `is_huge_zero_pmd`.
+#[inline]
+pub fn is_huge_zero_pmd(oncpu: &OnCpu, pmd: Pmd) -> bool {
+    pmd.trans_huge() && pmd.special() && oncpu.m.is_huge_zero_pfn(pmd.pfn())
+}
+
+/// `do_huge_zero_wp_pmd` (v6.12): a write to the huge zero page gets a THP
+/// of its own in place, reusing the deposited table; if none can be had,
+/// the caller splits the PMD into zero-page PTEs and retries.
+fn do_huge_zero_wp_pmd(
+    oncpu: &OnCpu,
+    mm: &Arc<Mm>,
+    vma: &Arc<Vma>,
+    slot: PmdSlot,
+    pmd: Pmd,
+    haddr: u64,
+) -> HugeFault {
+    let mem = oncpu.mem();
+    crate::rmap::anon_vma_prepare(vma);
+    let Some(folio) = mem.folio_alloc(mm.home_node, HPAGE_PMD_ORDER, oncpu.id(), true, false)
+    else {
+        oncpu
+            .vmstat()
+            .count(oncpu.id(), Event::THP_FAULT_FALLBACK, 1);
+        return HugeFault::Fallback;
+    };
+    let ptl = mm.pmd_lock(slot);
+    if mm.pmd_get(slot) != pmd {
+        drop(ptl);
+        folio.put(mem, oncpu.id());
+        return HugeFault::Done;
+    }
+    // pmdp_huge_clear_flush: nobody may keep reading zeros through the old
+    // translation once the new folio is written.
+    crate::pgtable::entry_get_and_clear(mem, slot.table, slot.idx);
+    oncpu.flush_tlb_range(mm, haddr, haddr + PMD_SIZE, crate::pgtable::PMD_SHIFT);
+    rmap::folio_add_new_anon_rmap(mem, folio, vma, haddr, true, true);
+    let mut new = Pmd::huge(folio.pfn(), vma.page_prot()).mkdirty().mkyoung();
+    if vma.flags() & crate::mm::vma::VM_WRITE != 0 {
+        new = new.mkwrite();
+    }
+    mm.pmd_set(slot, new);
+    mm.add_rss(MmCounter::AnonPages, HPAGE_PMD_NR as i64);
+    drop(ptl);
+    oncpu.vmstat().count(oncpu.id(), Event::THP_FAULT_ALLOC, 1);
+    mem.vmstat
+        .mod_mthp(HPAGE_PMD_ORDER, MthpStat::ANON_FAULT_ALLOC, 1);
+    HugeFault::Done
+}
+
 /// `do_huge_pmd_wp_page`: a write to a read-only huge PMD. Reuse the folio
 /// if this mapping is exclusive, else split the PMD and let the PTE-level
 /// COW handle the page (the kernel's fallback).
-pub fn do_huge_pmd_wp_page(oncpu: &OnCpu, mm: &Arc<Mm>, slot: PmdSlot, addr: u64) -> HugeFault {
+pub fn do_huge_pmd_wp_page(
+    oncpu: &OnCpu,
+    mm: &Arc<Mm>,
+    vma: &Arc<Vma>,
+    slot: PmdSlot,
+    addr: u64,
+) -> HugeFault {
     let mem = oncpu.mem();
+    let pmd = mm.pmd_get(slot);
+    if is_huge_zero_pmd(oncpu, pmd) {
+        if let HugeFault::Done = do_huge_zero_wp_pmd(oncpu, mm, vma, slot, pmd, addr & PMD_MASK) {
+            return HugeFault::Done;
+        }
+        split_huge_pmd(oncpu, mm, slot, addr);
+        return HugeFault::Fallback;
+    }
     let ptl = mm.pmd_lock(slot);
     let pmd = mm.pmd_get(slot);
     if !pmd.trans_huge() || pmd.write() {
@@ -137,6 +249,14 @@ pub fn copy_huge_pmd(
         return Ok(false);
     }
     debug_assert!(dst_mm.pmd_get(dst_slot).none(), "fork into a populated PMD");
+    if is_huge_zero_pmd(oncpu, pmd) {
+        // The child maps the huge zero page too; the parent's entry is
+        // read-only already.
+        deposit(mem, dst_slot, pgtable);
+        dst_mm.pmd_set(dst_slot, pmd.mkold());
+        dst_mm.inc_nr_tables();
+        return Ok(true);
+    }
     let folio = Folio(pmd.pfn());
     folio.get(mem);
     rmap::folio_dup_anon_rmap_pmd(mem, folio);
@@ -170,6 +290,12 @@ pub fn zap_huge_pmd(oncpu: &OnCpu, tlb: &mut MmuGather, mm: &Mm, slot: PmdSlot, 
     tlb.remove_pmd_tlb_entry(addr);
     let table = withdraw(mem, slot);
     mm.dec_nr_tables();
+    if is_huge_zero_pmd(oncpu, pmd) {
+        // zap_deposited_table: nothing mapped to count or free.
+        drop(ptl);
+        tlb.remove_table(oncpu, table);
+        return true;
+    }
     let folio = Folio(pmd.pfn());
     rmap::folio_remove_rmap_pmd(mem, folio, oncpu.id());
     mm.add_rss(MmCounter::AnonPages, -(HPAGE_PMD_NR as i64));
@@ -200,6 +326,17 @@ pub fn split_huge_pmd(oncpu: &OnCpu, mm: &Arc<Mm>, slot: PmdSlot, addr: u64) {
     ));
     oncpu.flush_tlb_range(mm, haddr, haddr + PMD_SIZE, crate::pgtable::PMD_SHIFT);
     let table = withdraw(mem, slot);
+    if is_huge_zero_pmd(oncpu, old) {
+        // __split_huge_zero_page_pmd: 512 entries of the small zero page.
+        let zero = old.leaf_pte(oncpu.m.zero_pfn);
+        for i in 0..HPAGE_PMD_NR as usize {
+            entry_set(mem, table, i, zero.0);
+        }
+        mm.pmd_set(slot, Pmd::table(table));
+        drop(ptl);
+        oncpu.vmstat().count(oncpu.id(), Event::THP_SPLIT_PMD, 1);
+        return;
+    }
     let folio = Folio(old.pfn());
     for i in 0..HPAGE_PMD_NR {
         entry_set(mem, table, i as usize, old.leaf_pte(folio.pfn() + i).0);

@@ -83,6 +83,9 @@ impl ThpMode {
 pub struct ThpKnobs {
     enabled: AtomicU8,
     per_order: [AtomicU8; 10],
+    /// `transparent_hugepage/use_zero_page`: read faults in THP-eligible
+    /// ranges map the huge zero page.
+    pub use_zero_page: AtomicBool,
 }
 
 impl Default for ThpKnobs {
@@ -92,6 +95,7 @@ impl Default for ThpKnobs {
         let k = ThpKnobs {
             enabled: AtomicU8::new(ThpMode::Madvise as u8),
             per_order: std::array::from_fn(|_| AtomicU8::new(ThpMode::Never as u8)),
+            use_zero_page: AtomicBool::new(true),
         };
         k.per_order[crate::phys::HPAGE_PMD_ORDER as usize]
             .store(ThpMode::Inherit as u8, Ordering::Relaxed);
@@ -184,6 +188,9 @@ pub struct Machine {
     pub tunables: Tunables,
     /// The shared zero page (`ZERO_PAGE(0)`).
     pub zero_pfn: Pfn,
+    /// The huge zero folio, allocated on first use (`get_huge_zero_folio`);
+    /// None inside if that allocation failed.
+    huge_zero: std::sync::OnceLock<Option<Pfn>>,
     mms: Mutex<Vec<std::sync::Weak<Mm>>>,
     pub config: MachineConfig,
 }
@@ -221,6 +228,7 @@ impl Machine {
             thp: ThpKnobs::default(),
             tunables: Tunables::default(),
             zero_pfn,
+            huge_zero: std::sync::OnceLock::new(),
             mms: Mutex::new(Vec::new()),
             config,
         }))
@@ -241,6 +249,32 @@ impl Machine {
             cpu,
             _not_send: PhantomData,
         })
+    }
+
+    /// `get_huge_zero_folio`: the PMD-sized zero folio, allocated and
+    /// zeroed on first use; None if it cannot be allocated.
+    pub fn huge_zero_pfn(&self, cpu: usize) -> Option<Pfn> {
+        *self.huge_zero.get_or_init(|| {
+            let order = crate::phys::HPAGE_PMD_ORDER;
+            match self.mem.folio_alloc(0, order, cpu, true, false) {
+                Some(f) => {
+                    self.mem.page(f.pfn()).set(pg::ZERO);
+                    self.vmstat()
+                        .count(cpu, crate::vmstat::Event::THP_ZERO_PAGE_ALLOC, 1);
+                    Some(f.pfn())
+                }
+                None => {
+                    self.vmstat()
+                        .count(cpu, crate::vmstat::Event::THP_ZERO_PAGE_ALLOC_FAILED, 1);
+                    None
+                }
+            }
+        })
+    }
+
+    /// `is_huge_zero_pfn`.
+    pub fn is_huge_zero_pfn(&self, pfn: Pfn) -> bool {
+        self.huge_zero.get().copied().flatten() == Some(pfn)
     }
 
     /// Every live address space.

@@ -109,13 +109,14 @@ pub fn handle_mm_fault(
     loop {
         let pmd = mm.pmd_get(slot);
         if pmd.none()
-            && flags.write
             && thp_vma_allowable_orders(oncpu, vma, 1 << HPAGE_PMD_ORDER) != 0
             && thp_vma_suitable_order(vma, addr, HPAGE_PMD_ORDER)
         {
-            anon_vma_prepare(vma);
+            if flags.write {
+                anon_vma_prepare(vma);
+            }
             if let HugeFault::Done =
-                huge_memory::do_huge_pmd_anonymous_page(oncpu, mm, vma, slot, addr)?
+                huge_memory::do_huge_pmd_anonymous_page(oncpu, mm, vma, slot, addr, flags.write)?
             {
                 return Ok(());
             }
@@ -123,7 +124,8 @@ pub fn handle_mm_fault(
         let pmd = mm.pmd_get(slot);
         if pmd.trans_huge() {
             if flags.write && !pmd.write() {
-                if let HugeFault::Fallback = huge_memory::do_huge_pmd_wp_page(oncpu, mm, slot, addr)
+                if let HugeFault::Fallback =
+                    huge_memory::do_huge_pmd_wp_page(oncpu, mm, vma, slot, addr)
                 {
                     continue;
                 }

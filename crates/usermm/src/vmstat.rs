@@ -38,6 +38,8 @@ counters! {
         THP_FAULT_ALLOC => "thp_fault_alloc",
         THP_FAULT_FALLBACK => "thp_fault_fallback",
         THP_SPLIT_PMD => "thp_split_pmd",
+        THP_ZERO_PAGE_ALLOC => "thp_zero_page_alloc",
+        THP_ZERO_PAGE_ALLOC_FAILED => "thp_zero_page_alloc_failed",
         THP_DEFERRED_SPLIT_PAGE => "thp_deferred_split_page",
         PGLAZYFREE => "pglazyfree",
         NR_TLB_REMOTE_FLUSH => "nr_tlb_remote_flush",

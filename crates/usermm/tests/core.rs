@@ -175,3 +175,55 @@ fn dontneed_zero_fills_and_free_keeps_contents() {
     assert_eq!(mm.rss_pages(), 4);
     check_invariants(&m).unwrap();
 }
+
+/// A read fault in a THP-eligible range maps the huge zero page: no RSS,
+/// one deposited table; a write then gets a THP in place. Split by
+/// mprotect, it becomes 512 entries of the small zero page; fork shares it.
+#[test]
+fn huge_zero_page() {
+    use usermm::proc::{smaps_rollup, status};
+    let m = machine();
+    let c = m.bind(0).unwrap();
+    let mm = c.new_mm().unwrap();
+    let a = c.mmap(0, 6 << 20, RW, ANON).unwrap();
+    c.madvise(a, 6 << 20, MADV_HUGEPAGE).unwrap();
+    for i in 0..3u64 {
+        assert_eq!(c.load_u64(a + i * (2 << 20) + 8).unwrap(), 0);
+    }
+    check_invariants(&m).unwrap();
+    let s = status(&mm);
+    // Three deposited tables, a PMD table and a PUD table; nothing resident.
+    assert_eq!((s.vm_rss, s.vm_pte), (0, 20));
+    assert_eq!(
+        m.vmstat().event(usermm::vmstat::Event::THP_ZERO_PAGE_ALLOC),
+        1
+    );
+    // A write to the first gets a THP of its own.
+    c.store_u64(a + 16, 5).unwrap();
+    assert_eq!(c.load_u64(a + 16).unwrap(), 5);
+    assert_eq!(smaps_rollup(&mm).anon_huge_pages, 2048);
+    check_invariants(&m).unwrap();
+    // Split the second by mprotect: zero-page PTEs, still nothing resident.
+    c.mprotect(a + (2 << 20) + 4096, 4096, PROT_READ).unwrap();
+    assert_eq!(c.load_u64(a + (2 << 20) + 4096).unwrap(), 0);
+    assert_eq!(status(&mm).vm_rss, 2048);
+    check_invariants(&m).unwrap();
+    // mprotect of a whole huge zero PMD keeps it the huge zero page.
+    c.mprotect(a + (4 << 20), 2 << 20, PROT_READ).unwrap();
+    c.mprotect(a + (4 << 20), 2 << 20, RW).unwrap();
+    check_invariants(&m).unwrap();
+    // Fork shares the third; the child's write is its own.
+    let child = c.fork().unwrap();
+    assert_eq!(status(&child).vm_pte, status(&mm).vm_pte);
+    c.switch_mm(&child);
+    c.store_u64(a + (4 << 20), 9).unwrap();
+    c.exit_mm().unwrap();
+    c.switch_mm(&mm);
+    assert_eq!(c.load_u64(a + (4 << 20)).unwrap(), 0);
+    m.rcu_barrier();
+    check_invariants(&m).unwrap();
+    c.munmap(a, 6 << 20).unwrap();
+    m.rcu_barrier();
+    check_invariants(&m).unwrap();
+    assert_eq!(status(&mm).vm_pte, 0);
+}

@@ -153,6 +153,17 @@ fn check_mm(m: &Machine, mm: &Arc<Mm>, ex: &mut Expect, leaves: &mut Leaves) -> 
                     continue;
                 }
                 tables += 1;
+                if pm.trans_huge() && pm.special() {
+                    if !m.is_huge_zero_pfn(pm.pfn()) || pm.write() {
+                        return Err(format!(
+                            "{mm:?} {base:#x}: special huge PMD {pm:?} is not the read-only huge zero page"
+                        ));
+                    }
+                    for i in 0..512 {
+                        leaves.insert(base + i * PAGE_SIZE, (pm.pfn() + i, false));
+                    }
+                    continue;
+                }
                 if pm.trans_huge() {
                     let head = pm.pfn();
                     check_rmap(m, mm, tree, head, base)?;

@@ -258,6 +258,10 @@ impl Pmd {
     pub fn special(self) -> bool {
         self.0 & _PAGE_SPECIAL != 0
     }
+    #[inline]
+    pub fn mkspecial(self) -> Pmd {
+        Pmd(self.0 | _PAGE_SPECIAL)
+    }
     /// `pmd_modify`.
     #[inline]
     pub fn modify(self, prot: Pgprot) -> Pmd {
