@@ -19,6 +19,13 @@ fn main() {
             .mmap(0, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS)
             .unwrap();
         c.touch_pages(a, a + len, 1).unwrap();
+        if std::env::var_os("SPLIT").is_some() {
+            for b in (a..a + len).step_by(2 << 20) {
+                c.mprotect(b + 4096, 4096, PROT_READ).unwrap();
+                c.mprotect(b + 4096, 4096, PROT_READ | PROT_WRITE).unwrap();
+            }
+        }
+        m.mem.drain_all_pages();
         let t = Instant::now();
         if op == "fork" {
             let ch = c.fork().unwrap();

@@ -19,6 +19,7 @@ use crate::mm::pgalloc::PmdSlot;
 use crate::mm::{Mm, MmCounter, Vma};
 use crate::mmu_gather::MmuGather;
 use crate::pgtable::{entry_set, table_alloc, table_free, Pmd, PMD_MASK, PMD_SIZE};
+use crate::phys::memmap::pg;
 use crate::phys::{Folio, Pfn, PhysMem, HPAGE_PMD_NR, HPAGE_PMD_ORDER};
 use crate::rmap;
 use crate::sync::{Arc, Ordering};
@@ -375,4 +376,80 @@ pub fn change_huge_pmd(
     // pmd_needs_flush: the hardware saw it and lost a permission.
     let hw_present = |p: Pmd| p.0 & crate::pgtable::entry::_PAGE_PRESENT != 0;
     hw_present(pmd) && (!hw_present(new) || (pmd.write() && !new.write()))
+}
+
+/// `split_folio` (`split_huge_page_to_list_to_order` to order 0) of an anon
+/// folio mapped only by PTEs of the table `table`, whose lock the caller
+/// holds. Every page becomes a folio of its own, keeping its mapping, its
+/// PageAnonExclusive and its index; pages no PTE maps are freed.
+///
+/// The kernel unmaps the folio through the rmap (migration entries in every
+/// mm), splits and remaps. The model splits in place, which is the same
+/// once no one else can reach the folio: so it refuses (EAGAIN) unless
+/// every reference is a mapping in this table, as `can_split_folio` refuses
+/// when there are extra references.
+pub fn split_folio_in_table(oncpu: &OnCpu, folio: Folio, table: Pfn) -> KResult<()> {
+    let mem = oncpu.mem();
+    let order = folio.order(mem);
+    debug_assert!(order > 0);
+    let nr = folio.nr_pages(mem);
+    let in_table = (0..crate::pgtable::PTRS_PER_TABLE)
+        .map(|i| crate::pgtable::Pte(crate::pgtable::entry_get(mem, table, i)))
+        .filter(|p| p.present() && !p.special() && mem.page_folio(p.pfn()) == folio)
+        .count() as i32;
+    if folio.entire_mapcount(mem) != 0
+        || folio.mapcount(mem) != in_table
+        || folio.ref_count(mem) != in_table
+    {
+        mem.vmstat.mod_mthp(order, MthpStat::SPLIT_FAILED, 1);
+        if order == HPAGE_PMD_ORDER {
+            oncpu
+                .vmstat()
+                .count(oncpu.id(), Event::THP_SPLIT_PAGE_FAILED, 1);
+        }
+        return Err(Errno::EAGAIN);
+    }
+    let head = folio.head(mem);
+    let flags = head.flags.load(Ordering::Relaxed);
+    let keep = flags & (pg::SWAPBACKED | pg::LAZYFREE | pg::DIRTY);
+    let mapping = head.mapping.load(Ordering::Relaxed);
+    let index = head.index.load(Ordering::Relaxed);
+    if flags & pg::PARTIALLY_MAPPED != 0 {
+        mem.vmstat
+            .mod_mthp(order, MthpStat::NR_ANON_PARTIALLY_MAPPED, -1);
+    }
+    mem.vmstat.mod_mthp(order, MthpStat::NR_ANON, -1);
+    // page[1]'s folio counters go back to free-list state.
+    let p1 = mem.page(folio.pfn() + 1);
+    p1.lru_next
+        .store(crate::phys::memmap::LIST_NONE, Ordering::Relaxed);
+    p1.lru_prev
+        .store(crate::phys::memmap::LIST_NONE, Ordering::Relaxed);
+    p1.private.store(0, Ordering::Relaxed);
+    let mut unmapped = vec![];
+    for (i, p) in mem.pages(folio.pfn(), nr).iter().enumerate() {
+        let exclusive = p.test(pg::ANON_EXCLUSIVE);
+        p.flags.store(
+            keep | if exclusive { pg::ANON_EXCLUSIVE } else { 0 },
+            Ordering::Relaxed,
+        );
+        p.compound_head.store(0, Ordering::Relaxed);
+        p.mapping.store(mapping, Ordering::Relaxed);
+        p.index.store(index + i as u64, Ordering::Relaxed);
+        // One reference per mapping: each page is mapped at most once here.
+        let maps = p.mapcount.load(Ordering::Relaxed) + 1;
+        p.refcount.store(maps, Ordering::Relaxed);
+        if maps == 0 {
+            unmapped.push(folio.pfn() + i as u64);
+        }
+    }
+    mem.vmstat.mod_mthp(order, MthpStat::SPLIT, 1);
+    if order == HPAGE_PMD_ORDER {
+        oncpu.vmstat().count(oncpu.id(), Event::THP_SPLIT_PAGE, 1);
+    }
+    for pfn in unmapped {
+        mem.page(pfn).mapping.store(0, Ordering::Relaxed);
+        mem.free_pages(pfn, 0, oncpu.id());
+    }
+    Ok(())
 }

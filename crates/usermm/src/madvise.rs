@@ -13,9 +13,10 @@ use crate::mm::vma::*;
 use crate::mm::{Mm, Vma};
 use crate::mmap::{merge_around, split_range};
 use crate::mmu_gather::MmuGather;
-use crate::pgtable::{self, addr_end, entry_get, entry_set, Pte, PMD_SIZE};
+use crate::pgtable::entry::{_PAGE_ACCESSED, _PAGE_DIRTY};
+use crate::pgtable::{self, addr_end, entry_get, Pte, PMD_SIZE};
 use crate::phys::memmap::pg;
-use crate::phys::{PAGE_MASK, PAGE_SIZE};
+use crate::phys::{Folio, Pfn, PhysMem, PAGE_MASK, PAGE_SIZE};
 use crate::sync::Arc;
 use crate::vmstat::Event;
 
@@ -136,52 +137,110 @@ pub fn zap_page_range_single(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) 
     tlb.finish(oncpu);
 }
 
-/// `madvise_free_single_vma`: mark exclusively mapped anon pages clean and
-/// lazily freeable. Without reclaim they are never discarded, so contents
-/// stay readable, as on a host with no memory pressure. Large folios that the
-/// range covers only in part would be split by the kernel; the model leaves
-/// them untouched.
+/// `madvise_free_single_vma`: let the pages of `[start, end)` be discarded
+/// instead of swapped: each PTE is made clean and old, and its folio lazily
+/// freeable (no longer swap-backed). Reclaim is not modelled, so the pages
+/// are never actually discarded and keep their contents, as on a host with
+/// no memory pressure. Huge PMDs partly covered are split first; a huge PMD
+/// covered whole is left as it is (the kernel's `madvise_free_huge_pmd`
+/// would mark it lazyfree too; no reclaim reads the mark here).
 fn madvise_free_single_vma(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) {
-    let mem = oncpu.mem();
     let mut tlb = MmuGather::new(mm);
     let mut addr = start;
     while addr < end {
         let next = addr_end(addr, end, PMD_SIZE);
         if let Some(slot) = mm.pmd_lookup(addr) {
+            let pmd = mm.pmd_get(slot);
+            if pmd.trans_huge() && next - addr < PMD_SIZE {
+                crate::huge_memory::split_huge_pmd(oncpu, mm, slot, addr);
+            }
             if !mm.pmd_get(slot).trans_huge() {
-                if let Some(locked) = mm.pte_offset_map_lock(slot) {
-                    let mut a = addr;
-                    while a < next {
-                        let idx = pgtable::pte_index(a);
-                        let pte = Pte(entry_get(mem, locked.table, idx));
-                        if let Some(page) = vm_normal_page(pte).filter(|_| pte.present()) {
-                            let f = mem.page_folio(page);
-                            let fstart = a - (page - f.pfn()) * PAGE_SIZE;
-                            let covered =
-                                fstart >= start && fstart + f.nr_pages(mem) * PAGE_SIZE <= end;
-                            if covered && f.mapcount(mem) == 1 {
-                                if pte.dirty() || pte.young() {
-                                    entry_set(mem, locked.table, idx, pte.mkold().mkclean().0);
-                                    tlb.remove_tlb_entries(a, 1);
-                                }
-                                let head = f.head(mem);
-                                if head.test(pg::SWAPBACKED) {
-                                    head.clear(pg::SWAPBACKED);
-                                    head.set(pg::LAZYFREE);
-                                    oncpu.vmstat().count(
-                                        oncpu.id(),
-                                        Event::PGLAZYFREE,
-                                        f.nr_pages(mem),
-                                    );
-                                }
-                            }
-                        }
-                        a += PAGE_SIZE;
-                    }
-                }
+                madvise_free_pte_range(oncpu, &mut tlb, mm, slot, addr, next);
             }
         }
         addr = next;
     }
     tlb.finish(oncpu);
+}
+
+/// `madvise_free_pte_range` (v6.10 and later: large folios covered whole
+/// are batched; those covered in part are split unless maybe shared).
+fn madvise_free_pte_range(
+    oncpu: &OnCpu,
+    tlb: &mut MmuGather,
+    mm: &Arc<Mm>,
+    slot: crate::mm::pgalloc::PmdSlot,
+    addr: u64,
+    end: u64,
+) {
+    let mem = oncpu.mem();
+    let Some(locked) = mm.pte_offset_map_lock(slot) else {
+        return;
+    };
+    let mut a = addr;
+    while a < end {
+        let idx = pgtable::pte_index(a);
+        let pte = Pte(entry_get(mem, locked.table, idx));
+        let Some(page) = vm_normal_page(pte).filter(|_| pte.present()) else {
+            a += PAGE_SIZE;
+            continue;
+        };
+        let folio = mem.page_folio(page);
+        let (mut nr, mut young, mut dirty) = (1usize, pte.young(), pte.dirty());
+        if folio.is_large(mem) {
+            let max_nr = ((end - a) / PAGE_SIZE) as usize;
+            let flags = memory::FPB_IGNORE_DIRTY | memory::FPB_IGNORE_SOFT_DIRTY;
+            let b = memory::folio_pte_batch_ext(mem, folio, locked.table, idx, pte, max_nr, flags);
+            nr = b.nr;
+            if (nr as u64) < folio.nr_pages(mem) {
+                // Covered in part: split it, unless it may be mapped by
+                // another process too; then leave these entries alone.
+                let shared = folio_maybe_mapped_shared(mem, folio, locked.table);
+                if !shared
+                    && crate::huge_memory::split_folio_in_table(oncpu, folio, locked.table).is_ok()
+                {
+                    continue; // look at this entry again: its folio is small now
+                }
+                a += nr as u64 * PAGE_SIZE;
+                continue;
+            }
+            young |= b.any_young;
+            dirty |= b.any_dirty;
+        }
+        if young || dirty {
+            // clear_young_dirty_ptes; the bits are cleared atomically, so a
+            // walker setting them meanwhile is not lost either way.
+            for i in idx..idx + nr {
+                pgtable::entry_clear_bits(mem, locked.table, i, _PAGE_ACCESSED | _PAGE_DIRTY);
+            }
+            tlb.remove_tlb_entries(a, nr as u64);
+        }
+        folio_mark_lazyfree(oncpu, folio);
+        a += nr as u64 * PAGE_SIZE;
+    }
+}
+
+/// `folio_maybe_mapped_shared`: is the folio mapped anywhere but in this
+/// PTE table (i.e. by another process: an anon folio of the sizes modelled
+/// lies within one table of its mm)?
+fn folio_maybe_mapped_shared(mem: &PhysMem, folio: Folio, table: Pfn) -> bool {
+    let here = (0..pgtable::PTRS_PER_TABLE)
+        .map(|i| Pte(entry_get(mem, table, i)))
+        .filter(|p| p.present() && !p.special() && mem.page_folio(p.pfn()) == folio)
+        .count() as i32;
+    folio.entire_mapcount(mem) != 0 || folio.mapcount(mem) != here
+}
+
+/// `folio_mark_lazyfree`: an anon, swap-backed folio stops being swap-backed
+/// (reclaim may discard it while it stays clean).
+fn folio_mark_lazyfree(oncpu: &OnCpu, folio: Folio) {
+    let mem = oncpu.mem();
+    let head = folio.head(mem);
+    if folio.test_anon(mem) && head.test(pg::SWAPBACKED) {
+        head.clear(pg::SWAPBACKED);
+        head.set(pg::LAZYFREE);
+        oncpu
+            .vmstat()
+            .count(oncpu.id(), Event::PGLAZYFREE, folio.nr_pages(mem));
+    }
 }

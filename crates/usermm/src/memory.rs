@@ -617,6 +617,30 @@ pub fn folio_pte_batch(
     max_nr: usize,
     flags: u32,
 ) -> (usize, bool) {
+    let b = folio_pte_batch_ext(mem, folio, table, idx, pte, max_nr, flags);
+    (b.nr, b.any_writable)
+}
+
+/// What [`folio_pte_batch_ext`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PteBatch {
+    pub nr: usize,
+    /// Some PTE after the first was writable / young / dirty.
+    pub any_writable: bool,
+    pub any_young: bool,
+    pub any_dirty: bool,
+}
+
+/// `folio_pte_batch` with all its optional outputs.
+pub fn folio_pte_batch_ext(
+    mem: &crate::phys::PhysMem,
+    folio: Folio,
+    table: Pfn,
+    idx: usize,
+    pte: Pte,
+    max_nr: usize,
+    flags: u32,
+) -> PteBatch {
     debug_assert!(
         idx + max_nr <= pgtable::PTRS_PER_TABLE,
         "batch crosses its PTE table"
@@ -626,18 +650,24 @@ pub fn folio_pte_batch(
     debug_assert!(pte.pfn() >= folio.pfn() && pte.pfn() < folio_end);
     let max_nr = max_nr.min((folio_end - pte.pfn()) as usize);
     let mut expected = pte_batch_clear_ignored(pte.advance_pfn(1), flags);
-    let mut any_writable = false;
-    let mut nr = 1;
-    while nr < max_nr {
-        let next = Pte(entry_get(mem, table, idx + nr));
+    let mut b = PteBatch {
+        nr: 1,
+        any_writable: false,
+        any_young: false,
+        any_dirty: false,
+    };
+    while b.nr < max_nr {
+        let next = Pte(entry_get(mem, table, idx + b.nr));
         if pte_batch_clear_ignored(next, flags) != expected {
             break;
         }
-        any_writable |= next.write();
+        b.any_writable |= next.write();
+        b.any_young |= next.young();
+        b.any_dirty |= next.dirty();
         expected = expected.advance_pfn(1);
-        nr += 1;
+        b.nr += 1;
     }
-    (nr, any_writable)
+    b
 }
 
 // ---------------------------------------------------------------------------

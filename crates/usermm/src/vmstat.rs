@@ -38,6 +38,8 @@ counters! {
         THP_FAULT_ALLOC => "thp_fault_alloc",
         THP_FAULT_FALLBACK => "thp_fault_fallback",
         THP_SPLIT_PMD => "thp_split_pmd",
+        THP_SPLIT_PAGE => "thp_split_page",
+        THP_SPLIT_PAGE_FAILED => "thp_split_page_failed",
         THP_ZERO_PAGE_ALLOC => "thp_zero_page_alloc",
         THP_ZERO_PAGE_ALLOC_FAILED => "thp_zero_page_alloc_failed",
         THP_DEFERRED_SPLIT_PAGE => "thp_deferred_split_page",
@@ -69,6 +71,8 @@ counters! {
     MthpStat {
         ANON_FAULT_ALLOC => "anon_fault_alloc",
         ANON_FAULT_FALLBACK => "anon_fault_fallback",
+        SPLIT => "split",
+        SPLIT_FAILED => "split_failed",
         SPLIT_DEFERRED => "split_deferred",
         NR_ANON => "nr_anon",
         NR_ANON_PARTIALLY_MAPPED => "nr_anon_partially_mapped",

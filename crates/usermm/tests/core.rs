@@ -227,3 +227,42 @@ fn huge_zero_page() {
     check_invariants(&m).unwrap();
     assert_eq!(status(&mm).vm_pte, 0);
 }
+
+/// MADV_FREE over large folios: one covered whole is marked lazyfree as it
+/// is; one covered in part is split first (exclusive) or left alone
+/// (shared with a fork child). Contents stay (no reclaim runs).
+#[test]
+fn madv_free_splits_partly_covered_exclusive_folios() {
+    use usermm::proc::smaps_rollup;
+    use usermm::vmstat::MthpStat;
+    let m = machine();
+    m.thp.only_order(4);
+    let c = m.bind(0).unwrap();
+    let mm = c.new_mm().unwrap();
+    let a = c.mmap(0, 256 << 10, RW, ANON).unwrap();
+    for p in (a..a + (256 << 10)).step_by(4096) {
+        c.store_u64(p, p).unwrap();
+    }
+    // Folio 0 whole, and half of folio 1.
+    c.madvise(a, 96 << 10, MADV_FREE).unwrap();
+    assert_eq!(m.vmstat().mthp(4, MthpStat::SPLIT), 1);
+    assert_eq!(smaps_rollup(&mm).lazy_free, 96);
+    check_invariants(&m).unwrap();
+    for p in (a..a + (256 << 10)).step_by(4096) {
+        assert_eq!(c.load_u64(p).unwrap(), p);
+    }
+    // Shared with a child: a partly covered folio is not split.
+    let child = c.fork().unwrap();
+    c.madvise(a + (128 << 10), 32 << 10, MADV_FREE).unwrap();
+    assert_eq!(m.vmstat().mthp(4, MthpStat::SPLIT), 1);
+    check_invariants(&m).unwrap();
+    c.switch_mm(&child);
+    c.exit_mm().unwrap();
+    c.switch_mm(&mm);
+    // Exclusive again: now it is split; unmapping half frees what it should.
+    c.madvise(a + (128 << 10), 32 << 10, MADV_FREE).unwrap();
+    assert_eq!(m.vmstat().mthp(4, MthpStat::SPLIT), 2);
+    c.munmap(a + (128 << 10), 32 << 10).unwrap();
+    m.rcu_barrier();
+    check_invariants(&m).unwrap();
+}
