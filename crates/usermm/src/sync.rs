@@ -15,6 +15,15 @@ pub use std::sync::atomic::{
 };
 pub use std::sync::Arc;
 
+/// The atomics of the protocols that are model-checked (the TLB shootdown
+/// handshake): loom's when built with `--cfg loom`, std's otherwise.
+pub mod checked {
+    #[cfg(loom)]
+    pub use loom::sync::atomic::{fence, AtomicBool, AtomicU64};
+    #[cfg(not(loom))]
+    pub use std::sync::atomic::{fence, AtomicBool, AtomicU64};
+}
+
 pub use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use parking_lot::lock_api::RawMutex as _;

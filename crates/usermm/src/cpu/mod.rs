@@ -33,16 +33,21 @@
 //! from a PTE that was just cleared is removed by the flush that follows.
 //!
 //! `mm_cpumask` is set before a CPU reads `tlb_gen` when switching to an mm
-//! (SeqCst both), and read after `tlb_gen` is bumped by a flusher, for the
-//! same reason.
+//! (SeqCst both, a fence between), and read after `tlb_gen` is bumped by a
+//! flusher, for the same reason.
+//!
+//! The steps of the handshake, with their orderings, are in [`shootdown`],
+//! which is model-checked with loom (`tests/loom_shootdown.rs`).
 
+pub mod shootdown;
 pub mod tlb;
 
 use std::time::{Duration, Instant};
 
 use crate::mm::Mm;
-use crate::sync::{spin_until, Arc, AtomicBool, AtomicU64, Mutex, Ordering};
+use crate::sync::{spin_until, Arc, AtomicBool, Mutex, Ordering};
 use crate::vmstat::{Event, VmStat};
+use shootdown::{Acks, CpuMode, MailFlag};
 use tlb::Tlb;
 
 /// `tlb_single_page_flush_ceiling`: above this many pages, flush everything.
@@ -55,8 +60,6 @@ pub const MAX_CPUS: usize = 64;
 /// reported: its thread blocked while in user mode.
 const SHOOTDOWN_TIMEOUT: Duration = Duration::from_secs(20);
 
-const USER: u64 = 1;
-
 /// `struct flush_tlb_info`, shared by all the CPUs a shootdown targets.
 pub struct FlushRequest {
     pub mm: Arc<Mm>,
@@ -65,15 +68,15 @@ pub struct FlushRequest {
     pub stride_shift: u32,
     pub new_tlb_gen: u64,
     /// CPUs that handled the request.
-    acks: AtomicU64,
+    acks: Acks,
 }
 
 pub struct Cpu {
     pub id: usize,
     pub node: usize,
-    state: AtomicU64,
+    mode: CpuMode,
     bound: AtomicBool,
-    has_mail: AtomicBool,
+    mail: MailFlag,
     mailbox: Mutex<Vec<Arc<FlushRequest>>>,
     pub tlb: Mutex<Tlb>,
     /// The loaded mm and its ASID slot (`cpu_tlbstate.loaded_mm`).
@@ -85,9 +88,9 @@ impl Cpu {
         Cpu {
             id,
             node,
-            state: AtomicU64::new(0),
+            mode: CpuMode::new(),
             bound: AtomicBool::new(false),
-            has_mail: AtomicBool::new(false),
+            mail: MailFlag::default(),
             mailbox: Mutex::new(Vec::new()),
             tlb: Mutex::new(Tlb::default()),
             loaded: Mutex::new(None),
@@ -111,7 +114,7 @@ impl Cpu {
 
     #[inline]
     pub fn in_user(&self) -> bool {
-        self.state.load(Ordering::Relaxed) & USER != 0
+        self.mode.in_user()
     }
 
     pub fn loaded_mm(&self) -> Option<Arc<Mm>> {
@@ -129,10 +132,11 @@ impl Cpu {
         if self.in_user() {
             return;
         }
-        // SeqCst: ordered before the tlb_gen load below (see module doc).
-        self.state.fetch_add(1, Ordering::SeqCst);
-        if let Some((mm, slot)) = self.loaded.lock().as_ref() {
-            let gen = mm.tlb_gen.load(Ordering::SeqCst);
+        let loaded = self.loaded.lock();
+        let gen = self
+            .mode
+            .return_to_user(loaded.as_ref().map(|(mm, _)| &mm.tlb_gen));
+        if let (Some((_, slot)), Some(gen)) = (loaded.as_ref(), gen) {
             let mut tlb = self.tlb.lock();
             if tlb.slots[*slot].tlb_gen < gen {
                 tlb.flush_slot(*slot);
@@ -149,14 +153,14 @@ impl Cpu {
             return;
         }
         self.handle_flush_requests(vmstat);
-        self.state.fetch_add(1, Ordering::SeqCst);
+        self.mode.leave_user();
     }
 
     /// Poll the mailbox (a cheap load when empty), as an interrupt would be
     /// taken between two instructions.
     #[inline]
     pub fn poll(&self, vmstat: &VmStat) {
-        if self.has_mail.load(Ordering::Acquire) {
+        if self.mail.is_raised() {
             self.handle_flush_requests(vmstat);
         }
     }
@@ -164,7 +168,7 @@ impl Cpu {
     fn handle_flush_requests(&self, vmstat: &VmStat) {
         let reqs = {
             let mut mb = self.mailbox.lock();
-            self.has_mail.store(false, Ordering::Relaxed);
+            self.mail.lower();
             std::mem::take(&mut *mb)
         };
         if reqs.is_empty() {
@@ -174,15 +178,13 @@ impl Cpu {
         for req in reqs {
             vmstat.count(self.id, Event::NR_TLB_REMOTE_FLUSH_RECEIVED, 1);
             flush_tlb_func(&mut tlb, &req, None, vmstat);
-            // Release: this CPU's accesses through the old translations
-            // happen before the flusher goes on to free the pages.
-            req.acks.fetch_or(1 << self.id, Ordering::Release);
+            req.acks.ack(self.id);
         }
     }
 
     fn post(&self, req: Arc<FlushRequest>) {
         self.mailbox.lock().push(req);
-        self.has_mail.store(true, Ordering::Release);
+        self.mail.raise();
     }
 
     /// `switch_mm_irqs_off`: load `next` (or nothing). Kernel mode only.
@@ -195,6 +197,7 @@ impl Cpu {
         if let Some(next) = next {
             // SeqCst: the cpumask bit is visible before we read tlb_gen.
             next.cpumask.fetch_or(1 << self.id, Ordering::SeqCst);
+            crate::sync::checked::fence(Ordering::SeqCst);
             let gen = next.tlb_gen.load(Ordering::SeqCst);
             let mut tlb = self.tlb.lock();
             let (slot, _new) = tlb.assign_slot(next.id, gen);
@@ -258,16 +261,16 @@ pub fn flush_tlb_mm_range(
         } else {
             end
         };
-    // SeqCst: the bump is ordered before the cpumask and state loads below
-    // (pairs with switch_mm and enter_user).
-    let new_tlb_gen = mm.tlb_gen.fetch_add(1, Ordering::SeqCst) + 1;
+    // Ordered before the cpumask and mode loads below (pairs with
+    // switch_mm and enter_user).
+    let new_tlb_gen = shootdown::next_tlb_gen(&mm.tlb_gen);
     let req = Arc::new(FlushRequest {
         mm: mm.clone(),
         start,
         end,
         stride_shift,
         new_tlb_gen,
-        acks: AtomicU64::new(0),
+        acks: Acks::default(),
     });
 
     if me
@@ -286,19 +289,15 @@ pub fn flush_tlb_mm_range(
     vmstat.count(me.id, Event::NR_TLB_REMOTE_FLUSH, 1);
     let mut targets = Vec::new();
     for cpu in cpus.iter().filter(|c| others & (1 << c.id) != 0) {
-        let s = cpu.state.load(Ordering::SeqCst);
-        if s & USER != 0 {
+        if let Some(seen) = cpu.mode.needs_request() {
             cpu.post(req.clone());
-            targets.push((cpu, s));
+            targets.push((cpu, seen));
         }
     }
     let deadline = Instant::now() + SHOOTDOWN_TIMEOUT;
-    for (cpu, s) in targets {
-        let bit = 1u64 << cpu.id;
+    for (cpu, seen) in targets {
         spin_until(|| {
-            // Acquire: pairs with the target's Release acknowledgement.
-            let done = req.acks.load(Ordering::Acquire) & bit != 0
-                || cpu.state.load(Ordering::SeqCst) != s;
+            let done = shootdown::target_done(&cpu.mode, seen, &req.acks, cpu.id);
             assert!(
                 done || Instant::now() < deadline,
                 "CPU {} did not acknowledge a TLB shootdown: its thread blocked while in user mode (call OnCpu::idle first)",

@@ -66,8 +66,9 @@ pub struct Mm {
     pub hiwater_rss: AtomicI64,
     /// `mm_cpumask`: CPUs that have this address space loaded.
     pub cpumask: AtomicU64,
-    /// `mm->context.tlb_gen`: bumped by every flush request (x86).
-    pub tlb_gen: AtomicU64,
+    /// `mm->context.tlb_gen`: bumped by every flush request (x86). Part of
+    /// the model-checked shootdown handshake.
+    pub tlb_gen: crate::sync::checked::AtomicU64,
     /// `mm->tlb_flush_pending`: mmu_gathers in progress.
     pub tlb_flush_pending: AtomicI32,
     /// `mm->total_vm`, in pages.
@@ -98,7 +99,7 @@ impl Mm {
             rss: std::array::from_fn(|_| AtomicI64::new(0)),
             hiwater_rss: AtomicI64::new(0),
             cpumask: AtomicU64::new(0),
-            tlb_gen: AtomicU64::new(1),
+            tlb_gen: crate::sync::checked::AtomicU64::new(1),
             tlb_flush_pending: AtomicI32::new(0),
             total_vm: AtomicU64::new(0),
             dead: std::sync::atomic::AtomicBool::new(false),

@@ -1,0 +1,146 @@
+//! The shootdown handshake, on its own so that it can be model-checked.
+//!
+//! These are the steps of the protocol the module doc of [`crate::cpu`]
+//! describes, with their memory orderings; `Cpu` and `flush_tlb_mm_range`
+//! are built from them, and `tests/loom_shootdown.rs` runs them under loom
+//! (`RUSTFLAGS="--cfg loom" cargo test --release --test loom_shootdown`),
+//! which explores every interleaving and every value the C++ memory model
+//! allows a load to return.
+//!
+//! Two store-then-load pairs make it work (a Dekker handshake): the
+//! flusher's bump of `tlb_gen` before its read of the target's mode, and the
+//! target's mode change before its read of `tlb_gen`. Either the flusher
+//! sees the target in user mode (and waits for it), or the target sees the
+//! new generation (and flushes before it uses its TLB). Each pair has a
+//! SeqCst fence between its store and its load (the kernel's `smp_mb()`):
+//! on x86 the locked read-modify-write already is one, and the explicit
+//! fence is what the C++ model, and loom, need to order a store before a
+//! later load of another location.
+
+use crate::sync::checked::{fence, AtomicBool, AtomicU64};
+use crate::sync::Ordering;
+
+const USER: u64 = 1;
+
+/// A CPU's mode word: it counts mode changes and has the low bit set while
+/// the CPU runs user accesses. Only the owning CPU writes it.
+pub struct CpuMode(AtomicU64);
+
+impl Default for CpuMode {
+    fn default() -> Self {
+        CpuMode(AtomicU64::new(0))
+    }
+}
+
+impl CpuMode {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The owner asks (no ordering needed: only it writes the word).
+    #[inline]
+    pub fn in_user(&self) -> bool {
+        self.0.load(Ordering::Relaxed) & USER != 0
+    }
+
+    /// Target, on return to user mode: announce it, then read the loaded
+    /// mm's generation, which the caller compares with its TLB's. SeqCst on
+    /// both (see the module doc). None if no mm is loaded.
+    #[inline]
+    pub fn return_to_user(&self, mm_tlb_gen: Option<&AtomicU64>) -> Option<u64> {
+        debug_assert!(!self.in_user());
+        self.0.fetch_add(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        mm_tlb_gen.map(|g| g.load(Ordering::SeqCst))
+    }
+
+    /// Target, on leaving user mode (after handling what was posted).
+    #[inline]
+    pub fn leave_user(&self) {
+        if self.in_user() {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Flusher, after [`next_tlb_gen`]: if the target runs user accesses it
+    /// must be sent the request; returns the mode word seen, to wait on.
+    #[inline]
+    pub fn needs_request(&self) -> Option<u64> {
+        let s = self.0.load(Ordering::SeqCst);
+        (s & USER != 0).then_some(s)
+    }
+
+    /// Flusher: has the target left the mode it was seen in? Then it will
+    /// read the new generation before its next user access.
+    #[inline]
+    pub fn changed_since(&self, seen: u64) -> bool {
+        self.0.load(Ordering::SeqCst) != seen
+    }
+}
+
+/// Flusher: a new generation for the mm (SeqCst: before reading the
+/// targets' mode words and `mm_cpumask`).
+#[inline]
+pub fn next_tlb_gen(mm_tlb_gen: &AtomicU64) -> u64 {
+    let gen = mm_tlb_gen.fetch_add(1, Ordering::SeqCst) + 1;
+    fence(Ordering::SeqCst);
+    gen
+}
+
+/// The set of CPUs that handled one request.
+pub struct Acks(AtomicU64);
+
+impl Default for Acks {
+    fn default() -> Self {
+        Acks(AtomicU64::new(0))
+    }
+}
+
+impl Acks {
+    /// Target: Release, so that its accesses through the old translation
+    /// happen before the flusher frees what they reached.
+    #[inline]
+    pub fn ack(&self, cpu: usize) {
+        self.0.fetch_or(1 << cpu, Ordering::Release);
+    }
+
+    /// Flusher: Acquire, pairing with [`Acks::ack`].
+    #[inline]
+    pub fn acked(&self, cpu: usize) -> bool {
+        self.0.load(Ordering::Acquire) & (1 << cpu) != 0
+    }
+}
+
+/// Flusher: may it stop waiting for this target?
+#[inline]
+pub fn target_done(mode: &CpuMode, seen: u64, acks: &Acks, cpu: usize) -> bool {
+    acks.acked(cpu) || mode.changed_since(seen)
+}
+
+/// The "mail waiting" flag in front of a CPU's mailbox: set (Release) after
+/// a request is queued, tested (Acquire) before every user access, cleared
+/// by the target with the mailbox lock held before it empties the queue.
+pub struct MailFlag(AtomicBool);
+
+impl Default for MailFlag {
+    fn default() -> Self {
+        MailFlag(AtomicBool::new(false))
+    }
+}
+
+impl MailFlag {
+    #[inline]
+    pub fn raise(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+    #[inline]
+    pub fn is_raised(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+    /// With the mailbox lock held: a request queued after this is seen by
+    /// the next [`MailFlag::is_raised`].
+    #[inline]
+    pub fn lower(&self) {
+        self.0.store(false, Ordering::Relaxed);
+    }
+}
