@@ -11,6 +11,7 @@ impl Errno {
     pub const EPERM: Errno = Errno(1);
     pub const EBADF: Errno = Errno(9);
     pub const EINTR: Errno = Errno(4);
+    pub const EIO: Errno = Errno(5);
     pub const EAGAIN: Errno = Errno(11);
     pub const ENOMEM: Errno = Errno(12);
     pub const EACCES: Errno = Errno(13);
@@ -27,6 +28,7 @@ impl Errno {
             1 => "EPERM",
             9 => "EBADF",
             4 => "EINTR",
+            5 => "EIO",
             11 => "EAGAIN",
             12 => "ENOMEM",
             13 => "EACCES",
@@ -46,6 +48,7 @@ impl Errno {
             Errno::EPERM,
             Errno::EBADF,
             Errno::EINTR,
+            Errno::EIO,
             Errno::EAGAIN,
             Errno::ENOMEM,
             Errno::EACCES,

@@ -1,0 +1,133 @@
+//! Scenarios in usermm: one machine, the scenario's processes as address
+//! spaces, all run by CPU 0 (switching between them as a scheduler would).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use usermm::mm::Mm;
+use usermm::{Errno, Machine, MachineConfig, ThpMode};
+
+use super::Backend;
+
+pub struct EngineBackend {
+    m: Arc<Machine>,
+    procs: HashMap<String, Arc<Mm>>,
+    cur: String,
+}
+
+impl EngineBackend {
+    /// A 1 GiB machine with one process, `main`.
+    pub fn new() -> anyhow::Result<EngineBackend> {
+        let m = Machine::new(MachineConfig::single_node(1 << 30, 2))
+            .map_err(|e| anyhow::anyhow!("machine: {e}"))?;
+        let mm = {
+            let c = m.bind(0).map_err(|e| anyhow::anyhow!("{e}"))?;
+            c.new_mm().map_err(|e| anyhow::anyhow!("{e}"))?
+        };
+        Ok(EngineBackend {
+            m,
+            procs: HashMap::from([("main".to_string(), mm)]),
+            cur: "main".into(),
+        })
+    }
+
+    /// Run `f` on CPU 0 with the current process loaded.
+    fn on<R>(&self, f: impl FnOnce(&usermm::OnCpu) -> R) -> R {
+        let c = self.m.bind(0).expect("CPU 0 is free between statements");
+        c.switch_mm(&self.procs[&self.cur]);
+        let r = f(&c);
+        c.idle();
+        r
+    }
+}
+
+impl Backend for EngineBackend {
+    fn mmap(&mut self, addr: u64, len: u64, prot: u32, flags: u32) -> Result<u64, Errno> {
+        self.on(|c| c.mmap(addr, len, prot, flags))
+    }
+    fn munmap(&mut self, addr: u64, len: u64) -> Result<(), Errno> {
+        self.on(|c| c.munmap(addr, len))
+    }
+    fn mprotect(&mut self, addr: u64, len: u64, prot: u32) -> Result<(), Errno> {
+        self.on(|c| c.mprotect(addr, len, prot))
+    }
+    fn madvise(&mut self, addr: u64, len: u64, advice: i32) -> Result<(), Errno> {
+        self.on(|c| c.madvise(addr, len, advice))
+    }
+    fn store(&mut self, addr: u64, v: u64) -> Result<(), Errno> {
+        self.on(|c| c.store_u64(addr, v))
+    }
+    fn load(&mut self, addr: u64) -> Result<u64, Errno> {
+        self.on(|c| c.load_u64(addr))
+    }
+    fn fork(&mut self, child: &str) -> Result<(), Errno> {
+        let mm = self.on(|c| c.fork())?;
+        self.procs.insert(child.to_string(), mm);
+        Ok(())
+    }
+    fn switch(&mut self, name: &str) -> Result<(), String> {
+        if !self.procs.contains_key(name) {
+            return Err(format!("no process {name:?}"));
+        }
+        self.cur = name.to_string();
+        Ok(())
+    }
+    fn exit(&mut self, name: &str) -> Result<(), String> {
+        let mm = self
+            .procs
+            .remove(name)
+            .ok_or(format!("no process {name:?}"))?;
+        let c = self.m.bind(0).map_err(|e| e.to_string())?;
+        c.switch_mm(&mm);
+        c.exit_mm().map_err(|e| e.to_string())?;
+        drop(c);
+        self.m.rcu_barrier();
+        if self.cur == name {
+            if let Some(n) = self.procs.keys().min().cloned() {
+                self.cur = n;
+            }
+        }
+        Ok(())
+    }
+    fn figures(&mut self) -> Result<[i64; 4], String> {
+        let mm = &self.procs[&self.cur];
+        self.m.rcu_barrier();
+        let s = usermm::proc::status(mm);
+        let r = usermm::proc::smaps_rollup(mm);
+        Ok([
+            s.vm_rss as i64,
+            s.rss_anon as i64,
+            s.vm_pte as i64,
+            r.anon_huge_pages as i64,
+        ])
+    }
+    fn knob(&mut self, size_kb: Option<u64>, mode: &str) -> Result<(), String> {
+        let mode = ThpMode::parse(mode).ok_or(format!("bad mode {mode}"))?;
+        let r = match size_kb {
+            None => self.m.thp.set_enabled(mode),
+            Some(kb) => self.m.thp.set_order((kb / 4).trailing_zeros(), mode),
+        };
+        r.map_err(|e| format!("knob: {e}"))
+    }
+    fn dump(&mut self) -> String {
+        let mm = &self.procs[&self.cur];
+        let mut s = format!(
+            "process {} ({mm:?})\n{}",
+            self.cur,
+            usermm::proc::status(mm)
+        );
+        for v in usermm::proc::smaps(mm) {
+            s += &v.to_string();
+        }
+        s
+    }
+}
+
+impl Drop for EngineBackend {
+    fn drop(&mut self) {
+        let names: Vec<String> = self.procs.keys().cloned().collect();
+        for n in names {
+            let _ = self.exit(&n);
+        }
+    }
+}

@@ -1,0 +1,432 @@
+//! Scenarios on the host kernel, through libc.
+//!
+//! Every scenario process is a real process: a *server* that reads one
+//! request a line from a FIFO and answers on another. This process only
+//! coordinates. `fork` asks the current server to fork(2): the child is a
+//! copy-on-write copy of it, as the scenario means, and serves on a new pair
+//! of FIFOs. Loads and stores are made by the server on its own memory,
+//! after checking /proc/self/maps as the MMU would (no VMA, or no
+//! permission, is EFAULT rather than a SIGSEGV). Figures come from the
+//! server's /proc/self/status and smaps_rollup.
+//!
+//! THP knobs are set only when this process can write them (root), are
+//! restored when the run ends, and a lock file serialises runs that might
+//! change them; when they cannot be set the scenario is reported skipped.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::io::AsRawFd;
+use std::path::PathBuf;
+
+use usermm::Errno;
+
+use super::Backend;
+
+const THP: &str = "/sys/kernel/mm/transparent_hugepage";
+
+struct Server {
+    to: File,
+    from: BufReader<File>,
+    pid: i32,
+}
+
+pub struct HostBackend {
+    dir: PathBuf,
+    procs: HashMap<String, Server>,
+    cur: String,
+    fifo_seq: usize,
+    saved_knobs: Vec<(String, String)>,
+    _lock: File,
+}
+
+fn errno_now() -> Errno {
+    Errno(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+}
+
+fn mkfifo(path: &std::path::Path) -> anyhow::Result<()> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())?;
+    // SAFETY: a valid NUL-terminated path.
+    if unsafe { libc::mkfifo(c.as_ptr(), 0o600) } != 0 {
+        anyhow::bail!(
+            "mkfifo {}: {}",
+            path.display(),
+            std::io::Error::last_os_error()
+        );
+    }
+    Ok(())
+}
+
+impl HostBackend {
+    pub fn new() -> anyhow::Result<HostBackend> {
+        let lock_path = std::env::temp_dir().join("usermm-native-scenarios.lock");
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)?;
+        // SAFETY: flock on an fd we own.
+        unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) };
+        let dir = std::env::temp_dir().join(format!(
+            "usermm-scenario-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos())
+        ));
+        std::fs::create_dir_all(&dir)?;
+        let mut b = HostBackend {
+            dir,
+            procs: HashMap::new(),
+            cur: "main".into(),
+            fifo_seq: 0,
+            saved_knobs: vec![],
+            _lock: lock,
+        };
+        let (inp, out) = b.fifos()?;
+        // SAFETY: this process is single-threaded here (the command runs one
+        // scenario); the child only runs the server loop and exits.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            serve_at(&inp, &out);
+        }
+        anyhow::ensure!(pid > 0, "fork: {}", std::io::Error::last_os_error());
+        let s = b.connect(&inp, &out, pid)?;
+        b.procs.insert("main".into(), s);
+        Ok(b)
+    }
+
+    fn fifos(&mut self) -> anyhow::Result<(PathBuf, PathBuf)> {
+        self.fifo_seq += 1;
+        let i = self.dir.join(format!("{}.in", self.fifo_seq));
+        let o = self.dir.join(format!("{}.out", self.fifo_seq));
+        mkfifo(&i)?;
+        mkfifo(&o)?;
+        Ok((i, o))
+    }
+
+    fn connect(&self, inp: &PathBuf, out: &PathBuf, pid: i32) -> anyhow::Result<Server> {
+        let to = OpenOptions::new().write(true).open(inp)?;
+        let from = BufReader::new(File::open(out)?);
+        Ok(Server { to, from, pid })
+    }
+
+    fn call(&mut self, req: &str) -> Result<String, String> {
+        let s = self.procs.get_mut(&self.cur).ok_or("no current process")?;
+        writeln!(s.to, "{req}").map_err(|e| format!("server: {e}"))?;
+        let mut line = String::new();
+        s.from
+            .read_line(&mut line)
+            .map_err(|e| format!("server: {e}"))?;
+        if line.is_empty() {
+            return Err("server died".into());
+        }
+        Ok(line.trim_end().to_string())
+    }
+
+    fn call_errno(&mut self, req: &str) -> Result<u64, Errno> {
+        let r = self.call(req).map_err(|_| Errno::EIO)?;
+        let mut w = r.split_whitespace();
+        match (w.next(), w.next()) {
+            (Some("ok"), v) => Ok(v.and_then(|v| v.parse().ok()).unwrap_or(0)),
+            (Some("err"), Some(e)) => Err(Errno(e.parse().unwrap_or(0))),
+            _ => Err(Errno::EIO),
+        }
+    }
+
+    fn set_knob_file(&mut self, path: String, mode: &str) -> Result<(), String> {
+        let cur = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
+        let old = cur
+            .split('[')
+            .nth(1)
+            .and_then(|s| s.split(']').next())
+            .ok_or(format!("{path}: unreadable"))?
+            .to_string();
+        std::fs::write(&path, mode).map_err(|e| format!("cannot set {path}: {e}"))?;
+        if !self.saved_knobs.iter().any(|(p, _)| p == &path) {
+            self.saved_knobs.push((path, old));
+        }
+        Ok(())
+    }
+}
+
+impl Backend for HostBackend {
+    fn mmap(&mut self, addr: u64, len: u64, prot: u32, flags: u32) -> Result<u64, Errno> {
+        self.call_errno(&format!("mmap {addr} {len} {prot} {flags}"))
+    }
+    fn munmap(&mut self, addr: u64, len: u64) -> Result<(), Errno> {
+        self.call_errno(&format!("munmap {addr} {len}")).map(|_| ())
+    }
+    fn mprotect(&mut self, addr: u64, len: u64, prot: u32) -> Result<(), Errno> {
+        self.call_errno(&format!("mprotect {addr} {len} {prot}"))
+            .map(|_| ())
+    }
+    fn madvise(&mut self, addr: u64, len: u64, advice: i32) -> Result<(), Errno> {
+        self.call_errno(&format!("madvise {addr} {len} {advice}"))
+            .map(|_| ())
+    }
+    fn store(&mut self, addr: u64, v: u64) -> Result<(), Errno> {
+        self.call_errno(&format!("store {addr} {v}")).map(|_| ())
+    }
+    fn load(&mut self, addr: u64) -> Result<u64, Errno> {
+        self.call_errno(&format!("load {addr}"))
+    }
+    fn fork(&mut self, child: &str) -> Result<(), Errno> {
+        let (i, o) = self.fifos().map_err(|_| Errno::EIO)?;
+        let pid = self.call_errno(&format!("fork {} {}", i.display(), o.display()))?;
+        let s = self.connect(&i, &o, pid as i32).map_err(|_| Errno::EIO)?;
+        self.procs.insert(child.to_string(), s);
+        Ok(())
+    }
+    fn switch(&mut self, name: &str) -> Result<(), String> {
+        if !self.procs.contains_key(name) {
+            return Err(format!("no process {name:?}"));
+        }
+        self.cur = name.to_string();
+        Ok(())
+    }
+    fn exit(&mut self, name: &str) -> Result<(), String> {
+        let prev = std::mem::replace(&mut self.cur, name.to_string());
+        let _ = self.call("exit");
+        let s = self.procs.remove(name);
+        self.cur = if prev == name {
+            self.procs.keys().min().cloned().unwrap_or_default()
+        } else {
+            prev
+        };
+        if let Some(s) = s {
+            if name == "main" {
+                let mut st = 0;
+                // SAFETY: reaping our own child.
+                unsafe { libc::waitpid(s.pid, &mut st, 0) };
+            }
+        }
+        Ok(())
+    }
+    fn figures(&mut self) -> Result<[i64; 4], String> {
+        let r = self.call("figures")?;
+        let v: Vec<i64> = r
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        v.try_into().map_err(|_| format!("bad figures reply {r:?}"))
+    }
+    fn knob(&mut self, size_kb: Option<u64>, mode: &str) -> Result<(), String> {
+        let path = match size_kb {
+            None => format!("{THP}/enabled"),
+            Some(kb) => format!("{THP}/hugepages-{kb}kB/enabled"),
+        };
+        self.set_knob_file(path, mode)
+    }
+    fn dump(&mut self) -> String {
+        self.call("dump")
+            .map(|s| s.trim_start_matches("ok ").replace('\u{1f}', "\n"))
+            .unwrap_or_else(|e| e)
+    }
+}
+
+impl Drop for HostBackend {
+    fn drop(&mut self) {
+        let names: Vec<String> = self.procs.keys().cloned().collect();
+        for n in names {
+            let _ = self.exit(&n);
+        }
+        for (p, v) in self.saved_knobs.drain(..).rev() {
+            let _ = std::fs::write(&p, v);
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The server side, in the scenario's processes.
+
+fn serve_at(inp: &PathBuf, out: &PathBuf) -> ! {
+    let r = File::open(inp).map(BufReader::new);
+    let w = OpenOptions::new().write(true).open(out);
+    match (r, w) {
+        (Ok(r), Ok(w)) => serve(r, w),
+        // SAFETY: leave without running the parent's destructors.
+        _ => unsafe { libc::_exit(1) },
+    }
+}
+
+/// Read a /proc file into `buf` (reused, so that answering requests does not
+/// grow the server's own memory between a `mark` and an `expect`).
+fn read_proc<'b>(path: &str, buf: &'b mut String) -> &'b str {
+    use std::io::Read;
+    buf.clear();
+    if let Ok(mut f) = File::open(path) {
+        let _ = f.read_to_string(buf);
+    }
+    buf
+}
+
+/// Touch `kb` KiB of stack, so that later requests use pages already
+/// counted in RssAnon.
+#[inline(never)]
+fn touch_stack(kb: usize) {
+    let mut a = [0u8; 1024];
+    std::hint::black_box(&mut a);
+    if kb > 1 {
+        touch_stack(kb - 1);
+    }
+}
+
+fn serve(mut r: BufReader<File>, mut w: File) -> ! {
+    // Settle the server's own footprint before the scenario measures it.
+    let mut proc_buf = String::with_capacity(1 << 20);
+    proc_buf.extend(std::iter::repeat_n('x', 1 << 20));
+    touch_stack(128);
+    let mut line = String::with_capacity(4096);
+    loop {
+        line.clear();
+        if r.read_line(&mut line).unwrap_or(0) == 0 {
+            // SAFETY: as above.
+            unsafe { libc::_exit(0) };
+        }
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let n = |i: usize| {
+            words
+                .get(i)
+                .and_then(|s| s.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        let reply = match words.first().copied() {
+            Some("mmap") => {
+                // SAFETY: mmap with the scenario's arguments; the kernel
+                // checks them, and only this process's memory is at stake.
+                let p = unsafe {
+                    libc::mmap(
+                        n(1) as *mut libc::c_void,
+                        n(2) as usize,
+                        n(3) as i32,
+                        n(4) as i32,
+                        -1,
+                        0,
+                    )
+                };
+                if p == libc::MAP_FAILED {
+                    format!("err {}", errno_now().0)
+                } else {
+                    format!("ok {}", p as u64)
+                }
+            }
+            // SAFETY (the three below): system calls on this process's own
+            // address space with the scenario's arguments.
+            Some("munmap") => rc(unsafe { libc::munmap(n(1) as *mut _, n(2) as usize) }),
+            Some("mprotect") => {
+                rc(unsafe { libc::mprotect(n(1) as *mut _, n(2) as usize, n(3) as i32) })
+            }
+            Some("madvise") => {
+                rc(unsafe { libc::madvise(n(1) as *mut _, n(2) as usize, n(3) as i32) })
+            }
+            Some("store") => {
+                if accessible(n(1), true, &mut proc_buf) {
+                    // SAFETY: /proc/self/maps says a writable VMA covers the
+                    // aligned word.
+                    unsafe { std::ptr::write_volatile(n(1) as *mut u64, n(2)) };
+                    "ok".to_string()
+                } else {
+                    format!("err {}", Errno::EFAULT.0)
+                }
+            }
+            Some("load") => {
+                if accessible(n(1), false, &mut proc_buf) {
+                    // SAFETY: a readable VMA covers the aligned word.
+                    format!("ok {}", unsafe {
+                        std::ptr::read_volatile(n(1) as *const u64)
+                    })
+                } else {
+                    format!("err {}", Errno::EFAULT.0)
+                }
+            }
+            Some("fork") => {
+                let (i, o) = (PathBuf::from(words[1]), PathBuf::from(words[2]));
+                // SAFETY: the server is single-threaded.
+                let pid = unsafe { libc::fork() };
+                if pid == 0 {
+                    drop(r);
+                    drop(w);
+                    serve_at(&i, &o);
+                }
+                if pid < 0 {
+                    format!("err {}", errno_now().0)
+                } else {
+                    format!("ok {pid}")
+                }
+            }
+            Some("figures") => {
+                let f = |s: &str, k: &str| {
+                    s.lines()
+                        .find(|l| l.starts_with(k) && l[k.len()..].starts_with(':'))
+                        .and_then(|l| l.split_whitespace().nth(1))
+                        .and_then(|v| v.parse::<i64>().ok())
+                        .unwrap_or(0)
+                };
+                let st = read_proc("/proc/self/status", &mut proc_buf);
+                let (a, b, c) = (f(st, "VmRSS"), f(st, "RssAnon"), f(st, "VmPTE"));
+                let d = f(
+                    read_proc("/proc/self/smaps_rollup", &mut proc_buf),
+                    "AnonHugePages",
+                );
+                format!("ok {a} {b} {c} {d}")
+            }
+            Some("dump") => {
+                let st = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+                let keep: Vec<&str> = st
+                    .lines()
+                    .filter(|l| {
+                        ["VmSize", "VmRSS", "RssAnon", "VmPTE"]
+                            .iter()
+                            .any(|k| l.starts_with(k))
+                    })
+                    .collect();
+                format!("ok {}", keep.join("\u{1f}"))
+            }
+            Some("exit") => {
+                let _ = writeln!(w, "ok");
+                // SAFETY: as above.
+                unsafe { libc::_exit(0) }
+            }
+            _ => "err 22".to_string(),
+        };
+        if writeln!(w, "{reply}").is_err() {
+            // SAFETY: as above.
+            unsafe { libc::_exit(1) };
+        }
+    }
+}
+
+fn rc(r: i32) -> String {
+    if r == 0 {
+        "ok".into()
+    } else {
+        format!("err {}", errno_now().0)
+    }
+}
+
+/// Would the MMU let this process load (or store) the word at `addr`?
+fn accessible(addr: u64, write: bool, buf: &mut String) -> bool {
+    read_proc("/proc/self/maps", buf).lines().any(|l| {
+        let mut w = l.split_whitespace();
+        let (Some(range), Some(perms)) = (w.next(), w.next()) else {
+            return false;
+        };
+        let Some((a, b)) = range.split_once('-') else {
+            return false;
+        };
+        let (Ok(a), Ok(b)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) else {
+            return false;
+        };
+        let p = perms.as_bytes();
+        a <= addr
+            && addr + 8 <= b
+            && if write {
+                p[1] == b'w'
+            } else {
+                p[0] == b'r' || p[1] == b'w' || p[2] == b'x'
+            }
+    })
+}

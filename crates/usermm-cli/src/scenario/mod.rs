@@ -1,0 +1,472 @@
+//! Scenarios: the same sequence of memory operations, run in usermm
+//! ([`engine::EngineBackend`]) or on the host kernel ([`host::HostBackend`]).
+//!
+//! The interpreter here owns everything both sides share: regions by name,
+//! the current process, marks, patterns, and the checking of `expect` and
+//! `fails`. A backend only performs system calls and accesses. Each
+//! statement yields an [`Outcome`]; the outcomes that do not depend on where
+//! the kernel placed things (errno, values read, changes of figures) are
+//! what a differential run compares.
+
+pub mod engine;
+pub mod host;
+pub mod parse;
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+use usermm::Errno;
+
+use parse::{Addr, Figure, Op, Pattern, Stmt};
+
+/// What a backend does for the interpreter.
+pub trait Backend {
+    fn mmap(&mut self, addr: u64, len: u64, prot: u32, flags: u32) -> Result<u64, Errno>;
+    fn munmap(&mut self, addr: u64, len: u64) -> Result<(), Errno>;
+    fn mprotect(&mut self, addr: u64, len: u64, prot: u32) -> Result<(), Errno>;
+    fn madvise(&mut self, addr: u64, len: u64, advice: i32) -> Result<(), Errno>;
+    fn store(&mut self, addr: u64, v: u64) -> Result<(), Errno>;
+    fn load(&mut self, addr: u64) -> Result<u64, Errno>;
+    /// Fork the current process into a new one called `child`.
+    fn fork(&mut self, child: &str) -> Result<(), Errno>;
+    /// Run the next statements in `name`.
+    fn switch(&mut self, name: &str) -> Result<(), String>;
+    /// The process `name` exits.
+    fn exit(&mut self, name: &str) -> Result<(), String>;
+    /// VmRSS, RssAnon, VmPTE, AnonHugePages of the current process, kB.
+    fn figures(&mut self) -> Result<[i64; 4], String>;
+    /// Set a THP knob; Err says why it cannot be (the scenario is skipped).
+    fn knob(&mut self, size_kb: Option<u64>, mode: &str) -> Result<(), String>;
+    /// A description of the current process's state, for `dump`.
+    fn dump(&mut self) -> String;
+}
+
+/// The result of one statement.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Outcome {
+    pub line: usize,
+    pub text: String,
+    /// What happened, in a form both backends agree on when they agree
+    /// ("ok", "EINVAL", "0x2a", "VmRSS +64"), or None when the statement's
+    /// result depends on the backend (an address, an absolute figure).
+    pub compare: Option<String>,
+    /// What to print.
+    pub shown: String,
+    /// An `expect` or `fails` that did not hold, or an unexpected error.
+    pub failed: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub backend: &'static str,
+    pub outcomes: Vec<Outcome>,
+    pub passed: usize,
+    pub failed: usize,
+    /// Why the scenario could not run here (host knobs not settable).
+    pub skipped: Option<String>,
+}
+
+impl Report {
+    pub fn exit_code(&self) -> i32 {
+        if self.skipped.is_some() {
+            3
+        } else if self.failed > 0 {
+            1
+        } else {
+            0
+        }
+    }
+
+    pub fn print(&self) {
+        for o in &self.outcomes {
+            let mark = if o.failed.is_some() { "FAIL" } else { "  ok" };
+            println!("{mark} {:>4}: {:<44} {}", o.line, o.text, o.shown);
+            if let Some(f) = &o.failed {
+                println!("          {f}");
+            }
+        }
+        match &self.skipped {
+            Some(why) => println!("{}: SKIPPED: {why}", self.backend),
+            None => println!(
+                "{}: {} statements, {} failed: {}",
+                self.backend,
+                self.outcomes.len(),
+                self.failed,
+                if self.failed == 0 { "PASS" } else { "FAIL" }
+            ),
+        }
+    }
+}
+
+/// The pattern `fill` writes and `check` expects in the first word of the
+/// page at byte offset `rel` of a region.
+pub fn pattern(seed: u64, rel: u64) -> u64 {
+    (seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (rel >> 12).wrapping_mul(0xff51_afd7_ed55_8ccd)) | 1
+}
+
+#[derive(Default, Clone)]
+struct ProcState {
+    regions: HashMap<String, (u64, u64)>,
+    marks: HashMap<String, [i64; 4]>,
+}
+
+struct Interp<'b> {
+    b: &'b mut dyn Backend,
+    procs: HashMap<String, ProcState>,
+    cur: String,
+}
+
+const MAIN: &str = "main";
+
+enum Res {
+    /// Comparable result, shown text.
+    Ok(Option<String>, String),
+    Fail(String, Option<String>),
+    Skip(String),
+}
+
+fn ok(s: impl Into<String>) -> Res {
+    let s = s.into();
+    Res::Ok(Some(s.clone()), s)
+}
+
+impl Interp<'_> {
+    fn st(&mut self) -> &mut ProcState {
+        self.procs
+            .get_mut(&self.cur)
+            .expect("current process exists")
+    }
+
+    /// Resolve an address; the second value is the base for patterns.
+    fn addr(&mut self, a: &Addr) -> Result<(u64, u64), String> {
+        match a {
+            Addr::Abs(v) => Ok((*v, 0)),
+            Addr::Region { name, off } => {
+                let cur = self.cur.clone();
+                let (start, _) = *self
+                    .st()
+                    .regions
+                    .get(name)
+                    .ok_or_else(|| format!("no region {name:?} in process {cur}"))?;
+                Ok((start.wrapping_add(*off as u64), start))
+            }
+        }
+    }
+
+    fn region_len(&mut self, a: &Addr) -> Option<u64> {
+        match a {
+            Addr::Region { name, off } => self
+                .st()
+                .regions
+                .get(name)
+                .map(|&(_, len)| len.saturating_sub(*off as u64)),
+            Addr::Abs(_) => None,
+        }
+    }
+
+    fn exec(&mut self, op: &Op) -> Res {
+        match self.exec_inner(op) {
+            Ok(r) => r,
+            Err(e) => Res::Fail(e, None),
+        }
+    }
+
+    fn errno_res(e: Errno) -> Res {
+        Res::Fail(
+            format!("unexpected {}", e.name()),
+            Some(e.name().to_string()),
+        )
+    }
+
+    fn exec_inner(&mut self, op: &Op) -> Result<Res, String> {
+        Ok(match op {
+            Op::Map {
+                name,
+                len,
+                prot,
+                at,
+                align,
+                flags,
+            } => {
+                let hint = match at {
+                    Some(a) => self.addr(a)?.0,
+                    None => 0,
+                };
+                let r = if *align > 0 && at.is_none() {
+                    self.map_aligned(*len, *prot, *flags, *align)
+                } else {
+                    self.b.mmap(hint, *len, *prot, *flags)
+                };
+                match r {
+                    Ok(a) => {
+                        let aligned = *align == 0 || a % align == 0;
+                        self.st().regions.insert(name.clone(), (a, *len));
+                        if !aligned {
+                            return Ok(Res::Fail(
+                                format!("{a:#x} not aligned to {align:#x}"),
+                                None,
+                            ));
+                        }
+                        let shown = format!("{name} at {a:#x}");
+                        // The address is the kernel's choice: comparable only
+                        // when the scenario asked for one.
+                        let cmp = at.as_ref().map(|_| {
+                            if a == hint {
+                                "at hint".to_string()
+                            } else {
+                                "elsewhere".to_string()
+                            }
+                        });
+                        Res::Ok(cmp.or(Some("ok".into())), shown)
+                    }
+                    Err(e) => Self::errno_res(e),
+                }
+            }
+            Op::Munmap { addr, len } => {
+                let (a, _) = self.addr(addr)?;
+                let len = match len {
+                    Some(l) => *l,
+                    None => self
+                        .region_len(addr)
+                        .ok_or("munmap of an address needs a length")?,
+                };
+                match self.b.munmap(a, len) {
+                    Ok(()) => ok("ok"),
+                    Err(e) => Self::errno_res(e),
+                }
+            }
+            Op::Mprotect { addr, len, prot } => {
+                let (a, _) = self.addr(addr)?;
+                match self.b.mprotect(a, *len, *prot) {
+                    Ok(()) => ok("ok"),
+                    Err(e) => Self::errno_res(e),
+                }
+            }
+            Op::Madvise { addr, len, advice } => {
+                let (a, _) = self.addr(addr)?;
+                match self.b.madvise(a, *len, *advice) {
+                    Ok(()) => ok("ok"),
+                    Err(e) => Self::errno_res(e),
+                }
+            }
+            Op::Fill { addr, len, seed } => {
+                let (a, base) = self.addr(addr)?;
+                let mut p = a;
+                while p < a + len {
+                    if let Err(e) = self.b.store(p, pattern(*seed, p - base)) {
+                        return Ok(Self::errno_res(e));
+                    }
+                    p += 4096;
+                }
+                ok("ok")
+            }
+            Op::Check {
+                addr,
+                len,
+                pattern: pat,
+            } => {
+                let (a, base) = self.addr(addr)?;
+                let mut p = a;
+                while p < a + len {
+                    let want = match pat {
+                        Pattern::Zero => 0,
+                        Pattern::Seed(s) => pattern(*s, p - base),
+                    };
+                    match self.b.load(p) {
+                        Ok(got) if got == want => {}
+                        Ok(got) => {
+                            return Ok(Res::Fail(
+                                format!("at +{:#x}: expected {want:#x}, read {got:#x}", p - a),
+                                Some(format!("differs at +{:#x}", p - a)),
+                            ))
+                        }
+                        Err(e) => return Ok(Self::errno_res(e)),
+                    }
+                    p += 4096;
+                }
+                ok("ok")
+            }
+            Op::Write { addr, value } => {
+                let (a, _) = self.addr(addr)?;
+                match self.b.store(a, *value) {
+                    Ok(()) => ok("ok"),
+                    Err(e) => Self::errno_res(e),
+                }
+            }
+            Op::Read { addr } => {
+                let (a, _) = self.addr(addr)?;
+                match self.b.load(a) {
+                    Ok(v) => ok(format!("{v:#x}")),
+                    Err(e) => Self::errno_res(e),
+                }
+            }
+            Op::ExpectValue { addr, value } => {
+                let (a, _) = self.addr(addr)?;
+                match self.b.load(a) {
+                    Ok(v) if v == *value => ok(format!("{v:#x}")),
+                    Ok(v) => Res::Fail(
+                        format!("expected {value:#x}, read {v:#x}"),
+                        Some(format!("{v:#x}")),
+                    ),
+                    Err(e) => Self::errno_res(e),
+                }
+            }
+            Op::Fork { child } => {
+                if self.procs.contains_key(child) {
+                    return Err(format!("process {child:?} exists"));
+                }
+                match self.b.fork(child) {
+                    Ok(()) => {
+                        let st = self.st().clone();
+                        self.procs.insert(
+                            child.clone(),
+                            ProcState {
+                                marks: HashMap::new(),
+                                ..st
+                            },
+                        );
+                        ok("ok")
+                    }
+                    Err(e) => Self::errno_res(e),
+                }
+            }
+            Op::Switch { proc_name } => {
+                if !self.procs.contains_key(proc_name) {
+                    return Err(format!("no process {proc_name:?}"));
+                }
+                self.b.switch(proc_name)?;
+                self.cur = proc_name.clone();
+                ok("ok")
+            }
+            Op::Exit { proc_name } => {
+                let name = proc_name.clone().unwrap_or_else(|| self.cur.clone());
+                if !self.procs.contains_key(&name) {
+                    return Err(format!("no process {name:?}"));
+                }
+                self.b.exit(&name)?;
+                self.procs.remove(&name);
+                if name == self.cur {
+                    // Back to any process still alive (the interpreter needs
+                    // one to be current; the scenario should switch).
+                    if let Some(n) = self.procs.keys().min().cloned() {
+                        self.b.switch(&n)?;
+                        self.cur = n;
+                    }
+                }
+                ok("ok")
+            }
+            Op::Knob { size_kb, mode } => match self.b.knob(*size_kb, mode) {
+                Ok(()) => ok("ok"),
+                Err(why) => Res::Skip(why),
+            },
+            Op::Mark { name } => {
+                let f = self.b.figures()?;
+                self.st().marks.insert(name.clone(), f);
+                Res::Ok(None, "ok".into())
+            }
+            Op::Print { fig } => {
+                let f = self.b.figures()?;
+                Res::Ok(None, format!("{} {} kB", fig.name(), f[fig_index(*fig)]))
+            }
+            Op::ExpectFigure { fig, since, value } => {
+                let f = self.b.figures()?;
+                let i = fig_index(*fig);
+                let (got, what) = match since {
+                    Some(m) => {
+                        let cur = self.cur.clone();
+                        let base = self
+                            .st()
+                            .marks
+                            .get(m)
+                            .ok_or_else(|| format!("no mark {m:?} in process {cur}"))?[i];
+                        (f[i] - base, format!("{} since {m}", fig.name()))
+                    }
+                    None => (f[i], fig.name().to_string()),
+                };
+                // Absolute figures include what the host process itself
+                // uses: only changes are compared between backends.
+                let cmp = since.as_ref().map(|_| format!("{} {:+}", fig.name(), got));
+                if got == *value {
+                    Res::Ok(cmp, format!("{what} {got:+} kB"))
+                } else {
+                    Res::Fail(
+                        format!("{what}: expected {value:+} kB, got {got:+} kB"),
+                        cmp,
+                    )
+                }
+            }
+            Op::Fails { errno, op } => match self.exec_inner(op)? {
+                Res::Fail(_, Some(got)) if &got == errno => ok(errno.clone()),
+                Res::Fail(msg, cmp) => Res::Fail(format!("expected {errno}, got: {msg}"), cmp),
+                Res::Ok(..) => Res::Fail(
+                    format!("expected {errno}, but it succeeded"),
+                    Some("ok".into()),
+                ),
+                Res::Skip(w) => Res::Skip(w),
+            },
+            Op::Dump => Res::Ok(None, format!("\n{}", self.b.dump())),
+        })
+    }
+
+    /// `map ... align=A`: map more and trim both ends.
+    fn map_aligned(&mut self, len: u64, prot: u32, flags: u32, align: u64) -> Result<u64, Errno> {
+        let raw = self.b.mmap(0, len + align, prot, flags)?;
+        let a = (raw + align - 1) & !(align - 1);
+        if a > raw {
+            self.b.munmap(raw, a - raw)?;
+        }
+        if raw + len + align > a + len {
+            self.b.munmap(a + len, raw + len + align - (a + len))?;
+        }
+        Ok(a)
+    }
+}
+
+fn fig_index(f: Figure) -> usize {
+    Figure::ALL.iter().position(|&x| x == f).unwrap()
+}
+
+/// Run a parsed scenario on a backend.
+pub fn run(stmts: &[Stmt], b: &mut dyn Backend, backend: &'static str) -> Report {
+    let mut it = Interp {
+        b,
+        procs: HashMap::from([(MAIN.to_string(), ProcState::default())]),
+        cur: MAIN.to_string(),
+    };
+    let mut outcomes = vec![];
+    let (mut passed, mut failed) = (0, 0);
+    for s in stmts {
+        let (compare, shown, fail) = match it.exec(&s.op) {
+            Res::Ok(c, shown) => (c, shown, None),
+            Res::Fail(msg, c) => (c, String::new(), Some(msg)),
+            Res::Skip(why) => {
+                return Report {
+                    backend,
+                    outcomes,
+                    passed,
+                    failed,
+                    skipped: Some(format!("line {}: {why}", s.line)),
+                }
+            }
+        };
+        if fail.is_some() {
+            failed += 1;
+        } else {
+            passed += 1;
+        }
+        outcomes.push(Outcome {
+            line: s.line,
+            text: s.text.clone(),
+            compare,
+            shown,
+            failed: fail,
+        });
+    }
+    Report {
+        backend,
+        outcomes,
+        passed,
+        failed,
+        skipped: None,
+    }
+}

@@ -1,0 +1,606 @@
+//! The scenario language: one statement a line, `#` starts a comment.
+//! See docs/scenarios.md for the language; this is its parser. Errors carry
+//! the line and column of the offending word.
+
+use std::fmt;
+
+/// A parse error at a 1-based line and column.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParseError {
+    pub line: usize,
+    pub col: usize,
+    pub msg: String,
+}
+
+impl fmt::Display for ParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}: {}", self.line, self.col, self.msg)
+    }
+}
+
+/// An address: a region's start plus an offset, or an absolute number.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Addr {
+    Abs(u64),
+    Region { name: String, off: i64 },
+}
+
+/// A figure of /proc/<pid>/status or smaps_rollup, in kB.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Figure {
+    VmRss,
+    RssAnon,
+    VmPte,
+    AnonHugePages,
+}
+
+impl Figure {
+    pub const ALL: [Figure; 4] = [
+        Figure::VmRss,
+        Figure::RssAnon,
+        Figure::VmPte,
+        Figure::AnonHugePages,
+    ];
+    pub fn name(self) -> &'static str {
+        match self {
+            Figure::VmRss => "VmRSS",
+            Figure::RssAnon => "RssAnon",
+            Figure::VmPte => "VmPTE",
+            Figure::AnonHugePages => "AnonHugePages",
+        }
+    }
+    fn parse(s: &str) -> Option<Figure> {
+        Figure::ALL.into_iter().find(|f| f.name() == s)
+    }
+}
+
+/// What a `check` expects each page's first word to hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pattern {
+    Zero,
+    Seed(u64),
+}
+
+/// One statement.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// `map NAME LEN PROT [at=ADDR] [align=SIZE] [flags=a,b,...]`
+    Map {
+        name: String,
+        len: u64,
+        prot: u32,
+        at: Option<Addr>,
+        align: u64,
+        flags: u32,
+    },
+    Munmap {
+        addr: Addr,
+        len: Option<u64>,
+    },
+    Mprotect {
+        addr: Addr,
+        len: u64,
+        prot: u32,
+    },
+    Madvise {
+        addr: Addr,
+        len: u64,
+        advice: i32,
+    },
+    /// `fill ADDR LEN SEED`: the first word of every page gets the pattern.
+    Fill {
+        addr: Addr,
+        len: u64,
+        seed: u64,
+    },
+    /// `check ADDR LEN SEED|zero`
+    Check {
+        addr: Addr,
+        len: u64,
+        pattern: Pattern,
+    },
+    Write {
+        addr: Addr,
+        value: u64,
+    },
+    Read {
+        addr: Addr,
+    },
+    /// `expect ADDR == VALUE`
+    ExpectValue {
+        addr: Addr,
+        value: u64,
+    },
+    Fork {
+        child: String,
+    },
+    Switch {
+        proc_name: String,
+    },
+    Exit {
+        proc_name: Option<String>,
+    },
+    /// `knob enabled MODE` or `knob SIZE MODE`
+    Knob {
+        size_kb: Option<u64>,
+        mode: String,
+    },
+    Mark {
+        name: String,
+    },
+    Print {
+        fig: Figure,
+    },
+    /// `expect FIG [since MARK] == SIZE`
+    ExpectFigure {
+        fig: Figure,
+        since: Option<String>,
+        value: i64,
+    },
+    /// `fails ERRNO: STATEMENT`
+    Fails {
+        errno: String,
+        op: Box<Op>,
+    },
+    Dump,
+}
+
+#[derive(Debug, Clone)]
+pub struct Stmt {
+    pub line: usize,
+    pub text: String,
+    pub op: Op,
+}
+
+pub const PROT_READ: u32 = 1;
+pub const PROT_WRITE: u32 = 2;
+pub const PROT_EXEC: u32 = 4;
+pub const MAP_SHARED: u32 = 0x01;
+pub const MAP_PRIVATE: u32 = 0x02;
+pub const MAP_FIXED: u32 = 0x10;
+pub const MAP_ANONYMOUS: u32 = 0x20;
+pub const MAP_NORESERVE: u32 = 0x4000;
+pub const MAP_POPULATE: u32 = 0x8000;
+pub const MAP_FIXED_NOREPLACE: u32 = 0x100000;
+
+struct Words<'a> {
+    line: usize,
+    words: Vec<(usize, &'a str)>,
+    at: usize,
+}
+
+impl<'a> Words<'a> {
+    fn new(line: usize, text: &'a str) -> Self {
+        let mut words = vec![];
+        let mut start = None;
+        for (i, c) in text.char_indices() {
+            if c.is_whitespace() {
+                if let Some(s) = start.take() {
+                    words.push((s + 1, &text[s..i]));
+                }
+            } else if start.is_none() {
+                start = Some(i);
+            }
+        }
+        if let Some(s) = start {
+            words.push((s + 1, &text[s..]));
+        }
+        Words { line, words, at: 0 }
+    }
+
+    fn err(&self, col: usize, msg: impl Into<String>) -> ParseError {
+        ParseError {
+            line: self.line,
+            col,
+            msg: msg.into(),
+        }
+    }
+
+    /// The column just past the last word (for "missing ..." errors).
+    fn end_col(&self) -> usize {
+        self.words.last().map_or(1, |(c, w)| c + w.len())
+    }
+
+    fn next(&mut self, what: &str) -> Result<(usize, &'a str), ParseError> {
+        let w = self
+            .words
+            .get(self.at)
+            .copied()
+            .ok_or_else(|| self.err(self.end_col(), format!("expected {what}")))?;
+        self.at += 1;
+        Ok(w)
+    }
+
+    fn peek(&self) -> Option<&'a str> {
+        self.words.get(self.at).map(|w| w.1)
+    }
+
+    fn done(&self) -> Result<(), ParseError> {
+        match self.words.get(self.at) {
+            None => Ok(()),
+            Some((c, w)) => Err(self.err(*c, format!("unexpected {w:?}"))),
+        }
+    }
+
+    fn number(&mut self, what: &str) -> Result<u64, ParseError> {
+        let (c, w) = self.next(what)?;
+        parse_size(w).ok_or_else(|| self.err(c, format!("expected {what}, found {w:?}")))
+    }
+
+    fn name(&mut self, what: &str) -> Result<String, ParseError> {
+        let (c, w) = self.next(what)?;
+        if w.chars().all(|ch| ch.is_ascii_alphanumeric() || ch == '_')
+            && w.chars().next().is_some_and(|ch| ch.is_ascii_alphabetic())
+        {
+            Ok(w.to_string())
+        } else {
+            Err(self.err(c, format!("expected {what} (a name), found {w:?}")))
+        }
+    }
+
+    fn addr(&mut self) -> Result<Addr, ParseError> {
+        let (c, w) = self.next("an address")?;
+        parse_addr(w).ok_or_else(|| self.err(c, format!("expected an address, found {w:?}")))
+    }
+
+    fn prot(&mut self) -> Result<u32, ParseError> {
+        let (c, w) = self.next("a protection (r, rw, rwx, none)")?;
+        parse_prot(w).ok_or_else(|| self.err(c, format!("bad protection {w:?}")))
+    }
+}
+
+/// `4096`, `0x1000`, `4K`, `2M`, `1G`.
+pub fn parse_size(w: &str) -> Option<u64> {
+    let (num, mult) = match w.chars().last()? {
+        'K' | 'k' => (&w[..w.len() - 1], 1u64 << 10),
+        'M' => (&w[..w.len() - 1], 1 << 20),
+        'G' => (&w[..w.len() - 1], 1 << 30),
+        _ => (w, 1),
+    };
+    let v = if let Some(h) = num.strip_prefix("0x") {
+        u64::from_str_radix(h, 16).ok()?
+    } else {
+        num.parse().ok()?
+    };
+    v.checked_mul(mult)
+}
+
+fn parse_signed_size(w: &str) -> Option<i64> {
+    match w.strip_prefix('-') {
+        Some(rest) => parse_size(rest)
+            .and_then(|v| i64::try_from(v).ok())
+            .map(|v| -v),
+        None => parse_size(w.strip_prefix('+').unwrap_or(w)).and_then(|v| i64::try_from(v).ok()),
+    }
+}
+
+fn parse_addr(w: &str) -> Option<Addr> {
+    if w.starts_with(|c: char| c.is_ascii_digit()) {
+        return parse_size(w).map(Addr::Abs);
+    }
+    let split = w.find(['+', '-']);
+    let (name, off) = match split {
+        Some(i) => (&w[..i], parse_signed_size(&w[i..])?),
+        None => (w, 0),
+    };
+    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return None;
+    }
+    Some(Addr::Region {
+        name: name.to_string(),
+        off,
+    })
+}
+
+fn parse_prot(w: &str) -> Option<u32> {
+    if w == "none" {
+        return Some(0);
+    }
+    let mut p = 0;
+    for c in w.chars() {
+        p |= match c {
+            'r' => PROT_READ,
+            'w' => PROT_WRITE,
+            'x' => PROT_EXEC,
+            _ => return None,
+        };
+    }
+    Some(p)
+}
+
+fn parse_flags(w: &str) -> Option<u32> {
+    let mut f = 0;
+    for part in w.split(',') {
+        f |= match part {
+            "private" => MAP_PRIVATE,
+            "shared" => MAP_SHARED,
+            "anonymous" => MAP_ANONYMOUS,
+            "fixed" => MAP_FIXED,
+            "noreplace" => MAP_FIXED_NOREPLACE,
+            "noreserve" => MAP_NORESERVE,
+            "populate" => MAP_POPULATE,
+            _ => return None,
+        };
+    }
+    Some(f)
+}
+
+fn parse_advice(w: &str) -> Option<i32> {
+    Some(match w {
+        "normal" => 0,
+        "dontneed" => 4,
+        "free" => 8,
+        "hugepage" => 14,
+        "nohugepage" => 15,
+        _ => return None,
+    })
+}
+
+const KNOB_MODES: [&str; 4] = ["always", "inherit", "madvise", "never"];
+
+fn parse_op(w: &mut Words) -> Result<Op, ParseError> {
+    let (c, verb) = w.next("a statement")?;
+    let op = match verb {
+        "map" => {
+            let name = w.name("a region name")?;
+            let len = w.number("a length")?;
+            let prot = w.prot()?;
+            let (mut at, mut align, mut flags) = (None, 0, MAP_PRIVATE | MAP_ANONYMOUS);
+            while w.peek().is_some() {
+                let (col, word) = w.next("an option")?;
+                if let Some(v) = word.strip_prefix("at=") {
+                    at = Some(
+                        parse_addr(v).ok_or_else(|| w.err(col, format!("bad address {v:?}")))?,
+                    );
+                } else if let Some(v) = word.strip_prefix("align=") {
+                    align = parse_size(v)
+                        .filter(|a| a.is_power_of_two())
+                        .ok_or_else(|| w.err(col, format!("bad alignment {v:?}")))?;
+                } else if let Some(v) = word.strip_prefix("flags=") {
+                    flags = parse_flags(v).ok_or_else(|| w.err(col, format!("bad flags {v:?}")))?;
+                } else {
+                    return Err(w.err(
+                        col,
+                        format!("unknown option {word:?} (at=, align=, flags=)"),
+                    ));
+                }
+            }
+            Op::Map {
+                name,
+                len,
+                prot,
+                at,
+                align,
+                flags,
+            }
+        }
+        "munmap" => {
+            let addr = w.addr()?;
+            let len = if w.peek().is_some() {
+                Some(w.number("a length")?)
+            } else {
+                None
+            };
+            Op::Munmap { addr, len }
+        }
+        "mprotect" => Op::Mprotect {
+            addr: w.addr()?,
+            len: w.number("a length")?,
+            prot: w.prot()?,
+        },
+        "madvise" => {
+            let addr = w.addr()?;
+            let len = w.number("a length")?;
+            let (col, a) = w.next("an advice (dontneed, free, hugepage, nohugepage)")?;
+            let advice =
+                parse_advice(a).ok_or_else(|| w.err(col, format!("unknown advice {a:?}")))?;
+            Op::Madvise { addr, len, advice }
+        }
+        "fill" => Op::Fill {
+            addr: w.addr()?,
+            len: w.number("a length")?,
+            seed: w.number("a seed")?,
+        },
+        "check" => {
+            let addr = w.addr()?;
+            let len = w.number("a length")?;
+            let (col, p) = w.next("a seed or zero")?;
+            let pattern =
+                if p == "zero" {
+                    Pattern::Zero
+                } else {
+                    Pattern::Seed(parse_size(p).ok_or_else(|| {
+                        w.err(col, format!("expected a seed or zero, found {p:?}"))
+                    })?)
+                };
+            Op::Check { addr, len, pattern }
+        }
+        "write" => Op::Write {
+            addr: w.addr()?,
+            value: w.number("a value")?,
+        },
+        "read" => Op::Read { addr: w.addr()? },
+        "expect" => {
+            let (col, first) = w.next("a figure or an address")?;
+            if let Some(fig) = Figure::parse(first) {
+                let mut since = None;
+                if w.peek() == Some("since") {
+                    w.next("since")?;
+                    since = Some(w.name("a mark")?);
+                }
+                let (col2, eq) = w.next("==")?;
+                if eq != "==" {
+                    return Err(w.err(col2, format!("expected ==, found {eq:?}")));
+                }
+                let (col3, v) = w.next("a size")?;
+                let value = parse_signed_size(v)
+                    .ok_or_else(|| w.err(col3, format!("expected a size, found {v:?}")))?;
+                Op::ExpectFigure {
+                    fig,
+                    since,
+                    value: value >> 10,
+                }
+            } else {
+                let addr = parse_addr(first).ok_or_else(|| {
+                    w.err(col, format!("expected a figure (VmRSS, RssAnon, VmPTE, AnonHugePages) or an address, found {first:?}"))
+                })?;
+                let (col2, eq) = w.next("==")?;
+                if eq != "==" {
+                    return Err(w.err(col2, format!("expected ==, found {eq:?}")));
+                }
+                Op::ExpectValue {
+                    addr,
+                    value: w.number("a value")?,
+                }
+            }
+        }
+        "fork" => Op::Fork {
+            child: w.name("a process name")?,
+        },
+        "switch" => Op::Switch {
+            proc_name: w.name("a process name")?,
+        },
+        "exit" => Op::Exit {
+            proc_name: if w.peek().is_some() {
+                Some(w.name("a process name")?)
+            } else {
+                None
+            },
+        },
+        "knob" => {
+            let (col, which) = w.next("enabled or a size")?;
+            let size_kb = if which == "enabled" {
+                None
+            } else {
+                let kb = parse_size(which)
+                    .map(|b| b >> 10)
+                    .filter(|kb| [16, 32, 64, 128, 256, 512, 1024, 2048].contains(kb));
+                Some(kb.ok_or_else(|| {
+                    w.err(
+                        col,
+                        format!("expected enabled or an mTHP size (16K..2M), found {which:?}"),
+                    )
+                })?)
+            };
+            let (col, mode) = w.next("a mode")?;
+            if !KNOB_MODES.contains(&mode) || (size_kb.is_none() && mode == "inherit") {
+                return Err(w.err(col, format!("bad mode {mode:?}")));
+            }
+            Op::Knob {
+                size_kb,
+                mode: mode.to_string(),
+            }
+        }
+        "mark" => Op::Mark {
+            name: w.name("a mark name")?,
+        },
+        "print" => {
+            let (col, f) = w.next("a figure")?;
+            Op::Print {
+                fig: Figure::parse(f).ok_or_else(|| w.err(col, format!("unknown figure {f:?}")))?,
+            }
+        }
+        "fails" => {
+            let (col, e) = w.next("an errno")?;
+            let Some(name) = e.strip_suffix(':') else {
+                return Err(w.err(col, format!("expected ERRNO: (with a colon), found {e:?}")));
+            };
+            if usermm::Errno::from_name(name).is_none() {
+                return Err(w.err(col, format!("unknown errno {name:?}")));
+            }
+            let inner = parse_op(w)?;
+            if matches!(inner, Op::Fails { .. }) {
+                return Err(w.err(col, "fails cannot be nested"));
+            }
+            return Ok(Op::Fails {
+                errno: name.to_string(),
+                op: Box::new(inner),
+            });
+        }
+        "dump" => Op::Dump,
+        other => return Err(w.err(c, format!("unknown statement {other:?}"))),
+    };
+    w.done()?;
+    Ok(op)
+}
+
+/// Parse a whole scenario.
+pub fn parse(src: &str) -> Result<Vec<Stmt>, ParseError> {
+    let mut out = vec![];
+    for (i, raw) in src.lines().enumerate() {
+        let line = i + 1;
+        let text = raw.split('#').next().unwrap_or("");
+        if text.trim().is_empty() {
+            continue;
+        }
+        let mut w = Words::new(line, text);
+        let op = parse_op(&mut w)?;
+        out.push(Stmt {
+            line,
+            text: text.trim().to_string(),
+            op,
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_statements() {
+        let s = parse(
+            "# a comment\nmap A 2M rw at=0x600000000000 align=2M flags=private,anonymous\n\
+             fill A 64K 7   # trailing comment\ncheck A+0x1000 4K zero\nexpect VmRSS since m == 64K\n\
+             fails EINVAL: munmap A+1 4K\nknob 64K always\nexpect A+8 == 0x10\n",
+        )
+        .unwrap();
+        assert_eq!(s.len(), 7);
+        assert!(
+            matches!(&s[0].op, Op::Map { len, align, .. } if *len == 2 << 20 && *align == 2 << 20)
+        );
+        assert!(matches!(
+            &s[2].op,
+            Op::Check {
+                pattern: Pattern::Zero,
+                ..
+            }
+        ));
+        assert!(matches!(&s[3].op, Op::ExpectFigure { value: 64, .. }));
+        assert!(matches!(&s[4].op, Op::Fails { errno, .. } if errno == "EINVAL"));
+        assert_eq!(s[4].line, 6);
+    }
+
+    #[test]
+    fn errors_have_line_and_column() {
+        let e = parse("map A 2M rw\nmunmap A zz\n").unwrap_err();
+        assert_eq!((e.line, e.col), (2, 10));
+        let e = parse("  frobnicate\n").unwrap_err();
+        assert_eq!((e.line, e.col), (1, 3));
+        let e = parse("map A\n").unwrap_err();
+        assert_eq!((e.line, e.col), (1, 6));
+        let e = parse("fails NOPE: munmap A\n").unwrap_err();
+        assert_eq!((e.line, e.col), (1, 7));
+    }
+
+    #[test]
+    fn hostile_input_never_panics() {
+        for src in [
+            "map",
+            "map A 99999999999999999999G rw",
+            "expect",
+            "fails",
+            "fails EINVAL:",
+            "knob 3K always",
+            "map A 4K rw at=",
+            "check A 4K",
+            "munmap -",
+            "expect A+ == 1",
+            "\u{0}\u{ffff}",
+            "map A 4K rw align=3",
+        ] {
+            let _ = parse(src);
+        }
+    }
+}
