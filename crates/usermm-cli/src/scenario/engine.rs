@@ -89,7 +89,7 @@ impl Backend for EngineBackend {
         }
         Ok(())
     }
-    fn figures(&mut self) -> Result<[i64; 4], String> {
+    fn figures(&mut self) -> Result<[i64; 5], String> {
         let mm = &self.procs[&self.cur];
         self.m.rcu_barrier();
         let s = usermm::proc::status(mm);
@@ -99,6 +99,7 @@ impl Backend for EngineBackend {
             s.rss_anon as i64,
             s.vm_pte as i64,
             r.anon_huge_pages as i64,
+            mm.map_count() as i64,
         ])
     }
     fn knob(&mut self, size_kb: Option<u64>, mode: &str) -> Result<(), String> {

@@ -203,7 +203,7 @@ impl Backend for HostBackend {
         }
         Ok(())
     }
-    fn figures(&mut self) -> Result<[i64; 4], String> {
+    fn figures(&mut self) -> Result<[i64; 5], String> {
         let r = self.call("figures")?;
         let v: Vec<i64> = r
             .split_whitespace()
@@ -371,7 +371,8 @@ fn serve(mut r: BufReader<File>, mut w: File) -> ! {
                     read_proc("/proc/self/smaps_rollup", &mut proc_buf),
                     "AnonHugePages",
                 );
-                format!("ok {a} {b} {c} {d}")
+                let e = read_proc("/proc/self/maps", &mut proc_buf).lines().count();
+                format!("ok {a} {b} {c} {d} {e}")
             }
             Some("dump") => {
                 let st = std::fs::read_to_string("/proc/self/status").unwrap_or_default();

@@ -33,8 +33,9 @@ pub trait Backend {
     fn switch(&mut self, name: &str) -> Result<(), String>;
     /// The process `name` exits.
     fn exit(&mut self, name: &str) -> Result<(), String>;
-    /// VmRSS, RssAnon, VmPTE, AnonHugePages of the current process, kB.
-    fn figures(&mut self) -> Result<[i64; 4], String>;
+    /// VmRSS, RssAnon, VmPTE, AnonHugePages (kB) and the number of VMAs
+    /// of the current process.
+    fn figures(&mut self) -> Result<[i64; 5], String>;
     /// Set a THP knob; Err says why it cannot be (the scenario is skipped).
     fn knob(&mut self, size_kb: Option<u64>, mode: &str) -> Result<(), String>;
     /// A description of the current process's state, for `dump`.
@@ -107,7 +108,7 @@ pub fn pattern(seed: u64, rel: u64) -> u64 {
 #[derive(Default, Clone)]
 struct ProcState {
     regions: HashMap<String, (u64, u64)>,
-    marks: HashMap<String, [i64; 4]>,
+    marks: HashMap<String, [i64; 5]>,
 }
 
 struct Interp<'b> {
@@ -359,6 +360,19 @@ impl Interp<'_> {
                 Ok(()) => ok("ok"),
                 Err(why) => Res::Skip(why),
             },
+            Op::KnobOnly { size_kb } => {
+                let mut r = self.b.knob(None, "never");
+                for kb in [16u64, 32, 64, 128, 256, 512, 1024, 2048] {
+                    if r.is_ok() {
+                        let mode = if kb == *size_kb { "always" } else { "never" };
+                        r = self.b.knob(Some(kb), mode);
+                    }
+                }
+                match r {
+                    Ok(()) => ok("ok"),
+                    Err(why) => Res::Skip(why),
+                }
+            }
             Op::Mark { name } => {
                 let f = self.b.figures()?;
                 self.st().marks.insert(name.clone(), f);
@@ -366,7 +380,7 @@ impl Interp<'_> {
             }
             Op::Print { fig } => {
                 let f = self.b.figures()?;
-                Res::Ok(None, format!("{} {} kB", fig.name(), f[fig_index(*fig)]))
+                Res::Ok(None, format!("{} {}", fig.name(), f[fig_index(*fig)]))
             }
             Op::ExpectFigure { fig, since, value } => {
                 let f = self.b.figures()?;

@@ -32,14 +32,17 @@ pub enum Figure {
     RssAnon,
     VmPte,
     AnonHugePages,
+    /// The number of VMAs (lines of /proc/<pid>/maps); a count, not kB.
+    Vmas,
 }
 
 impl Figure {
-    pub const ALL: [Figure; 4] = [
+    pub const ALL: [Figure; 5] = [
         Figure::VmRss,
         Figure::RssAnon,
         Figure::VmPte,
         Figure::AnonHugePages,
+        Figure::Vmas,
     ];
     pub fn name(self) -> &'static str {
         match self {
@@ -47,6 +50,7 @@ impl Figure {
             Figure::RssAnon => "RssAnon",
             Figure::VmPte => "VmPTE",
             Figure::AnonHugePages => "AnonHugePages",
+            Figure::Vmas => "VMAs",
         }
     }
     fn parse(s: &str) -> Option<Figure> {
@@ -124,6 +128,11 @@ pub enum Op {
     Knob {
         size_kb: Option<u64>,
         mode: String,
+    },
+    /// `knob only SIZE`: that size `always`, every other size and the top
+    /// level `never` (`only 4K`: all never).
+    KnobOnly {
+        size_kb: u64,
     },
     Mark {
         name: String,
@@ -275,10 +284,17 @@ fn parse_signed_size(w: &str) -> Option<i64> {
 }
 
 fn parse_addr(w: &str) -> Option<Addr> {
-    if w.starts_with(|c: char| c.is_ascii_digit()) {
-        return parse_size(w).map(Addr::Abs);
-    }
     let split = w.find(['+', '-']);
+    if w.starts_with(|c: char| c.is_ascii_digit()) {
+        return match split {
+            Some(i) => {
+                let base = parse_size(&w[..i])?;
+                let off = parse_signed_size(&w[i..])?;
+                Some(Addr::Abs(base.checked_add_signed(off)?))
+            }
+            None => parse_size(w).map(Addr::Abs),
+        };
+    }
     let (name, off) = match split {
         Some(i) => (&w[..i], parse_signed_size(&w[i..])?),
         None => (w, 0),
@@ -438,7 +454,12 @@ fn parse_op(w: &mut Words) -> Result<Op, ParseError> {
                 Op::ExpectFigure {
                     fig,
                     since,
-                    value: value >> 10,
+                    // Sizes are in kB; the VMA count is a plain number.
+                    value: if fig == Figure::Vmas {
+                        value
+                    } else {
+                        value >> 10
+                    },
                 }
             } else {
                 let addr = parse_addr(first).ok_or_else(|| {
@@ -468,7 +489,18 @@ fn parse_op(w: &mut Words) -> Result<Op, ParseError> {
             },
         },
         "knob" => {
-            let (col, which) = w.next("enabled or a size")?;
+            let (col, which) = w.next("enabled, only, or a size")?;
+            if which == "only" {
+                let (col, sz) = w.next("a folio size")?;
+                let kb = parse_size(sz)
+                    .map(|b| b >> 10)
+                    .filter(|kb| [4, 16, 32, 64, 128, 256, 512, 1024, 2048].contains(kb));
+                let size_kb = kb.ok_or_else(|| {
+                    w.err(col, format!("expected a folio size (4K..2M), found {sz:?}"))
+                })?;
+                w.done()?;
+                return Ok(Op::KnobOnly { size_kb });
+            }
             let size_kb = if which == "enabled" {
                 None
             } else {
