@@ -67,8 +67,17 @@ fn mprotect_walk(
             return Err(Errno::ENOMEM);
         };
         let tmp = vma.end().min(end);
-        let newflags = (vma.flags() & !VM_ACCESS_FLAGS) | calc_vm_prot_bits(prot);
-        if newflags != vma.flags() {
+        let oldflags = vma.flags();
+        let mut newflags = (oldflags & !VM_ACCESS_FLAGS) | calc_vm_prot_bits(prot);
+        // A private mapping made writable for the first time is charged
+        // (VM_ACCOUNT), as if it had been mapped writable: which also lets
+        // it merge with neighbours that were.
+        if newflags & VM_WRITE != 0
+            && oldflags & (VM_ACCOUNT | VM_WRITE | VM_SHARED | VM_NORESERVE) == 0
+        {
+            newflags |= VM_ACCOUNT;
+        }
+        if newflags != oldflags {
             mprotect_fixup(oncpu, mm, tree, addr, tmp, newflags)?;
         }
         addr = tmp;
