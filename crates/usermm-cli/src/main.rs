@@ -27,6 +27,55 @@ enum Cmd {
     /// Exit status: 0 every expectation held, 1 one failed, 2 malformed
     /// file, 3 skipped (host knobs could not be set).
     Run(RunArgs),
+    /// Run a scenario in usermm, then show the VMAs, page tables, folios,
+    /// TLBs and counters (a `dump` line in the scenario shows them there).
+    Inspect(InspectArgs),
+}
+
+#[derive(clap::Args)]
+struct InspectArgs {
+    /// The scenario file.
+    file: std::path::PathBuf,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+fn inspect(a: InspectArgs) -> anyhow::Result<i32> {
+    let src = std::fs::read(&a.file).map_err(|e| anyhow::anyhow!("{}: {e}", a.file.display()))?;
+    let stmts = match scenario::parse::parse(&String::from_utf8_lossy(&src)) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("{}:{e}", a.file.display());
+            return Ok(2);
+        }
+    };
+    let mut b = scenario::engine::EngineBackend::new()?;
+    let report = scenario::run(&stmts, &mut b, "usermm");
+    for o in report.outcomes.iter().filter(|o| o.failed.is_some()) {
+        eprintln!(
+            "line {}: {}: {}",
+            o.line,
+            o.text,
+            o.failed.as_deref().unwrap_or("")
+        );
+    }
+    let ins = b.inspection();
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({ "processes": b.process_ids(), "inspection": ins })
+        );
+    } else {
+        let names: Vec<String> = b
+            .process_ids()
+            .into_iter()
+            .map(|(n, id)| format!("{n} = mm {id}"))
+            .collect();
+        println!("processes: {}", names.join(", "));
+        print!("{ins}");
+    }
+    Ok(report.exit_code())
 }
 
 #[derive(clap::Args)]
@@ -71,6 +120,10 @@ fn main() -> anyhow::Result<()> {
         Cmd::Bench(a) => bench::run(a),
         Cmd::Run(a) => {
             let code = run_scenario(a)?;
+            std::process::exit(code);
+        }
+        Cmd::Inspect(a) => {
+            let code = inspect(a)?;
             std::process::exit(code);
         }
     }

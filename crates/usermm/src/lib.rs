@@ -9,8 +9,8 @@
 //! 5. [`cpu`]: CPUs with software TLBs and shootdowns.
 //! 6. Operations: [`memory`] (faults, zap, copy), [`mmu_gather`], [`mmap`], [`fork`],
 //!    [`mprotect`], [`madvise`], [`uaccess`] (loads and stores).
-//! 7. Statistics: [`vmstat`], [`proc`] (status and smaps); and the oracles in
-//!    [`check`].
+//! 7. Statistics: [`vmstat`], [`proc`] (status and smaps), [`inspect`]; and
+//!    the oracles in [`check`].
 
 pub mod errno;
 pub mod phys;
@@ -27,6 +27,7 @@ pub use machine::{Machine, MachineConfig, OnCpu, ThpMode};
 pub mod check;
 pub mod fork;
 pub mod huge_memory;
+pub mod inspect;
 pub mod madvise;
 pub mod memory;
 pub mod mmap;

@@ -31,6 +31,23 @@ impl EngineBackend {
         })
     }
 
+    /// The whole machine, as `usermm inspect` shows it.
+    pub fn inspection(&self) -> usermm::inspect::Inspection {
+        self.m.rcu_barrier();
+        usermm::inspect::inspect(&self.m)
+    }
+
+    /// The scenario's process names and their mm ids.
+    pub fn process_ids(&self) -> Vec<(String, u64)> {
+        let mut v: Vec<(String, u64)> = self
+            .procs
+            .iter()
+            .map(|(n, mm)| (n.clone(), mm.id))
+            .collect();
+        v.sort_by_key(|x| x.1);
+        v
+    }
+
     /// Run `f` on CPU 0 with the current process loaded.
     fn on<R>(&self, f: impl FnOnce(&usermm::OnCpu) -> R) -> R {
         let c = self.m.bind(0).expect("CPU 0 is free between statements");

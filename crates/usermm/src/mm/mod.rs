@@ -83,6 +83,18 @@ impl std::fmt::Debug for Mm {
     }
 }
 
+impl Drop for Mm {
+    /// `__mmdrop` → `mm_free_pgd`: the last reference is gone (no CPU has
+    /// the mm loaded: each holds one while it does). The lower tables went
+    /// with exit_mmap; an mm dropped without it keeps them and its PGD (a
+    /// leak of the caller's making, but never a frame freed while mapped).
+    fn drop(&mut self) {
+        if self.pgtables_bytes.load(Ordering::Relaxed) == 0 {
+            crate::pgtable::table_free(&self.mem, self.pgd, self.mem.vmstat.no_cpu());
+        }
+    }
+}
+
 impl Mm {
     /// `mm_alloc` + `mm_init`: an empty address space with its PGD.
     pub fn new(mem: Arc<PhysMem>, home_node: usize, cpu: usize) -> KResult<Arc<Mm>> {
