@@ -145,6 +145,11 @@ pub fn run(a: &BenchArgs, op: Op) -> anyhow::Result<Vec<Row>> {
         .map_err(|e| anyhow!("machine: {e}"))?;
     m.prefault();
     let mut rows = vec![];
+    let ncases = CASES
+        .iter()
+        .filter(|c| a.sizes.is_empty() || a.sizes.contains(&c.kb))
+        .count();
+    let pb = crate::bench::progress(op.name(), (ncases * runs) as u64);
     for case in CASES
         .into_iter()
         .filter(|c| a.sizes.is_empty() || a.sizes.contains(&c.kb))
@@ -156,7 +161,9 @@ pub fn run(a: &BenchArgs, op: Op) -> anyhow::Result<Vec<Row>> {
             native::HostKnobs::only_size(case.kb).map_err(|e| e.to_string())
         };
         let mut note = knobs.as_ref().err().cloned();
+        pb.set_message(case.label());
         for run in 0..runs {
+            pb.inc(1);
             // Alternate which arm goes first, so that neither always runs on
             // the allocator state the other left.
             let arms = if run % 2 == 0 {
@@ -195,10 +202,8 @@ pub fn run(a: &BenchArgs, op: Op) -> anyhow::Result<Vec<Row>> {
             seed_change_pct: (!case.pmd).then(|| op.seed_change(case.kb)).flatten(),
             host_note: note,
         });
-        if !a.json {
-            eprintln!("  {}: {} done", op.name(), case.label());
-        }
     }
+    pb.finish_and_clear();
     Ok(rows)
 }
 

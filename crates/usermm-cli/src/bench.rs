@@ -47,6 +47,19 @@ struct Row {
     host_note: Option<String>,
 }
 
+/// A progress bar on stderr for `n` steps of experiment `name` (hidden when
+/// stderr is not a terminal).
+pub fn progress(name: &str, n: u64) -> indicatif::ProgressBar {
+    let pb = indicatif::ProgressBar::new(n);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("{prefix:>9} [{bar:30}] {pos}/{len} {msg}")
+            .expect("a valid template")
+            .progress_chars("=> "),
+    );
+    pb.set_prefix(name.to_string());
+    pb
+}
+
 pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v[v.len() / 2]
@@ -155,6 +168,11 @@ fn bench_fault(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         .map_err(|e| anyhow::anyhow!("machine: {e}"))?;
     m.prefault();
     let mut rows = vec![];
+    let nsizes = SIZES_KB
+        .iter()
+        .filter(|k| a.sizes.is_empty() || a.sizes.contains(k))
+        .count();
+    let pb = progress("fault", (nsizes * runs) as u64);
     for &kb in SIZES_KB
         .iter()
         .filter(|k| a.sizes.is_empty() || a.sizes.contains(k))
@@ -169,7 +187,9 @@ fn bench_fault(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
             native::HostKnobs::only_size(kb).map_err(|e| e.to_string())
         };
         let mut note = host.as_ref().err().cloned();
+        pb.set_message(format!("{kb}K"));
         for _ in 0..runs {
+            pb.inc(1);
             let (p, u) = engine_populate_munmap(&m, len)?;
             pe.push(p);
             me.push(u);
@@ -200,10 +220,8 @@ fn bench_fault(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
                 host_note: note.clone(),
             });
         }
-        if !a.json {
-            eprintln!("  fault: {kb}K done");
-        }
     }
+    pb.finish_and_clear();
     if !a.json {
         println!(
             "bench fault: populate {} MiB by write faults, then munmap; medians of {runs} runs",

@@ -174,7 +174,7 @@ fn walk(m: &Machine, mm: &Mm) -> (PageTables, BTreeMap<String, usize>) {
                     }
                     let f = mem.page_folio(pte.pfn());
                     if seen.insert(f.pfn()) {
-                        let kb = f.nr_pages(mem) * PAGE_SIZE >> 10;
+                        let kb = (f.nr_pages(mem) * PAGE_SIZE) >> 10;
                         *folios.entry(kb.to_string()).or_default() += 1;
                     }
                 }
