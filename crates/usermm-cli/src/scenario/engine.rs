@@ -37,6 +37,12 @@ impl EngineBackend {
         usermm::inspect::inspect(&self.m)
     }
 
+    /// The invariant checker over the whole machine.
+    pub fn check(&self) -> Result<(), String> {
+        self.m.rcu_barrier();
+        usermm::check::check_invariants(&self.m)
+    }
+
     /// The scenario's process names and their mm ids.
     pub fn process_ids(&self) -> Vec<(String, u64)> {
         let mut v: Vec<(String, u64)> = self

@@ -180,6 +180,10 @@ impl Interp<'_> {
     }
 
     fn exec_inner(&mut self, op: &Op) -> Result<Res, String> {
+        let needs_process = !matches!(op, Op::Knob { .. } | Op::KnobOnly { .. } | Op::Fails { .. });
+        if needs_process && !self.procs.contains_key(&self.cur) {
+            return Err("no process is running (every one exited)".into());
+        }
         Ok(match op {
             Op::Map {
                 name,
@@ -252,12 +256,16 @@ impl Interp<'_> {
             }
             Op::Fill { addr, len, seed } => {
                 let (a, base) = self.addr(addr)?;
+                let end = a.checked_add(*len).ok_or("the range wraps around")?;
                 let mut p = a;
-                while p < a + len {
-                    if let Err(e) = self.b.store(p, pattern(*seed, p - base)) {
+                while p < end {
+                    if let Err(e) = self.b.store(p, pattern(*seed, p.wrapping_sub(base))) {
                         return Ok(Self::errno_res(e));
                     }
-                    p += 4096;
+                    p = match p.checked_add(4096) {
+                        Some(n) => n,
+                        None => break,
+                    };
                 }
                 ok("ok")
             }
@@ -267,11 +275,12 @@ impl Interp<'_> {
                 pattern: pat,
             } => {
                 let (a, base) = self.addr(addr)?;
+                let end = a.checked_add(*len).ok_or("the range wraps around")?;
                 let mut p = a;
-                while p < a + len {
+                while p < end {
                     let want = match pat {
                         Pattern::Zero => 0,
-                        Pattern::Seed(s) => pattern(*s, p - base),
+                        Pattern::Seed(s) => pattern(*s, p.wrapping_sub(base)),
                     };
                     match self.b.load(p) {
                         Ok(got) if got == want => {}
@@ -283,7 +292,10 @@ impl Interp<'_> {
                         }
                         Err(e) => return Ok(Self::errno_res(e)),
                     }
-                    p += 4096;
+                    p = match p.checked_add(4096) {
+                        Some(n) => n,
+                        None => break,
+                    };
                 }
                 ok("ok")
             }
@@ -424,7 +436,8 @@ impl Interp<'_> {
 
     /// `map ... align=A`: map more and trim both ends.
     fn map_aligned(&mut self, len: u64, prot: u32, flags: u32, align: u64) -> Result<u64, Errno> {
-        let raw = self.b.mmap(0, len + align, prot, flags)?;
+        let total = len.checked_add(align).ok_or(Errno::ENOMEM)?;
+        let raw = self.b.mmap(0, total, prot, flags)?;
         let a = (raw + align - 1) & !(align - 1);
         if a > raw {
             self.b.munmap(raw, a - raw)?;
@@ -482,5 +495,143 @@ pub fn run(stmts: &[Stmt], b: &mut dyn Backend, backend: &'static str) -> Report
         passed,
         failed,
         skipped: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Lines made of the language's words and some that are not.
+    fn line() -> impl Strategy<Value = String> {
+        let word = prop_oneof![
+            Just("map"),
+            Just("munmap"),
+            Just("mprotect"),
+            Just("madvise"),
+            Just("fill"),
+            Just("check"),
+            Just("write"),
+            Just("read"),
+            Just("expect"),
+            Just("fork"),
+            Just("switch"),
+            Just("exit"),
+            Just("knob"),
+            Just("mark"),
+            Just("print"),
+            Just("fails"),
+            Just("EINVAL:"),
+            Just("A"),
+            Just("B"),
+            Just("A+4K"),
+            Just("A-8K"),
+            Just("main"),
+            Just("0"),
+            Just("4K"),
+            Just("2M"),
+            Just("1G"),
+            Just("0xffffffffffffffff"),
+            Just("18446744073709551615"),
+            Just("rw"),
+            Just("r"),
+            Just("none"),
+            Just("zero"),
+            Just("dontneed"),
+            Just("free"),
+            Just("hugepage"),
+            Just("=="),
+            Just("since"),
+            Just("VmRSS"),
+            Just("VMAs"),
+            Just("only"),
+            Just("64K"),
+            Just("always"),
+            Just("never"),
+            Just("at=0x600000000000"),
+            Just("align=2M"),
+            Just("flags=private,anonymous"),
+            Just("flags=private,anonymous,fixed"),
+            Just("dump"),
+            Just("#"),
+            Just("\u{0}"),
+        ];
+        prop::collection::vec(word, 0..7).prop_map(|w| w.join(" "))
+    }
+
+    /// Well-formed statements with awkward arguments.
+    fn stmt() -> impl Strategy<Value = String> {
+        let addr = prop_oneof![
+            Just("A"),
+            Just("A+4K"),
+            Just("A-4K"),
+            Just("B+1"),
+            Just("0x10"),
+            Just("0xfffffffffffff000"),
+            Just("0x600000000000")
+        ];
+        let len = prop_oneof![
+            Just("0"),
+            Just("4K"),
+            Just("64K"),
+            Just("2M"),
+            Just("1G"),
+            Just("0xfffffffffffff000"),
+            Just("1")
+        ];
+        let prot = prop_oneof![Just("rw"), Just("r"), Just("none"), Just("rwx")];
+        let adv = prop_oneof![
+            Just("dontneed"),
+            Just("free"),
+            Just("hugepage"),
+            Just("nohugepage")
+        ];
+        let name = prop_oneof![Just("A"), Just("B"), Just("main"), Just("c")];
+        (0..14u8, addr, len, prot, adv, name).prop_map(|(k, a, l, p, v, n)| match k {
+            0 => format!("map {n} {l} {p}"),
+            1 => format!("map {n} {l} {p} at={a} flags=private,anonymous,fixed"),
+            2 => format!("munmap {a} {l}"),
+            3 => format!("mprotect {a} {l} {p}"),
+            4 => format!("madvise {a} {l} {v}"),
+            5 => format!("fill {a} {l} 3"),
+            6 => format!("check {a} {l} 3"),
+            7 => format!("write {a} 5"),
+            8 => format!("fork {n}"),
+            9 => format!("switch {n}"),
+            10 => format!("exit {n}"),
+            11 => "knob only 64K".to_string(),
+            12 => "mark m\nexpect VmRSS since m == 0".to_string(),
+            _ => format!("fails EINVAL: munmap {a} {l}"),
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+        /// Well-formed scenarios with hostile arguments run in usermm
+        /// without panicking, and the machine stays consistent.
+        #[test]
+        fn awkward_scenarios_run_without_panic(lines in prop::collection::vec(stmt(), 1..16)) {
+            let src = format!("map A 64K rw\nmap B 2M rw\n{}", lines.join("\n"));
+            let stmts = parse::parse(&src).unwrap();
+            let mut b = engine::EngineBackend::new().unwrap();
+            let _ = run(&stmts, &mut b, "usermm");
+            b.check().map_err(|e| TestCaseError::fail(format!("{src}\n{e}")))?;
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+        /// Any text: the parser answers with statements or an error; the
+        /// statements run in usermm without panicking.
+        #[test]
+        fn hostile_scenarios_never_panic(lines in prop::collection::vec(line(), 1..24)) {
+            let src = lines.join("\n");
+            if let Ok(stmts) = parse::parse(&src) {
+                let mut b = engine::EngineBackend::new().unwrap();
+                let r = run(&stmts, &mut b, "usermm");
+                prop_assert!(r.outcomes.len() <= stmts.len());
+            }
+        }
     }
 }
