@@ -38,6 +38,7 @@ impl EngineBackend {
     }
 
     /// The invariant checker over the whole machine.
+    #[cfg(test)]
     pub fn check(&self) -> Result<(), String> {
         self.m.rcu_barrier();
         usermm::check::check_invariants(&self.m)
