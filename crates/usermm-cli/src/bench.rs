@@ -246,6 +246,34 @@ fn bench_fault(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         }
         println!();
     }
+    let labels: Vec<String> = rows
+        .iter()
+        .filter(|r| r.op == "populate")
+        .map(|r| format!("{}K", r.folio_kb))
+        .collect();
+    let series: Vec<plot::Series> = ["populate", "munmap"]
+        .iter()
+        .map(|op| plot::Series {
+            label: format!("{op}: usermm vs host kernel"),
+            points: rows
+                .iter()
+                .filter(|r| r.op == *op)
+                .enumerate()
+                .filter_map(|(i, r)| r.ratio.map(|q| (i, (q - 1.0) * 100.0)))
+                .collect(),
+            dashed: *op == "munmap",
+        })
+        .filter(|s| !s.points.is_empty())
+        .collect();
+    if !series.is_empty() {
+        plot::change_plot(
+            &a.out.join("fault.svg"),
+            &format!("fault: usermm time vs host kernel time, {} MiB", a.size_mb),
+            &labels,
+            "usermm vs host (%)",
+            &series,
+        )?;
+    }
     Ok(
         serde_json::json!({ "experiment": "fault", "size_mb": a.size_mb, "runs": runs, "rows": rows }),
     )
