@@ -45,13 +45,15 @@ pub mod tlb;
 use std::time::{Duration, Instant};
 
 use crate::mm::Mm;
-use crate::sync::{spin_until, Arc, AtomicBool, Mutex, Ordering};
+use crate::sync::{spin_until, Arc, AtomicBool, AtomicU64, Mutex, Ordering};
 use crate::vmstat::{Event, VmStat};
 use shootdown::{Acks, CpuMode, MailFlag};
 use tlb::Tlb;
 
 /// `tlb_single_page_flush_ceiling`: above this many pages, flush everything.
 pub const TLB_SINGLE_PAGE_FLUSH_CEILING: u64 = 33;
+/// No address space loaded (a PFN no frame has).
+const NO_PGD: u64 = u64::MAX;
 /// `TLB_FLUSH_ALL`.
 pub const TLB_FLUSH_ALL: u64 = u64::MAX;
 /// Maximum CPUs (mm_cpumask is one word).
@@ -81,6 +83,12 @@ pub struct Cpu {
     pub tlb: Mutex<Tlb>,
     /// The loaded mm and its ASID slot (`cpu_tlbstate.loaded_mm`).
     loaded: Mutex<Option<(Arc<Mm>, usize)>>,
+    /// The loaded mm's PGD ([`NO_PGD`]: none) and ASID slot, for the access path
+    /// (CR3, as it were). Only the owning thread writes and reads them, in
+    /// `switch_mm` and on every access, so Relaxed suffices and no lock is
+    /// taken per access.
+    cr3_pgd: AtomicU64,
+    cr3_slot: AtomicU64,
 }
 
 impl Cpu {
@@ -94,6 +102,8 @@ impl Cpu {
             mailbox: Mutex::new(Vec::new()),
             tlb: Mutex::new(Tlb::default()),
             loaded: Mutex::new(None),
+            cr3_pgd: AtomicU64::new(NO_PGD),
+            cr3_slot: AtomicU64::new(0),
         }
     }
 
@@ -121,9 +131,11 @@ impl Cpu {
         self.loaded.lock().as_ref().map(|(mm, _)| mm.clone())
     }
 
-    /// The loaded mm's PGD and ASID slot, for the access path.
+    /// The loaded mm's PGD and ASID slot, for the access path. Owner only.
+    #[inline]
     pub fn loaded_pgd(&self) -> Option<(crate::phys::Pfn, usize)> {
-        self.loaded.lock().as_ref().map(|(mm, s)| (mm.pgd, *s))
+        let pgd = self.cr3_pgd.load(Ordering::Relaxed);
+        (pgd != NO_PGD).then(|| (pgd, self.cr3_slot.load(Ordering::Relaxed) as usize))
     }
 
     /// Enter user mode (return from the kernel): catch up with flushes that
@@ -191,6 +203,7 @@ impl Cpu {
     pub fn switch_mm(&self, next: Option<&Arc<Mm>>) {
         debug_assert!(!self.in_user());
         let mut loaded = self.loaded.lock();
+        self.cr3_pgd.store(NO_PGD, Ordering::Relaxed);
         if let Some((prev, _)) = loaded.take() {
             prev.cpumask.fetch_and(!(1 << self.id), Ordering::SeqCst);
         }
@@ -206,6 +219,8 @@ impl Cpu {
             }
             tlb.slots[slot].tlb_gen = gen;
             *loaded = Some((next.clone(), slot));
+            self.cr3_slot.store(slot as u64, Ordering::Relaxed);
+            self.cr3_pgd.store(next.pgd, Ordering::Relaxed);
         }
     }
 }
