@@ -936,10 +936,11 @@ pub fn free_pgd_range(
         let next = addr_end(a, end, PGDIR_SIZE);
         let e = entry_get(mem, mm.pgd, pgtable::pgd_index(a));
         if e != 0 {
-            free_pud_range(
+            free_table_range(
                 oncpu,
                 tlb,
-                (e & pgtable::entry::PTE_PFN_MASK) >> PAGE_SHIFT,
+                TableLevel::Pud,
+                next_table(e),
                 a,
                 next,
                 floor,
@@ -953,47 +954,51 @@ pub fn free_pgd_range(
     }
 }
 
-fn free_pud_range(
-    oncpu: &OnCpu,
-    tlb: &mut MmuGather,
-    pud_table: Pfn,
-    addr: u64,
-    end: u64,
-    floor: u64,
-    ceiling: u64,
-) {
-    let mem = oncpu.mem();
-    let mut a = addr;
-    loop {
-        let next = addr_end(a, end, PUD_SIZE);
-        let e = entry_get(mem, pud_table, pgtable::pud_index(a));
-        if e != 0 {
-            free_pmd_range(
-                oncpu,
-                tlb,
-                (e & pgtable::entry::PTE_PFN_MASK) >> PAGE_SHIFT,
-                a,
-                next,
-                floor,
-                ceiling,
-            );
-        }
-        a = next;
-        if a == end {
-            break;
+/// The two table levels `free_pgd_range` walks below the PGD.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum TableLevel {
+    /// A PUD table: its entries point to PMD tables.
+    Pud,
+    /// A PMD table: its entries point to PTE tables.
+    Pmd,
+}
+
+impl TableLevel {
+    fn entry_size(self) -> u64 {
+        match self {
+            TableLevel::Pud => PUD_SIZE,
+            TableLevel::Pmd => PMD_SIZE,
         }
     }
-    if let Some(start) = table_span_free(addr, end, floor, ceiling, pgtable::PGDIR_MASK) {
-        let mm = tlb.mm;
-        entry_set(mem, mm.pgd, pgtable::pgd_index(start), 0);
-        pt_free_tlb(oncpu, tlb, pud_table, start);
+    fn index(self, addr: u64) -> usize {
+        match self {
+            TableLevel::Pud => pgtable::pud_index(addr),
+            TableLevel::Pmd => pgtable::pmd_index(addr),
+        }
+    }
+    /// The span one table of this level covers.
+    fn table_mask(self) -> u64 {
+        match self {
+            TableLevel::Pud => pgtable::PGDIR_MASK,
+            TableLevel::Pmd => pgtable::PUD_MASK,
+        }
     }
 }
 
-fn free_pmd_range(
+#[inline]
+fn next_table(e: u64) -> Pfn {
+    (e & pgtable::entry::PTE_PFN_MASK) >> PAGE_SHIFT
+}
+
+/// `free_pud_range` / `free_pmd_range`: free the tables below `table` (a
+/// table of `level`) over `[addr, end)`, then `table` itself if the
+/// floor/ceiling rule lets it go, unhooking it from its parent.
+#[allow(clippy::too_many_arguments)]
+fn free_table_range(
     oncpu: &OnCpu,
     tlb: &mut MmuGather,
-    pmd_table: Pfn,
+    level: TableLevel,
+    table: Pfn,
     addr: u64,
     end: u64,
     floor: u64,
@@ -1002,34 +1007,48 @@ fn free_pmd_range(
     let mem = oncpu.mem();
     let mut a = addr;
     loop {
-        let next = addr_end(a, end, PMD_SIZE);
-        let idx = pgtable::pmd_index(a);
-        let e = entry_get(mem, pmd_table, idx);
+        let next = addr_end(a, end, level.entry_size());
+        let idx = level.index(a);
+        let e = entry_get(mem, table, idx);
         if e != 0 {
-            debug_assert!(
-                e & pgtable::entry::_PAGE_PSE == 0,
-                "free_pte_range on a huge PMD at {a:#x}"
-            );
-            // free_pte_range
-            entry_set(mem, pmd_table, idx, 0);
-            pt_free_tlb(
-                oncpu,
-                tlb,
-                (e & pgtable::entry::PTE_PFN_MASK) >> PAGE_SHIFT,
-                a,
-            );
+            match level {
+                TableLevel::Pud => free_table_range(
+                    oncpu,
+                    tlb,
+                    TableLevel::Pmd,
+                    next_table(e),
+                    a,
+                    next,
+                    floor,
+                    ceiling,
+                ),
+                TableLevel::Pmd => {
+                    debug_assert!(
+                        e & pgtable::entry::_PAGE_PSE == 0,
+                        "free_pte_range on a huge PMD at {a:#x}"
+                    );
+                    // free_pte_range
+                    entry_set(mem, table, idx, 0);
+                    pt_free_tlb(oncpu, tlb, next_table(e), a);
+                }
+            }
         }
         a = next;
         if a == end {
             break;
         }
     }
-    if let Some(start) = table_span_free(addr, end, floor, ceiling, pgtable::PUD_MASK) {
+    if let Some(start) = table_span_free(addr, end, floor, ceiling, level.table_mask()) {
         let mm = tlb.mm;
-        let pgde = entry_get(mem, mm.pgd, pgtable::pgd_index(start));
-        let pud_tbl = (pgde & pgtable::entry::PTE_PFN_MASK) >> PAGE_SHIFT;
-        entry_set(mem, pud_tbl, pgtable::pud_index(start), 0);
-        pt_free_tlb(oncpu, tlb, pmd_table, start);
+        let (parent, pidx) = match level {
+            TableLevel::Pud => (mm.pgd, pgtable::pgd_index(start)),
+            TableLevel::Pmd => (
+                next_table(entry_get(mem, mm.pgd, pgtable::pgd_index(start))),
+                pgtable::pud_index(start),
+            ),
+        };
+        entry_set(mem, parent, pidx, 0);
+        pt_free_tlb(oncpu, tlb, table, start);
     }
 }
 
