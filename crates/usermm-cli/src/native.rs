@@ -64,28 +64,9 @@ pub fn anon_fault_alloc(folio_kb: u64) -> u64 {
 
 /// Populate `len` bytes by write faults and munmap them; (populate s, munmap s).
 pub fn populate_munmap(len: usize) -> (f64, f64) {
-    // SAFETY: an anonymous private mapping of our own; checked below.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    assert!(p != libc::MAP_FAILED, "host mmap failed");
-    let t = Instant::now();
-    for off in (0..len).step_by(4096) {
-        // SAFETY: inside the mapping just made.
-        unsafe { std::ptr::write_volatile((p as *mut u8).add(off), 1) };
-    }
-    let populate = t.elapsed().as_secs_f64();
-    let t = Instant::now();
-    // SAFETY: unmapping exactly what we mapped.
-    unsafe { libc::munmap(p, len) };
-    (populate, t.elapsed().as_secs_f64())
+    let mut r = HostRegion::map(len);
+    let populate = r.touch();
+    (populate, r.munmap())
 }
 
 /// An anonymous private mapping on the host, populated by write faults.
@@ -96,10 +77,8 @@ pub struct HostRegion {
 }
 
 impl HostRegion {
-    /// Map and populate `len` bytes, one write per page. With `split_pmd`,
-    /// every PMD-mapped THP is then remapped by PTEs (cow.c's trick: make
-    /// one page read-only, which splits the PMD, and restore it).
-    pub fn populate(len: usize, split_pmd: bool) -> HostRegion {
+    /// Map `len` bytes of anonymous private memory, not yet touched.
+    pub fn map(len: usize) -> HostRegion {
         // SAFETY: an anonymous private mapping of our own; checked below.
         let ptr = unsafe {
             libc::mmap(
@@ -112,12 +91,31 @@ impl HostRegion {
             )
         };
         assert!(ptr != libc::MAP_FAILED, "host mmap failed");
-        for off in (0..len).step_by(4096) {
-            // SAFETY: inside the mapping just made.
-            unsafe { std::ptr::write_volatile((ptr as *mut u8).add(off), 1) };
+        HostRegion {
+            ptr,
+            len,
+            mapped: true,
         }
+    }
+
+    /// Write one byte per page (the write faults); returns the time taken.
+    pub fn touch(&mut self) -> f64 {
+        let t = Instant::now();
+        for off in (0..self.len).step_by(4096) {
+            // SAFETY: inside the mapping.
+            unsafe { std::ptr::write_volatile((self.ptr as *mut u8).add(off), 1) };
+        }
+        t.elapsed().as_secs_f64()
+    }
+
+    /// Map and populate `len` bytes. With `split_pmd`, every PMD-mapped THP
+    /// is then remapped by PTEs (cow.c's trick: make one page read-only,
+    /// which splits the PMD, and restore it).
+    pub fn populate(len: usize, split_pmd: bool) -> HostRegion {
+        let mut r = HostRegion::map(len);
+        r.touch();
         if split_pmd {
-            let base = ptr as usize;
+            let base = r.ptr as usize;
             let first = (base + (2 << 20) - 1) & !((2 << 20) - 1);
             for blk in (first..base + len).step_by(2 << 20) {
                 let page = (blk + 4096) as *mut libc::c_void;
@@ -128,11 +126,7 @@ impl HostRegion {
                 }
             }
         }
-        HostRegion {
-            ptr,
-            len,
-            mapped: true,
-        }
+        r
     }
 
     /// Time one munmap of the whole region.
