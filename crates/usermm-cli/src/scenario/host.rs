@@ -313,13 +313,17 @@ fn serve(mut r: BufReader<File>, mut w: File) -> ! {
                     format!("ok {}", p as u64)
                 }
             }
-            // SAFETY (the three below): system calls on this process's own
-            // address space with the scenario's arguments.
-            Some("munmap") => rc(unsafe { libc::munmap(n(1) as *mut _, n(2) as usize) }),
+            Some("munmap") => {
+                // SAFETY: a system call on this process's own address space;
+                // the kernel checks the scenario's arguments.
+                rc(unsafe { libc::munmap(n(1) as *mut _, n(2) as usize) })
+            }
             Some("mprotect") => {
+                // SAFETY: as for munmap.
                 rc(unsafe { libc::mprotect(n(1) as *mut _, n(2) as usize, n(3) as i32) })
             }
             Some("madvise") => {
+                // SAFETY: as for munmap.
                 rc(unsafe { libc::madvise(n(1) as *mut _, n(2) as usize, n(3) as i32) })
             }
             Some("store") => {
