@@ -5,8 +5,8 @@
 //! [`handle_mm_fault`] runs with mmap_lock held for reading. It allocates
 //! the upper tables, tries the PMD path for a THP-eligible empty PMD, and
 //! otherwise handles the PTE: an empty one gets the zero page (read) or a
-//! new folio whose order the mTHP knobs choose (write, [`alloc_anon_folio`]);
-//! a present read-only one under a write gets COW or reuse ([`do_wp_page`]).
+//! new folio whose order the mTHP knobs choose (write, `alloc_anon_folio`);
+//! a present read-only one under a write gets COW or reuse (`do_wp_page`).
 //! Every PTE change is made under the PTE lock after re-reading the entry;
 //! if it changed, the fault returns and the access is retried.
 //!
@@ -28,7 +28,7 @@
 //!
 //! [`copy_page_range`] copies a VMA's page tables into a fork child:
 //! present PTEs are shared and, for COW mappings, write-protected in both.
-//! With the `fork_batch` tunable on (v6.9's F1), [`copy_present_ptes`] copies
+//! With the `fork_batch` tunable on (v6.9's F1), `copy_present_ptes` copies
 //! a run of PTEs of one large folio with one reference and one rmap
 //! duplication; off, it is the pre-v6.9 per-PTE `copy_present_pte`.
 

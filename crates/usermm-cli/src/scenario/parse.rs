@@ -25,14 +25,14 @@ pub enum Addr {
     Region { name: String, off: i64 },
 }
 
-/// A figure of /proc/<pid>/status or smaps_rollup, in kB.
+/// A figure of `/proc/<pid>/status` or `smaps_rollup`, in kB.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Figure {
     VmRss,
     RssAnon,
     VmPte,
     AnonHugePages,
-    /// The number of VMAs (lines of /proc/<pid>/maps); a count, not kB.
+    /// The number of VMAs (lines of `/proc/<pid>/maps`); a count, not kB.
     Vmas,
 }
 

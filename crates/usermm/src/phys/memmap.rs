@@ -4,7 +4,7 @@
 //! page`, so that walking the memmap costs what it costs there. As in the
 //! kernel, the folio-wide counters of a large folio live in the descriptor of
 //! its first tail page, in fields a tail page does not otherwise use
-//! (`struct folio` overlays page[0] and page[1]); see
+//! (`struct folio` overlays `page[0]` and `page[1]`); see
 //! [`crate::phys::folio::Folio::counters`].
 
 use crate::sync::{AtomicI32, AtomicU32, AtomicU64, Ordering, SpinLock};
@@ -61,13 +61,13 @@ pub struct Page {
     /// Linear page index in the anon_vma (the page's address >> PAGE_SHIFT at
     /// the time it was first mapped).
     pub index: AtomicU64,
-    /// Buddy order of a free block; in page[1] of a large folio,
+    /// Buddy order of a free block; in `page[1]` of a large folio,
     /// `_nr_pages_mapped`; for a PMD table, the head of the list of
     /// deposited PTE tables (`pmd_huge_pte`), as a PFN + 1 (0 = empty).
     pub private: AtomicU64,
     /// Free-list links (offsets within the node), guarded by the zone lock or
     /// the pcp lock; also the deposit list link of a deposited PTE table.
-    /// In page[1] of a large folio: `_large_mapcount` and `_entire_mapcount`.
+    /// In `page[1]` of a large folio: `_large_mapcount` and `_entire_mapcount`.
     pub lru_next: AtomicU32,
     pub lru_prev: AtomicU32,
     /// The split page-table lock (`ptdesc->ptl`) when this frame is a table.
