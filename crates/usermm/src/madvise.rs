@@ -190,7 +190,7 @@ fn madvise_free_pte_range(
         if folio.is_large(mem) {
             let max_nr = ((end - a) / PAGE_SIZE) as usize;
             let flags = memory::FPB_IGNORE_DIRTY | memory::FPB_IGNORE_SOFT_DIRTY;
-            let b = memory::folio_pte_batch_ext(mem, folio, locked.table, idx, pte, max_nr, flags);
+            let b = memory::folio_pte_batch(mem, folio, locked.table, idx, pte, max_nr, flags);
             nr = b.nr;
             if (nr as u64) < folio.nr_pages(mem) {
                 // Covered in part: split it, unless it may be mapped by

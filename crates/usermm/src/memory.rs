@@ -506,7 +506,7 @@ fn zap_present_ptes(
     };
     let folio = mem.page_folio(page);
     if max_nr != 1 && folio.is_large(mem) && oncpu.m.tunables.zap_batch() {
-        let (nr, _) = folio_pte_batch(
+        let nr = folio_pte_batch(
             mem,
             folio,
             table,
@@ -514,7 +514,8 @@ fn zap_present_ptes(
             pte,
             max_nr,
             FPB_IGNORE_DIRTY | FPB_IGNORE_SOFT_DIRTY,
-        );
+        )
+        .nr;
         zap_present_folio_ptes(
             oncpu,
             tlb,
@@ -603,25 +604,7 @@ fn pte_batch_clear_ignored(pte: Pte, flags: u32) -> Pte {
     pte
 }
 
-/// `folio_pte_batch`: how many PTEs from `idx` (whose value is `pte`, mapping
-/// a page of `folio`) map consecutive pages of that folio with the same bits
-/// but the ignored ones, up to `max_nr` (which the caller bounds by its range,
-/// the VMA and this PTE table). Also returns whether any PTE after the first
-/// was writable (`any_writable`). Always at least 1. PTE lock held.
-pub fn folio_pte_batch(
-    mem: &crate::phys::PhysMem,
-    folio: Folio,
-    table: Pfn,
-    idx: usize,
-    pte: Pte,
-    max_nr: usize,
-    flags: u32,
-) -> (usize, bool) {
-    let b = folio_pte_batch_ext(mem, folio, table, idx, pte, max_nr, flags);
-    (b.nr, b.any_writable)
-}
-
-/// What [`folio_pte_batch_ext`] found.
+/// What [`folio_pte_batch`] found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PteBatch {
     pub nr: usize,
@@ -631,8 +614,12 @@ pub struct PteBatch {
     pub any_dirty: bool,
 }
 
-/// `folio_pte_batch` with all its optional outputs.
-pub fn folio_pte_batch_ext(
+/// `folio_pte_batch`: how many PTEs from `idx` (whose value is `pte`, mapping
+/// a page of `folio`) map consecutive pages of that folio with the same bits
+/// but the ignored ones, up to `max_nr` (which the caller bounds by its range,
+/// the VMA and this PTE table). With the optional outputs: whether any PTE
+/// after the first was writable, young or dirty. Always at least 1. PTE lock held.
+pub fn folio_pte_batch(
     mem: &crate::phys::PhysMem,
     folio: Folio,
     table: Pfn,
@@ -818,7 +805,9 @@ fn copy_present_ptes(
         if src_vma.flags() & VM_SHARED != 0 {
             flags |= FPB_IGNORE_DIRTY;
         }
-        let (nr, any_writable) = folio_pte_batch(mem, folio, src_table, idx, pte, max_nr, flags);
+        let PteBatch {
+            nr, any_writable, ..
+        } = folio_pte_batch(mem, folio, src_table, idx, pte, max_nr, flags);
         folio.ref_add(mem, nr as i32);
         rmap::folio_dup_anon_rmap_ptes(mem, folio, page, nr as u64);
         rss[MmCounter::AnonPages as usize] += nr as i64;
@@ -1115,7 +1104,7 @@ mod tests {
         let next = pte_at(&m, t, 115).advance_pfn(1);
         entry_set(&m.mem, t, 116, next.0);
         entry_set(&m.mem, t, 117, next.advance_pfn(1).0);
-        let b = |idx, max| folio_pte_batch(&m.mem, f, t, idx, pte_at(&m, t, idx), max, 0).0;
+        let b = |idx, max| folio_pte_batch(&m.mem, f, t, idx, pte_at(&m, t, idx), max, 0).nr;
         // The caller's bound is the end of its range in this table.
         assert_eq!(b(100, 412), 16, "clamped to the folio's end");
         assert_eq!(b(104, 408), 12, "from the middle, to the end");
@@ -1131,18 +1120,19 @@ mod tests {
         entry_set(mem, t, 103, pte_at(&m, t, 103).mkold().wrprotect().0);
         let first = pte_at(&m, t, 100).wrprotect();
         entry_set(mem, t, 100, first.0);
-        let (nr, any_writable) = folio_pte_batch(mem, f, t, 100, first, 16, 0);
+        let b = folio_pte_batch(mem, f, t, 100, first, 16, 0);
+        let (nr, any_writable) = (b.nr, b.any_writable);
         assert_eq!((nr, any_writable), (16, true));
         // Dirty differs: a batch only when told to ignore it.
         entry_set(mem, t, 106, pte_at(&m, t, 106).mkclean().0);
-        assert_eq!(folio_pte_batch(mem, f, t, 100, first, 16, 0).0, 6);
+        assert_eq!(folio_pte_batch(mem, f, t, 100, first, 16, 0).nr, 6);
         let flags = FPB_IGNORE_DIRTY | FPB_IGNORE_SOFT_DIRTY;
-        assert_eq!(folio_pte_batch(mem, f, t, 100, first, 16, flags).0, 16);
+        assert_eq!(folio_pte_batch(mem, f, t, 100, first, 16, flags).nr, 16);
         // uffd-wp must agree, whatever the flags.
         entry_set(mem, t, 110, pte_at(&m, t, 110).0 | _PAGE_UFFD_WP);
-        assert_eq!(folio_pte_batch(mem, f, t, 100, first, 16, flags).0, 10);
+        assert_eq!(folio_pte_batch(mem, f, t, 100, first, 16, flags).nr, 10);
         // A none entry ends the batch.
         entry_set(mem, t, 108, 0);
-        assert_eq!(folio_pte_batch(mem, f, t, 100, first, 16, flags).0, 8);
+        assert_eq!(folio_pte_batch(mem, f, t, 100, first, 16, flags).nr, 8);
     }
 }
