@@ -278,10 +278,7 @@ fn do_anonymous_page(
     if vma.flags() & VM_WRITE != 0 {
         pte = pte.mkwrite();
     }
-    // set_ptes: one entry per page, each advancing the PFN.
-    for i in 0..nr {
-        entry_set(mem, locked.table, i0 + i as usize, pte.advance_pfn(i).0);
-    }
+    set_ptes(mem, locked.table, i0, pte, nr as usize);
     Ok(())
 }
 

@@ -179,13 +179,6 @@ impl<'a> MmuGather<'a> {
         false
     }
 
-    /// `tlb_remove_page`: one page (the pre-v6.9 per-PTE path).
-    #[inline]
-    #[must_use = "a full gather must be flushed"]
-    pub fn remove_page(&mut self, page: Pfn) -> bool {
-        self.remove_folio_pages(page, 1, false)
-    }
-
     /// `tlb_remove_table` (and `pte_free_tlb` & co): a table that was
     /// unhooked, to be freed after the flush and a grace period.
     pub fn remove_table(&mut self, oncpu: &OnCpu, table: Pfn) {

@@ -323,15 +323,7 @@ fn deferred_split_folio(mem: &PhysMem, folio: Folio, cpu: usize) {
 /// `__split_huge_pmd_locked`'s rmap part: the PMD mapping becomes 512 PTE
 /// mappings. Called with the PMD lock held.
 pub fn folio_split_pmd_mapping(mem: &PhysMem, folio: Folio, cpu: usize) {
-    let nr = folio.nr_pages(mem);
-    let exclusive: Vec<bool> = (0..nr)
-        .map(|i| crate::phys::folio::page_anon_exclusive(mem, folio.pfn() + i))
-        .collect();
-    folio_add_anon_rmap_ptes(mem, folio, folio.pfn(), nr, false);
-    for (i, e) in exclusive.into_iter().enumerate() {
-        if e {
-            set_page_anon_exclusive(mem, folio.pfn() + i as u64);
-        }
-    }
+    // Not `exclusive`: each page keeps the PageAnonExclusive it had.
+    folio_add_anon_rmap_ptes(mem, folio, folio.pfn(), folio.nr_pages(mem), false);
     folio_remove_rmap_pmd(mem, folio, cpu);
 }
