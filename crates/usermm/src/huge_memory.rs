@@ -378,6 +378,29 @@ pub fn change_huge_pmd(
     hw_present(pmd) && (!hw_present(new) || (pmd.write() && !new.write()))
 }
 
+/// Where a PTE-mapped folio was found: the index of a PTE of `table` and
+/// the page it maps.
+#[derive(Clone, Copy, Debug)]
+pub struct FolioPte {
+    pub idx: usize,
+    pub page: Pfn,
+}
+
+/// How many PTEs of `table` map pages of `folio`. Only the entries where
+/// its pages sit at their linear positions are looked at (the folio's span
+/// around `at`): anon pages are never mapped elsewhere in one mm, so a
+/// mapping found nowhere else belongs to another table or process.
+pub fn folio_ptes_in_table(mem: &PhysMem, folio: Folio, table: Pfn, at: FolioPte) -> i32 {
+    let first = at.idx as i64 - (at.page - folio.pfn()) as i64;
+    let lo = first.max(0) as usize;
+    let hi =
+        (first + folio.nr_pages(mem) as i64).min(crate::pgtable::PTRS_PER_TABLE as i64) as usize;
+    (lo..hi)
+        .map(|i| crate::pgtable::Pte(crate::pgtable::entry_get(mem, table, i)))
+        .filter(|p| p.present() && !p.special() && mem.page_folio(p.pfn()) == folio)
+        .count() as i32
+}
+
 /// `split_folio` (`split_huge_page_to_list_to_order` to order 0) of an anon
 /// folio mapped only by PTEs of the table `table`, whose lock the caller
 /// holds. Every page becomes a folio of its own, keeping its mapping, its
@@ -388,15 +411,12 @@ pub fn change_huge_pmd(
 /// once no one else can reach the folio: so it refuses (EAGAIN) unless
 /// every reference is a mapping in this table, as `can_split_folio` refuses
 /// when there are extra references.
-pub fn split_folio_in_table(oncpu: &OnCpu, folio: Folio, table: Pfn) -> KResult<()> {
+pub fn split_folio_in_table(oncpu: &OnCpu, folio: Folio, table: Pfn, at: FolioPte) -> KResult<()> {
     let mem = oncpu.mem();
     let order = folio.order(mem);
     debug_assert!(order > 0);
     let nr = folio.nr_pages(mem);
-    let in_table = (0..crate::pgtable::PTRS_PER_TABLE)
-        .map(|i| crate::pgtable::Pte(crate::pgtable::entry_get(mem, table, i)))
-        .filter(|p| p.present() && !p.special() && mem.page_folio(p.pfn()) == folio)
-        .count() as i32;
+    let in_table = folio_ptes_in_table(mem, folio, table, at);
     if folio.entire_mapcount(mem) != 0
         || folio.mapcount(mem) != in_table
         || folio.ref_count(mem) != in_table

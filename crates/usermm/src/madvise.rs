@@ -7,6 +7,7 @@
 //! it for writing.
 
 use crate::errno::{Errno, KResult};
+use crate::huge_memory::{folio_ptes_in_table, split_folio_in_table, FolioPte};
 use crate::machine::OnCpu;
 use crate::memory::{self, vm_normal_page};
 use crate::mm::vma::*;
@@ -195,10 +196,9 @@ fn madvise_free_pte_range(
             if (nr as u64) < folio.nr_pages(mem) {
                 // Covered in part: split it, unless it may be mapped by
                 // another process too; then leave these entries alone.
-                let shared = folio_maybe_mapped_shared(mem, folio, locked.table);
-                if !shared
-                    && crate::huge_memory::split_folio_in_table(oncpu, folio, locked.table).is_ok()
-                {
+                let at = FolioPte { idx, page };
+                let shared = folio_maybe_mapped_shared(mem, folio, locked.table, at);
+                if !shared && split_folio_in_table(oncpu, folio, locked.table, at).is_ok() {
                     continue; // look at this entry again: its folio is small now
                 }
                 a += nr as u64 * PAGE_SIZE;
@@ -223,12 +223,9 @@ fn madvise_free_pte_range(
 /// `folio_maybe_mapped_shared`: is the folio mapped anywhere but in this
 /// PTE table (i.e. by another process: an anon folio of the sizes modelled
 /// lies within one table of its mm)?
-fn folio_maybe_mapped_shared(mem: &PhysMem, folio: Folio, table: Pfn) -> bool {
-    let here = (0..pgtable::PTRS_PER_TABLE)
-        .map(|i| Pte(entry_get(mem, table, i)))
-        .filter(|p| p.present() && !p.special() && mem.page_folio(p.pfn()) == folio)
-        .count() as i32;
-    folio.entire_mapcount(mem) != 0 || folio.mapcount(mem) != here
+fn folio_maybe_mapped_shared(mem: &PhysMem, folio: Folio, table: Pfn, at: FolioPte) -> bool {
+    folio.entire_mapcount(mem) != 0
+        || folio.mapcount(mem) != folio_ptes_in_table(mem, folio, table, at)
 }
 
 /// `folio_mark_lazyfree`: an anon, swap-backed folio stops being swap-backed
