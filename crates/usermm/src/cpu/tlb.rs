@@ -70,6 +70,17 @@ impl Default for Tlb {
     }
 }
 
+/// Put `e` in its set: over an entry for the same page and slot, else in
+/// the way `victim` picks.
+#[inline]
+fn fill_way(set: &mut [TlbEntry], e: TlbEntry, victim: u32) {
+    let way = set
+        .iter()
+        .position(|x| x.tag == e.tag && x.asid == e.asid)
+        .unwrap_or(victim as usize % set.len());
+    set[way] = e;
+}
+
 impl Tlb {
     /// Find the slot caching `mm_id`.
     pub fn slot_of(&self, mm_id: u64) -> Option<usize> {
@@ -117,37 +128,22 @@ impl Tlb {
     /// Cache a translation for `vaddr`.
     pub fn insert(&mut self, asid: usize, vaddr: u64, t: &Translation) {
         self.victim = self.victim.wrapping_add(1);
-        let gen = self.slot_gen[asid];
+        let mut e = TlbEntry {
+            tag: 0,
+            asid: asid as u8,
+            gen: self.slot_gen[asid],
+            pfn: t.pfn,
+            writable: t.writable,
+            dirty: t.dirty,
+        };
         if t.size == crate::pgtable::PMD_SIZE {
             let hpn = vaddr >> 21;
-            let set = &mut self.huge[hpn as usize % SETS_2M];
-            let way = set
-                .iter()
-                .position(|e| e.tag == hpn + 1 && e.asid as usize == asid)
-                .unwrap_or(self.victim as usize % WAYS_2M);
-            set[way] = TlbEntry {
-                tag: hpn + 1,
-                asid: asid as u8,
-                gen,
-                pfn: t.pfn,
-                writable: t.writable,
-                dirty: t.dirty,
-            };
+            e.tag = hpn + 1;
+            fill_way(&mut self.huge[hpn as usize % SETS_2M], e, self.victim);
         } else {
             let vpn = vaddr >> PAGE_SHIFT;
-            let set = &mut self.small[vpn as usize % SETS_4K];
-            let way = set
-                .iter()
-                .position(|e| e.tag == vpn + 1 && e.asid as usize == asid)
-                .unwrap_or(self.victim as usize % WAYS_4K);
-            set[way] = TlbEntry {
-                tag: vpn + 1,
-                asid: asid as u8,
-                gen,
-                pfn: t.pfn,
-                writable: t.writable,
-                dirty: t.dirty,
-            };
+            e.tag = vpn + 1;
+            fill_way(&mut self.small[vpn as usize % SETS_4K], e, self.victim);
         }
     }
 
