@@ -136,6 +136,17 @@ pub struct Row {
     pub host_note: Option<String>,
 }
 
+impl Row {
+    /// `64K`, `2048K PMD`.
+    pub fn label(&self) -> String {
+        Case {
+            kb: self.folio_kb,
+            pmd: self.mapping == "pmd",
+        }
+        .label()
+    }
+}
+
 /// Run one batching experiment; returns its rows.
 pub fn run(a: &BenchArgs, op: Op) -> anyhow::Result<Vec<Row>> {
     let len = a.size_mb << 20;
@@ -327,11 +338,7 @@ pub fn print_table(op: Op, rows: &[Row], a: &BenchArgs) {
             .map_or("-".into(), |q| format!("{q:.2}"));
         println!(
             "{:<10} {:>12.6} {:>12.6} {:>7.0}% {:>8} {:>12} {:>9}  {}",
-            format!(
-                "{}K{}",
-                r.folio_kb,
-                if r.mapping == "pmd" { " PMD" } else { "" }
-            ),
+            r.label(),
             r.baseline_s,
             r.batched_s,
             (r.ratio - 1.0) * 100.0,

@@ -114,16 +114,7 @@ fn bench_batching(a: &BenchArgs, name: &str) -> anyhow::Result<serde_json::Value
         batching::print_table(op, &rows, a);
         println!();
     }
-    let labels: Vec<String> = rows
-        .iter()
-        .map(|r| {
-            format!(
-                "{}K{}",
-                r.folio_kb,
-                if r.mapping == "pmd" { " PMD" } else { "" }
-            )
-        })
-        .collect();
+    let labels: Vec<String> = rows.iter().map(|r| r.label()).collect();
     let mut series = vec![plot::Series {
         label: "usermm: batched vs baseline".into(),
         points: rows

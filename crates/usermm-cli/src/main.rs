@@ -67,12 +67,7 @@ fn inspect(a: InspectArgs) -> anyhow::Result<i32> {
             serde_json::json!({ "processes": b.process_ids(), "inspection": ins })
         );
     } else {
-        let names: Vec<String> = b
-            .process_ids()
-            .into_iter()
-            .map(|(n, id)| format!("{n} = mm {id}"))
-            .collect();
-        println!("processes: {}", names.join(", "));
+        println!("{}", b.processes_line());
         print!("{ins}");
     }
     Ok(report.exit_code())

@@ -55,6 +55,16 @@ impl EngineBackend {
         v
     }
 
+    /// `processes: main = mm 1, child = mm 2`, for people.
+    pub fn processes_line(&self) -> String {
+        let names: Vec<String> = self
+            .process_ids()
+            .into_iter()
+            .map(|(n, id)| format!("{n} = mm {id}"))
+            .collect();
+        format!("processes: {}", names.join(", "))
+    }
+
     /// Run `f` on CPU 0 with the current process loaded.
     fn on<R>(&self, f: impl FnOnce(&usermm::OnCpu) -> R) -> R {
         let c = self.m.bind(0).expect("CPU 0 is free between statements");
@@ -135,16 +145,7 @@ impl Backend for EngineBackend {
         r.map_err(|e| format!("knob: {e}"))
     }
     fn dump(&mut self) -> String {
-        let mm = &self.procs[&self.cur];
-        let mut s = format!(
-            "process {} ({mm:?})\n{}",
-            self.cur,
-            usermm::proc::status(mm)
-        );
-        for v in usermm::proc::smaps(mm) {
-            s += &v.to_string();
-        }
-        s
+        format!("{}\n{}", self.processes_line(), self.inspection())
     }
 }
 

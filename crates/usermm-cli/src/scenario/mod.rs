@@ -78,17 +78,24 @@ impl Report {
         }
     }
 
+    /// Print the outcomes and the summary line. A closed stdout (`| head`)
+    /// ends the printing quietly rather than in a panic.
     pub fn print(&self) {
+        let _ = self.write_to(&mut std::io::stdout().lock());
+    }
+
+    fn write_to(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
         for o in &self.outcomes {
             let mark = if o.failed.is_some() { "FAIL" } else { "  ok" };
-            println!("{mark} {:>4}: {:<44} {}", o.line, o.text, o.shown);
+            writeln!(out, "{mark} {:>4}: {:<44} {}", o.line, o.text, o.shown)?;
             if let Some(f) = &o.failed {
-                println!("          {f}");
+                writeln!(out, "          {f}")?;
             }
         }
         match &self.skipped {
-            Some(why) => println!("{}: SKIPPED: {why}", self.backend),
-            None => println!(
+            Some(why) => writeln!(out, "{}: SKIPPED: {why}", self.backend),
+            None => writeln!(
+                out,
                 "{}: {} statements, {} failed: {}",
                 self.backend,
                 self.outcomes.len(),
