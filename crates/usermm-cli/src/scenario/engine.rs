@@ -68,7 +68,12 @@ impl EngineBackend {
     /// Run `f` on CPU 0 with the current process loaded.
     fn on<R>(&self, f: impl FnOnce(&usermm::OnCpu) -> R) -> R {
         let c = self.m.bind(0).expect("CPU 0 is free between statements");
-        c.switch_mm(&self.procs[&self.cur]);
+        let mm = &self.procs[&self.cur];
+        // A context switch only when another process ran last: a `fill`
+        // makes one access per page, all in the same process.
+        if c.mm().map_or(true, |cur| cur.id != mm.id) {
+            c.switch_mm(mm);
+        }
         let r = f(&c);
         c.idle();
         r
