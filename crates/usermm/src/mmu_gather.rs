@@ -68,6 +68,8 @@ pub struct MmuGather<'a> {
     batches: Vec<Batch>,
     active: usize,
     tables: Vec<Pfn>,
+    /// Set by [`MmuGather::finish`]; a gather dropped without it is a bug.
+    finished: bool,
 }
 
 impl<'a> MmuGather<'a> {
@@ -96,6 +98,7 @@ impl<'a> MmuGather<'a> {
             batches: vec![Batch::new(MMU_GATHER_BUNDLE)],
             active: 0,
             tables: Vec::new(),
+            finished: false,
         }
     }
 
@@ -299,7 +302,8 @@ impl<'a> MmuGather<'a> {
         }
         self.flush_mmu(oncpu);
         self.mm.dec_tlb_flush_pending();
-        std::mem::forget(self);
+        // Drop then frees the (now empty) batches and checks nothing else.
+        self.finished = true;
     }
 
     fn fullmm_flush_for_nested(&mut self) {
@@ -321,6 +325,9 @@ impl<'a> MmuGather<'a> {
 
 impl Drop for MmuGather<'_> {
     fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
         // A gather dropped without finish() would leak its pages and leave
         // stale TLB entries; that is a bug in the caller.
         debug_assert!(
