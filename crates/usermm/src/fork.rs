@@ -39,10 +39,10 @@ fn dup_mmap(oncpu: &OnCpu, mm: &Arc<Mm>, oldmm: &Arc<Mm>) -> KResult<()> {
     let _old = oldmm.mmap_lock.write();
     let _new = mm.mmap_lock.write();
     let src = oldmm.vma_tree_clone();
-    let mut tree = VmaTree::default();
+    let mut vmas = Vec::with_capacity(src.len());
     let mut total_vm = 0;
     let mut result = Ok(());
-    for mpnt in &src.vmas {
+    for mpnt in src.iter() {
         if mpnt.flags() & VM_DONTCOPY != 0 {
             continue;
         }
@@ -54,7 +54,7 @@ fn dup_mmap(oncpu: &OnCpu, mm: &Arc<Mm>, oldmm: &Arc<Mm>) -> KResult<()> {
             mpnt.pgoff(),
         ));
         rmap::anon_vma_fork(&tmp, mpnt);
-        tree.insert(tmp.clone());
+        vmas.push(tmp.clone());
         total_vm += (mpnt.end() - mpnt.start()) >> PAGE_SHIFT;
         if memory::vma_needs_copy(mpnt) {
             result = memory::copy_page_range(oncpu, mm, oldmm, &tmp, mpnt);
@@ -63,7 +63,7 @@ fn dup_mmap(oncpu: &OnCpu, mm: &Arc<Mm>, oldmm: &Arc<Mm>) -> KResult<()> {
             }
         }
     }
-    mm.vma_tree_publish(tree, &crossbeam_epoch::pin());
+    mm.vma_tree_publish(VmaTree::from_sorted(vmas), &crossbeam_epoch::pin());
     mm.total_vm.store(total_vm, Ordering::Relaxed);
     // One flush for every write-protect made in the parent, still under its
     // mmap_lock (so that no new writable entry can appear meanwhile).

@@ -104,7 +104,6 @@ fn inspect_mm(m: &Machine, mm: &Mm) -> MmInfo {
     let vmas = {
         let guard = crossbeam_epoch::pin();
         mm.vma_tree(&guard)
-            .vmas
             .iter()
             .zip(smaps)
             .map(|(v, s)| VmaInfo {

@@ -15,6 +15,7 @@
 pub mod errno;
 pub mod phys;
 pub mod sync;
+pub mod tree;
 pub mod vmstat;
 
 pub use errno::{Errno, KResult};

@@ -12,7 +12,7 @@ use crate::machine::OnCpu;
 use crate::memory::{self, vm_normal_page};
 use crate::mm::vma::*;
 use crate::mm::{Mm, Vma};
-use crate::mmap::{merge_around, split_range};
+use crate::mmap::{merge_around, vma_modify_flags};
 use crate::mmu_gather::MmuGather;
 use crate::pgtable::entry::{_PAGE_ACCESSED, _PAGE_DIRTY};
 use crate::pgtable::{self, addr_end, entry_get, Pte, PMD_SIZE};
@@ -65,8 +65,7 @@ pub fn do_madvise(
             let _g = mm.mmap_lock.read();
             let vmas: Vec<Arc<Vma>> = {
                 let guard = crossbeam_epoch::pin();
-                let t = mm.vma_tree(&guard);
-                t.vmas[t.range(start, end)].to_vec()
+                mm.vma_tree(&guard).range(start, end).cloned().collect()
             };
             let unmapped = has_hole(&vmas, start, end);
             for vma in &vmas {
@@ -108,9 +107,15 @@ pub fn do_madvise(
                     _ => vma.flags(),
                 };
                 if flags != vma.flags() {
-                    let r = split_range(oncpu, mm, &mut tree, s, e)?;
-                    tree.vmas[r.start].set_flags(flags);
-                    merge_around(&mut tree, r.start);
+                    match vma_modify_flags(oncpu, mm, &mut tree, s, e, flags) {
+                        Ok(vma) => {
+                            merge_around(&mut tree, vma);
+                        }
+                        Err(err) => {
+                            result = Err(err);
+                            break;
+                        }
+                    }
                 }
                 addr = e;
             }

@@ -48,21 +48,6 @@ pub fn calc_vm_prot_bits(prot: u32) -> VmFlags {
     f
 }
 
-/// `unmapped_area_topdown`: the highest gap below `high` that holds `len`.
-fn unmapped_area_topdown(tree: &VmaTree, len: u64, low: u64, high: u64) -> Option<u64> {
-    let mut gap_end = high;
-    for v in tree.vmas.iter().rev() {
-        if v.start() >= gap_end {
-            continue;
-        }
-        if v.end() <= gap_end && gap_end - v.end() >= len {
-            return Some(gap_end - len);
-        }
-        gap_end = gap_end.min(v.start());
-    }
-    (gap_end >= low + len).then(|| gap_end - len)
-}
-
 /// `get_unmapped_area` for an anonymous private mapping.
 fn get_unmapped_area(tree: &VmaTree, addr: u64, len: u64, flags: u32) -> KResult<u64> {
     if len > TASK_SIZE {
@@ -93,11 +78,12 @@ fn get_unmapped_area(tree: &VmaTree, addr: u64, len: u64, flags: u32) -> KResult
     // Since v6.7 (limited to PMD-multiple lengths in v6.12), anonymous
     // mappings that can hold whole PMDs are placed PMD-aligned.
     if len.is_multiple_of(PMD_SIZE) {
-        if let Some(a) = unmapped_area_topdown(tree, len + PMD_SIZE, MMAP_MIN_ADDR, MMAP_BASE) {
+        if let Some(a) = tree.unmapped_area_topdown(len + PMD_SIZE, MMAP_MIN_ADDR, MMAP_BASE) {
             return Ok((a + PMD_SIZE - 1) & PMD_MASK);
         }
     }
-    unmapped_area_topdown(tree, len, MMAP_MIN_ADDR, MMAP_BASE).ok_or(Errno::ENOMEM)
+    tree.unmapped_area_topdown(len, MMAP_MIN_ADDR, MMAP_BASE)
+        .ok_or(Errno::ENOMEM)
 }
 
 /// Whether `a` (below) and `b` (above, adjacent) may become one VMA
@@ -112,45 +98,67 @@ fn can_merge(a: &Vma, b: &Vma) -> bool {
         }
 }
 
-/// Merge the VMA at `idx` with its neighbours where possible (`vma_merge`).
-/// Returns the index of the VMA now covering the original's range.
-pub(crate) fn merge_around(tree: &mut VmaTree, mut idx: usize) -> usize {
-    if idx + 1 < tree.vmas.len() && can_merge(&tree.vmas[idx], &tree.vmas[idx + 1]) {
-        let next = tree.vmas.remove(idx + 1);
-        absorb(&tree.vmas[idx], &next, next.end());
-    }
-    if idx > 0 && can_merge(&tree.vmas[idx - 1], &tree.vmas[idx]) {
-        let cur = tree.vmas.remove(idx);
-        idx -= 1;
-        absorb(&tree.vmas[idx], &cur, cur.end());
-    }
-    idx
+/// `vm_area_dup` + `anon_vma_clone`: a new VMA over `[start, end)` with
+/// `flags`, otherwise as `old` (the same linear page offsets, chained to the
+/// same anon_vmas). The caller puts it in the tree in `old`'s place.
+fn vma_dup(old: &Arc<Vma>, start: u64, end: u64, flags: VmFlags) -> Arc<Vma> {
+    let pgoff = old.linear_page_index(start);
+    let vma = Arc::new(Vma::new(old.mm_id, start, end, flags, pgoff));
+    crate::rmap::anon_vma_clone(&vma, old);
+    vma
 }
 
-/// `keep` grows over `gone`, which leaves the tree (`vma_expand` +
-/// `dup_anon_vma`, then `unlink_anon_vmas` of the removed VMA).
-fn absorb(keep: &Arc<Vma>, gone: &Arc<Vma>, new_end: u64) {
-    if keep.anon_vma().is_none() && gone.anon_vma().is_some() {
-        crate::rmap::anon_vma_clone(keep, gone);
-    }
-    crate::rmap::unlink_anon_vmas(gone);
-    keep.set_end(new_end);
+/// A VMA left the tree for good (replaced, merged away or unmapped):
+/// `unlink_anon_vmas` + `vma_mark_detached`.
+pub(crate) fn vma_retire(vma: &Vma) {
+    crate::rmap::unlink_anon_vmas(vma);
+    vma.mark_detached();
 }
 
-/// `__split_vma`: split the VMA at `idx` at `addr`; the new VMA takes the
-/// upper part. Huge PMDs straddling `addr` are split first
-/// (`vma_adjust_trans_huge`).
+/// Merge `vma` (in the tree) with its neighbours where possible
+/// (`vma_merge`); returns the VMA now covering its range.
+pub(crate) fn merge_around(tree: &mut VmaTree, vma: Arc<Vma>) -> Arc<Vma> {
+    let mut vma = vma;
+    if let Some(next) = tree.next_vma(vma.end()).cloned() {
+        if can_merge(&vma, &next) {
+            vma = vma_merge_pair(tree, &vma, &next);
+        }
+    }
+    if let Some(prev) = tree.prev_vma(vma.start()).cloned() {
+        if can_merge(&prev, &vma) {
+            vma = vma_merge_pair(tree, &prev, &vma);
+        }
+    }
+    vma
+}
+
+/// `keep` grows over `gone`, its upper neighbour (`vma_expand` +
+/// `dup_anon_vma`); both leave the tree for the merged VMA.
+fn vma_merge_pair(tree: &mut VmaTree, keep: &Arc<Vma>, gone: &Arc<Vma>) -> Arc<Vma> {
+    let merged = vma_dup(keep, keep.start(), gone.end(), keep.flags());
+    if merged.anon_vma().is_none() && gone.anon_vma().is_some() {
+        crate::rmap::anon_vma_clone(&merged, gone);
+    }
+    tree.replace(&[keep.clone(), gone.clone()], vec![merged.clone()]);
+    vma_retire(keep);
+    vma_retire(gone);
+    merged
+}
+
+/// `__split_vma`: split `vma` at `addr` into two new VMAs, which take its
+/// place in the tree; returns them. Huge PMDs straddling `addr` are split
+/// first (`vma_adjust_trans_huge`). Fails, changing nothing, when the
+/// address space already has `max_map_count` VMAs.
 pub(crate) fn split_vma(
     oncpu: &OnCpu,
     mm: &Arc<Mm>,
     tree: &mut VmaTree,
-    idx: usize,
+    vma: &Arc<Vma>,
     addr: u64,
-) -> KResult<()> {
-    if tree.vmas.len() >= MAX_MAP_COUNT {
+) -> KResult<(Arc<Vma>, Arc<Vma>)> {
+    if tree.len() >= MAX_MAP_COUNT {
         return Err(Errno::ENOMEM);
     }
-    let vma = tree.vmas[idx].clone();
     debug_assert!(vma.start() < addr && addr < vma.end());
     if addr & !PMD_MASK != 0 {
         if let Some(slot) = mm.pmd_lookup(addr) {
@@ -159,43 +167,59 @@ pub(crate) fn split_vma(
             }
         }
     }
-    let upper = Arc::new(Vma::new(
-        mm.id,
-        addr,
-        vma.end(),
-        vma.flags(),
-        vma.linear_page_index(addr),
-    ));
-    crate::rmap::anon_vma_clone(&upper, &vma);
-    vma.set_end(addr);
-    tree.vmas.insert(idx + 1, upper);
-    Ok(())
+    let lower = vma_dup(vma, vma.start(), addr, vma.flags());
+    let upper = vma_dup(vma, addr, vma.end(), vma.flags());
+    tree.replace(
+        std::slice::from_ref(vma),
+        vec![lower.clone(), upper.clone()],
+    );
+    vma_retire(vma);
+    Ok((lower, upper))
 }
 
-/// Split so that `[start, end)` is covered by whole VMAs; returns the range
-/// of their indices.
+/// Split so that `[start, end)` is covered by whole VMAs; returns them. A
+/// failed second split leaves the first one done, as in the kernel: the
+/// tree stays consistent either way.
 pub(crate) fn split_range(
     oncpu: &OnCpu,
     mm: &Arc<Mm>,
     tree: &mut VmaTree,
     start: u64,
     end: u64,
-) -> KResult<std::ops::Range<usize>> {
-    let r = tree.range(start, end);
-    if r.is_empty() {
-        return Ok(r);
+) -> KResult<Vec<Arc<Vma>>> {
+    if let Some(first) = tree.find_vma_intersection(start, end).cloned() {
+        if first.start() < start {
+            split_vma(oncpu, mm, tree, &first, start)?;
+        }
     }
-    let mut first = r.start;
-    if tree.vmas[first].start() < start {
-        split_vma(oncpu, mm, tree, first, start)?;
-        first += 1;
+    let last = tree.range(start, end).last().cloned();
+    if let Some(last) = last {
+        if last.end() > end {
+            split_vma(oncpu, mm, tree, &last, end)?;
+        }
     }
-    let r = tree.range(start, end);
-    let last = r.end - 1;
-    if tree.vmas[last].end() > end {
-        split_vma(oncpu, mm, tree, last, end)?;
-    }
-    Ok(first..tree.range(start, end).end)
+    Ok(tree.range(start, end).cloned().collect())
+}
+
+/// `vma_modify_flags`: give `[start, end)`, which lies inside one VMA,
+/// the flags `flags`, splitting that VMA as needed; returns the new VMA
+/// over exactly `[start, end)` (not yet merged with its neighbours).
+pub(crate) fn vma_modify_flags(
+    oncpu: &OnCpu,
+    mm: &Arc<Mm>,
+    tree: &mut VmaTree,
+    start: u64,
+    end: u64,
+    flags: VmFlags,
+) -> KResult<Arc<Vma>> {
+    let pieces = split_range(oncpu, mm, tree, start, end)?;
+    let [vma] = pieces.as_slice() else {
+        unreachable!("[{start:#x}, {end:#x}) lies in one VMA: {pieces:?}");
+    };
+    let new = vma_dup(vma, start, end, flags);
+    tree.replace(std::slice::from_ref(vma), vec![new.clone()]);
+    vma_retire(vma);
+    Ok(new)
 }
 
 /// `do_mmap` for anonymous memory. Returns the address of the mapping.
@@ -225,7 +249,7 @@ pub fn do_mmap(
     }
     let guard = mm.mmap_lock.write();
     let mut tree = mm.vma_tree_clone();
-    if tree.vmas.len() >= MAX_MAP_COUNT {
+    if tree.len() >= MAX_MAP_COUNT {
         return Err(Errno::ENOMEM);
     }
     let addr = get_unmapped_area(&tree, addr, len, flags)?;
@@ -254,9 +278,8 @@ pub fn do_mmap(
         vm_flags,
         addr >> PAGE_SHIFT,
     ));
-    tree.insert(vma);
-    let idx = tree.vmas.partition_point(|v| v.start() < addr);
-    merge_around(&mut tree, idx);
+    tree.insert(vma.clone());
+    merge_around(&mut tree, vma);
     mm.vma_tree_publish(tree, &crossbeam_epoch::pin());
     mm.total_vm.fetch_add(len >> PAGE_SHIFT, Ordering::Relaxed);
     drop(guard);
@@ -299,23 +322,20 @@ fn do_vmi_munmap(
     start: u64,
     end: u64,
 ) -> KResult<()> {
-    let r = split_range(oncpu, mm, tree, start, end)?;
-    if r.is_empty() {
+    let detached = split_range(oncpu, mm, tree, start, end)?;
+    if detached.is_empty() {
         return Ok(());
     }
-    let floor = tree.prev_of(r.start).map_or(0, |p| p.end());
-    let ceiling = tree.vmas.get(r.end).map_or(0, |n| n.start());
-    let detached: Vec<Arc<Vma>> = tree.vmas.drain(r).collect();
+    let floor = tree.prev_vma(start).map_or(0, |p| p.end());
+    let ceiling = tree.next_vma(end).map_or(0, |n| n.start());
+    tree.replace(&detached, Vec::new());
     for v in &detached {
-        crate::rmap::unlink_anon_vmas(v);
+        vma_retire(v);
     }
     // Publish the tree without them before zapping: no new fault can map
     // into the range once we drop the lock.
     mm.vma_tree_publish(tree.clone(), &crossbeam_epoch::pin());
-    let pages: u64 = detached
-        .iter()
-        .map(|v| (v.end() - v.start()) >> PAGE_SHIFT)
-        .sum();
+    let pages: u64 = detached.iter().map(|v| v.pages()).sum();
     mm.total_vm.fetch_sub(pages, Ordering::Relaxed);
     unmap_region(oncpu, mm, &detached, floor, ceiling);
     Ok(())
@@ -347,7 +367,7 @@ pub fn do_munmap(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, len: u64) -> KResult<(
 /// `exit_mmap`: tear the whole address space down.
 pub fn exit_mmap(oncpu: &OnCpu, mm: &Arc<Mm>) {
     let _g = mm.mmap_lock.write();
-    let vmas = mm.vma_tree_clone().vmas;
+    let vmas: Vec<Arc<Vma>> = mm.vma_tree_clone().iter().cloned().collect();
     mm.dead.store(true, Ordering::Relaxed);
     if !vmas.is_empty() {
         let mut tlb = MmuGather::new_fullmm(mm);
@@ -356,7 +376,7 @@ pub fn exit_mmap(oncpu: &OnCpu, mm: &Arc<Mm>) {
         tlb.finish(oncpu);
     }
     for v in &vmas {
-        crate::rmap::unlink_anon_vmas(v);
+        vma_retire(v);
     }
     mm.vma_tree_publish(VmaTree::default(), &crossbeam_epoch::pin());
     mm.total_vm.store(0, Ordering::Relaxed);

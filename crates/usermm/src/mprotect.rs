@@ -10,7 +10,9 @@ use crate::errno::{Errno, KResult};
 use crate::machine::OnCpu;
 use crate::mm::vma::*;
 use crate::mm::{Mm, Vma};
-use crate::mmap::{calc_vm_prot_bits, merge_around, split_range, PROT_EXEC, PROT_READ, PROT_WRITE};
+use crate::mmap::{
+    calc_vm_prot_bits, merge_around, vma_modify_flags, PROT_EXEC, PROT_READ, PROT_WRITE,
+};
 use crate::mmu_gather::MmuGather;
 use crate::pgtable::entry::_PAGE_PRESENT;
 use crate::pgtable::{self, addr_end, entry_get, entry_set, Pgprot, Pte, PMD_SIZE};
@@ -94,12 +96,9 @@ fn mprotect_fixup(
     end: u64,
     newflags: VmFlags,
 ) -> KResult<()> {
-    let r = split_range(oncpu, mm, tree, start, end)?;
-    let idx = r.start;
-    let vma = tree.vmas[idx].clone();
-    vma.set_flags(newflags);
+    let vma = vma_modify_flags(oncpu, mm, tree, start, end, newflags)?;
     change_protection(oncpu, mm, &vma, start, end);
-    merge_around(tree, idx);
+    merge_around(tree, vma);
     Ok(())
 }
 

@@ -156,7 +156,6 @@ pub fn smaps(mm: &Mm) -> Vec<Smaps> {
     let _g = mm.mmap_lock.read();
     let guard = crossbeam_epoch::pin();
     mm.vma_tree(&guard)
-        .vmas
         .iter()
         .map(|vma| smap_vma(mm, vma))
         .collect()

@@ -31,7 +31,7 @@ pub fn anon_vma_prepare(vma: &Arc<Vma>) -> &Arc<AnonVma> {
 }
 
 fn anon_vma_chain_link(vma: &Arc<Vma>, av: &Arc<AnonVma>) {
-    av.vmas.write().push(Arc::downgrade(vma));
+    av.interval_tree_insert(vma);
     vma.anon_vma_chain.lock().push(av.clone());
 }
 
@@ -63,12 +63,12 @@ pub fn anon_vma_fork(child: &Arc<Vma>, parent: &Vma) {
     let _ = child.anon_vma.set(av);
 }
 
-/// `unlink_anon_vmas`: the VMA is gone; take it off every chain.
+/// `unlink_anon_vmas`: the VMA is gone; take it out of every anon_vma's
+/// tree, O(log n) each.
 pub fn unlink_anon_vmas(vma: &Vma) {
     for av in vma.anon_vma_chain.lock().drain(..) {
-        av.vmas
-            .write()
-            .retain(|w| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), vma));
+        let was = av.interval_tree_remove(vma);
+        debug_assert!(was, "{vma:?} was not in anon_vma {}", av.id);
     }
 }
 
@@ -80,10 +80,8 @@ pub fn rmap_walk_anon(mem: &PhysMem, folio: Folio, pfn: Pfn) -> Vec<(Arc<Vma>, u
         return Vec::new();
     };
     let pgoff = folio_page_pgoff(mem, folio, pfn);
-    av.vmas
-        .read()
-        .iter()
-        .filter_map(|w| w.upgrade())
+    av.vmas_in(pgoff, pgoff)
+        .into_iter()
         .filter_map(|v| v.address_of(pgoff).map(|a| (v, a)))
         .collect()
 }

@@ -13,6 +13,7 @@
 //! * RSS counters and `pgtables_bytes` are atomics; the walkers batch RSS
 //!   changes per PTE table, as the kernel's `add_mm_rss_vec` does.
 
+pub mod interval_tree;
 pub mod pgalloc;
 pub mod vma;
 
@@ -150,7 +151,7 @@ impl Mm {
     }
 
     pub fn map_count(&self) -> usize {
-        self.vma_tree(&epoch::pin()).vmas.len()
+        self.vma_tree(&epoch::pin()).len()
     }
 
     #[inline]

@@ -3,19 +3,28 @@
 //! # The tree and its readers
 //!
 //! The kernel keeps VMAs in a maple tree whose readers need no lock (RCU).
-//! The model keeps a sorted array of VMAs, published through an
-//! epoch-protected pointer ([`VmaTree`] behind `crossbeam_epoch::Atomic`):
-//! writers, holding mmap_lock for writing, build a new array and swap it in;
-//! the old one is freed only after every reader pinned at the time is done.
-//! Lookups are binary searches. A reader without mmap_lock may see a VMA
-//! whose bounds are being changed (a split adjusts `vm_start`/`vm_end` in
-//! place, as `vma_adjust` does), so such readers must revalidate under a lock
-//! or a sequence count, exactly as in the kernel.
+//! The model keeps them in a persistent search tree ([`crate::tree`]),
+//! published through an epoch-protected pointer (`Mm::vma_tree`): a writer,
+//! holding mmap_lock for writing, edits a private version (O(log n) per
+//! change, sharing every untouched node with the published one) and swaps it
+//! in whole; the old version is freed only after every reader pinned at the
+//! time is done.
+//!
+//! A published VMA is never edited: a split, a merge or a change of flags
+//! makes new VMAs (`vm_area_dup`) and detaches the old ones, which readers
+//! still holding the old tree go on seeing, whole and consistent. The kernel
+//! instead edits a VMA in place after write-locking it (`vma_start_write`),
+//! which makes per-VMA-lock readers fall back to mmap_lock; here a reader
+//! that finds a VMA marked [`Vma::is_detached`] knows it lost such a race.
 
-use std::sync::{OnceLock, Weak};
+use std::sync::OnceLock;
 
 use crate::pgtable::Pgprot;
-use crate::sync::{Arc, AtomicU64, Mutex, Ordering, RwLock};
+use crate::phys::PAGE_SHIFT;
+use crate::sync::{Arc, AtomicBool, Mutex, Ordering};
+use crate::tree::{hash_prio, Entry, Tree};
+
+pub use crate::mm::interval_tree::AnonVma;
 
 pub type VmFlags = u64;
 pub const VM_NONE: VmFlags = 0;
@@ -49,57 +58,25 @@ pub fn vm_get_page_prot(flags: VmFlags) -> Pgprot {
     }
 }
 
-static ANON_VMA_ID: AtomicU64 = AtomicU64::new(1);
-
-/// `struct anon_vma`: the set of VMAs whose pages an anonymous folio may be
-/// mapped in. The model keeps the interval tree of anon_vma_chains (the
-/// `rb_root`) as a list of VMAs, guarded by the anon_vma's rwsem (the kernel
-/// uses the root anon_vma's lock for the whole family).
-pub struct AnonVma {
-    pub id: u64,
-    /// The anon_vma of the VMA this one's VMA was forked from.
-    pub parent: Option<Arc<AnonVma>>,
-    /// Every VMA chained to this anon_vma: its own, its splits and its
-    /// forked descendants'.
-    pub vmas: RwLock<Vec<Weak<Vma>>>,
-}
-
-impl AnonVma {
-    pub fn new(parent: Option<Arc<AnonVma>>) -> Arc<AnonVma> {
-        Arc::new(AnonVma {
-            id: ANON_VMA_ID.fetch_add(1, Ordering::Relaxed),
-            parent,
-            vmas: RwLock::new(Vec::new()),
-        })
-    }
-
-    /// Does the chain hold `vma`?
-    pub fn has_vma(&self, vma: &Vma) -> bool {
-        self.vmas
-            .read()
-            .iter()
-            .any(|w| std::ptr::eq(w.as_ptr(), vma))
-    }
-}
-
-/// `struct vm_area_struct`. Bounds and flags are atomics: writers change
-/// them only with mmap_lock held for writing, but lockless readers (the
-/// hardware walker never, speculative faults later) may read them at any time.
+/// `struct vm_area_struct`. Bounds, offset and flags are fixed for the
+/// VMA's life: a change makes a new VMA (see the module doc).
 pub struct Vma {
     /// `vm_mm`, by id.
     pub mm_id: u64,
-    vm_start: AtomicU64,
-    vm_end: AtomicU64,
+    vm_start: u64,
+    vm_end: u64,
     /// For anonymous VMAs, `vm_start >> PAGE_SHIFT` at creation; kept across
     /// splits so that a folio's index stays valid.
-    vm_pgoff: AtomicU64,
-    vm_flags: AtomicU64,
+    vm_pgoff: u64,
+    vm_flags: VmFlags,
     /// The anon_vma new folios of this VMA attach to; set once, by
     /// `anon_vma_prepare` on the first fault, or by fork or a split.
     pub anon_vma: OnceLock<Arc<AnonVma>>,
     /// `anon_vma_chain`: every anon_vma this VMA is chained to (its own and
     /// its ancestors'), so that it can be unlinked from them all.
     pub anon_vma_chain: Mutex<Vec<Arc<AnonVma>>>,
+    /// `vma_mark_detached`: the VMA left the tree (removed or replaced).
+    detached: AtomicBool,
 }
 
 impl std::fmt::Debug for Vma {
@@ -116,32 +93,43 @@ impl std::fmt::Debug for Vma {
 
 impl Vma {
     pub fn new(mm_id: u64, start: u64, end: u64, flags: VmFlags, pgoff: u64) -> Vma {
+        debug_assert!(start < end, "empty VMA {start:#x}-{end:#x}");
         Vma {
             mm_id,
-            vm_start: AtomicU64::new(start),
-            vm_end: AtomicU64::new(end),
-            vm_pgoff: AtomicU64::new(pgoff),
-            vm_flags: AtomicU64::new(flags),
+            vm_start: start,
+            vm_end: end,
+            vm_pgoff: pgoff,
+            vm_flags: flags,
             anon_vma: OnceLock::new(),
             anon_vma_chain: Mutex::new(Vec::new()),
+            detached: AtomicBool::new(false),
         }
     }
 
     #[inline]
     pub fn start(&self) -> u64 {
-        self.vm_start.load(Ordering::Relaxed)
+        self.vm_start
     }
     #[inline]
     pub fn end(&self) -> u64 {
-        self.vm_end.load(Ordering::Relaxed)
+        self.vm_end
     }
     #[inline]
     pub fn pgoff(&self) -> u64 {
-        self.vm_pgoff.load(Ordering::Relaxed)
+        self.vm_pgoff
+    }
+    /// `vma_last_pgoff`: the page offset of the VMA's last page.
+    #[inline]
+    pub fn last_pgoff(&self) -> u64 {
+        self.vm_pgoff + ((self.vm_end - self.vm_start) >> PAGE_SHIFT) - 1
     }
     #[inline]
     pub fn flags(&self) -> VmFlags {
-        self.vm_flags.load(Ordering::Relaxed)
+        self.vm_flags
+    }
+    #[inline]
+    pub fn pages(&self) -> u64 {
+        (self.vm_end - self.vm_start) >> PAGE_SHIFT
     }
     #[inline]
     pub fn page_prot(&self) -> Pgprot {
@@ -155,18 +143,16 @@ impl Vma {
         self.anon_vma.get()
     }
 
-    /// Writers only (mmap_lock held for writing).
-    pub fn set_start(&self, start: u64) {
-        self.vm_start.store(start, Ordering::Relaxed)
+    /// `vma_mark_detached`: called once, when the VMA leaves the tree.
+    pub fn mark_detached(&self) {
+        let was = self.detached.swap(true, Ordering::Release);
+        debug_assert!(!was, "{self:?} detached twice");
     }
-    pub fn set_end(&self, end: u64) {
-        self.vm_end.store(end, Ordering::Relaxed)
-    }
-    pub fn set_pgoff(&self, pgoff: u64) {
-        self.vm_pgoff.store(pgoff, Ordering::Relaxed)
-    }
-    pub fn set_flags(&self, flags: VmFlags) {
-        self.vm_flags.store(flags, Ordering::Relaxed)
+
+    /// Whether the VMA has left the tree. Acquire: pairs with
+    /// `mark_detached`, for lockless readers that found the VMA earlier.
+    pub fn is_detached(&self) -> bool {
+        self.detached.load(Ordering::Acquire)
     }
 
     /// The address of page `pgoff` of this VMA's linear mapping
@@ -174,32 +160,85 @@ impl Vma {
     pub fn address_of(&self, pgoff: u64) -> Option<u64> {
         let addr = self
             .start()
-            .checked_add(pgoff.checked_sub(self.pgoff())? << crate::phys::PAGE_SHIFT)?;
+            .checked_add(pgoff.checked_sub(self.pgoff())? << PAGE_SHIFT)?;
         (addr < self.end()).then_some(addr)
     }
 
     /// `linear_page_index`.
     #[inline]
     pub fn linear_page_index(&self, addr: u64) -> u64 {
-        ((addr - self.start()) >> crate::phys::PAGE_SHIFT) + self.pgoff()
+        ((addr - self.start()) >> PAGE_SHIFT) + self.pgoff()
     }
 }
 
-/// One published version of the VMA tree: VMAs sorted by address, disjoint.
+/// What the tree keeps per subtree: its span and its largest inner gap
+/// (the maple tree keeps the largest gap per node, for `mas_empty_area_rev`).
+#[derive(Clone, Copy, Debug)]
+pub struct VmaSpan {
+    first_start: u64,
+    last_end: u64,
+    /// The largest gap between two VMAs of the subtree.
+    max_gap: u64,
+}
+
+impl Entry for Arc<Vma> {
+    type Key = u64;
+    type Summary = VmaSpan;
+
+    fn key(&self) -> u64 {
+        self.start()
+    }
+    fn prio(&self) -> u64 {
+        hash_prio(self.start())
+    }
+    fn summarize(left: Option<&VmaSpan>, this: &Arc<Vma>, right: Option<&VmaSpan>) -> VmaSpan {
+        let mut max_gap = 0;
+        if let Some(l) = left {
+            max_gap = l.max_gap.max(this.start() - l.last_end);
+        }
+        if let Some(r) = right {
+            max_gap = max_gap.max(r.max_gap).max(r.first_start - this.end());
+        }
+        VmaSpan {
+            first_start: left.map_or(this.start(), |l| l.first_start),
+            last_end: right.map_or(this.end(), |r| r.last_end),
+            max_gap,
+        }
+    }
+}
+
+/// One version of the VMA tree (`mm->mm_mt`): VMAs sorted by address,
+/// disjoint. Cloning is O(1); edits are O(log n) and leave other versions
+/// as they were.
 #[derive(Default, Clone)]
 pub struct VmaTree {
-    pub vmas: Vec<Arc<Vma>>,
+    tree: Tree<Arc<Vma>>,
 }
 
 impl VmaTree {
-    /// Index of the first VMA that ends above `addr` (`find_vma`).
-    pub fn find_index(&self, addr: u64) -> usize {
-        self.vmas.partition_point(|v| v.end() <= addr)
+    /// A tree of `vmas`, sorted and disjoint, in O(n).
+    pub fn from_sorted(vmas: Vec<Arc<Vma>>) -> VmaTree {
+        VmaTree {
+            tree: Tree::from_sorted(vmas),
+        }
+    }
+
+    /// `mm->map_count`.
+    pub fn len(&self) -> usize {
+        self.tree.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tree.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Vma>> {
+        self.tree.iter()
     }
 
     /// `find_vma`: the first VMA with `vm_end > addr`.
     pub fn find_vma(&self, addr: u64) -> Option<&Arc<Vma>> {
-        self.vmas.get(self.find_index(addr))
+        self.tree.first_where(|v| v.end() > addr)
     }
 
     /// `vma_lookup`: the VMA that contains `addr`.
@@ -212,42 +251,183 @@ impl VmaTree {
         self.find_vma(start).filter(|v| v.start() < end)
     }
 
-    /// VMAs that intersect `[start, end)`, as a range of indices.
-    pub fn range(&self, start: u64, end: u64) -> std::ops::Range<usize> {
-        let first = self.find_index(start);
-        let last = self.vmas.partition_point(|v| v.start() < end);
-        first..last.max(first)
+    /// The last VMA that ends at or below `addr` (`vma_prev` of a gap).
+    pub fn prev_vma(&self, addr: u64) -> Option<&Arc<Vma>> {
+        self.tree.last_where(|v| v.end() <= addr)
     }
 
-    /// The VMA just below `addr`'s VMA slot (`vma_prev`).
-    pub fn prev_of(&self, idx: usize) -> Option<&Arc<Vma>> {
-        idx.checked_sub(1).and_then(|i| self.vmas.get(i))
+    /// The first VMA that starts at or above `addr` (`vma_next` of a gap).
+    pub fn next_vma(&self, addr: u64) -> Option<&Arc<Vma>> {
+        self.tree.first_where(|v| v.start() >= addr)
     }
 
+    /// The VMAs that intersect `[start, end)`, in order.
+    pub fn range(&self, start: u64, end: u64) -> impl Iterator<Item = &Arc<Vma>> {
+        self.tree
+            .iter_from(move |v| v.end() > start)
+            .take_while(move |v| v.start() < end)
+    }
+
+    /// Insert a VMA that overlaps none.
     pub fn insert(&mut self, vma: Arc<Vma>) {
-        let idx = self.vmas.partition_point(|v| v.start() < vma.start());
         debug_assert!(
-            idx == 0 || self.vmas[idx - 1].end() <= vma.start(),
+            self.find_vma_intersection(vma.start(), vma.end()).is_none(),
             "overlapping VMA {vma:?}"
         );
+        self.tree.insert(vma);
+    }
+
+    /// Put `new` (sorted, disjoint, inside the span of `old`) in the place
+    /// of `old`, consecutive VMAs of this tree. O(log n + old + new).
+    pub fn replace(&mut self, old: &[Arc<Vma>], new: Vec<Arc<Vma>>) {
+        let (Some(first), Some(last)) = (old.first(), old.last()) else {
+            return;
+        };
+        let removed = self.tree.replace_range(first.start(), last.end(), new);
         debug_assert!(
-            idx == self.vmas.len() || self.vmas[idx].start() >= vma.end(),
-            "overlapping VMA {vma:?}"
+            removed.len() == old.len() && removed.iter().zip(old).all(|(a, b)| Arc::ptr_eq(a, b)),
+            "replaced VMAs {old:?} are not the tree's {removed:?}"
         );
-        self.vmas.insert(idx, vma);
+    }
+
+    /// `unmapped_area_topdown`: the highest `len` bytes in a gap between
+    /// VMAs, inside `[low, high)`. O(log n): subtrees whose largest gap is
+    /// too small are skipped, as the maple tree's gap search does.
+    pub fn unmapped_area_topdown(&self, len: u64, low: u64, high: u64) -> Option<u64> {
+        gap_topdown(self.tree.root(), 0, u64::MAX, len, low, high)
     }
 
     pub fn check(&self) {
-        for w in self.vmas.windows(2) {
-            assert!(
-                w[0].end() <= w[1].start(),
-                "VMAs out of order: {:?} {:?}",
-                w[0],
-                w[1]
-            );
-        }
-        for v in &self.vmas {
+        let mut prev_end = 0;
+        for v in self.iter() {
             assert!(v.start() < v.end(), "empty VMA {v:?}");
+            assert!(prev_end <= v.start(), "VMAs out of order at {v:?}");
+            assert!(!v.is_detached(), "detached {v:?} in the tree");
+            prev_end = v.end();
         }
+    }
+}
+
+/// The gaps of a subtree that lies between the end of the VMA before it
+/// (`floor`) and the start of the one after it (`ceil`), searched from the
+/// top; a gap counts only as far as it lies in `[low, high)`.
+fn gap_topdown(
+    n: Option<&crate::tree::Node<Arc<Vma>>>,
+    floor: u64,
+    ceil: u64,
+    len: u64,
+    low: u64,
+    high: u64,
+) -> Option<u64> {
+    let fits = |a: u64, b: u64| {
+        let (a, b) = (a.max(low), b.min(high));
+        (b > a && b - a >= len).then(|| b - len)
+    };
+    let Some(n) = n else {
+        return fits(floor, ceil);
+    };
+    if floor >= high || ceil <= low {
+        return None;
+    }
+    let s = n.summary();
+    let widest = s
+        .max_gap
+        .max(s.first_start.saturating_sub(floor))
+        .max(ceil.saturating_sub(s.last_end));
+    if widest < len {
+        return None;
+    }
+    gap_topdown(n.right(), n.item.end(), ceil, len, low, high)
+        .or_else(|| gap_topdown(n.left(), floor, n.item.start(), len, low, high))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn tree_of(spans: &[(u64, u64)]) -> (VmaTree, Vec<Arc<Vma>>) {
+        let vmas: Vec<Arc<Vma>> = spans
+            .iter()
+            .map(|&(s, e)| Arc::new(Vma::new(1, s << 12, e << 12, VM_READ, s)))
+            .collect();
+        (VmaTree::from_sorted(vmas.clone()), vmas)
+    }
+
+    /// The linear search the tree's gap search replaces.
+    fn topdown_by_scan(vmas: &[Arc<Vma>], len: u64, low: u64, high: u64) -> Option<u64> {
+        let mut bounds = vec![0];
+        for v in vmas {
+            bounds.push(v.start());
+            bounds.push(v.end());
+        }
+        bounds.push(u64::MAX);
+        bounds.chunks(2).rev().find_map(|g| {
+            let (a, b) = (g[0].max(low), g[1].min(high));
+            (b > a && b - a >= len).then(|| b - len)
+        })
+    }
+
+    /// Sorted, disjoint spans (in pages) from arbitrary lengths and gaps.
+    fn layout() -> impl Strategy<Value = Vec<(u64, u64)>> {
+        prop::collection::vec((0u64..6, 1u64..6), 0..60).prop_map(|v| {
+            let mut at = 16;
+            v.into_iter()
+                .map(|(gap, len)| {
+                    at += gap;
+                    let s = (at, at + len);
+                    at += len;
+                    s
+                })
+                .collect()
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn lookups_and_gap_search_agree_with_a_scan(
+            spans in layout(),
+            len in 1u64..8,
+            low in 0u64..40,
+            width in 0u64..400,
+            probe in 0u64..400,
+        ) {
+            let (t, vmas) = tree_of(&spans);
+            t.check();
+            prop_assert_eq!(t.len(), vmas.len());
+            let (len, low, high, addr) = (len << 12, low << 12, (low + width) << 12, probe << 12);
+            prop_assert_eq!(
+                t.unmapped_area_topdown(len, low, high),
+                topdown_by_scan(&vmas, len, low, high)
+            );
+            let find = vmas.iter().find(|v| v.end() > addr);
+            prop_assert_eq!(t.find_vma(addr).map(|v| v.start()), find.map(|v| v.start()));
+            let prev = vmas.iter().rev().find(|v| v.end() <= addr);
+            prop_assert_eq!(t.prev_vma(addr).map(|v| v.start()), prev.map(|v| v.start()));
+            let next = vmas.iter().find(|v| v.start() >= addr);
+            prop_assert_eq!(t.next_vma(addr).map(|v| v.start()), next.map(|v| v.start()));
+            let end = addr + (8 << 12);
+            let range: Vec<u64> = t.range(addr, end).map(|v| v.start()).collect();
+            let want: Vec<u64> = vmas.iter().filter(|v| v.end() > addr && v.start() < end).map(|v| v.start()).collect();
+            prop_assert_eq!(range, want);
+        }
+    }
+
+    #[test]
+    fn a_replaced_vma_stays_whole_in_the_old_version() {
+        let (mut t, vmas) = tree_of(&[(16, 32), (40, 48)]);
+        let old = t.clone();
+        let lower = Arc::new(Vma::new(1, 16 << 12, 20 << 12, VM_READ, 16));
+        let upper = Arc::new(Vma::new(1, 20 << 12, 32 << 12, VM_READ | VM_WRITE, 20));
+        t.replace(&vmas[..1], vec![lower, upper]);
+        t.check();
+        assert_eq!(t.len(), 3);
+        assert_eq!(old.len(), 2);
+        let v = old.vma_lookup(24 << 12).unwrap();
+        assert_eq!(
+            (v.start(), v.end(), v.flags()),
+            (16 << 12, 32 << 12, VM_READ)
+        );
+        assert_eq!(t.vma_lookup(24 << 12).unwrap().flags(), VM_READ | VM_WRITE);
     }
 }

@@ -1,0 +1,431 @@
+//! A persistent, augmented search tree: the model's stand-in for the
+//! kernel's maple tree (lib/maple_tree.c) and its augmented rbtrees
+//! (include/linux/interval_tree_generic.h).
+//!
+//! The tree is a treap whose nodes are immutable and shared through `Arc`:
+//! an update copies only the nodes on the paths it changes (O(log n)
+//! expected) and leaves the old version intact. That is what lets the VMA
+//! tree be read with no lock at all: a writer builds the new version beside
+//! the old one and publishes its root with one pointer swap (under an epoch,
+//! as the maple tree is published under RCU); a reader holding the old root
+//! sees the old tree whole, never a half-changed one.
+//!
+//! Each node caches the size of its subtree and a [`Entry::Summary`] of it
+//! (the VMA tree keeps the largest gap between VMAs, as the maple tree keeps
+//! its gap per node; the anon_vma interval tree keeps the largest last page
+//! offset, as `ITSUBTREE` does), so that searches can skip whole subtrees.
+//!
+//! Priorities come from each entry ([`Entry::prio`]), hashed from its key,
+//! so that the same contents always give the same shape: runs are
+//! reproducible.
+
+use crate::sync::Arc;
+
+/// What a [`Tree`] holds.
+pub trait Entry: Clone {
+    type Key: Ord + Copy;
+    /// A value computed over a subtree from its entries, bottom up.
+    type Summary: Copy;
+
+    fn key(&self) -> Self::Key;
+    /// The treap priority; derive it from the key with [`hash_prio`].
+    fn prio(&self) -> u64;
+    /// The summary of a subtree: its left part's, this entry, its right
+    /// part's.
+    fn summarize(
+        left: Option<&Self::Summary>,
+        this: &Self,
+        right: Option<&Self::Summary>,
+    ) -> Self::Summary;
+}
+
+/// A well-mixed priority from a 64-bit key (splitmix64's finaliser).
+#[inline]
+pub fn hash_prio(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+pub struct Node<T: Entry> {
+    pub item: T,
+    left: Link<T>,
+    right: Link<T>,
+    count: usize,
+    summary: T::Summary,
+}
+
+type Link<T> = Option<Arc<Node<T>>>;
+
+impl<T: Entry> Node<T> {
+    fn make(item: T, left: Link<T>, right: Link<T>) -> Arc<Node<T>> {
+        let count = 1 + count(&left) + count(&right);
+        let summary = T::summarize(
+            left.as_deref().map(|n| &n.summary),
+            &item,
+            right.as_deref().map(|n| &n.summary),
+        );
+        Arc::new(Node {
+            item,
+            left,
+            right,
+            count,
+            summary,
+        })
+    }
+
+    pub fn left(&self) -> Option<&Node<T>> {
+        self.left.as_deref()
+    }
+    pub fn right(&self) -> Option<&Node<T>> {
+        self.right.as_deref()
+    }
+    pub fn summary(&self) -> &T::Summary {
+        &self.summary
+    }
+}
+
+impl<T: Entry> Drop for Node<T> {
+    /// Unlink unshared children iteratively, so that dropping a large tree
+    /// never recurses deeply.
+    fn drop(&mut self) {
+        let mut stack: Vec<Arc<Node<T>>> = Vec::new();
+        stack.extend(self.left.take());
+        stack.extend(self.right.take());
+        while let Some(n) = stack.pop() {
+            if let Ok(mut n) = Arc::try_unwrap(n) {
+                stack.extend(n.left.take());
+                stack.extend(n.right.take());
+            }
+        }
+    }
+}
+
+#[inline]
+fn count<T: Entry>(l: &Link<T>) -> usize {
+    l.as_ref().map_or(0, |n| n.count)
+}
+
+/// One version of the tree. Cloning is O(1): the versions share nodes.
+pub struct Tree<T: Entry> {
+    root: Link<T>,
+}
+
+impl<T: Entry> Clone for Tree<T> {
+    fn clone(&self) -> Self {
+        Tree {
+            root: self.root.clone(),
+        }
+    }
+}
+
+impl<T: Entry> Default for Tree<T> {
+    fn default() -> Self {
+        Tree { root: None }
+    }
+}
+
+/// Split `t` into the entries with keys below `key` and the rest.
+fn split<T: Entry>(t: &Link<T>, key: T::Key) -> (Link<T>, Link<T>) {
+    let Some(n) = t else {
+        return (None, None);
+    };
+    if n.item.key() < key {
+        let (l, r) = split(&n.right, key);
+        (Some(Node::make(n.item.clone(), n.left.clone(), l)), r)
+    } else {
+        let (l, r) = split(&n.left, key);
+        (l, Some(Node::make(n.item.clone(), r, n.right.clone())))
+    }
+}
+
+/// Join two trees, every key of `l` below every key of `r`.
+fn join<T: Entry>(l: Link<T>, r: Link<T>) -> Link<T> {
+    match (l, r) {
+        (None, r) => r,
+        (l, None) => l,
+        (Some(a), Some(b)) => {
+            if a.item.prio() >= b.item.prio() {
+                let right = join(a.right.clone(), Some(b));
+                Some(Node::make(a.item.clone(), a.left.clone(), right))
+            } else {
+                let left = join(Some(a), b.left.clone());
+                Some(Node::make(b.item.clone(), left, b.right.clone()))
+            }
+        }
+    }
+}
+
+/// A treap of `items`, already sorted by key, in O(n) (the right spine is
+/// kept on a stack, as a Cartesian tree is built).
+fn build_sorted<T: Entry>(items: impl IntoIterator<Item = T>) -> Link<T> {
+    // Build with owned, mutable nodes first; freeze them into Arcs at the
+    // end. Each stack element is (item, left subtree) of a node on the
+    // right spine, whose right subtree is the next element.
+    let mut spine: Vec<(T, Link<T>)> = Vec::new();
+    for item in items {
+        let mut left: Link<T> = None;
+        while let Some((top, _)) = spine.last() {
+            if top.prio() >= item.prio() {
+                break;
+            }
+            let (top, top_left) = spine.pop().unwrap();
+            left = Some(Node::make(top, top_left, left));
+        }
+        spine.push((item, left));
+    }
+    let mut right: Link<T> = None;
+    while let Some((item, left)) = spine.pop() {
+        right = Some(Node::make(item, left, right));
+    }
+    right
+}
+
+impl<T: Entry> Tree<T> {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A tree of `items`, which must be sorted by key with no duplicates.
+    pub fn from_sorted(items: impl IntoIterator<Item = T>) -> Self {
+        Tree {
+            root: build_sorted(items),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        count(&self.root)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.root.is_none()
+    }
+
+    pub fn root(&self) -> Option<&Node<T>> {
+        self.root.as_deref()
+    }
+
+    /// Remove the entries with keys in `[lo, hi)` and put `new` (sorted,
+    /// every key in `[lo, hi)`) in their place; returns the removed
+    /// entries in order. O(log n + removed + new).
+    pub fn replace_range(&mut self, lo: T::Key, hi: T::Key, new: Vec<T>) -> Vec<T> {
+        debug_assert!(new.windows(2).all(|w| w[0].key() < w[1].key()));
+        debug_assert!(new.iter().all(|e| lo <= e.key() && e.key() < hi));
+        let (left, rest) = split(&self.root, lo);
+        let (middle, right) = split(&rest, hi);
+        let mut removed = Vec::with_capacity(count(&middle));
+        collect(middle.as_deref(), &mut removed);
+        self.root = join(join(left, build_sorted(new)), right);
+        removed
+    }
+
+    /// Insert `item`, whose key must not be in the tree yet.
+    pub fn insert(&mut self, item: T) {
+        let key = item.key();
+        let (left, right) = split(&self.root, key);
+        debug_assert!(
+            right.as_ref().is_none_or(|r| first(r).key() != key),
+            "duplicate key"
+        );
+        self.root = join(join(left, Some(Node::make(item, None, None))), right);
+    }
+
+    /// Remove the entry with exactly this key; returns it.
+    pub fn remove(&mut self, key: T::Key) -> Option<T>
+    where
+        T::Key: Successor,
+    {
+        let mut removed = self.replace_range(key, key.successor(), Vec::new());
+        debug_assert!(removed.len() <= 1);
+        removed.pop()
+    }
+
+    /// The first entry (in key order) for which `pred` holds, where `pred`
+    /// is false for a prefix of the entries and true after it.
+    pub fn first_where(&self, mut pred: impl FnMut(&T) -> bool) -> Option<&T> {
+        let mut n = self.root.as_deref();
+        let mut found = None;
+        while let Some(node) = n {
+            if pred(&node.item) {
+                found = Some(&node.item);
+                n = node.left.as_deref();
+            } else {
+                n = node.right.as_deref();
+            }
+        }
+        found
+    }
+
+    /// The last entry for which `pred` holds, where `pred` is true for a
+    /// prefix of the entries and false after it.
+    pub fn last_where(&self, mut pred: impl FnMut(&T) -> bool) -> Option<&T> {
+        let mut n = self.root.as_deref();
+        let mut found = None;
+        while let Some(node) = n {
+            if pred(&node.item) {
+                found = Some(&node.item);
+                n = node.right.as_deref();
+            } else {
+                n = node.left.as_deref();
+            }
+        }
+        found
+    }
+
+    /// In-order iterator over the entries from the first for which `pred`
+    /// holds (`pred` as for [`Tree::first_where`]).
+    pub fn iter_from(&self, mut pred: impl FnMut(&T) -> bool) -> Iter<'_, T> {
+        let mut stack = Vec::new();
+        let mut n = self.root.as_deref();
+        while let Some(node) = n {
+            if pred(&node.item) {
+                stack.push(node);
+                n = node.left.as_deref();
+            } else {
+                n = node.right.as_deref();
+            }
+        }
+        Iter { stack }
+    }
+
+    pub fn iter(&self) -> Iter<'_, T> {
+        self.iter_from(|_| true)
+    }
+}
+
+/// Keys that have a next value, so that a single key is a half-open range.
+pub trait Successor {
+    fn successor(self) -> Self;
+}
+
+impl Successor for u64 {
+    fn successor(self) -> u64 {
+        self + 1
+    }
+}
+
+impl Successor for (u64, usize) {
+    fn successor(self) -> (u64, usize) {
+        (self.0, self.1 + 1)
+    }
+}
+
+fn first<T: Entry>(mut n: &Node<T>) -> &T {
+    while let Some(l) = n.left.as_deref() {
+        n = l;
+    }
+    &n.item
+}
+
+fn collect<T: Entry>(n: Option<&Node<T>>, out: &mut Vec<T>) {
+    if let Some(n) = n {
+        collect(n.left.as_deref(), out);
+        out.push(n.item.clone());
+        collect(n.right.as_deref(), out);
+    }
+}
+
+/// In-order iterator: a stack of the nodes whose left part is done.
+pub struct Iter<'a, T: Entry> {
+    stack: Vec<&'a Node<T>>,
+}
+
+impl<'a, T: Entry> Iterator for Iter<'a, T> {
+    type Item = &'a T;
+
+    fn next(&mut self) -> Option<&'a T> {
+        let node = self.stack.pop()?;
+        let mut n = node.right.as_deref();
+        while let Some(c) = n {
+            self.stack.push(c);
+            n = c.left.as_deref();
+        }
+        Some(&node.item)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Keys with a summary of the largest key in the subtree.
+    #[derive(Clone, Debug, PartialEq)]
+    struct K(u64);
+
+    impl Entry for K {
+        type Key = u64;
+        type Summary = (u64, u64); // (min, max)
+        fn key(&self) -> u64 {
+            self.0
+        }
+        fn prio(&self) -> u64 {
+            hash_prio(self.0)
+        }
+        fn summarize(l: Option<&(u64, u64)>, this: &K, r: Option<&(u64, u64)>) -> (u64, u64) {
+            (l.map_or(this.0, |s| s.0), r.map_or(this.0, |s| s.1))
+        }
+    }
+
+    fn keys(t: &Tree<K>) -> Vec<u64> {
+        t.iter().map(|k| k.0).collect()
+    }
+
+    fn depth(n: Option<&Node<K>>) -> usize {
+        n.map_or(0, |n| 1 + depth(n.left()).max(depth(n.right())))
+    }
+
+    #[test]
+    fn insert_remove_replace_keep_order_and_old_versions() {
+        let mut t = Tree::from_sorted((0..100).map(|i| K(i * 10)));
+        assert_eq!(t.len(), 100);
+        let old = t.clone();
+        t.insert(K(55));
+        assert_eq!(t.remove(30), Some(K(30)));
+        let removed = t.replace_range(100, 200, vec![K(101), K(150)]);
+        assert_eq!(
+            removed.iter().map(|k| k.0).collect::<Vec<_>>(),
+            (10..20).map(|i| i * 10).collect::<Vec<_>>()
+        );
+        let mut want: Vec<u64> = (0..100)
+            .map(|i| i * 10)
+            .filter(|&k| k != 30 && !(100..200).contains(&k))
+            .collect();
+        want.extend([55, 101, 150]);
+        want.sort();
+        assert_eq!(keys(&t), want);
+        assert_eq!(t.len(), want.len());
+        assert_eq!(
+            keys(&old),
+            (0..100).map(|i| i * 10).collect::<Vec<_>>(),
+            "the old version is untouched"
+        );
+        assert_eq!(t.root().unwrap().summary(), &(0, 990));
+        assert_eq!(t.first_where(|k| k.0 > 52).unwrap().0, 55);
+        assert_eq!(t.last_where(|k| k.0 < 52).unwrap().0, 50);
+        assert_eq!(
+            t.iter_from(|k| k.0 >= 140)
+                .map(|k| k.0)
+                .take(3)
+                .collect::<Vec<_>>(),
+            vec![150, 200, 210]
+        );
+    }
+
+    #[test]
+    fn depth_stays_logarithmic() {
+        let mut t = Tree::new();
+        for i in 0..65536u64 {
+            t.insert(K(i << 12));
+        }
+        let d = depth(t.root());
+        assert!(d < 60, "depth {d} for 65536 sequential inserts");
+        let b = Tree::from_sorted((0..65536u64).map(|i| K(i << 12)));
+        assert!(depth(b.root()) < 60);
+        for i in (0..65536u64).step_by(2) {
+            t.remove(i << 12);
+        }
+        assert_eq!(t.len(), 32768);
+        assert!(depth(t.root()) < 60);
+    }
+}
