@@ -58,21 +58,40 @@ pub struct Node<T: Entry> {
 
 type Link<T> = Option<Arc<Node<T>>>;
 
+/// A copy for a path that is being changed while another version still
+/// shares the node (`Arc::make_mut`); children stay shared.
+impl<T: Entry> Clone for Node<T> {
+    fn clone(&self) -> Self {
+        Node {
+            item: self.item.clone(),
+            left: self.left.clone(),
+            right: self.right.clone(),
+            count: self.count,
+            summary: self.summary,
+        }
+    }
+}
+
 impl<T: Entry> Node<T> {
-    fn make(item: T, left: Link<T>, right: Link<T>) -> Arc<Node<T>> {
-        let count = 1 + count(&left) + count(&right);
-        let summary = T::summarize(
-            left.as_deref().map(|n| &n.summary),
-            &item,
-            right.as_deref().map(|n| &n.summary),
-        );
+    fn leaf(item: T) -> Arc<Node<T>> {
+        let summary = T::summarize(None, &item, None);
         Arc::new(Node {
             item,
-            left,
-            right,
-            count,
+            left: None,
+            right: None,
+            count: 1,
             summary,
         })
+    }
+
+    /// Recompute the cached size and summary after a child changed.
+    fn update(&mut self) {
+        self.count = 1 + count(&self.left) + count(&self.right);
+        self.summary = T::summarize(
+            self.left.as_deref().map(|n| &n.summary),
+            &self.item,
+            self.right.as_deref().map(|n| &n.summary),
+        );
     }
 
     pub fn left(&self) -> Option<&Node<T>> {
@@ -83,22 +102,6 @@ impl<T: Entry> Node<T> {
     }
     pub fn summary(&self) -> &T::Summary {
         &self.summary
-    }
-}
-
-impl<T: Entry> Drop for Node<T> {
-    /// Unlink unshared children iteratively, so that dropping a large tree
-    /// never recurses deeply.
-    fn drop(&mut self) {
-        let mut stack: Vec<Arc<Node<T>>> = Vec::new();
-        stack.extend(self.left.take());
-        stack.extend(self.right.take());
-        while let Some(n) = stack.pop() {
-            if let Ok(mut n) = Arc::try_unwrap(n) {
-                stack.extend(n.left.take());
-                stack.extend(n.right.take());
-            }
-        }
     }
 }
 
@@ -126,17 +129,24 @@ impl<T: Entry> Default for Tree<T> {
     }
 }
 
-/// Split `t` into the entries with keys below `key` and the rest.
-fn split<T: Entry>(t: &Link<T>, key: T::Key) -> (Link<T>, Link<T>) {
-    let Some(n) = t else {
+/// Split `t` into the entries with keys below `key` and the rest. Nodes
+/// that no other version shares are changed in place; shared ones are
+/// copied (path copying), so other versions never change.
+fn split<T: Entry>(t: Link<T>, key: T::Key) -> (Link<T>, Link<T>) {
+    let Some(mut n) = t else {
         return (None, None);
     };
-    if n.item.key() < key {
-        let (l, r) = split(&n.right, key);
-        (Some(Node::make(n.item.clone(), n.left.clone(), l)), r)
+    let node = Arc::make_mut(&mut n);
+    if node.item.key() < key {
+        let (l, r) = split(node.right.take(), key);
+        node.right = l;
+        node.update();
+        (Some(n), r)
     } else {
-        let (l, r) = split(&n.left, key);
-        (l, Some(Node::make(n.item.clone(), r, n.right.clone())))
+        let (l, r) = split(node.left.take(), key);
+        node.left = r;
+        node.update();
+        (l, Some(n))
     }
 }
 
@@ -145,15 +155,52 @@ fn join<T: Entry>(l: Link<T>, r: Link<T>) -> Link<T> {
     match (l, r) {
         (None, r) => r,
         (l, None) => l,
-        (Some(a), Some(b)) => {
+        (Some(mut a), Some(mut b)) => {
             if a.item.prio() >= b.item.prio() {
-                let right = join(a.right.clone(), Some(b));
-                Some(Node::make(a.item.clone(), a.left.clone(), right))
+                let node = Arc::make_mut(&mut a);
+                node.right = join(node.right.take(), Some(b));
+                node.update();
+                Some(a)
             } else {
-                let left = join(Some(a), b.left.clone());
-                Some(Node::make(b.item.clone(), left, b.right.clone()))
+                let node = Arc::make_mut(&mut b);
+                node.left = join(Some(a), node.left.take());
+                node.update();
+                Some(b)
             }
         }
+    }
+}
+
+fn remove<T: Entry>(t: &mut Link<T>, key: T::Key) -> Option<T> {
+    let node = Arc::make_mut(t.as_mut()?);
+    let removed = match key.cmp(&node.item.key()) {
+        std::cmp::Ordering::Less => remove(&mut node.left, key),
+        std::cmp::Ordering::Greater => remove(&mut node.right, key),
+        std::cmp::Ordering::Equal => {
+            let left = node.left.take();
+            let right = node.right.take();
+            let unique = t.take().and_then(|n| Arc::try_unwrap(n).ok());
+            let Some(gone) = unique else {
+                unreachable!("made unique above");
+            };
+            *t = join(left, right);
+            return Some(gone.item);
+        }
+    };
+    if removed.is_some() {
+        node.update();
+    }
+    removed
+}
+
+/// The entry with `key`, made unique to this version for changing in place
+/// (the caller must not change its key or what its summary depends on).
+fn get_mut<'a, T: Entry>(t: &'a mut Link<T>, key: T::Key) -> Option<&'a mut T> {
+    let node = Arc::make_mut(t.as_mut()?);
+    match key.cmp(&node.item.key()) {
+        std::cmp::Ordering::Less => get_mut(&mut node.left, key),
+        std::cmp::Ordering::Greater => get_mut(&mut node.right, key),
+        std::cmp::Ordering::Equal => Some(&mut node.item),
     }
 }
 
@@ -171,15 +218,27 @@ fn build_sorted<T: Entry>(items: impl IntoIterator<Item = T>) -> Link<T> {
                 break;
             }
             let (top, top_left) = spine.pop().unwrap();
-            left = Some(Node::make(top, top_left, left));
+            left = Some(make(top, top_left, left));
         }
         spine.push((item, left));
     }
     let mut right: Link<T> = None;
     while let Some((item, left)) = spine.pop() {
-        right = Some(Node::make(item, left, right));
+        right = Some(make(item, left, right));
     }
     right
+}
+
+fn make<T: Entry>(item: T, left: Link<T>, right: Link<T>) -> Arc<Node<T>> {
+    let mut n = Node {
+        summary: T::summarize(None, &item, None),
+        item,
+        left,
+        right,
+        count: 0,
+    };
+    n.update();
+    Arc::new(n)
 }
 
 impl<T: Entry> Tree<T> {
@@ -212,8 +271,8 @@ impl<T: Entry> Tree<T> {
     pub fn replace_range(&mut self, lo: T::Key, hi: T::Key, new: Vec<T>) -> Vec<T> {
         debug_assert!(new.windows(2).all(|w| w[0].key() < w[1].key()));
         debug_assert!(new.iter().all(|e| lo <= e.key() && e.key() < hi));
-        let (left, rest) = split(&self.root, lo);
-        let (middle, right) = split(&rest, hi);
+        let (left, rest) = split(self.root.take(), lo);
+        let (middle, right) = split(rest, hi);
         let mut removed = Vec::with_capacity(count(&middle));
         collect(middle.as_deref(), &mut removed);
         self.root = join(join(left, build_sorted(new)), right);
@@ -223,22 +282,29 @@ impl<T: Entry> Tree<T> {
     /// Insert `item`, whose key must not be in the tree yet.
     pub fn insert(&mut self, item: T) {
         let key = item.key();
-        let (left, right) = split(&self.root, key);
+        let (left, right) = split(self.root.take(), key);
         debug_assert!(
             right.as_ref().is_none_or(|r| first(r).key() != key),
             "duplicate key"
         );
-        self.root = join(join(left, Some(Node::make(item, None, None))), right);
+        self.root = join(join(left, Some(Node::leaf(item))), right);
+    }
+
+    /// The entry with exactly this key, to change in place: its key, and
+    /// whatever its summary is computed from, must stay as they are.
+    pub fn get_mut(&mut self, key: T::Key) -> Option<&mut T> {
+        get_mut(&mut self.root, key)
+    }
+
+    /// The entry with exactly this key.
+    pub fn get(&self, key: T::Key) -> Option<&T> {
+        self.first_where(|e| e.key() >= key)
+            .filter(|e| e.key() == key)
     }
 
     /// Remove the entry with exactly this key; returns it.
-    pub fn remove(&mut self, key: T::Key) -> Option<T>
-    where
-        T::Key: Successor,
-    {
-        let mut removed = self.replace_range(key, key.successor(), Vec::new());
-        debug_assert!(removed.len() <= 1);
-        removed.pop()
+    pub fn remove(&mut self, key: T::Key) -> Option<T> {
+        remove(&mut self.root, key)
     }
 
     /// The first entry (in key order) for which `pred` holds, where `pred`
@@ -291,23 +357,6 @@ impl<T: Entry> Tree<T> {
 
     pub fn iter(&self) -> Iter<'_, T> {
         self.iter_from(|_| true)
-    }
-}
-
-/// Keys that have a next value, so that a single key is a half-open range.
-pub trait Successor {
-    fn successor(self) -> Self;
-}
-
-impl Successor for u64 {
-    fn successor(self) -> u64 {
-        self + 1
-    }
-}
-
-impl Successor for (u64, usize) {
-    fn successor(self) -> (u64, usize) {
-        (self.0, self.1 + 1)
     }
 }
 

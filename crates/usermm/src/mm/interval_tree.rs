@@ -1,11 +1,18 @@
 //! `struct anon_vma` and its interval tree of VMAs (mm/interval_tree.c,
 //! `anon_vma_interval_tree_*`).
 //!
-//! Every VMA chained to an anon_vma sits in the anon_vma's tree, keyed by the
-//! VMA's first page offset and augmented with the largest last page offset
-//! of each subtree, so that an rmap walk for one page visits only the VMAs
-//! whose range covers that page's offset, and linking or unlinking a VMA is
-//! O(log n) however many VMAs share the anon_vma (a long chain of forks).
+//! Every VMA chained to an anon_vma sits in the anon_vma's tree, found by
+//! the page-offset interval it covers; the tree is augmented with the
+//! largest last page offset of each subtree, so that an rmap walk for one
+//! page visits only the VMAs whose range covers that page's offset.
+//!
+//! The kernel's tree holds one node per anon_vma_chain, and unlinking is an
+//! `rb_erase` of that node, with no search. The model gets the same cost by
+//! keeping one node per distinct interval, holding the set of VMAs that
+//! cover it (the VMAs of a forked family usually all cover the same
+//! interval): linking and unlinking a VMA is a search among the distinct
+//! intervals, O(log n), and a hash-set insert or remove, however many VMAs
+//! share the anon_vma (a long chain of forks).
 //!
 //! # Locking
 //!
@@ -14,52 +21,64 @@
 //! *root* anon_vma's rwsem for a whole family; the model's lock per anon_vma
 //! is finer, and nothing here needs the family held at once.
 
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Weak;
 
 use crate::mm::vma::Vma;
-use crate::sync::{Arc, AtomicU64, Ordering, RwLock};
+use crate::sync::{Arc, AtomicU64, AtomicUsize, Ordering, RwLock};
 use crate::tree::{hash_prio, Entry, Tree};
 
 static ANON_VMA_ID: AtomicU64 = AtomicU64::new(1);
 
-/// `struct anon_vma_chain`, as it sits in an anon_vma's tree: which VMA, and
-/// the page-offset interval it covers (fixed, since VMAs are never resized
-/// in place).
+/// The anon_vma_chains of one page-offset interval `[start, last]`: the
+/// VMAs that cover exactly it, by address.
 #[derive(Clone)]
-pub struct Avc {
-    vma: Weak<Vma>,
+pub struct Avcs {
     start_pgoff: u64,
     last_pgoff: u64,
+    vmas: HashMap<usize, Weak<Vma>, BuildHasherDefault<PtrHasher>>,
 }
 
-impl Avc {
-    fn new(vma: &Arc<Vma>) -> Avc {
-        Avc {
-            vma: Arc::downgrade(vma),
-            start_pgoff: vma.pgoff(),
-            last_pgoff: vma.last_pgoff(),
-        }
-    }
-}
-
-impl Entry for Avc {
-    /// The first page offset, then the VMA's address to tell apart VMAs
-    /// (of other processes) that start at the same offset.
-    type Key = (u64, usize);
+impl Entry for Avcs {
+    type Key = (u64, u64);
     /// `rb_subtree_last`: the largest last page offset in the subtree.
     type Summary = u64;
 
-    fn key(&self) -> (u64, usize) {
-        (self.start_pgoff, self.vma.as_ptr() as usize)
+    fn key(&self) -> (u64, u64) {
+        (self.start_pgoff, self.last_pgoff)
     }
     fn prio(&self) -> u64 {
-        hash_prio(self.start_pgoff ^ hash_prio(self.vma.as_ptr() as u64))
+        hash_prio(self.start_pgoff ^ hash_prio(self.last_pgoff))
     }
-    fn summarize(left: Option<&u64>, this: &Avc, right: Option<&u64>) -> u64 {
+    fn summarize(left: Option<&u64>, this: &Avcs, right: Option<&u64>) -> u64 {
         this.last_pgoff
             .max(left.copied().unwrap_or(0))
             .max(right.copied().unwrap_or(0))
     }
+}
+
+/// Hashes a VMA's address: one multiply-and-mix, enough for pointers.
+#[derive(Default)]
+pub struct PtrHasher(u64);
+
+impl Hasher for PtrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = hash_prio(self.0 ^ b as u64);
+        }
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.0 = hash_prio(n as u64);
+    }
+}
+
+#[inline]
+fn vma_key(vma: &Vma) -> ((u64, u64), usize) {
+    ((vma.pgoff(), vma.last_pgoff()), vma as *const Vma as usize)
 }
 
 /// `struct anon_vma`: the set of VMAs whose pages an anonymous folio may be
@@ -70,7 +89,9 @@ pub struct AnonVma {
     pub parent: Option<Arc<AnonVma>>,
     /// `rb_root`: every VMA chained to this anon_vma (its own, its splits'
     /// and its forked descendants'), by page-offset interval.
-    rb_root: RwLock<Tree<Avc>>,
+    rb_root: RwLock<Tree<Avcs>>,
+    /// How many VMAs `rb_root` holds.
+    nr_vmas: AtomicUsize,
 }
 
 impl AnonVma {
@@ -79,20 +100,45 @@ impl AnonVma {
             id: ANON_VMA_ID.fetch_add(1, Ordering::Relaxed),
             parent,
             rb_root: RwLock::new(Tree::new()),
+            nr_vmas: AtomicUsize::new(0),
         })
     }
 
     /// `anon_vma_interval_tree_insert`.
     pub fn interval_tree_insert(&self, vma: &Arc<Vma>) {
-        self.rb_root.write().insert(Avc::new(vma));
+        let (key, ptr) = vma_key(vma);
+        let mut t = self.rb_root.write();
+        let weak = Arc::downgrade(vma);
+        if let Some(avcs) = t.get_mut(key) {
+            let old = avcs.vmas.insert(ptr, weak);
+            debug_assert!(old.is_none(), "{vma:?} linked twice");
+        } else {
+            let mut vmas = HashMap::default();
+            vmas.insert(ptr, weak);
+            t.insert(Avcs {
+                start_pgoff: key.0,
+                last_pgoff: key.1,
+                vmas,
+            });
+        }
+        self.nr_vmas.fetch_add(1, Ordering::Relaxed);
     }
 
     /// `anon_vma_interval_tree_remove`: returns whether the VMA was there.
     pub fn interval_tree_remove(&self, vma: &Vma) -> bool {
-        let key = (vma.pgoff(), vma as *const Vma as usize);
+        let (key, ptr) = vma_key(vma);
         let mut t = self.rb_root.write();
-        let removed = t.replace_range(key, (key.0, key.1 + 1), Vec::new());
-        !removed.is_empty()
+        let Some(avcs) = t.get_mut(key) else {
+            return false;
+        };
+        if avcs.vmas.remove(&ptr).is_none() {
+            return false;
+        }
+        if avcs.vmas.is_empty() {
+            t.remove(key);
+        }
+        self.nr_vmas.fetch_sub(1, Ordering::Relaxed);
+        true
     }
 
     /// `anon_vma_interval_tree_foreach` over `[first, last]`: the live VMAs
@@ -106,23 +152,28 @@ impl AnonVma {
 
     /// Number of VMAs chained.
     pub fn nr_vmas(&self) -> usize {
-        self.rb_root.read().len()
+        self.nr_vmas.load(Ordering::Relaxed)
     }
 
     /// Does the tree hold `vma`?
     pub fn has_vma(&self, vma: &Vma) -> bool {
-        let key = (vma.pgoff(), vma as *const Vma as usize);
+        let (key, ptr) = vma_key(vma);
         self.rb_root
             .read()
-            .first_where(|a| a.key() >= key)
-            .is_some_and(|a| a.key() == key)
+            .get(key)
+            .is_some_and(|a| a.vmas.contains_key(&ptr))
     }
 }
 
 /// The subtree's intervals that meet `[first, last]`, in order; subtrees
 /// whose largest last offset is below `first` are skipped, and so is
 /// everything right of a node that starts after `last`.
-fn overlapping(n: Option<&crate::tree::Node<Avc>>, first: u64, last: u64, out: &mut Vec<Arc<Vma>>) {
+fn overlapping(
+    n: Option<&crate::tree::Node<Avcs>>,
+    first: u64,
+    last: u64,
+    out: &mut Vec<Arc<Vma>>,
+) {
     let Some(n) = n else {
         return;
     };
@@ -134,7 +185,7 @@ fn overlapping(n: Option<&crate::tree::Node<Avc>>, first: u64, last: u64, out: &
         return;
     }
     if n.item.last_pgoff >= first {
-        out.extend(n.item.vma.upgrade());
+        out.extend(n.item.vmas.values().filter_map(Weak::upgrade));
     }
     overlapping(n.right(), first, last, out);
 }
