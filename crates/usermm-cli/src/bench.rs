@@ -13,7 +13,7 @@ use crate::{batching, native, plot};
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    /// Experiment: fault, munmap, dontneed or fork. All when omitted.
+    /// Experiment: fault, munmap, dontneed, fork or vma. All when omitted.
     pub name: Option<String>,
     /// Runs per size; medians are reported.
     #[arg(long, default_value_t = 7)]
@@ -65,7 +65,7 @@ pub fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-const EXPERIMENTS: [&str; 4] = ["fault", "munmap", "dontneed", "fork"];
+const EXPERIMENTS: [&str; 5] = ["fault", "munmap", "dontneed", "fork", "vma"];
 
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let names: Vec<&str> = match a.name.as_deref() {
@@ -81,6 +81,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     for name in names {
         let v = match name {
             "fault" => bench_fault(&a)?,
+            "vma" => crate::vma_bench::run(&a)?,
             op => bench_batching(&a, op)?,
         };
         std::fs::write(

@@ -5,6 +5,7 @@ mod bench;
 mod native;
 mod plot;
 mod scenario;
+mod vma_bench;
 
 use clap::{Parser, Subcommand};
 

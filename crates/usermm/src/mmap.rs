@@ -258,7 +258,8 @@ pub fn do_mmap(
         MAP_SHARED | MAP_SHARED_VALIDATE => return Err(Errno::EOPNOTSUPP), // shared anonymous memory is not modelled
         _ => return Err(Errno::EINVAL),
     }
-    if flags & MAP_FIXED_NOREPLACE != 0 && tree.find_vma_intersection(addr, addr + len).is_some() {
+    let overlaps = tree.find_vma_intersection(addr, addr + len).is_some();
+    if flags & MAP_FIXED_NOREPLACE != 0 && overlaps {
         return Err(Errno::EEXIST);
     }
     let mut vm_flags = calc_vm_prot_bits(prot) | VM_MAYREAD | VM_MAYWRITE | VM_MAYEXEC;
@@ -268,7 +269,7 @@ pub fn do_mmap(
         vm_flags |= VM_ACCOUNT;
     }
     // MAP_FIXED over existing mappings: unmap them first (mmap_region).
-    if tree.find_vma_intersection(addr, addr + len).is_some() {
+    if overlaps {
         do_vmi_munmap(oncpu, mm, &mut tree, addr, addr + len)?;
     }
     let vma = Arc::new(Vma::new(

@@ -73,17 +73,6 @@ impl<T: Entry> Clone for Node<T> {
 }
 
 impl<T: Entry> Node<T> {
-    fn leaf(item: T) -> Arc<Node<T>> {
-        let summary = T::summarize(None, &item, None);
-        Arc::new(Node {
-            item,
-            left: None,
-            right: None,
-            count: 1,
-            summary,
-        })
-    }
-
     /// Recompute the cached size and summary after a child changed.
     fn update(&mut self) {
         self.count = 1 + count(&self.left) + count(&self.right);
@@ -169,6 +158,42 @@ fn join<T: Entry>(l: Link<T>, r: Link<T>) -> Link<T> {
             }
         }
     }
+}
+
+fn insert<T: Entry>(t: &mut Link<T>, item: T) {
+    match t {
+        Some(n) if n.item.prio() >= item.prio() => {
+            let node = Arc::make_mut(n);
+            debug_assert!(item.key() != node.item.key(), "duplicate key");
+            if item.key() < node.item.key() {
+                insert(&mut node.left, item);
+            } else {
+                insert(&mut node.right, item);
+            }
+            node.update();
+        }
+        _ => {
+            let (left, right) = split(t.take(), item.key());
+            debug_assert!(
+                right.as_ref().is_none_or(|r| first(r).key() != item.key()),
+                "duplicate key"
+            );
+            *t = Some(make(item, left, right));
+        }
+    }
+}
+
+fn replace_at<T: Entry>(t: &mut Link<T>, item: T) -> Option<T> {
+    let node = Arc::make_mut(t.as_mut()?);
+    let old = match item.key().cmp(&node.item.key()) {
+        std::cmp::Ordering::Less => replace_at(&mut node.left, item),
+        std::cmp::Ordering::Greater => replace_at(&mut node.right, item),
+        std::cmp::Ordering::Equal => Some(std::mem::replace(&mut node.item, item)),
+    };
+    if old.is_some() {
+        node.update();
+    }
+    old
 }
 
 fn remove<T: Entry>(t: &mut Link<T>, key: T::Key) -> Option<T> {
@@ -279,15 +304,17 @@ impl<T: Entry> Tree<T> {
         removed
     }
 
-    /// Insert `item`, whose key must not be in the tree yet.
+    /// Insert `item`, whose key must not be in the tree yet: down the
+    /// search path to the first node of lower priority, whose subtree is
+    /// split under the new node (one path copied, as a treap inserts).
     pub fn insert(&mut self, item: T) {
-        let key = item.key();
-        let (left, right) = split(self.root.take(), key);
-        debug_assert!(
-            right.as_ref().is_none_or(|r| first(r).key() != key),
-            "duplicate key"
-        );
-        self.root = join(join(left, Some(Node::leaf(item))), right);
+        insert(&mut self.root, item);
+    }
+
+    /// Put `item` in the place of the entry with the same key, whose
+    /// summary may differ; returns the entry it replaced.
+    pub fn replace_at(&mut self, item: T) -> Option<T> {
+        replace_at(&mut self.root, item)
     }
 
     /// The entry with exactly this key, to change in place: its key, and

@@ -79,6 +79,7 @@ fn stress_access_against_munmap_mprotect_dontneed() {
     let stop = AtomicBool::new(false);
     let accesses = AtomicU64::new(0);
     std::thread::scope(|s| {
+        let _stop = StopOnDrop(&stop);
         for id in 1..3u64 {
             let (m, mm, stop, shadow, accesses) = (&m, mm.clone(), &stop, &shadow, &accesses);
             s.spawn(move || {
@@ -191,6 +192,7 @@ fn fork_and_munmap_while_other_cpus_write() {
         let stop = AtomicBool::new(false);
         let accesses = AtomicU64::new(0);
         std::thread::scope(|s| {
+            let _stop = StopOnDrop(&stop);
             for id in 1..3u64 {
                 let (m, mm, stop, shadow, accesses) =
                     (&m, parent.clone(), &stop, &shadow, &accesses);
@@ -254,5 +256,15 @@ fn fork_and_munmap_while_other_cpus_write() {
         }
         m.rcu_barrier();
         check_invariants(&m).unwrap();
+    }
+}
+
+/// Stops the accessing CPUs when the driving closure ends, returning or
+/// panicking: a failed operation must fail the test, not hang it.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
     }
 }

@@ -278,16 +278,32 @@ impl VmaTree {
     }
 
     /// Put `new` (sorted, disjoint, inside the span of `old`) in the place
-    /// of `old`, consecutive VMAs of this tree. O(log n + old + new).
+    /// of `old`, VMAs of this tree: a new VMA that starts where an old one
+    /// did takes its node, the other old ones are removed and the other new
+    /// ones inserted. O((old + new) log n).
     pub fn replace(&mut self, old: &[Arc<Vma>], new: Vec<Arc<Vma>>) {
-        let (Some(first), Some(last)) = (old.first(), old.last()) else {
-            return;
-        };
-        let removed = self.tree.replace_range(first.start(), last.end(), new);
-        debug_assert!(
-            removed.len() == old.len() && removed.iter().zip(old).all(|(a, b)| Arc::ptr_eq(a, b)),
-            "replaced VMAs {old:?} are not the tree's {removed:?}"
-        );
+        // Removals first, so that the tree never holds overlapping VMAs
+        // (its gap summaries assume none).
+        let takes_node = |o: &Arc<Vma>| new.iter().any(|n| n.start() == o.start());
+        for o in old.iter().filter(|o| !takes_node(o)) {
+            let gone = self.tree.remove(o.start());
+            debug_assert!(
+                gone.as_ref().is_some_and(|g| Arc::ptr_eq(g, o)),
+                "removed VMA {o:?} is not the tree's {gone:?}"
+            );
+        }
+        for n in new {
+            match old.iter().find(|o| o.start() == n.start()) {
+                Some(o) => {
+                    let gone = self.tree.replace_at(n);
+                    debug_assert!(
+                        gone.as_ref().is_some_and(|g| Arc::ptr_eq(g, o)),
+                        "replaced VMA {o:?} is not the tree's {gone:?}"
+                    );
+                }
+                None => self.tree.insert(n),
+            }
+        }
     }
 
     /// `unmapped_area_topdown`: the highest `len` bytes in a gap between

@@ -1,0 +1,291 @@
+//! `bench vma`: how VMA operations scale with the number of VMAs, and how
+//! long a deep chain of forks takes to tear down.
+//!
+//! An address space gets N one-page VMAs with a one-page hole after each
+//! (so none merge). Then, for K VMAs spread over the range, one at a time:
+//! `mmap` of a read-only page into the hole after it (MAP_FIXED_NOREPLACE),
+//! `munmap` of that page, and `mprotect` of the VMA to read-only and back.
+//! Each call is timed on its own; the table gives the mean per call. The
+//! same loop runs natively on the host kernel in this process. The fork
+//! chain is engine only: processes 0..D, each the child of the one before,
+//! each having written its own copy of one page; teardown exits them from
+//! the youngest up.
+
+use std::time::Instant;
+
+use anyhow::anyhow;
+use serde::Serialize;
+use usermm::mmap::*;
+use usermm::{Machine, MachineConfig, OnCpu};
+
+use crate::bench::{median, progress, BenchArgs};
+
+/// VMA counts of the scaling rows.
+const NR_VMAS: [usize; 3] = [1000, 10_000, 65_000];
+/// Fork-chain depths.
+const CHAIN_DEPTHS: [usize; 2] = [1000, 5000];
+/// Calls of each kind timed per run.
+const CALLS: usize = 1000;
+/// Where the engine's VMAs start (the host's start wherever it has room).
+const BASE: u64 = 0x1000_0000;
+const PAGE: u64 = 4096;
+
+#[derive(Serialize)]
+struct Row {
+    op: &'static str,
+    /// VMAs in the address space, or the chain's depth for `fork_chain_exit`.
+    n: usize,
+    /// Mean seconds per call (per teardown for the fork chain).
+    engine_s: f64,
+    host_s: Option<f64>,
+    /// Per-call time against the same call's at the smallest N.
+    scaling: Option<f64>,
+}
+
+/// Per-call seconds of one run: (mmap, munmap, mprotect).
+type Times = [f64; 3];
+
+/// The operations the loop makes, on the engine or on the host.
+trait Space {
+    fn map(&mut self, addr: u64, prot: u32) -> anyhow::Result<()>;
+    fn unmap(&mut self, addr: u64) -> anyhow::Result<()>;
+    fn protect(&mut self, addr: u64, prot: u32) -> anyhow::Result<()>;
+}
+
+/// Lay out `n` VMAs from `base`, then time `CALLS` calls of each kind.
+fn vma_loop(s: &mut dyn Space, base: u64, n: usize) -> anyhow::Result<Times> {
+    let rw = PROT_READ | PROT_WRITE;
+    for i in 0..n as u64 {
+        s.map(base + 2 * i * PAGE, rw)?;
+    }
+    let mut t = [0.0; 3];
+    let stride = (n / CALLS).max(1) as u64;
+    for k in 0..CALLS as u64 {
+        let vma = base + 2 * ((k * stride) % n as u64) * PAGE;
+        let hole = vma + PAGE;
+        let t0 = Instant::now();
+        s.map(hole, PROT_READ)?;
+        let t1 = Instant::now();
+        s.unmap(hole)?;
+        let t2 = Instant::now();
+        s.protect(vma, PROT_READ)?;
+        s.protect(vma, rw)?;
+        let t3 = Instant::now();
+        t[0] += (t1 - t0).as_secs_f64();
+        t[1] += (t2 - t1).as_secs_f64();
+        t[2] += (t3 - t2).as_secs_f64() / 2.0;
+    }
+    for i in 0..n as u64 {
+        s.unmap(base + 2 * i * PAGE)?;
+    }
+    Ok(t.map(|x| x / CALLS as f64))
+}
+
+struct Engine<'a>(&'a OnCpu<'a>);
+
+impl Space for Engine<'_> {
+    fn map(&mut self, addr: u64, prot: u32) -> anyhow::Result<()> {
+        let flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE;
+        self.0
+            .mmap(addr, PAGE, prot, flags)
+            .map(drop)
+            .map_err(|e| anyhow!("mmap {addr:#x}: {e}"))
+    }
+    fn unmap(&mut self, addr: u64) -> anyhow::Result<()> {
+        self.0
+            .munmap(addr, PAGE)
+            .map_err(|e| anyhow!("munmap {addr:#x}: {e}"))
+    }
+    fn protect(&mut self, addr: u64, prot: u32) -> anyhow::Result<()> {
+        self.0
+            .mprotect(addr, PAGE, prot)
+            .map_err(|e| anyhow!("mprotect {addr:#x}: {e}"))
+    }
+}
+
+/// This process on the host kernel.
+struct Host;
+
+impl Space for Host {
+    fn map(&mut self, addr: u64, prot: u32) -> anyhow::Result<()> {
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE;
+        // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping,
+        // so nothing of this process's is touched.
+        let p = unsafe { libc::mmap(addr as *mut _, PAGE as usize, prot as i32, flags, -1, 0) };
+        if p as u64 != addr {
+            return Err(anyhow!(
+                "host mmap {addr:#x}: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        Ok(())
+    }
+    fn unmap(&mut self, addr: u64) -> anyhow::Result<()> {
+        // SAFETY: only pages this loop mapped itself are unmapped.
+        if unsafe { libc::munmap(addr as *mut _, PAGE as usize) } != 0 {
+            return Err(anyhow!("host munmap: {}", std::io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+    fn protect(&mut self, addr: u64, prot: u32) -> anyhow::Result<()> {
+        // SAFETY: only pages this loop mapped itself are changed.
+        if unsafe { libc::mprotect(addr as *mut _, PAGE as usize, prot as i32) } != 0 {
+            return Err(anyhow!(
+                "host mprotect: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A free stretch of this process's address space for `n` VMAs and their
+/// holes: reserve it, then give it back for the loop to map into.
+fn host_base(n: usize) -> anyhow::Result<u64> {
+    let len = 2 * n * PAGE as usize;
+    // SAFETY: a fresh PROT_NONE reservation, unmapped right away.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(anyhow!("host reserve: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: the reservation just made.
+    unsafe { libc::munmap(p, len) };
+    Ok(p as u64)
+}
+
+fn engine_run(m: &Machine, n: usize) -> anyhow::Result<Times> {
+    let c = m.bind(0).map_err(|e| anyhow!("bind: {e}"))?;
+    c.new_mm().map_err(|e| anyhow!("mm: {e}"))?;
+    let t = vma_loop(&mut Engine(&c), BASE, n)?;
+    c.exit_mm().map_err(|e| anyhow!("exit: {e}"))?;
+    m.rcu_barrier();
+    Ok(t)
+}
+
+/// Seconds to tear down a chain of `depth` processes, youngest first.
+fn fork_chain_teardown(m: &Machine, depth: usize) -> anyhow::Result<f64> {
+    let c = m.bind(0).map_err(|e| anyhow!("bind: {e}"))?;
+    let root = c.new_mm().map_err(|e| anyhow!("mm: {e}"))?;
+    let rw = PROT_READ | PROT_WRITE;
+    let a = c
+        .mmap(0, 16 * PAGE, rw, MAP_PRIVATE | MAP_ANONYMOUS)
+        .map_err(|e| anyhow!("mmap: {e}"))?;
+    c.store_u64(a, 0).map_err(|e| anyhow!("store: {e}"))?;
+    let mut chain = vec![root];
+    for i in 1..depth as u64 {
+        let child = c.fork().map_err(|e| anyhow!("fork {i}: {e}"))?;
+        c.switch_mm(&child);
+        c.store_u64(a, i).map_err(|e| anyhow!("store: {e}"))?;
+        chain.push(child);
+    }
+    let t = Instant::now();
+    for mm in chain.iter().rev() {
+        c.switch_mm(mm);
+        c.exit_mm().map_err(|e| anyhow!("exit: {e}"))?;
+    }
+    let secs = t.elapsed().as_secs_f64();
+    drop(chain);
+    m.rcu_barrier();
+    Ok(secs)
+}
+
+pub fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
+    let runs = a.runs.max(1);
+    // Room for the largest chain's page tables and pages (five frames a
+    // process) and the VMA loop's tables.
+    let m = Machine::new(MachineConfig::single_node(512 << 20, 2))
+        .map_err(|e| anyhow!("machine: {e}"))?;
+    let pb = progress("vma", ((NR_VMAS.len() + CHAIN_DEPTHS.len()) * runs) as u64);
+    let ops = ["mmap", "munmap", "mprotect"];
+    let mut rows: Vec<Row> = Vec::new();
+    for &n in &NR_VMAS {
+        let (mut e, mut h): (Vec<Times>, Vec<Times>) = (vec![], vec![]);
+        pb.set_message(format!("{n} VMAs"));
+        for _ in 0..runs {
+            pb.inc(1);
+            e.push(engine_run(&m, n)?);
+            if !a.no_host {
+                // The host may refuse (max_map_count and this process's
+                // own VMAs): then it has no figure, and says why.
+                match host_base(n).and_then(|b| vma_loop(&mut Host, b, n)) {
+                    Ok(t) => h.push(t),
+                    Err(err) => eprintln!("bench vma: host run at {n} VMAs: {err}"),
+                }
+            }
+        }
+        for (i, op) in ops.iter().enumerate() {
+            let engine_s = median(e.iter().map(|t| t[i]).collect());
+            let host_s = (!h.is_empty()).then(|| median(h.iter().map(|t| t[i]).collect()));
+            let first = rows.iter().find(|r| r.op == *op).map(|r| r.engine_s);
+            rows.push(Row {
+                op,
+                n,
+                engine_s,
+                host_s,
+                scaling: Some(engine_s / first.unwrap_or(engine_s)),
+            });
+        }
+    }
+    for &d in &CHAIN_DEPTHS {
+        pb.set_message(format!("fork chain {d}"));
+        let mut e = vec![];
+        for _ in 0..runs.min(3) {
+            pb.inc(1);
+            e.push(fork_chain_teardown(&m, d)?);
+        }
+        pb.inc((runs - runs.min(3)) as u64);
+        rows.push(Row {
+            op: "fork_chain_exit",
+            n: d,
+            engine_s: median(e),
+            host_s: None,
+            scaling: None,
+        });
+    }
+    pb.finish_and_clear();
+    if !a.json {
+        print_table(&rows, runs);
+    }
+    Ok(serde_json::json!({
+        "experiment": "vma",
+        "runs": runs,
+        "calls_per_run": CALLS,
+        "rows": rows,
+    }))
+}
+
+fn print_table(rows: &[Row], runs: usize) {
+    println!(
+        "bench vma: mean time per call over {CALLS} calls, N one-page VMAs; medians of {runs} runs"
+    );
+    println!(
+        "{:<16} {:>7} {:>12} {:>12} {:>9}",
+        "op", "N", "engine (us)", "host (us)", "vs N=1000"
+    );
+    for r in rows.iter().filter(|r| r.op != "fork_chain_exit") {
+        let h = r.host_s.map_or("-".into(), |h| format!("{:.3}", h * 1e6));
+        let s = r.scaling.map_or("-".into(), |s| format!("{s:.2}"));
+        println!(
+            "{:<16} {:>7} {:>12.3} {:>12} {:>9}",
+            r.op,
+            r.n,
+            r.engine_s * 1e6,
+            h,
+            s
+        );
+    }
+    println!("fork chain, teardown of every process (youngest first), engine only:");
+    for r in rows.iter().filter(|r| r.op == "fork_chain_exit") {
+        println!("{:<16} {:>7} {:>10.3} s", "depth", r.n, r.engine_s);
+    }
+    println!();
+}
