@@ -318,15 +318,21 @@ fn host_once(op: Op, case: Case, len: usize) -> Result<f64, String> {
 
 /// The table in the seeds' shape, with the host beside it.
 pub fn print_table(op: Op, rows: &[Row], a: &BenchArgs) {
-    println!(
+    outln!(
         "bench {}: {} MiB of folios of one size; batching off (baseline) vs on; medians of {} runs, interleaved",
         op.name(),
         a.size_mb,
         a.runs.max(1)
     );
-    println!(
+    outln!(
         "{:<10} {:>12} {:>12} {:>8} {:>8} {:>12} {:>9}",
-        "folio", "baseline(s)", "batched(s)", "change", "seed", "host(s)", "bat/host"
+        "folio",
+        "baseline(s)",
+        "batched(s)",
+        "change",
+        "seed",
+        "host(s)",
+        "bat/host"
     );
     for r in rows {
         let seed = r
@@ -336,7 +342,7 @@ pub fn print_table(op: Op, rows: &[Row], a: &BenchArgs) {
         let bh = r
             .batched_host_ratio
             .map_or("-".into(), |q| format!("{q:.2}"));
-        println!(
+        outln!(
             "{:<10} {:>12.6} {:>12.6} {:>7.0}% {:>8} {:>12} {:>9}  {}",
             r.label(),
             r.baseline_s,

@@ -67,6 +67,39 @@ pub fn median(mut v: Vec<f64>) -> f64 {
 
 const EXPERIMENTS: [&str; 5] = ["fault", "munmap", "dontneed", "fork", "vma"];
 
+/// Check the options before anything is allocated: each experiment's
+/// machine holds the region and half as much again, in host memory.
+fn validate(a: &BenchArgs) -> anyhow::Result<()> {
+    if a.runs == 0 {
+        anyhow::bail!("--runs must be at least 1");
+    }
+    if let Some(kb) = a.sizes.iter().find(|k| !SIZES_KB.contains(k)) {
+        anyhow::bail!(
+            "--sizes: {kb} KiB is not a folio size (known: {})",
+            SIZES_KB.map(|k| k.to_string()).join(", ")
+        );
+    }
+    if a.size_mb == 0 {
+        anyhow::bail!("--size-mb must be at least 1");
+    }
+    let need = a
+        .size_mb
+        .checked_mul(3 << 19)
+        .and_then(|b| b.checked_add(64 << 20))
+        .ok_or_else(|| anyhow::anyhow!("--size-mb {} overflows", a.size_mb))?;
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let host = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) } as u64 * 4096;
+    if host > 0 && need > host {
+        anyhow::bail!(
+            "--size-mb {} needs {} MiB of host memory for the model; this host has {} MiB",
+            a.size_mb,
+            need >> 20,
+            host >> 20
+        );
+    }
+    Ok(())
+}
+
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let names: Vec<&str> = match a.name.as_deref() {
         None => EXPERIMENTS.to_vec(),
@@ -76,9 +109,14 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             EXPERIMENTS.join(", ")
         ),
     };
+    validate(&a)?;
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let mut all = serde_json::Map::new();
     for name in names {
+        if crate::out::closed() {
+            // Nobody reads the tables any more: stop between experiments.
+            return Ok(());
+        }
         let v = match name {
             "fault" => bench_fault(&a)?,
             "vma" => crate::vma_bench::run(&a)?,
@@ -97,9 +135,9 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         } else {
             serde_json::Value::Object(all)
         };
-        println!("{v}");
+        outln!("{v}");
     } else {
-        println!("results in {}/", a.out.display());
+        outln!("results in {}/", a.out.display());
     }
     Ok(())
 }
@@ -113,7 +151,7 @@ fn bench_batching(a: &BenchArgs, name: &str) -> anyhow::Result<serde_json::Value
     let rows = batching::run(a, op)?;
     if !a.json {
         batching::print_table(op, &rows, a);
-        println!();
+        outln!();
     }
     let labels: Vec<String> = rows.iter().map(|r| r.label()).collect();
     let mut series = vec![plot::Series {
@@ -215,18 +253,22 @@ fn bench_fault(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     }
     pb.finish_and_clear();
     if !a.json {
-        println!(
+        outln!(
             "bench fault: populate {} MiB by write faults, then munmap; medians of {runs} runs",
             a.size_mb
         );
-        println!(
+        outln!(
             "{:<9} {:>8} {:>12} {:>12} {:>8}",
-            "op", "folio", "engine (s)", "host (s)", "eng/host"
+            "op",
+            "folio",
+            "engine (s)",
+            "host (s)",
+            "eng/host"
         );
         for r in &rows {
             let h = r.host_s.map_or("-".into(), |h| format!("{h:.6}"));
             let q = r.ratio.map_or("-".into(), |q| format!("{q:.2}"));
-            println!(
+            outln!(
                 "{:<9} {:>7}K {:>12.6} {:>12} {:>8}  {}",
                 r.op,
                 r.folio_kb,
@@ -236,7 +278,7 @@ fn bench_fault(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
                 r.host_note.clone().unwrap_or_default()
             );
         }
-        println!();
+        outln!();
     }
     let labels: Vec<String> = rows
         .iter()

@@ -1,5 +1,7 @@
 //! `usermm`: run the experiments, in the engine and on the host kernel.
 
+#[macro_use]
+mod out;
 mod batching;
 mod bench;
 mod native;
@@ -26,7 +28,7 @@ enum Cmd {
     Bench(bench::BenchArgs),
     /// Run a scenario file in usermm, or with --native on the host kernel.
     /// Exit status: 0 every expectation held, 1 one failed, 2 malformed
-    /// file, 3 skipped (host knobs could not be set).
+    /// file, 3 skipped (host knobs could not be set), 4 unreadable file.
     Run(RunArgs),
     /// Run a scenario in usermm, then show the VMAs, page tables, folios,
     /// TLBs and counters (a `dump` line in the scenario shows them there).
@@ -42,8 +44,20 @@ struct InspectArgs {
     json: bool,
 }
 
+/// Exit status of `run` and `inspect` when the file cannot be read.
+const EXIT_UNREADABLE: i32 = 4;
+
+/// The scenario file's bytes, or `None` after saying why it cannot be read.
+fn read_scenario(path: &std::path::Path) -> Option<Vec<u8>> {
+    std::fs::read(path)
+        .map_err(|e| eprintln!("{}: {e}", path.display()))
+        .ok()
+}
+
 fn inspect(a: InspectArgs) -> anyhow::Result<i32> {
-    let src = std::fs::read(&a.file).map_err(|e| anyhow::anyhow!("{}: {e}", a.file.display()))?;
+    let Some(src) = read_scenario(&a.file) else {
+        return Ok(EXIT_UNREADABLE);
+    };
     let stmts = match scenario::parse::parse(&String::from_utf8_lossy(&src)) {
         Ok(s) => s,
         Err(e) => {
@@ -63,13 +77,13 @@ fn inspect(a: InspectArgs) -> anyhow::Result<i32> {
     }
     let ins = b.inspection();
     if a.json {
-        println!(
+        outln!(
             "{}",
             serde_json::json!({ "processes": b.process_ids(), "inspection": ins })
         );
     } else {
-        println!("{}", b.processes_line());
-        print!("{ins}");
+        outln!("{}", b.processes_line());
+        out!("{ins}");
     }
     Ok(report.exit_code())
 }
@@ -87,7 +101,9 @@ struct RunArgs {
 }
 
 fn run_scenario(a: RunArgs) -> anyhow::Result<i32> {
-    let src = std::fs::read(&a.file).map_err(|e| anyhow::anyhow!("{}: {e}", a.file.display()))?;
+    let Some(src) = read_scenario(&a.file) else {
+        return Ok(EXIT_UNREADABLE);
+    };
     let src = String::from_utf8_lossy(&src);
     let stmts = match scenario::parse::parse(&src) {
         Ok(s) => s,
@@ -104,23 +120,30 @@ fn run_scenario(a: RunArgs) -> anyhow::Result<i32> {
         scenario::run(&stmts, &mut b, "usermm")
     };
     if a.json {
-        println!("{}", serde_json::to_string(&report)?);
+        outln!("{}", serde_json::to_string(&report)?);
     } else {
         report.print();
     }
     Ok(report.exit_code())
 }
 
-fn main() -> anyhow::Result<()> {
-    match Cli::parse().cmd {
-        Cmd::Bench(a) => bench::run(a),
-        Cmd::Run(a) => {
-            let code = run_scenario(a)?;
-            std::process::exit(code);
+/// Errors are one line on stderr and exit status 1, never a panic or a
+/// backtrace: they are the user's to read.
+fn main() {
+    let code = match run_command(Cli::parse().cmd) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("usermm: {e:#}");
+            1
         }
-        Cmd::Inspect(a) => {
-            let code = inspect(a)?;
-            std::process::exit(code);
-        }
+    };
+    std::process::exit(code);
+}
+
+fn run_command(cmd: Cmd) -> anyhow::Result<i32> {
+    match cmd {
+        Cmd::Bench(a) => bench::run(a).map(|()| 0),
+        Cmd::Run(a) => run_scenario(a),
+        Cmd::Inspect(a) => inspect(a),
     }
 }

@@ -264,17 +264,21 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
 }
 
 fn print_table(rows: &[Row], runs: usize) {
-    println!(
+    outln!(
         "bench vma: mean time per call over {CALLS} calls, N one-page VMAs; medians of {runs} runs"
     );
-    println!(
+    outln!(
         "{:<16} {:>7} {:>12} {:>12} {:>9}",
-        "op", "N", "engine (us)", "host (us)", "vs N=1000"
+        "op",
+        "N",
+        "engine (us)",
+        "host (us)",
+        "vs N=1000"
     );
     for r in rows.iter().filter(|r| r.op != "fork_chain_exit") {
         let h = r.host_s.map_or("-".into(), |h| format!("{:.3}", h * 1e6));
         let s = r.scaling.map_or("-".into(), |s| format!("{s:.2}"));
-        println!(
+        outln!(
             "{:<16} {:>7} {:>12.3} {:>12} {:>9}",
             r.op,
             r.n,
@@ -283,9 +287,9 @@ fn print_table(rows: &[Row], runs: usize) {
             s
         );
     }
-    println!("fork chain, teardown of every process (youngest first), engine only:");
+    outln!("fork chain, teardown of every process (youngest first), engine only:");
     for r in rows.iter().filter(|r| r.op == "fork_chain_exit") {
-        println!("{:<16} {:>7} {:>10.3} s", "depth", r.n, r.engine_s);
+        outln!("{:<16} {:>7} {:>10.3} s", "depth", r.n, r.engine_s);
     }
-    println!();
+    outln!();
 }

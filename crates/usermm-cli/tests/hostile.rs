@@ -1,0 +1,165 @@
+//! The CLI against hostile input: every case ends with its documented exit
+//! status, in bounded time, and nothing panics (exit status 101).
+//!
+//! `run` and `inspect`: 0 all held, 1 an expectation failed, 2 malformed
+//! file, 4 unreadable file; `bench` option errors: 1 with one line on stderr.
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn usermm() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_usermm"))
+}
+
+/// Run `cmd` to the end within `limit`; returns its exit status and stderr.
+fn finish(mut cmd: Command, limit: Duration) -> (i32, String) {
+    let mut child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn usermm");
+    let t = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .unwrap();
+            return (st.code().unwrap_or(-1), err);
+        }
+        if t.elapsed() > limit {
+            child.kill().unwrap();
+            panic!("{cmd:?} ran past {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn scenario_file(name: &str, bytes: &[u8]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("usermm-hostile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+/// `run` and `inspect` on the file give `want`.
+fn check_file(name: &str, bytes: &[u8], want: i32) {
+    let p = scenario_file(name, bytes);
+    for verb in ["run", "inspect"] {
+        let mut c = usermm();
+        c.arg(verb).arg(&p);
+        let (code, err) = finish(c, Duration::from_secs(120));
+        assert_ne!(code, 101, "{verb} {name} panicked: {err}");
+        assert_eq!(code, want, "{verb} {name}: exit {code}, stderr: {err}");
+    }
+}
+
+#[test]
+fn hostile_scenario_files_get_their_documented_status() {
+    check_file("empty.scn", b"", 0);
+    let garbage: Vec<u8> = (0..64 * 1024u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    check_file("garbage.scn", &garbage, 2);
+    check_file(
+        "comments.scn",
+        "# nothing\n".repeat(1_000_000).as_bytes(),
+        0,
+    );
+    let mut late_error = "# fine\n".repeat(999_999);
+    late_error.push_str("map A 4K rw bogus\n");
+    check_file("late_error.scn", late_error.as_bytes(), 2);
+    check_file("overflowing_len.scn", b"map A 99999999999999999K rw\n", 2);
+    check_file(
+        "huge_len.scn",
+        b"fails ENOMEM: map A 1000000000000K rw\n",
+        0,
+    );
+    check_file(
+        "wrap_addr.scn",
+        b"fails EFAULT: read 0xfffffffffffffff8\n",
+        0,
+    );
+    check_file(
+        "wrap_range.scn",
+        b"fails EINVAL: munmap 0xfffffffffffff000 8K\n",
+        0,
+    );
+    check_file(
+        "bad_expect.scn",
+        b"map A 4K rw at=0x600000000000\nexpect A == 1\n",
+        1,
+    );
+    let mut forks = String::from("map A 64K rw at=0x600000000000\nfill A 64K 1\n");
+    for i in 0..2000 {
+        forks.push_str(&format!("fork p{i}\nswitch p{i}\n"));
+    }
+    forks.push_str("check A 64K 1\n");
+    check_file("forks.scn", forks.as_bytes(), 0);
+    let mut c = usermm();
+    c.args(["run", "/nonexistent/usermm/scenario.scn"]);
+    assert_eq!(finish(c, Duration::from_secs(10)).0, 4);
+    let _ = std::fs::remove_dir_all(scenario_file("x", b"").parent().unwrap());
+}
+
+#[test]
+fn bench_options_are_checked_before_anything_runs() {
+    for args in [
+        &["bench", "--runs", "0"][..],
+        &["bench", "--sizes", "3"],
+        &["bench", "--size-mb", "0"],
+        &["bench", "--size-mb", "18446744073709551615"],
+        &["bench", "--size-mb", "1000000000"],
+        &["bench", "nosuch"],
+    ] {
+        let mut c = usermm();
+        c.args(args);
+        let (code, err) = finish(c, Duration::from_secs(10));
+        assert_eq!(code, 1, "{args:?}: exit {code}, stderr: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: one line of error: {err}");
+    }
+}
+
+#[test]
+fn a_closed_stdout_ends_quietly() {
+    let doc = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/scenarios/doc_example.scn"
+    );
+    for args in [
+        &["inspect", "--json", doc][..],
+        &["run", "--json", doc],
+        &["run", doc],
+    ] {
+        let mut child = usermm()
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut first = [0u8; 10];
+        child
+            .stdout
+            .as_mut()
+            .unwrap()
+            .read_exact(&mut first)
+            .unwrap();
+        drop(child.stdout.take());
+        let st = child.wait().unwrap();
+        let mut err = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        assert_ne!(st.code(), Some(101), "{args:?} panicked: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
