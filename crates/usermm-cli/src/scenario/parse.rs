@@ -274,6 +274,12 @@ pub fn parse_size(w: &str) -> Option<u64> {
     v.checked_mul(mult)
 }
 
+/// Bytes as kB, only when they are a whole number of kB (`16K`, `16384`,
+/// but not `16385`, which would otherwise round down to a valid size).
+fn whole_kb(bytes: u64) -> Option<u64> {
+    bytes.is_multiple_of(1024).then_some(bytes >> 10)
+}
+
 fn parse_signed_size(w: &str) -> Option<i64> {
     match w.strip_prefix('-') {
         Some(rest) => parse_size(rest)
@@ -451,10 +457,13 @@ fn parse_op(w: &mut Words) -> Result<Op, ParseError> {
                 let (col3, v) = w.next("a size")?;
                 let value = parse_signed_size(v)
                     .ok_or_else(|| w.err(col3, format!("expected a size, found {v:?}")))?;
+                // Sizes are in kB, whole ones; the VMA count is a plain number.
+                if fig != Figure::Vmas && value % 1024 != 0 {
+                    return Err(w.err(col3, format!("{v:?} is not a whole number of kB")));
+                }
                 Op::ExpectFigure {
                     fig,
                     since,
-                    // Sizes are in kB; the VMA count is a plain number.
                     value: if fig == Figure::Vmas {
                         value
                     } else {
@@ -493,7 +502,7 @@ fn parse_op(w: &mut Words) -> Result<Op, ParseError> {
             if which == "only" {
                 let (col, sz) = w.next("a folio size")?;
                 let kb = parse_size(sz)
-                    .map(|b| b >> 10)
+                    .and_then(whole_kb)
                     .filter(|kb| [4, 16, 32, 64, 128, 256, 512, 1024, 2048].contains(kb));
                 let size_kb = kb.ok_or_else(|| {
                     w.err(col, format!("expected a folio size (4K..2M), found {sz:?}"))
@@ -505,7 +514,7 @@ fn parse_op(w: &mut Words) -> Result<Op, ParseError> {
                 None
             } else {
                 let kb = parse_size(which)
-                    .map(|b| b >> 10)
+                    .and_then(whole_kb)
                     .filter(|kb| [16, 32, 64, 128, 256, 512, 1024, 2048].contains(kb));
                 Some(kb.ok_or_else(|| {
                     w.err(
@@ -633,6 +642,26 @@ mod tests {
             "map A 4K rw align=3",
         ] {
             let _ = parse(src);
+        }
+    }
+
+    #[test]
+    fn sizes_in_kb_must_be_whole_kb() {
+        for src in [
+            "knob 16385 always",
+            "knob only 4097",
+            "expect VmRSS == 1000",
+            "expect RssAnon since m == 4095",
+        ] {
+            assert!(parse(src).is_err(), "{src:?} parsed");
+        }
+        for src in [
+            "knob 16384 always",
+            "knob only 4096",
+            "expect VmRSS == 8K",
+            "expect VMAs == 3",
+        ] {
+            assert!(parse(src).is_ok(), "{src:?} refused");
         }
     }
 }
