@@ -23,14 +23,7 @@ fn finish(mut cmd: Command, limit: Duration) -> (i32, String) {
     let t = Instant::now();
     loop {
         if let Some(st) = child.try_wait().unwrap() {
-            let mut err = String::new();
-            child
-                .stderr
-                .take()
-                .unwrap()
-                .read_to_string(&mut err)
-                .unwrap();
-            return (st.code().unwrap_or(-1), err);
+            return (st.code().unwrap_or(-1), stderr_of(&mut child));
         }
         if t.elapsed() > limit {
             child.kill().unwrap();
@@ -38,6 +31,18 @@ fn finish(mut cmd: Command, limit: Duration) -> (i32, String) {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// What an ended child wrote to its piped stderr.
+fn stderr_of(child: &mut std::process::Child) -> String {
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .expect("stderr piped")
+        .read_to_string(&mut err)
+        .unwrap();
+    err
 }
 
 fn scenario_file(name: &str, bytes: &[u8]) -> PathBuf {
@@ -152,13 +157,7 @@ fn a_closed_stdout_ends_quietly() {
             .unwrap();
         drop(child.stdout.take());
         let st = child.wait().unwrap();
-        let mut err = String::new();
-        child
-            .stderr
-            .take()
-            .unwrap()
-            .read_to_string(&mut err)
-            .unwrap();
+        let err = stderr_of(&mut child);
         assert_ne!(st.code(), Some(101), "{args:?} panicked: {err}");
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
