@@ -160,13 +160,7 @@ pub(crate) fn split_vma(
         return Err(Errno::ENOMEM);
     }
     debug_assert!(vma.start() < addr && addr < vma.end());
-    if addr & !PMD_MASK != 0 {
-        if let Some(slot) = mm.pmd_lookup(addr) {
-            if mm.pmd_get(slot).trans_huge() {
-                crate::huge_memory::split_huge_pmd(oncpu, mm, slot, addr);
-            }
-        }
-    }
+    vma_adjust_trans_huge(oncpu, mm, addr);
     let lower = vma_dup(vma, vma.start(), addr, vma.flags());
     let upper = vma_dup(vma, addr, vma.end(), vma.flags());
     tree.replace(
@@ -175,6 +169,18 @@ pub(crate) fn split_vma(
     );
     vma_retire(vma);
     Ok((lower, upper))
+}
+
+/// `vma_adjust_trans_huge` at one new VMA boundary: a huge PMD that
+/// straddles `addr` is split, since no PMD may map across two VMAs.
+fn vma_adjust_trans_huge(oncpu: &OnCpu, mm: &Arc<Mm>, addr: u64) {
+    if addr & !PMD_MASK != 0 {
+        if let Some(slot) = mm.pmd_lookup(addr) {
+            if mm.pmd_get(slot).trans_huge() {
+                crate::huge_memory::split_huge_pmd(oncpu, mm, slot, addr);
+            }
+        }
+    }
 }
 
 /// Split so that `[start, end)` is covered by whole VMAs; returns them. A
@@ -192,8 +198,7 @@ pub(crate) fn split_range(
             split_vma(oncpu, mm, tree, &first, start)?;
         }
     }
-    let last = tree.range(start, end).last().cloned();
-    if let Some(last) = last {
+    if let Some(last) = tree.vma_lookup(end - 1).cloned() {
         if last.end() > end {
             split_vma(oncpu, mm, tree, &last, end)?;
         }
@@ -202,8 +207,9 @@ pub(crate) fn split_range(
 }
 
 /// `vma_modify_flags`: give `[start, end)`, which lies inside one VMA,
-/// the flags `flags`, splitting that VMA as needed; returns the new VMA
-/// over exactly `[start, end)` (not yet merged with its neighbours).
+/// the flags `flags`; returns the new VMA over exactly `[start, end)` (not
+/// yet merged with its neighbours). The old VMA is replaced by its up to
+/// three pieces at once, each made once.
 pub(crate) fn vma_modify_flags(
     oncpu: &OnCpu,
     mm: &Arc<Mm>,
@@ -212,13 +218,34 @@ pub(crate) fn vma_modify_flags(
     end: u64,
     flags: VmFlags,
 ) -> KResult<Arc<Vma>> {
-    let pieces = split_range(oncpu, mm, tree, start, end)?;
-    let [vma] = pieces.as_slice() else {
-        unreachable!("[{start:#x}, {end:#x}) lies in one VMA: {pieces:?}");
-    };
-    let new = vma_dup(vma, start, end, flags);
-    tree.replace(std::slice::from_ref(vma), vec![new.clone()]);
-    vma_retire(vma);
+    let vma = tree
+        .vma_lookup(start)
+        .cloned()
+        .expect("vma_modify_flags inside a VMA");
+    debug_assert!(end <= vma.end(), "[{start:#x}, {end:#x}) leaves {vma:?}");
+    let (lower, upper) = (start > vma.start(), end < vma.end());
+    // The kernel splits one side at a time (`__split_vma`), each refused at
+    // max_map_count: a refused upper split leaves the lower one done.
+    if lower && upper && tree.len() + 1 >= MAX_MAP_COUNT {
+        split_vma(oncpu, mm, tree, &vma, start)?;
+        return Err(Errno::ENOMEM);
+    }
+    if (lower || upper) && tree.len() >= MAX_MAP_COUNT {
+        return Err(Errno::ENOMEM);
+    }
+    let mut pieces = Vec::with_capacity(3);
+    if lower {
+        vma_adjust_trans_huge(oncpu, mm, start);
+        pieces.push(vma_dup(&vma, vma.start(), start, vma.flags()));
+    }
+    let new = vma_dup(&vma, start, end, flags);
+    pieces.push(new.clone());
+    if upper {
+        vma_adjust_trans_huge(oncpu, mm, end);
+        pieces.push(vma_dup(&vma, end, vma.end(), vma.flags()));
+    }
+    tree.replace(std::slice::from_ref(&vma), pieces);
+    vma_retire(&vma);
     Ok(new)
 }
 

@@ -2,9 +2,10 @@
 //! kernel's maple tree (lib/maple_tree.c) and its augmented rbtrees
 //! (include/linux/interval_tree_generic.h).
 //!
-//! The tree is a treap whose nodes are immutable and shared through `Arc`:
-//! an update copies only the nodes on the paths it changes (O(log n)
-//! expected) and leaves the old version intact. That is what lets the VMA
+//! The tree is a treap whose nodes are shared between versions through
+//! `Arc`: an update walks one path (O(log n) expected), copying the nodes on
+//! it that another version still shares and changing the others in place
+//! (`Arc::make_mut`), so the old version stays intact. That is what lets the VMA
 //! tree be read with no lock at all: a writer builds the new version beside
 //! the old one and publishes its root with one pointer swap (under an epoch,
 //! as the maple tree is published under RCU); a reader holding the old root
@@ -255,15 +256,18 @@ fn build_sorted<T: Entry>(items: impl IntoIterator<Item = T>) -> Link<T> {
 }
 
 fn make<T: Entry>(item: T, left: Link<T>, right: Link<T>) -> Arc<Node<T>> {
-    let mut n = Node {
-        summary: T::summarize(None, &item, None),
+    let summary = T::summarize(
+        left.as_deref().map(|n| &n.summary),
+        &item,
+        right.as_deref().map(|n| &n.summary),
+    );
+    Arc::new(Node {
+        count: 1 + count(&left) + count(&right),
+        summary,
         item,
         left,
         right,
-        count: 0,
-    };
-    n.update();
-    Arc::new(n)
+    })
 }
 
 impl<T: Entry> Tree<T> {
@@ -288,20 +292,6 @@ impl<T: Entry> Tree<T> {
 
     pub fn root(&self) -> Option<&Node<T>> {
         self.root.as_deref()
-    }
-
-    /// Remove the entries with keys in `[lo, hi)` and put `new` (sorted,
-    /// every key in `[lo, hi)`) in their place; returns the removed
-    /// entries in order. O(log n + removed + new).
-    pub fn replace_range(&mut self, lo: T::Key, hi: T::Key, new: Vec<T>) -> Vec<T> {
-        debug_assert!(new.windows(2).all(|w| w[0].key() < w[1].key()));
-        debug_assert!(new.iter().all(|e| lo <= e.key() && e.key() < hi));
-        let (left, rest) = split(self.root.take(), lo);
-        let (middle, right) = split(rest, hi);
-        let mut removed = Vec::with_capacity(count(&middle));
-        collect(middle.as_deref(), &mut removed);
-        self.root = join(join(left, build_sorted(new)), right);
-        removed
     }
 
     /// Insert `item`, whose key must not be in the tree yet: down the
@@ -394,14 +384,6 @@ fn first<T: Entry>(mut n: &Node<T>) -> &T {
     &n.item
 }
 
-fn collect<T: Entry>(n: Option<&Node<T>>, out: &mut Vec<T>) {
-    if let Some(n) = n {
-        collect(n.left.as_deref(), out);
-        out.push(n.item.clone());
-        collect(n.right.as_deref(), out);
-    }
-}
-
 /// In-order iterator: a stack of the nodes whose left part is done.
 pub struct Iter<'a, T: Entry> {
     stack: Vec<&'a Node<T>>,
@@ -458,11 +440,13 @@ mod tests {
         let old = t.clone();
         t.insert(K(55));
         assert_eq!(t.remove(30), Some(K(30)));
-        let removed = t.replace_range(100, 200, vec![K(101), K(150)]);
-        assert_eq!(
-            removed.iter().map(|k| k.0).collect::<Vec<_>>(),
-            (10..20).map(|i| i * 10).collect::<Vec<_>>()
-        );
+        for k in (100..200).step_by(10) {
+            assert_eq!(t.remove(k), Some(K(k)));
+        }
+        t.insert(K(101));
+        t.insert(K(150));
+        assert_eq!(t.replace_at(K(150)), Some(K(150)));
+        assert_eq!(t.replace_at(K(151)), None);
         let mut want: Vec<u64> = (0..100)
             .map(|i| i * 10)
             .filter(|&k| k != 30 && !(100..200).contains(&k))

@@ -266,3 +266,28 @@ fn madv_free_splits_partly_covered_exclusive_folios() {
     m.rcu_barrier();
     check_invariants(&m).unwrap();
 }
+
+/// mprotect of the middle of a VMA needs two splits; at `max_map_count`
+/// the kernel makes the first and refuses the second (ENOMEM), leaving the
+/// address space consistent, with the first split in place.
+#[test]
+fn mprotect_at_max_map_count_splits_once_then_fails() {
+    use usermm::mm::MAX_MAP_COUNT;
+    let m = machine();
+    let c = m.bind(0).unwrap();
+    let mm = c.new_mm().unwrap();
+    let base = 0x1000_0000u64;
+    let fixed = ANON | MAP_FIXED_NOREPLACE;
+    let big = c.mmap(base, 3 * 4096, RW, fixed).unwrap();
+    // One-page VMAs with holes between them, up to one below the limit.
+    for i in 1..(MAX_MAP_COUNT - 1) as u64 {
+        c.mmap(base + 2 * i * 4096 + 8192, 4096, RW, fixed).unwrap();
+    }
+    assert_eq!(mm.map_count(), MAX_MAP_COUNT - 1);
+    c.store_u64(big + 4096, 7).unwrap();
+    assert_eq!(c.mprotect(big + 4096, 4096, PROT_READ), Err(Errno::ENOMEM));
+    assert_eq!(mm.map_count(), MAX_MAP_COUNT, "the lower split stays");
+    assert_eq!(c.load_u64(big + 4096).unwrap(), 7);
+    c.store_u64(big + 4096, 8).unwrap();
+    check_invariants(&m).unwrap();
+}

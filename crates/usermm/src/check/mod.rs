@@ -129,6 +129,7 @@ fn check_mm(m: &Machine, mm: &Arc<Mm>, ex: &mut Expect, leaves: &mut Leaves) -> 
     let mem = &m.mem;
     let guard = crossbeam_epoch::pin();
     let tree = mm.vma_tree(&guard);
+    tree.check().map_err(|e| format!("{mm:?}: {e}"))?;
     let mut tables = 0i64;
     let mut anon = 0i64;
     let next = |e: u64| (e & PTE_PFN_MASK) >> 12;

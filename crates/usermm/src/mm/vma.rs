@@ -313,14 +313,22 @@ impl VmaTree {
         gap_topdown(self.tree.root(), 0, u64::MAX, len, low, high)
     }
 
-    pub fn check(&self) {
+    /// The tree's invariants: VMAs non-empty, sorted, disjoint, attached.
+    pub fn check(&self) -> Result<(), String> {
         let mut prev_end = 0;
         for v in self.iter() {
-            assert!(v.start() < v.end(), "empty VMA {v:?}");
-            assert!(prev_end <= v.start(), "VMAs out of order at {v:?}");
-            assert!(!v.is_detached(), "detached {v:?} in the tree");
+            if v.start() >= v.end() {
+                return Err(format!("empty VMA {v:?}"));
+            }
+            if prev_end > v.start() {
+                return Err(format!("VMAs out of order at {v:?}"));
+            }
+            if v.is_detached() {
+                return Err(format!("detached {v:?} in the tree"));
+            }
             prev_end = v.end();
         }
+        Ok(())
     }
 }
 
@@ -409,7 +417,7 @@ mod tests {
             probe in 0u64..400,
         ) {
             let (t, vmas) = tree_of(&spans);
-            t.check();
+            t.check().unwrap();
             prop_assert_eq!(t.len(), vmas.len());
             let (len, low, high, addr) = (len << 12, low << 12, (low + width) << 12, probe << 12);
             prop_assert_eq!(
@@ -436,7 +444,7 @@ mod tests {
         let lower = Arc::new(Vma::new(1, 16 << 12, 20 << 12, VM_READ, 16));
         let upper = Arc::new(Vma::new(1, 20 << 12, 32 << 12, VM_READ | VM_WRITE, 20));
         t.replace(&vmas[..1], vec![lower, upper]);
-        t.check();
+        t.check().unwrap();
         assert_eq!(t.len(), 3);
         assert_eq!(old.len(), 2);
         let v = old.vma_lookup(24 << 12).unwrap();
