@@ -11,7 +11,7 @@ use serde::Serialize;
 use usermm::madvise::MADV_DONTNEED;
 use usermm::mmap::{MAP_ANONYMOUS, MAP_PRIVATE, PROT_READ, PROT_WRITE};
 use usermm::vmstat::{MthpStat, NodeStat};
-use usermm::{Machine, MachineConfig, OnCpu};
+use usermm::{Machine, OnCpu};
 
 use crate::bench::{median, BenchArgs};
 use crate::native;
@@ -147,13 +147,11 @@ impl Row {
     }
 }
 
-/// Run one batching experiment; returns its rows.
-pub fn run(a: &BenchArgs, op: Op) -> anyhow::Result<Vec<Row>> {
+/// Run one batching experiment; returns its rows and the machine it ran on.
+pub fn run(a: &BenchArgs, op: Op) -> anyhow::Result<(Vec<Row>, String)> {
     let len = a.size_mb << 20;
     let runs = a.runs.max(1);
-    // Room for the region, its page tables (twice, for fork) and slack.
-    let m = Machine::new(MachineConfig::single_node(len + len / 2 + (64 << 20), 2))
-        .map_err(|e| anyhow!("machine: {e}"))?;
+    let m = crate::bench::experiment_machine(a, crate::bench::region_machine_bytes(a.size_mb))?;
     m.prefault();
     let mut rows = vec![];
     let ncases = CASES
@@ -215,7 +213,7 @@ pub fn run(a: &BenchArgs, op: Op) -> anyhow::Result<Vec<Row>> {
         });
     }
     pb.finish_and_clear();
-    Ok(rows)
+    Ok((rows, m.config.to_string()))
 }
 
 /// Populate a fresh process with folios of the case's size, then time `op`

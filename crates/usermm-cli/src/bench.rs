@@ -33,6 +33,38 @@ pub struct BenchArgs {
     /// Folder for the results (JSON and SVG per experiment).
     #[arg(long, default_value = "results")]
     pub out: PathBuf,
+    /// The machine every experiment runs on; by default each gets one DRAM
+    /// node just large enough for it, with two CPUs.
+    #[command(flatten)]
+    pub machine: crate::machine_args::MachineArgs,
+}
+
+/// Memory an experiment over `size_mb` needs on node 0: the region, its
+/// page tables (twice, for fork) and slack. Checked by [`validate`] not to
+/// overflow.
+pub fn region_machine_bytes(size_mb: u64) -> u64 {
+    checked_region_machine_bytes(size_mb).expect("validated")
+}
+
+fn checked_region_machine_bytes(size_mb: u64) -> Option<u64> {
+    size_mb.checked_mul(3 << 19)?.checked_add(64 << 20)
+}
+
+/// The machine of an experiment that needs `need` bytes on node 0: the
+/// user's, or the default. Experiments run on CPUs 0 and 1 of node 0.
+pub fn experiment_machine(a: &BenchArgs, need: u64) -> anyhow::Result<std::sync::Arc<Machine>> {
+    let config = a.machine.config(MachineConfig::single_node(need, 2))?;
+    if config.nodes[0].size_bytes < need {
+        anyhow::bail!(
+            "machine: this experiment needs {} MiB on node 0, which has {} MiB",
+            need >> 20,
+            config.nodes[0].size_bytes >> 20
+        );
+    }
+    if config.cpus.iter().take_while(|&&n| n == 0).count() < 2 {
+        anyhow::bail!("machine: experiments run on CPUs 0 and 1, both on node 0");
+    }
+    Machine::new(config).map_err(|e| anyhow::anyhow!("machine: {e}"))
 }
 
 const SIZES_KB: [u64; 9] = [4, 16, 32, 64, 128, 256, 512, 1024, 2048];
@@ -82,18 +114,19 @@ fn validate(a: &BenchArgs) -> anyhow::Result<()> {
     if a.size_mb == 0 {
         anyhow::bail!("--size-mb must be at least 1");
     }
-    let need = a
-        .size_mb
-        .checked_mul(3 << 19)
-        .and_then(|b| b.checked_add(64 << 20))
+    let need = checked_region_machine_bytes(a.size_mb)
         .ok_or_else(|| anyhow::anyhow!("--size-mb {} overflows", a.size_mb))?;
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let host = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) } as u64 * 4096;
-    if host > 0 && need > host {
+    // The experiments back every frame with host memory before timing.
+    let host = crate::host_memory_bytes();
+    let total = a
+        .machine
+        .config(MachineConfig::single_node(need, 2))?
+        .total_bytes();
+    if host > 0 && need.max(total) > host {
         anyhow::bail!(
-            "--size-mb {} needs {} MiB of host memory for the model; this host has {} MiB",
+            "--size-mb {} on this machine needs {} MiB of host memory for the model; this host has {} MiB",
             a.size_mb,
-            need >> 20,
+            need.max(total) >> 20,
             host >> 20
         );
     }
@@ -148,9 +181,10 @@ fn bench_batching(a: &BenchArgs, name: &str) -> anyhow::Result<serde_json::Value
         "dontneed" => batching::Op::Dontneed,
         _ => batching::Op::Fork,
     };
-    let rows = batching::run(a, op)?;
+    let (rows, machine) = batching::run(a, op)?;
     if !a.json {
         batching::print_table(op, &rows, a);
+        outln!("machine: {machine}");
         outln!();
     }
     let labels: Vec<String> = rows.iter().map(|r| r.label()).collect();
@@ -184,6 +218,7 @@ fn bench_batching(a: &BenchArgs, name: &str) -> anyhow::Result<serde_json::Value
     )?;
     Ok(serde_json::json!({
         "experiment": name,
+        "machine": machine,
         "size_mb": a.size_mb,
         "runs": a.runs.max(1),
         "rows": rows,
@@ -194,8 +229,7 @@ fn bench_batching(a: &BenchArgs, name: &str) -> anyhow::Result<serde_json::Value
 fn bench_fault(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let len = a.size_mb << 20;
     let runs = a.runs.max(1);
-    let m = Machine::new(MachineConfig::single_node(len + len / 2 + (64 << 20), 2))
-        .map_err(|e| anyhow::anyhow!("machine: {e}"))?;
+    let m = experiment_machine(a, region_machine_bytes(a.size_mb))?;
     m.prefault();
     let mut rows = vec![];
     let nsizes = SIZES_KB
@@ -278,6 +312,7 @@ fn bench_fault(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
                 r.host_note.clone().unwrap_or_default()
             );
         }
+        outln!("machine: {}", m.config);
         outln!();
     }
     let labels: Vec<String> = rows
@@ -309,7 +344,7 @@ fn bench_fault(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         )?;
     }
     Ok(
-        serde_json::json!({ "experiment": "fault", "size_mb": a.size_mb, "runs": runs, "rows": rows }),
+        serde_json::json!({ "experiment": "fault", "machine": m.config.to_string(), "size_mb": a.size_mb, "runs": runs, "rows": rows }),
     )
 }
 

@@ -4,6 +4,7 @@
 mod out;
 mod batching;
 mod bench;
+mod machine_args;
 mod native;
 mod plot;
 mod scenario;
@@ -42,6 +43,17 @@ struct InspectArgs {
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    machine: machine_args::MachineArgs,
+}
+
+/// This host's memory in bytes (0 if it cannot be told).
+pub fn host_memory_bytes() -> u64 {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) };
+    // SAFETY: as above.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    (pages.max(0) as u64).saturating_mul(size.max(0) as u64)
 }
 
 /// Exit status of `run` and `inspect` when the file cannot be read.
@@ -55,6 +67,9 @@ fn read_scenario(path: &std::path::Path) -> Option<Vec<u8>> {
 }
 
 fn inspect(a: InspectArgs) -> anyhow::Result<i32> {
+    let config = a
+        .machine
+        .config(scenario::engine::EngineBackend::default_machine())?;
     let Some(src) = read_scenario(&a.file) else {
         return Ok(EXIT_UNREADABLE);
     };
@@ -65,7 +80,7 @@ fn inspect(a: InspectArgs) -> anyhow::Result<i32> {
             return Ok(2);
         }
     };
-    let mut b = scenario::engine::EngineBackend::new()?;
+    let mut b = scenario::engine::EngineBackend::new(config)?;
     let report = scenario::run(&stmts, &mut b, "usermm");
     for o in report.outcomes.iter().filter(|o| o.failed.is_some()) {
         eprintln!(
@@ -98,9 +113,18 @@ struct RunArgs {
     /// Print the outcomes as JSON.
     #[arg(long)]
     json: bool,
+    /// The machine usermm runs the scenario on (not with --native).
+    #[command(flatten)]
+    machine: machine_args::MachineArgs,
 }
 
 fn run_scenario(a: RunArgs) -> anyhow::Result<i32> {
+    if a.native && a.machine.given() {
+        anyhow::bail!("--native runs on this host: --machine, --mem and --cpus are for usermm");
+    }
+    let config = a
+        .machine
+        .config(scenario::engine::EngineBackend::default_machine())?;
     let Some(src) = read_scenario(&a.file) else {
         return Ok(EXIT_UNREADABLE);
     };
@@ -116,7 +140,7 @@ fn run_scenario(a: RunArgs) -> anyhow::Result<i32> {
         let mut b = scenario::host::HostBackend::new()?;
         scenario::run(&stmts, &mut b, "native")
     } else {
-        let mut b = scenario::engine::EngineBackend::new()?;
+        let mut b = scenario::engine::EngineBackend::new(config)?;
         scenario::run(&stmts, &mut b, "usermm")
     };
     if a.json {

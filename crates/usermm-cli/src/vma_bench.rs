@@ -16,7 +16,7 @@ use std::time::Instant;
 use anyhow::anyhow;
 use serde::Serialize;
 use usermm::mmap::*;
-use usermm::{Machine, MachineConfig, OnCpu};
+use usermm::{Machine, OnCpu};
 
 use crate::bench::{median, progress, BenchArgs};
 
@@ -202,8 +202,7 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let runs = a.runs.max(1);
     // Room for the largest chain's page tables and pages (five frames a
     // process) and the VMA loop's tables.
-    let m = Machine::new(MachineConfig::single_node(512 << 20, 2))
-        .map_err(|e| anyhow!("machine: {e}"))?;
+    let m = crate::bench::experiment_machine(a, 512 << 20)?;
     let pb = progress("vma", ((NR_VMAS.len() + CHAIN_DEPTHS.len()) * runs) as u64);
     let ops = ["mmap", "munmap", "mprotect"];
     let mut rows: Vec<Row> = Vec::new();
@@ -254,9 +253,12 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     pb.finish_and_clear();
     if !a.json {
         print_table(&rows, runs);
+        outln!("machine: {}", m.config);
+        outln!();
     }
     Ok(serde_json::json!({
         "experiment": "vma",
+        "machine": m.config.to_string(),
         "runs": runs,
         "calls_per_run": CALLS,
         "rows": rows,
@@ -291,5 +293,4 @@ fn print_table(rows: &[Row], runs: usize) {
     for r in rows.iter().filter(|r| r.op == "fork_chain_exit") {
         outln!("{:<16} {:>7} {:>10.3} s", "depth", r.n, r.engine_s);
     }
-    outln!();
 }

@@ -131,6 +131,50 @@ fn bench_options_are_checked_before_anything_runs() {
     }
 }
 
+/// Machines the model cannot build, or that do not fit this host, are one
+/// line of error and status 1 on every command, before anything runs.
+#[test]
+fn bad_machines_are_refused_with_one_line() {
+    let doc = scenario_file("doc.scn", b"map A 4K rw\nwrite A 1\n");
+    let files = [
+        ("tiny.toml", &b"[[node]]\nsize = \"1M\"\ncpus = 1\n"[..]),
+        ("huge.toml", b"[[node]]\nsize = \"900G\"\ncpus = 1\n"),
+        ("nocpu.toml", b"[[node]]\nsize = \"1G\"\n"),
+        ("typo.toml", b"[[node]]\nsize = \"1G\"\ncpu = 2\n"),
+        ("garbage.toml", b"\x00\xff[[[\n"),
+        ("bad.json", b"{\"node\": [{\"size\": -1}]}"),
+        ("empty.json", b"{}"),
+    ];
+    let mut cases: Vec<Vec<String>> = vec![];
+    for (name, bytes) in files {
+        let f = scenario_file(name, bytes).display().to_string();
+        cases.push(vec!["--machine".into(), f]);
+    }
+    for mem in ["0", "1M", "5000000000000T", "1X", "-4G"] {
+        cases.push(vec!["--mem".into(), mem.into()]);
+    }
+    for cpus in ["0", "65", "-1"] {
+        cases.push(vec!["--cpus".into(), cpus.into()]);
+    }
+    for machine in &cases {
+        for verb in ["run", "inspect", "bench"] {
+            let mut c = usermm();
+            c.arg(verb).args(machine);
+            if verb == "bench" {
+                c.args(["vma", "--no-host", "--runs", "1"]);
+            } else {
+                c.arg(&doc);
+            }
+            let (code, err) = finish(c, Duration::from_secs(10));
+            let clap = err.starts_with("error:");
+            assert!(
+                code == 1 && err.lines().count() == 1 || clap && code == 2,
+                "{verb} {machine:?}: exit {code}, stderr: {err}"
+            );
+        }
+    }
+}
+
 #[test]
 fn a_closed_stdout_ends_quietly() {
     let doc = concat!(

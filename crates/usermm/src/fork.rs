@@ -12,9 +12,8 @@
 use crate::errno::{Errno, KResult};
 use crate::machine::OnCpu;
 use crate::memory;
-use crate::mm::vma::VM_DONTCOPY;
+use crate::mm::vma::{VM_ACCOUNT, VM_DONTCOPY};
 use crate::mm::{Mm, Vma, VmaTree};
-use crate::phys::PAGE_SHIFT;
 use crate::rmap;
 use crate::sync::{Arc, Ordering};
 
@@ -46,6 +45,16 @@ fn dup_mmap(oncpu: &OnCpu, mm: &Arc<Mm>, oldmm: &Arc<Mm>) -> KResult<()> {
         if mpnt.flags() & VM_DONTCOPY != 0 {
             continue;
         }
+        // The child's copy of a charged mapping is charged again, in the
+        // parent's name (`security_vm_enough_memory_mm(oldmm, len)`).
+        if mpnt.flags() & VM_ACCOUNT != 0 {
+            let oc = &oncpu.m.overcommit;
+            let total_vm = oldmm.total_vm.load(Ordering::Relaxed);
+            if let Err(e) = oc.vm_enough_memory(Some(total_vm), mpnt.pages()) {
+                result = Err(e);
+                break;
+            }
+        }
         let tmp = Arc::new(Vma::new(
             mm.id,
             mpnt.start(),
@@ -55,7 +64,7 @@ fn dup_mmap(oncpu: &OnCpu, mm: &Arc<Mm>, oldmm: &Arc<Mm>) -> KResult<()> {
         ));
         rmap::anon_vma_fork(&tmp, mpnt);
         vmas.push(tmp.clone());
-        total_vm += (mpnt.end() - mpnt.start()) >> PAGE_SHIFT;
+        total_vm += mpnt.pages();
         if memory::vma_needs_copy(mpnt) {
             result = memory::copy_page_range(oncpu, mm, oldmm, &tmp, mpnt);
             if result.is_err() {

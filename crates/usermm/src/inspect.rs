@@ -64,8 +64,24 @@ pub struct TlbInfo {
     pub misses: u64,
 }
 
+/// The machine-wide lines of /proc/meminfo the model keeps, in kB.
+#[derive(Debug, Clone, Serialize)]
+pub struct Meminfo {
+    #[serde(rename = "MemTotal")]
+    pub mem_total: u64,
+    #[serde(rename = "MemFree")]
+    pub mem_free: u64,
+    #[serde(rename = "CommitLimit")]
+    pub commit_limit: u64,
+    #[serde(rename = "Committed_AS")]
+    pub committed_as: u64,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Inspection {
+    /// How the machine is built.
+    pub machine: crate::MachineConfig,
+    pub meminfo: Meminfo,
     pub mms: Vec<MmInfo>,
     pub tlbs: Vec<TlbInfo>,
     pub free_pages: u64,
@@ -91,7 +107,15 @@ pub fn inspect(m: &Machine) -> Inspection {
             }
         })
         .collect();
+    let kb = |pages: u64| pages << (crate::phys::PAGE_SHIFT - 10);
     Inspection {
+        machine: m.config.clone(),
+        meminfo: Meminfo {
+            mem_total: kb(m.mem.nr_pages()),
+            mem_free: kb(m.mem.nr_free_pages()),
+            commit_limit: kb(m.overcommit.vm_commit_limit()),
+            committed_as: kb(m.overcommit.vm_memory_committed()),
+        },
         mms,
         tlbs,
         free_pages: m.mem.nr_free_pages(),
@@ -190,6 +214,13 @@ fn walk(m: &Machine, mm: &Mm) -> (PageTables, BTreeMap<String, usize>) {
 
 impl fmt::Display for Inspection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "== machine: {}", self.machine)?;
+        let mi = &self.meminfo;
+        writeln!(
+            f,
+            "MemTotal: {} kB, MemFree: {} kB, CommitLimit: {} kB, Committed_AS: {} kB",
+            mi.mem_total, mi.mem_free, mi.commit_limit, mi.committed_as
+        )?;
         for mm in &self.mms {
             writeln!(f, "== mm {}", mm.id)?;
             write!(f, "{}", mm.status)?;

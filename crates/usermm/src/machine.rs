@@ -10,6 +10,7 @@ use crate::errno::{Errno, KResult};
 use crate::mm::Mm;
 use crate::phys::{pg, Folio, NodeConfig, Pfn, PhysMem, Tier};
 use crate::sync::{Arc, AtomicBool, AtomicU8, Mutex, Ordering};
+use crate::util::Overcommit;
 use crate::vmstat::VmStat;
 
 /// How the machine is built.
@@ -28,6 +29,7 @@ impl Default for MachineConfig {
 }
 
 impl MachineConfig {
+    /// One DRAM node of `bytes` with `nr_cpus` CPUs.
     pub fn single_node(bytes: u64, nr_cpus: usize) -> MachineConfig {
         MachineConfig {
             nodes: vec![NodeConfig {
@@ -37,6 +39,99 @@ impl MachineConfig {
             }],
             cpus: vec![0; nr_cpus],
         }
+    }
+
+    /// Whether the model can build this machine; the error says what is
+    /// wrong, for people.
+    pub fn validate(&self) -> Result<(), String> {
+        use crate::phys::{MAX_PAGE_ORDER, NODE_PFN_SHIFT, PAGE_SHIFT, PAGE_SIZE};
+        if self.nodes.is_empty() {
+            return Err("a machine needs at least one node".into());
+        }
+        if self.cpus.is_empty() || self.cpus.len() > MAX_CPUS {
+            return Err(format!(
+                "a machine has 1 to {MAX_CPUS} CPUs, not {}",
+                self.cpus.len()
+            ));
+        }
+        for (id, n) in self.nodes.iter().enumerate() {
+            let min = PAGE_SIZE << MAX_PAGE_ORDER;
+            let max = (PAGE_SIZE << NODE_PFN_SHIFT) - PAGE_SIZE;
+            if n.size_bytes < min || n.size_bytes > max {
+                return Err(format!(
+                    "node {id}: {} bytes; a node holds at least {} MiB and less than {} GiB",
+                    n.size_bytes,
+                    min >> 20,
+                    (max >> 30) + 1
+                ));
+            }
+            if n.size_bytes % PAGE_SIZE != 0 {
+                return Err(format!(
+                    "node {id}: {} bytes is not a whole number of {} KiB pages",
+                    n.size_bytes,
+                    PAGE_SIZE >> 10
+                ));
+            }
+            debug_assert!(n.size_bytes >> PAGE_SHIFT < 1 << NODE_PFN_SHIFT);
+        }
+        for (cpu, &node) in self.cpus.iter().enumerate() {
+            match self.nodes.get(node) {
+                None => return Err(format!("CPU {cpu} is on node {node}, which does not exist")),
+                Some(n) if !n.has_cpus => {
+                    return Err(format!("CPU {cpu} is on node {node}, a node without CPUs"))
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Total memory of all nodes, in bytes.
+    pub fn total_bytes(&self) -> u64 {
+        self.nodes.iter().map(|n| n.size_bytes).sum()
+    }
+}
+
+/// `1 node: node 0 1024 MiB dram, CPUs 0-1`, for reports.
+impl std::fmt::Display for MachineConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = if self.nodes.len() == 1 { "" } else { "s" };
+        write!(f, "{} node{s}", self.nodes.len())?;
+        for (id, n) in self.nodes.iter().enumerate() {
+            let cpus: Vec<usize> = (0..self.cpus.len())
+                .filter(|&c| self.cpus[c] == id)
+                .collect();
+            let tier = match n.tier {
+                Tier::Dram => "DRAM",
+                Tier::Slow => "slow",
+            };
+            let size = if n.size_bytes % (1 << 30) == 0 {
+                format!("{} GiB", n.size_bytes >> 30)
+            } else {
+                format!("{} MiB", n.size_bytes >> 20)
+            };
+            write!(
+                f,
+                "{} node {id} {size} {tier}",
+                if id == 0 { ":" } else { ";" }
+            )?;
+            match (cpus.first(), cpus.last()) {
+                (Some(a), Some(b)) if cpus.len() == b - a + 1 && a != b => {
+                    write!(f, ", CPUs {a}-{b}")?
+                }
+                (Some(_), _) => write!(
+                    f,
+                    ", CPU{} {}",
+                    if cpus.len() == 1 { "" } else { "s" },
+                    cpus.iter()
+                        .map(|c| c.to_string())
+                        .collect::<Vec<_>>()
+                        .join(",")
+                )?,
+                (None, _) => write!(f, ", no CPUs")?,
+            }
+        }
+        Ok(())
     }
 }
 
@@ -186,6 +281,8 @@ pub struct Machine {
     pub cpus: Box<[Cpu]>,
     pub thp: ThpKnobs,
     pub tunables: Tunables,
+    /// `vm.overcommit_*` and the commitment (`vm_committed_as`).
+    pub overcommit: Overcommit,
     /// The shared zero page (`ZERO_PAGE(0)`).
     pub zero_pfn: Pfn,
     /// The huge zero folio, allocated on first use (`get_huge_zero_folio`);
@@ -197,10 +294,7 @@ pub struct Machine {
 
 impl Machine {
     pub fn new(config: MachineConfig) -> KResult<Arc<Machine>> {
-        if config.cpus.is_empty() || config.cpus.len() > MAX_CPUS {
-            return Err(Errno::EINVAL);
-        }
-        if config.nodes.is_empty() || config.cpus.iter().any(|&n| n >= config.nodes.len()) {
+        if config.validate().is_err() {
             return Err(Errno::EINVAL);
         }
         let mem = Arc::new(PhysMem::new(&config.nodes, config.cpus.len())?);
@@ -216,6 +310,7 @@ impl Machine {
             )
             .ok_or(Errno::ENOMEM)?;
         mem.page(zero_pfn).set(pg::ZERO);
+        let overcommit = Overcommit::new(mem.nr_pages());
         let cpus = config
             .cpus
             .iter()
@@ -227,6 +322,7 @@ impl Machine {
             cpus,
             thp: ThpKnobs::default(),
             tunables: Tunables::default(),
+            overcommit,
             zero_pfn,
             huge_zero: std::sync::OnceLock::new(),
             mms: Mutex::new(Vec::new()),

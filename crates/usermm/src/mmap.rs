@@ -13,6 +13,7 @@ use crate::mmu_gather::MmuGather;
 use crate::pgtable::{PMD_MASK, PMD_SIZE};
 use crate::phys::{PAGE_MASK, PAGE_SHIFT, PAGE_SIZE};
 use crate::sync::{Arc, Ordering};
+use crate::util::OvercommitMode;
 
 pub const PROT_NONE: u32 = 0;
 pub const PROT_READ: u32 = 1;
@@ -289,15 +290,45 @@ pub fn do_mmap(
     if flags & MAP_FIXED_NOREPLACE != 0 && overlaps {
         return Err(Errno::EEXIST);
     }
+    let oc = &oncpu.m.overcommit;
     let mut vm_flags = calc_vm_prot_bits(prot) | VM_MAYREAD | VM_MAYWRITE | VM_MAYEXEC;
-    if flags & MAP_NORESERVE != 0 {
+    // MAP_NORESERVE is honoured only where overcommit is allowed.
+    if flags & MAP_NORESERVE != 0 && oc.mode() != OvercommitMode::Never {
         vm_flags |= VM_NORESERVE;
-    } else if vm_flags & VM_WRITE != 0 {
+    }
+    // What MAP_FIXED replaces was charged already: the new mapping takes
+    // those pages over and is charged only for the rest (`__mmap_prepare`).
+    let replaced = if overlaps {
+        nr_accounted(&tree, addr, addr + len)
+    } else {
+        0
+    };
+    let accountable = accountable_mapping(vm_flags);
+    let charged = if accountable {
+        (len >> PAGE_SHIFT) - replaced
+    } else {
+        0
+    };
+    if charged != 0 {
+        oc.vm_enough_memory(Some(mm.total_vm.load(Ordering::Relaxed)), charged)?;
+    }
+    if accountable {
         vm_flags |= VM_ACCOUNT;
     }
     // MAP_FIXED over existing mappings: unmap them first (mmap_region).
     if overlaps {
-        do_vmi_munmap(oncpu, mm, &mut tree, addr, addr + len)?;
+        match do_vmi_munmap(oncpu, mm, &mut tree, addr, addr + len) {
+            Ok(unmapped) => {
+                debug_assert_eq!(unmapped, replaced);
+                if !accountable {
+                    oc.vm_unacct_memory(unmapped);
+                }
+            }
+            Err(e) => {
+                oc.vm_unacct_memory(charged);
+                return Err(e);
+            }
+        }
     }
     let vma = Arc::new(Vma::new(
         mm.id,
@@ -317,6 +348,20 @@ pub fn do_mmap(
         let _ = populate_range(oncpu, mm, addr, addr + len, write);
     }
     Ok(addr)
+}
+
+/// `accountable_mapping`: private writable memory that may not overcommit
+/// is charged to `vm_committed_as` (see [`crate::util`]).
+fn accountable_mapping(vm_flags: VmFlags) -> bool {
+    vm_flags & (VM_NORESERVE | VM_SHARED | VM_WRITE) == VM_WRITE
+}
+
+/// The pages of `[start, end)` that `VM_ACCOUNT` VMAs map.
+fn nr_accounted(tree: &VmaTree, start: u64, end: u64) -> u64 {
+    tree.range(start, end)
+        .filter(|v| v.flags() & VM_ACCOUNT != 0)
+        .map(|v| (v.end().min(end) - v.start().max(start)) >> PAGE_SHIFT)
+        .sum()
 }
 
 /// `populate_vma_page_range` without GUP: fault each page that is not
@@ -342,17 +387,19 @@ pub fn populate_range(
 }
 
 /// `do_vmi_munmap` on a tree being edited: split at the edges, detach the
-/// VMAs, zap what they mapped and free their page tables.
+/// VMAs, zap what they mapped and free their page tables. Returns the pages
+/// of the detached `VM_ACCOUNT` VMAs, for the caller to uncharge or to hand
+/// on to a mapping that replaces them.
 fn do_vmi_munmap(
     oncpu: &OnCpu,
     mm: &Arc<Mm>,
     tree: &mut VmaTree,
     start: u64,
     end: u64,
-) -> KResult<()> {
+) -> KResult<u64> {
     let detached = split_range(oncpu, mm, tree, start, end)?;
     if detached.is_empty() {
-        return Ok(());
+        return Ok(0);
     }
     let floor = tree.prev_vma(start).map_or(0, |p| p.end());
     let ceiling = tree.next_vma(end).map_or(0, |n| n.start());
@@ -365,8 +412,13 @@ fn do_vmi_munmap(
     mm.vma_tree_publish(tree.clone(), &crossbeam_epoch::pin());
     let pages: u64 = detached.iter().map(|v| v.pages()).sum();
     mm.total_vm.fetch_sub(pages, Ordering::Relaxed);
+    let accounted = detached
+        .iter()
+        .filter(|v| v.flags() & VM_ACCOUNT != 0)
+        .map(|v| v.pages())
+        .sum();
     unmap_region(oncpu, mm, &detached, floor, ceiling);
-    Ok(())
+    Ok(accounted)
 }
 
 /// `unmap_region`.
@@ -389,7 +441,9 @@ pub fn do_munmap(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, len: u64) -> KResult<(
     }
     let _g = mm.mmap_lock.write();
     let mut tree = mm.vma_tree_clone();
-    do_vmi_munmap(oncpu, mm, &mut tree, start, start + len)
+    let accounted = do_vmi_munmap(oncpu, mm, &mut tree, start, start + len)?;
+    oncpu.m.overcommit.vm_unacct_memory(accounted);
+    Ok(())
 }
 
 /// `exit_mmap`: tear the whole address space down.
@@ -403,9 +457,14 @@ pub fn exit_mmap(oncpu: &OnCpu, mm: &Arc<Mm>) {
         memory::free_pgtables(oncpu, &mut tlb, &vmas, 0, 0);
         tlb.finish(oncpu);
     }
+    let mut accounted = 0;
     for v in &vmas {
+        if v.flags() & VM_ACCOUNT != 0 {
+            accounted += v.pages();
+        }
         vma_retire(v);
     }
+    oncpu.m.overcommit.vm_unacct_memory(accounted);
     mm.vma_tree_publish(VmaTree::default(), &crossbeam_epoch::pin());
     mm.total_vm.store(0, Ordering::Relaxed);
     debug_assert_eq!(

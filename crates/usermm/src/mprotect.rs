@@ -16,8 +16,8 @@ use crate::mmap::{
 use crate::mmu_gather::MmuGather;
 use crate::pgtable::entry::_PAGE_PRESENT;
 use crate::pgtable::{self, addr_end, entry_get, entry_set, Pgprot, Pte, PMD_SIZE};
-use crate::phys::{folio, PAGE_MASK, PAGE_SIZE};
-use crate::sync::Arc;
+use crate::phys::{folio, PAGE_MASK, PAGE_SHIFT, PAGE_SIZE};
+use crate::sync::{Arc, Ordering};
 
 pub const PROT_SEM: u32 = 0x8;
 pub const PROT_GROWSDOWN: u32 = 0x0100_0000;
@@ -69,35 +69,56 @@ fn mprotect_walk(
             return Err(Errno::ENOMEM);
         };
         let tmp = vma.end().min(end);
-        let oldflags = vma.flags();
-        let mut newflags = (oldflags & !VM_ACCESS_FLAGS) | calc_vm_prot_bits(prot);
-        // A private mapping made writable for the first time is charged
-        // (VM_ACCOUNT), as if it had been mapped writable: which also lets
-        // it merge with neighbours that were.
-        if newflags & VM_WRITE != 0
-            && oldflags & (VM_ACCOUNT | VM_WRITE | VM_SHARED | VM_NORESERVE) == 0
-        {
-            newflags |= VM_ACCOUNT;
-        }
-        if newflags != oldflags {
-            mprotect_fixup(oncpu, mm, tree, addr, tmp, newflags)?;
+        let newflags = (vma.flags() & !VM_ACCESS_FLAGS) | calc_vm_prot_bits(prot);
+        if newflags != vma.flags() {
+            mprotect_fixup(oncpu, mm, tree, &vma, addr, tmp, newflags)?;
         }
         addr = tmp;
     }
     Ok(())
 }
 
-/// `mprotect_fixup`: split, set the flags, change the PTEs, merge.
+/// `mprotect_fixup`: charge or uncharge the commitment, split, set the
+/// flags, change the PTEs, merge.
 fn mprotect_fixup(
     oncpu: &OnCpu,
     mm: &Arc<Mm>,
     tree: &mut crate::mm::VmaTree,
+    vma: &Arc<Vma>,
     start: u64,
     end: u64,
     newflags: VmFlags,
 ) -> KResult<()> {
-    let vma = vma_modify_flags(oncpu, mm, tree, start, end, newflags)?;
+    let oc = &oncpu.m.overcommit;
+    let nrpages = (end - start) >> PAGE_SHIFT;
+    let oldflags = vma.flags();
+    let mut newflags = newflags;
+    let mut charged = 0;
+    if newflags & VM_WRITE != 0 {
+        // A private mapping made writable for the first time is charged
+        // (VM_ACCOUNT), as if it had been mapped writable: which also lets
+        // it merge with neighbours that were.
+        if oldflags & (VM_ACCOUNT | VM_WRITE | VM_SHARED | VM_NORESERVE) == 0 {
+            charged = nrpages;
+            oc.vm_enough_memory(Some(mm.total_vm.load(Ordering::Relaxed)), charged)?;
+            newflags |= VM_ACCOUNT;
+        }
+    } else if oldflags & VM_ACCOUNT != 0 && vma.anon_vma().is_none() {
+        // Since v6.2, an anonymous mapping made read-only before it ever
+        // faulted gives its charge back: it has no private pages to keep.
+        newflags &= !VM_ACCOUNT;
+    }
+    let vma = match vma_modify_flags(oncpu, mm, tree, start, end, newflags) {
+        Ok(vma) => vma,
+        Err(e) => {
+            oc.vm_unacct_memory(charged);
+            return Err(e);
+        }
+    };
     change_protection(oncpu, mm, &vma, start, end);
+    if oldflags & VM_ACCOUNT != 0 && newflags & VM_ACCOUNT == 0 {
+        oc.vm_unacct_memory(nrpages);
+    }
     merge_around(tree, vma);
     Ok(())
 }

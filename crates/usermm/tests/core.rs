@@ -291,3 +291,63 @@ fn mprotect_at_max_map_count_splits_once_then_fails() {
     c.store_u64(big + 4096, 8).unwrap();
     check_invariants(&m).unwrap();
 }
+
+/// Overcommit accounting end to end: what each path charges and gives
+/// back, and fork refused under `overcommit_memory=2` once the child's copy
+/// of the charged mappings would pass the commit limit (which the host
+/// cannot show without exhausting its own).
+#[test]
+fn overcommit_accounting_follows_every_path() {
+    let m = machine(); // 256 MiB: commit limit 128 MiB in mode 2
+    let oc = &m.overcommit;
+    let pages = |bytes: u64| bytes >> 12;
+    let c = m.bind(0).unwrap();
+    let mm = c.new_mm().unwrap();
+    let a = c.mmap(0, 64 << 20, RW, ANON).unwrap();
+    assert_eq!(oc.vm_memory_committed(), pages(64 << 20));
+    // Read-only and MAP_NORESERVE mappings are not charged.
+    let ro = c.mmap(0, 8 << 20, PROT_READ, ANON).unwrap();
+    let nr = c.mmap(0, 8 << 20, RW, ANON | MAP_NORESERVE).unwrap();
+    assert_eq!(oc.vm_memory_committed(), pages(64 << 20));
+    // MAP_FIXED over half the charged mapping takes its charge over.
+    c.mmap(a, 32 << 20, RW, ANON | MAP_FIXED).unwrap();
+    assert_eq!(oc.vm_memory_committed(), pages(64 << 20));
+    // ... and read-only over it gives that half back.
+    c.mmap(a, 32 << 20, PROT_READ, ANON | MAP_FIXED).unwrap();
+    assert_eq!(oc.vm_memory_committed(), pages(32 << 20));
+    // Making a mapping writable charges it; an untouched one made read-only
+    // gives it back, a touched one keeps it.
+    c.mprotect(ro, 8 << 20, RW).unwrap();
+    assert_eq!(oc.vm_memory_committed(), pages(40 << 20));
+    c.mprotect(ro, 4 << 20, PROT_READ).unwrap();
+    assert_eq!(oc.vm_memory_committed(), pages(36 << 20));
+    c.store_u64(ro + (4 << 20), 1).unwrap();
+    c.mprotect(ro + (4 << 20), 4 << 20, PROT_READ).unwrap();
+    assert_eq!(oc.vm_memory_committed(), pages(36 << 20));
+    check_invariants(&m).unwrap();
+    // Mode 2: a fork that would double 100 MiB of charges is refused, and
+    // leaves nothing charged behind.
+    c.munmap(nr, 8 << 20).unwrap();
+    c.mmap(0, 64 << 20, RW, ANON).unwrap();
+    oc.set_sysctl("overcommit_memory", 2).unwrap();
+    let before = oc.vm_memory_committed();
+    assert_eq!(before, pages(100 << 20));
+    assert_eq!(c.fork().err(), Some(Errno::ENOMEM));
+    assert_eq!(oc.vm_memory_committed(), before);
+    check_invariants(&m).unwrap();
+    // A further 64 MiB would pass the limit; MAP_NORESERVE does not help.
+    assert_eq!(c.mmap(0, 64 << 20, RW, ANON), Err(Errno::ENOMEM));
+    assert_eq!(
+        c.mmap(0, 64 << 20, RW, ANON | MAP_NORESERVE),
+        Err(Errno::ENOMEM)
+    );
+    oc.set_sysctl("overcommit_memory", 0).unwrap();
+    let child = c.fork().unwrap();
+    assert_eq!(oc.vm_memory_committed(), 2 * before);
+    c.switch_mm(&child);
+    c.exit_mm().unwrap();
+    c.switch_mm(&mm);
+    c.exit_mm().unwrap();
+    assert_eq!(oc.vm_memory_committed(), 0);
+    check_invariants(&m).unwrap();
+}

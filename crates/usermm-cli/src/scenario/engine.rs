@@ -16,10 +16,15 @@ pub struct EngineBackend {
 }
 
 impl EngineBackend {
-    /// A 1 GiB machine with one process, `main`.
-    pub fn new() -> anyhow::Result<EngineBackend> {
-        let m = Machine::new(MachineConfig::single_node(1 << 30, 2))
-            .map_err(|e| anyhow::anyhow!("machine: {e}"))?;
+    /// The machine scenarios run on unless told otherwise: one 1 GiB node
+    /// with two CPUs (the scenarios run on CPU 0).
+    pub fn default_machine() -> MachineConfig {
+        MachineConfig::single_node(1 << 30, 2)
+    }
+
+    /// A machine with one process, `main`.
+    pub fn new(config: MachineConfig) -> anyhow::Result<EngineBackend> {
+        let m = Machine::new(config).map_err(|e| anyhow::anyhow!("machine: {e}"))?;
         let mm = {
             let c = m.bind(0).map_err(|e| anyhow::anyhow!("{e}"))?;
             c.new_mm().map_err(|e| anyhow::anyhow!("{e}"))?
@@ -148,6 +153,12 @@ impl Backend for EngineBackend {
             Some(kb) => self.m.thp.set_order((kb / 4).trailing_zeros(), mode),
         };
         r.map_err(|e| format!("knob: {e}"))
+    }
+    fn sysctl(&mut self, name: &str, value: u64) -> Result<Result<(), Errno>, String> {
+        Ok(self.m.overcommit.set_sysctl(name, value))
+    }
+    fn machine(&self) -> String {
+        self.m.config.to_string()
     }
     fn dump(&mut self) -> String {
         format!("{}\n{}", self.processes_line(), self.inspection())

@@ -219,6 +219,41 @@ impl Backend for HostBackend {
         };
         self.set_knob_file(path, mode)
     }
+    fn sysctl(&mut self, name: &str, value: u64) -> Result<Result<(), Errno>, String> {
+        let path = format!("/proc/sys/vm/{name}");
+        let old = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
+        match std::fs::write(&path, value.to_string()) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(Err(Errno::EINVAL)),
+            Err(e) => return Err(format!("cannot set {path}: {e}")),
+        }
+        if !self.saved_knobs.iter().any(|(p, _)| p == &path) {
+            // overcommit_ratio and overcommit_kbytes zero each other when
+            // written: save both, so that restoring them in reverse order
+            // puts back the one that was set.
+            if let Some(other) = match name {
+                "overcommit_ratio" => Some("overcommit_kbytes"),
+                "overcommit_kbytes" => Some("overcommit_ratio"),
+                _ => None,
+            } {
+                let p = format!("/proc/sys/vm/{other}");
+                if let Ok(v) = std::fs::read_to_string(&p) {
+                    if !self.saved_knobs.iter().any(|(q, _)| q == &p) && v.trim() != "0" {
+                        self.saved_knobs.push((p, v.trim().to_string()));
+                    }
+                }
+            }
+            self.saved_knobs.push((path, old.trim().to_string()));
+        }
+        Ok(Ok(()))
+    }
+    fn machine(&self) -> String {
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim()
+            .to_string();
+        format!("this host, Linux {release}")
+    }
     fn dump(&mut self) -> String {
         self.call("dump")
             .map(|s| s.trim_start_matches("ok ").replace('\u{1f}', "\n"))

@@ -38,8 +38,13 @@ pub trait Backend {
     fn figures(&mut self) -> Result<[i64; 5], String>;
     /// Set a THP knob; Err says why it cannot be (the scenario is skipped).
     fn knob(&mut self, size_kb: Option<u64>, mode: &str) -> Result<(), String>;
+    /// Write `/proc/sys/vm/NAME`: Ok(Err(errno)) when the value is refused,
+    /// Err when it cannot be written here (the scenario is skipped).
+    fn sysctl(&mut self, name: &str, value: u64) -> Result<Result<(), Errno>, String>;
     /// A description of the current process's state, for `dump`.
     fn dump(&mut self) -> String;
+    /// The machine it runs on, for reports.
+    fn machine(&self) -> String;
 }
 
 /// The result of one statement.
@@ -60,6 +65,8 @@ pub struct Outcome {
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub backend: &'static str,
+    /// The machine the scenario ran on.
+    pub machine: String,
     pub outcomes: Vec<Outcome>,
     pub passed: usize,
     pub failed: usize,
@@ -92,6 +99,7 @@ impl Report {
                 writeln!(out, "          {f}")?;
             }
         }
+        writeln!(out, "machine: {}", self.machine)?;
         match &self.skipped {
             Some(why) => writeln!(out, "{}: SKIPPED: {why}", self.backend),
             None => writeln!(
@@ -187,7 +195,10 @@ impl Interp<'_> {
     }
 
     fn exec_inner(&mut self, op: &Op) -> Result<Res, String> {
-        let needs_process = !matches!(op, Op::Knob { .. } | Op::KnobOnly { .. } | Op::Fails { .. });
+        let needs_process = !matches!(
+            op,
+            Op::Knob { .. } | Op::KnobOnly { .. } | Op::Sysctl { .. } | Op::Fails { .. }
+        );
         if needs_process && !self.procs.contains_key(&self.cur) {
             return Err("no process is running (every one exited)".into());
         }
@@ -392,6 +403,11 @@ impl Interp<'_> {
                     Err(why) => Res::Skip(why),
                 }
             }
+            Op::Sysctl { name, value } => match self.b.sysctl(name, *value) {
+                Ok(Ok(())) => ok("ok"),
+                Ok(Err(e)) => Self::errno_res(e),
+                Err(why) => Res::Skip(why),
+            },
             Op::Mark { name } => {
                 let f = self.b.figures()?;
                 self.st().marks.insert(name.clone(), f);
@@ -419,11 +435,12 @@ impl Interp<'_> {
                 // Absolute figures include what the host process itself
                 // uses: only changes are compared between backends.
                 let cmp = since.as_ref().map(|_| format!("{} {:+}", fig.name(), got));
+                let unit = if *fig == Figure::Vmas { "" } else { " kB" };
                 if got == *value {
-                    Res::Ok(cmp, format!("{what} {got:+} kB"))
+                    Res::Ok(cmp, format!("{what} {got:+}{unit}"))
                 } else {
                     Res::Fail(
-                        format!("{what}: expected {value:+} kB, got {got:+} kB"),
+                        format!("{what}: expected {value:+}{unit}, got {got:+}{unit}"),
                         cmp,
                     )
                 }
@@ -476,6 +493,7 @@ pub fn run(stmts: &[Stmt], b: &mut dyn Backend, backend: &'static str) -> Report
             Res::Skip(why) => {
                 return Report {
                     backend,
+                    machine: it.b.machine(),
                     outcomes,
                     passed,
                     failed,
@@ -498,6 +516,7 @@ pub fn run(stmts: &[Stmt], b: &mut dyn Backend, backend: &'static str) -> Report
     }
     Report {
         backend,
+        machine: it.b.machine(),
         outcomes,
         passed,
         failed,
@@ -526,6 +545,8 @@ mod tests {
             Just("switch"),
             Just("exit"),
             Just("knob"),
+            Just("sysctl"),
+            Just("overcommit_memory"),
             Just("mark"),
             Just("print"),
             Just("fails"),
@@ -621,7 +642,7 @@ mod tests {
         fn awkward_scenarios_run_without_panic(lines in prop::collection::vec(stmt(), 1..16)) {
             let src = format!("map A 64K rw\nmap B 2M rw\n{}", lines.join("\n"));
             let stmts = parse::parse(&src).unwrap();
-            let mut b = engine::EngineBackend::new().unwrap();
+            let mut b = engine::EngineBackend::new(engine::EngineBackend::default_machine()).unwrap();
             let _ = run(&stmts, &mut b, "usermm");
             b.check().map_err(|e| TestCaseError::fail(format!("{src}\n{e}")))?;
         }
@@ -635,7 +656,7 @@ mod tests {
         fn hostile_scenarios_never_panic(lines in prop::collection::vec(line(), 1..24)) {
             let src = lines.join("\n");
             if let Ok(stmts) = parse::parse(&src) {
-                let mut b = engine::EngineBackend::new().unwrap();
+                let mut b = engine::EngineBackend::new(engine::EngineBackend::default_machine()).unwrap();
                 let r = run(&stmts, &mut b, "usermm");
                 prop_assert!(r.outcomes.len() <= stmts.len());
             }

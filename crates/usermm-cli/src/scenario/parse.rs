@@ -134,6 +134,11 @@ pub enum Op {
     KnobOnly {
         size_kb: u64,
     },
+    /// `sysctl NAME VALUE`: `/proc/sys/vm/NAME`, one of [`SYSCTLS`].
+    Sysctl {
+        name: String,
+        value: u64,
+    },
     Mark {
         name: String,
     },
@@ -360,6 +365,15 @@ fn parse_advice(w: &str) -> Option<i32> {
 
 const KNOB_MODES: [&str; 4] = ["always", "inherit", "madvise", "never"];
 
+/// The `vm.` sysctls a scenario may set.
+pub const SYSCTLS: [&str; 5] = [
+    "overcommit_memory",
+    "overcommit_ratio",
+    "overcommit_kbytes",
+    "admin_reserve_kbytes",
+    "user_reserve_kbytes",
+];
+
 fn parse_op(w: &mut Words) -> Result<Op, ParseError> {
     let (c, verb) = w.next("a statement")?;
     let op = match verb {
@@ -530,6 +544,19 @@ fn parse_op(w: &mut Words) -> Result<Op, ParseError> {
             Op::Knob {
                 size_kb,
                 mode: mode.to_string(),
+            }
+        }
+        "sysctl" => {
+            let (col, name) = w.next("a sysctl name")?;
+            if !SYSCTLS.contains(&name) {
+                return Err(w.err(
+                    col,
+                    format!("unknown sysctl {name:?} (known: {})", SYSCTLS.join(", ")),
+                ));
+            }
+            Op::Sysctl {
+                name: name.to_string(),
+                value: w.number("a value")?,
             }
         }
         "mark" => Op::Mark {

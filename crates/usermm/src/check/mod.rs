@@ -5,8 +5,9 @@
 //! what the page tables say, RSS equals the mapped pages, `pgtables_bytes`
 //! equals the table frames, no free frame is mapped or cached in a TLB, and
 //! every TLB entry whose address space has no flush pending agrees with the
-//! page tables, and the reverse map finds every mapping of an anon page
-//! (its folio's anon_vma chains the VMA that maps it, at that address). It
+//! page tables, the reverse map finds every mapping of an anon page
+//! (its folio's anon_vma chains the VMA that maps it, at that address), and
+//! the overcommit commitment is the size of the charged VMAs. It
 //! needs a quiescent machine: no operation in flight.
 
 pub mod shadow;
@@ -88,7 +89,26 @@ pub fn check_invariants(m: &Machine) -> Result<(), String> {
     if let Some(p) = ex.tables.iter().find(|p| free.contains(p)) {
         return Err(format!("frame {p:#x} is free but used as a page table"));
     }
-    check_tlbs(m, &mms, &leaves_by_mm, &free)
+    check_tlbs(m, &mms, &leaves_by_mm, &free)?;
+    check_committed(m, &mms)
+}
+
+/// `vm_committed_as` is the size of every `VM_ACCOUNT` VMA.
+fn check_committed(m: &Machine, mms: &[Arc<Mm>]) -> Result<(), String> {
+    let guard = crossbeam_epoch::pin();
+    let want: u64 = mms
+        .iter()
+        .flat_map(|mm| mm.vma_tree(&guard).iter())
+        .filter(|v| v.flags() & crate::mm::vma::VM_ACCOUNT != 0)
+        .map(|v| v.pages())
+        .sum();
+    let got = m.overcommit.vm_memory_committed();
+    if got != want {
+        return Err(format!(
+            "Committed_AS is {got} pages, VM_ACCOUNT VMAs hold {want}"
+        ));
+    }
+    Ok(())
 }
 
 /// The reverse map must lead from page `p` back to `addr` in `mm`: the VMA

@@ -93,11 +93,10 @@ impl PhysMem {
         let mut nodes = Vec::with_capacity(configs.len());
         for (id, c) in configs.iter().enumerate() {
             let nr_pages = c.size_bytes >> PAGE_SHIFT;
-            assert!(
-                nr_pages >= 1 << MAX_PAGE_ORDER,
-                "a node needs at least 4 MiB"
-            );
-            assert!(nr_pages < 1 << NODE_PFN_SHIFT, "a node holds at most 1 TiB");
+            // MachineConfig::validate says why, for people.
+            if nr_pages < 1 << MAX_PAGE_ORDER || nr_pages >= 1 << NODE_PFN_SHIFT {
+                return Err(crate::errno::Errno::EINVAL);
+            }
             let arena = arena::Arena::new((nr_pages << PAGE_SHIFT) as usize)?;
             let memmap: Box<[Page]> = (0..nr_pages).map(|_| Page::default()).collect();
             let zone = Zone::new(nr_pages, nr_cpus);
@@ -233,6 +232,8 @@ impl PhysMem {
         self.nodes.iter().map(|n| n.zone.nr_free_pages()).sum()
     }
 
+    /// Every frame of every node: `totalram_pages()` (the model reserves
+    /// none at boot).
     pub fn nr_pages(&self) -> u64 {
         self.nodes.iter().map(|n| n.nr_pages).sum()
     }
