@@ -8,6 +8,7 @@ mod machine_args;
 mod native;
 mod plot;
 mod scenario;
+mod stress;
 mod vma_bench;
 
 use clap::{Parser, Subcommand};
@@ -34,6 +35,10 @@ enum Cmd {
     /// Run a scenario in usermm, then show the VMAs, page tables, folios,
     /// TLBs and counters (a `dump` line in the scenario shows them there).
     Inspect(InspectArgs),
+    /// Random operations on one CPU while the others load and store, with
+    /// the shadow memory, the invariant checker, a watchdog and a leak check.
+    /// Exit status: 0 clean, 1 something broke, 3 a stall.
+    Stress(stress::StressArgs),
 }
 
 #[derive(clap::Args)]
@@ -169,5 +174,6 @@ fn run_command(cmd: Cmd) -> anyhow::Result<i32> {
         Cmd::Bench(a) => bench::run(a).map(|()| 0),
         Cmd::Run(a) => run_scenario(a),
         Cmd::Inspect(a) => inspect(a),
+        Cmd::Stress(a) => stress::run(a),
     }
 }

@@ -310,6 +310,16 @@ pub fn zap_huge_pmd(oncpu: &OnCpu, tlb: &mut MmuGather, mm: &Mm, slot: PmdSlot, 
     true
 }
 
+/// `pmdp_invalidate` (without its flush): make a huge PMD invalid
+/// ([`Pmd::mkinvalid`]) in one atomic step, so that an accessed or dirty bit
+/// the MMU sets meanwhile is in the value returned. PMD lock held.
+fn pmdp_invalidate(mem: &PhysMem, slot: PmdSlot) -> Pmd {
+    use crate::pgtable::entry::{_PAGE_PRESENT, _PAGE_PROTNONE};
+    let old =
+        crate::pgtable::entry_clear_bits(mem, slot.table, slot.idx, _PAGE_PRESENT | _PAGE_PROTNONE);
+    Pmd(old)
+}
+
 /// `__split_huge_pmd`: replace a huge PMD by the deposited PTE table filled
 /// with 512 entries mapping the same pages with the same bits.
 pub fn split_huge_pmd(oncpu: &OnCpu, mm: &Arc<Mm>, slot: PmdSlot, addr: u64) {
@@ -320,11 +330,14 @@ pub fn split_huge_pmd(oncpu: &OnCpu, mm: &Arc<Mm>, slot: PmdSlot, addr: u64) {
     if !pmd.trans_huge() {
         return;
     }
-    // pmdp_invalidate: clear, flush, then repopulate (x86 needs the flush so
-    // that no CPU holds the 2M translation and a 4K one at once).
-    let old = Pmd(crate::pgtable::entry_get_and_clear(
-        mem, slot.table, slot.idx,
-    ));
+    // pmdp_invalidate: make the PMD fault for the MMU, flush, then
+    // repopulate (x86 needs the flush so that no CPU holds the 2M
+    // translation and a 4K one at once). The entry is never none meanwhile:
+    // a zap that reads it without the PMD lock (MADV_DONTNEED runs beside
+    // faults under the read mmap_lock) would take none for "nothing mapped
+    // here" and skip the 512 pages that the split is about to map again.
+    let old = pmdp_invalidate(mem, slot);
+    debug_assert_eq!(old.pfn(), pmd.pfn());
     oncpu.flush_tlb_range(mm, haddr, haddr + PMD_SIZE, crate::pgtable::PMD_SHIFT);
     let table = withdraw(mem, slot);
     if is_huge_zero_pmd(oncpu, old) {

@@ -46,4 +46,13 @@ impl OnCpu<'_> {
         self.cpu.switch_mm(None);
         Ok(())
     }
+
+    /// One thread of the process exits while others go on: this CPU stops
+    /// running the mm and drops its reference (what `exit_mm` in
+    /// kernel/exit.c does before the last thread; the model has no lazy-TLB
+    /// mm to keep).
+    pub fn exit_thread(&self) {
+        self.kernel_enter();
+        self.cpu.switch_mm(None);
+    }
 }

@@ -221,7 +221,7 @@ fn remove<T: Entry>(t: &mut Link<T>, key: T::Key) -> Option<T> {
 
 /// The entry with `key`, made unique to this version for changing in place
 /// (the caller must not change its key or what its summary depends on).
-fn get_mut<'a, T: Entry>(t: &'a mut Link<T>, key: T::Key) -> Option<&'a mut T> {
+fn get_mut<T: Entry>(t: &mut Link<T>, key: T::Key) -> Option<&mut T> {
     let node = Arc::make_mut(t.as_mut()?);
     match key.cmp(&node.item.key()) {
         std::cmp::Ordering::Less => get_mut(&mut node.left, key),

@@ -268,3 +268,94 @@ impl Drop for StopOnDrop<'_> {
         self.0.store(true, Ordering::Relaxed);
     }
 }
+
+/// A write fault on a PMD-mapped THP shared with a child splits the PMD
+/// (`do_huge_pmd_wp_page` falls back to PTEs) while another CPU runs
+/// MADV_DONTNEED over it under the same read mmap_lock. The split must never
+/// leave the PMD none for the zap to skip (`pmdp_invalidate`): once the
+/// DONTNEED has returned, no word may read what was there before it.
+///
+/// The split is held open on purpose: its TLB flush waits for CPU 2, which
+/// runs the process in user mode without touching memory for 30 ms, while
+/// CPU 0's DONTNEED reads the PMD 10 ms in.
+#[test]
+fn dontneed_while_a_cow_fault_splits_the_pmd() {
+    let m = Machine::new(MachineConfig::single_node(256 << 20, 3)).unwrap();
+    m.thp.set_enabled(usermm::ThpMode::Always).unwrap();
+    let shadow = Shadow::new();
+    let c0 = m.bind(0).unwrap();
+    let parent = c0.new_mm().unwrap();
+    const LEN: u64 = 2 << 20;
+    let a = c0.mmap(0, LEN, RW, ANON).unwrap();
+    let b = c0.mmap(0, 4096, RW, ANON).unwrap();
+    let round = AtomicU64::new(0);
+    let done = [AtomicU64::new(0), AtomicU64::new(0)];
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let _stop = StopOnDrop(&stop);
+        for cpu in 1..3usize {
+            let (m, mm, shadow, round, done, stop) =
+                (&m, parent.clone(), &shadow, &round, &done, &stop);
+            s.spawn(move || {
+                let c = m.bind(cpu).unwrap();
+                c.switch_mm(&mm);
+                let mut seen = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let r = round.load(Ordering::Acquire);
+                    if r == seen {
+                        // Waiting is blocking: out of user mode.
+                        c.idle();
+                        std::hint::spin_loop();
+                        continue;
+                    }
+                    seen = r;
+                    if cpu == 1 {
+                        // The write that splits the shared PMD.
+                        shadow.store_u64(&c, a + 8, r).unwrap();
+                    } else {
+                        // In user mode, silent: flushes wait for this CPU.
+                        c.load_u64(b).unwrap();
+                        std::thread::sleep(std::time::Duration::from_millis(30));
+                        c.load_u64(b).unwrap();
+                    }
+                    done[cpu - 1].store(r, Ordering::Release);
+                }
+                c.idle();
+            });
+        }
+        for r in 1..=10u64 {
+            // A fresh PMD-mapped THP with data in most of its pages.
+            shadow.zap(&c0, parent.id, a, a + LEN, || {
+                c0.munmap(a, LEN).unwrap();
+                c0.mmap(a, LEN, RW, ANON | MAP_FIXED).unwrap();
+            });
+            for p in (0..LEN).step_by(64 << 10) {
+                shadow.store_u64(&c0, a + p + 16, (r << 32) | p).unwrap();
+            }
+            let child = shadow
+                .fork(&c0, parent.id, || c0.fork().map(|ch| (ch.clone(), ch.id)))
+                .unwrap();
+            round.store(r, Ordering::Release);
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            shadow.zap(&c0, parent.id, a, a + LEN, || {
+                c0.madvise(a, LEN, MADV_DONTNEED).unwrap()
+            });
+            for p in (0..LEN).step_by(64 << 10) {
+                shadow.load_u64(&c0, a + p + 16).unwrap();
+            }
+            while done.iter().any(|d| d.load(Ordering::Acquire) != r) {
+                c0.idle();
+                std::hint::spin_loop();
+            }
+            c0.switch_mm(&child);
+            c0.exit_mm().unwrap();
+            shadow.exit(child.id);
+            c0.switch_mm(&parent);
+        }
+        stop.store(true, Ordering::Relaxed);
+        c0.idle();
+    });
+    shadow.verdict().unwrap();
+    m.rcu_barrier();
+    check_invariants(&m).unwrap();
+}

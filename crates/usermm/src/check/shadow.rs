@@ -250,6 +250,35 @@ impl Shadow {
     /// Run `op` (munmap, MADV_DONTNEED, a MAP_FIXED replacement) which makes
     /// `[start, end)` of `mm` read as zero once it returns.
     pub fn zap<R>(&self, c: &OnCpu, mm: u64, start: u64, end: u64, op: impl FnOnce() -> R) -> R {
+        self.zap_inner(c, mm, start, end, op, |_| true)
+    }
+
+    /// As [`Shadow::zap`], for an operation that zaps nothing when it fails
+    /// (munmap, a MAP_FIXED mmap: both check everything before they unmap):
+    /// on error its zap events are taken back, as a failed store's is.
+    pub fn zap_if_ok<T>(
+        &self,
+        c: &OnCpu,
+        mm: u64,
+        start: u64,
+        end: u64,
+        op: impl FnOnce() -> KResult<T>,
+    ) -> KResult<T> {
+        self.zap_inner(c, mm, start, end, op, |r| r.is_ok())
+    }
+
+    /// Record the zap while `op` runs; complete it if `zapped` says the
+    /// op's result zeroed the range, else take it back.
+    fn zap_inner<R>(
+        &self,
+        c: &OnCpu,
+        mm: u64,
+        start: u64,
+        end: u64,
+        op: impl FnOnce() -> R,
+        zapped: impl FnOnce(&R) -> bool,
+    ) -> R {
+        let is_zap = |e: &ShadowEvent, t0| e.t0 == t0 && matches!(e.origin, Origin::Zap { .. });
         let t0 = {
             let mut g = self.inner.lock();
             let t0 = g.tick();
@@ -267,16 +296,18 @@ impl Shadow {
             t0
         };
         let r = op();
+        let done = zapped(&r);
         let mut g = self.inner.lock();
         let t1 = g.tick();
         g.zaps.retain(|z| z.3 != t0);
         let min_ls = self.min_load_start(t1);
         if let Some(space) = g.spaces.get_mut(&mm) {
             for h in space.range_mut(start..end).map(|(_, h)| h) {
-                if let Some(e) = h
-                    .iter_mut()
-                    .find(|e| e.t0 == t0 && matches!(e.origin, Origin::Zap { .. }))
-                {
+                if !done {
+                    h.retain(|e| !is_zap(e, t0));
+                    continue;
+                }
+                if let Some(e) = h.iter_mut().find(|e| is_zap(e, t0)) {
                     e.t1 = t1;
                 }
                 prune(h, min_ls);
@@ -345,6 +376,16 @@ impl Shadow {
 
     pub fn loads_checked(&self) -> u64 {
         self.inner.lock().loads_checked
+    }
+
+    /// The checker's clock now, to place other events (a driver's log of
+    /// operations) on the same time line as the histories.
+    pub fn now(&self) -> u64 {
+        self.inner.lock().clock
+    }
+
+    pub fn nr_violations(&self) -> usize {
+        self.inner.lock().violations.len()
     }
 
     /// Ok, or every violation formatted for a test failure.

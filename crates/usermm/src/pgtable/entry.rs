@@ -191,14 +191,23 @@ impl Pmd {
     pub fn none(self) -> bool {
         self.0 == 0
     }
+    /// `pmd_present`: to the kernel a huge PMD is present also while
+    /// [`Pmd::mkinvalid`] hides it from the MMU (x86 tests `_PAGE_PSE` too).
     #[inline]
     pub fn present(self) -> bool {
-        self.0 & (_PAGE_PRESENT | _PAGE_PROTNONE) != 0
+        self.0 & (_PAGE_PRESENT | _PAGE_PROTNONE | _PAGE_PSE) != 0
     }
-    /// `pmd_trans_huge`: a present huge leaf.
+    /// `pmd_trans_huge`: a huge leaf, valid or invalidated for a split.
     #[inline]
     pub fn trans_huge(self) -> bool {
-        self.0 & _PAGE_PSE != 0 && self.present()
+        self.0 & _PAGE_PSE != 0
+    }
+    /// `pmd_mkinvalid`: not present to the MMU (its accesses fault), still
+    /// huge and never none to the kernel's lockless readers; what
+    /// `pmdp_invalidate` leaves while a split rebuilds the PMD.
+    #[inline]
+    pub fn mkinvalid(self) -> Pmd {
+        Pmd(self.0 & !(_PAGE_PRESENT | _PAGE_PROTNONE))
     }
     #[inline]
     pub fn table_pfn(self) -> Pfn {
@@ -305,6 +314,10 @@ mod tests {
         assert_eq!(pte.0 & _PAGE_PSE, 0);
         let table = Pmd::table(0x99);
         assert!(!table.trans_huge() && table.present());
+        let inv = pmd.mkinvalid();
+        assert!(inv.trans_huge() && inv.present() && !inv.none());
+        assert_eq!(inv.0 & _PAGE_PRESENT, 0, "the MMU faults on it");
+        assert_eq!(inv.pfn(), 0x200);
         assert_eq!(table.table_pfn(), 0x99);
     }
 }

@@ -94,7 +94,7 @@ impl PhysMem {
         for (id, c) in configs.iter().enumerate() {
             let nr_pages = c.size_bytes >> PAGE_SHIFT;
             // MachineConfig::validate says why, for people.
-            if nr_pages < 1 << MAX_PAGE_ORDER || nr_pages >= 1 << NODE_PFN_SHIFT {
+            if !(1 << MAX_PAGE_ORDER..1 << NODE_PFN_SHIFT).contains(&nr_pages) {
                 return Err(crate::errno::Errno::EINVAL);
             }
             let arena = arena::Arena::new((nr_pages << PAGE_SHIFT) as usize)?;

@@ -1,0 +1,613 @@
+//! `usermm stress`: a long randomized run with every oracle on.
+//!
+//! CPU 0 is the operator: it runs random mmap (MAP_FIXED, some with
+//! MAP_NORESERVE or MAP_POPULATE), munmap, mprotect, madvise, fork, exit,
+//! context switches between the processes, THP knob, tunable and overcommit
+//! changes, and loads and stores of its own. Every other CPU is a thread of
+//! the first process and loads and stores at random in its window all the
+//! while. Every access goes through the shadow memory, which checks each
+//! loaded value against the history of stores and zaps; at quiescent points
+//! (the accessors parked, page tables freed after their grace period) the
+//! invariant checker runs over the whole machine. A watchdog ends the run if
+//! nothing progresses for too long. At the end every process exits and the
+//! machine must have every frame back and nothing committed.
+//!
+//! The operator's sequence is reproducible from the seed; its interleaving
+//! with the accessors is not.
+//!
+//! Exit status: 0 clean, 1 a violation, a broken invariant, a leak or an
+//! unexpected error, 3 a stall.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use usermm::check::shadow::Shadow;
+use usermm::madvise::{MADV_DONTNEED, MADV_FREE, MADV_HUGEPAGE, MADV_NOHUGEPAGE, MADV_NORMAL};
+use usermm::mm::Mm;
+use usermm::mmap::*;
+use usermm::{Errno, Machine, MachineConfig, OnCpu, ThpMode};
+
+use crate::machine_args::MachineArgs;
+
+#[derive(clap::Args)]
+pub struct StressArgs {
+    /// How long to run, in seconds.
+    #[arg(long, default_value_t = 60)]
+    pub seconds: u64,
+    /// Seed of the operator's random sequence.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Seconds without progress after which the watchdog ends the run.
+    #[arg(long, default_value_t = 60)]
+    pub stall_seconds: u64,
+    /// Print the summary as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    /// The machine (default: one 512 MiB node with 4 CPUs); CPU 0 operates,
+    /// the others access memory.
+    #[command(flatten)]
+    pub machine: MachineArgs,
+}
+
+/// Where each process's mappings live: a fixed window, so that operations
+/// and accesses meet.
+const WINDOW: u64 = 0x6000_0000_0000;
+const WINDOW_LEN: u64 = 32 << 20;
+const PAGE: u64 = 4096;
+/// Children alive at once, besides the first process.
+const MAX_CHILDREN: usize = 3;
+/// Operations between invariant checks.
+const CHECK_EVERY: u64 = 256;
+
+/// What the accessor threads and the watchdog share with the operator.
+#[derive(Default)]
+struct Control {
+    stop: AtomicBool,
+    /// The operator wants the accessors parked (quiescent machine).
+    pause: AtomicBool,
+    parked: AtomicUsize,
+    /// Bumped by every operation and every 1,024 accesses.
+    progress: AtomicU64,
+    stores: AtomicU64,
+    /// An accessor's unexpected error, which fails the run.
+    failure: Mutex<Option<String>>,
+    last_op: Mutex<String>,
+}
+
+#[derive(Default, serde::Serialize)]
+struct Summary {
+    seconds: f64,
+    seed: u64,
+    machine: String,
+    operations: u64,
+    by_kind: BTreeMap<&'static str, u64>,
+    errors_returned: BTreeMap<String, u64>,
+    loads_checked: u64,
+    stores: u64,
+    invariant_checks: u64,
+    violations: usize,
+    leaked_frames: i64,
+    committed_left_pages: u64,
+    failure: Option<String>,
+}
+
+pub fn run(a: StressArgs) -> anyhow::Result<i32> {
+    let config = a.machine.config(MachineConfig::single_node(512 << 20, 4))?;
+    if config.cpus.len() < 2 {
+        anyhow::bail!("machine: stress needs at least 2 CPUs (one operates, the others access)");
+    }
+    let m = Machine::new(config).map_err(|e| anyhow::anyhow!("machine: {e}"))?;
+    let free0 = m.mem.nr_free_pages();
+    let ctl = Control::default();
+    let shadow = Shadow::new();
+    let nr_accessors = m.cpus.len() - 1;
+    let t = Instant::now();
+    let mut sum = Summary {
+        seed: a.seed,
+        machine: m.config.to_string(),
+        ..Default::default()
+    };
+    let c0 = m.bind(0).map_err(|e| anyhow::anyhow!("bind: {e}"))?;
+    let main = c0.new_mm().map_err(|e| anyhow::anyhow!("mm: {e}"))?;
+    let watchdog_stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let accessors: Vec<_> = (1..=nr_accessors)
+            .map(|id| {
+                let (m, main, ctl, shadow) = (&m, main.clone(), &ctl, &shadow);
+                let seed = a.seed.wrapping_mul(1000).wrapping_add(id as u64);
+                s.spawn(move || accessor(m, id, &main, ctl, shadow, seed))
+            })
+            .collect();
+        s.spawn(|| watchdog(&ctl, &watchdog_stop, a.stall_seconds));
+        let mut op = Operator {
+            c: &c0,
+            shadow: &shadow,
+            ctl: &ctl,
+            rng: SmallRng::seed_from_u64(a.seed),
+            main: main.clone(),
+            cur: main.clone(),
+            children: vec![],
+            seq: 0,
+            sum: &mut sum,
+            recent: Default::default(),
+        };
+        let deadline = Duration::from_secs(a.seconds);
+        let result = op.run(deadline, nr_accessors);
+        ctl.stop.store(true, Ordering::Relaxed);
+        for h in accessors {
+            if h.join().is_err() {
+                op.sum
+                    .failure
+                    .get_or_insert_with(|| "an accessor panicked".into());
+            }
+        }
+        if let Err(e) = result {
+            op.sum.failure = Some(e);
+        }
+        // No thread of the first process runs any more: everyone exits.
+        op.exit_all();
+        watchdog_stop.store(true, Ordering::Relaxed);
+    });
+    drop(main);
+    c0.idle();
+    drop(c0);
+    sum.seconds = t.elapsed().as_secs_f64();
+    m.rcu_barrier();
+    if sum.failure.is_none() {
+        if let Some(f) = ctl.failure.lock().unwrap().take() {
+            sum.failure = Some(f);
+        } else if let Err(e) = usermm::check::check_invariants(&m) {
+            sum.failure = Some(format!("after the last exit: {e}"));
+        }
+        sum.invariant_checks += 1;
+    }
+    // The huge zero folio stays allocated once made, as in the kernel.
+    let huge_zero = m
+        .vmstat()
+        .snapshot()
+        .events
+        .iter()
+        .find(|(n, _)| n == "thp_zero_page_alloc")
+        .map_or(0, |(_, v)| *v)
+        .min(1)
+        * 512;
+    sum.leaked_frames = free0 as i64 - m.mem.nr_free_pages() as i64 - huge_zero as i64;
+    sum.committed_left_pages = m.overcommit.vm_memory_committed();
+    sum.loads_checked = shadow.loads_checked();
+    sum.stores = ctl.stores.load(Ordering::Relaxed);
+    let violations = shadow.violations();
+    sum.violations = violations.len();
+    let pass = sum.failure.is_none()
+        && sum.violations == 0
+        && sum.leaked_frames == 0
+        && sum.committed_left_pages == 0;
+    if a.json {
+        outln!("{}", serde_json::to_string(&sum)?);
+    } else {
+        print_summary(&sum, pass);
+    }
+    for v in violations.iter().take(5) {
+        eprint!("{v}");
+    }
+    Ok(if pass { 0 } else { 1 })
+}
+
+fn print_summary(s: &Summary, pass: bool) {
+    let kinds: Vec<String> = s.by_kind.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    let errs: Vec<String> = s
+        .errors_returned
+        .iter()
+        .map(|(k, n)| format!("{k} {n}"))
+        .collect();
+    outln!(
+        "stress: {:.0} s, seed {}, machine: {}",
+        s.seconds,
+        s.seed,
+        s.machine
+    );
+    outln!("operations: {} ({})", s.operations, kinds.join(", "));
+    outln!(
+        "errors returned (expected kinds): {}",
+        if errs.is_empty() {
+            "none".into()
+        } else {
+            errs.join(", ")
+        }
+    );
+    outln!(
+        "loads checked: {}, stores: {}, invariant checks: {}",
+        s.loads_checked,
+        s.stores,
+        s.invariant_checks
+    );
+    outln!(
+        "violations: {}, leaked frames: {}, committed pages left: {}",
+        s.violations,
+        s.leaked_frames,
+        s.committed_left_pages
+    );
+    if let Some(f) = &s.failure {
+        outln!("failure: {f}");
+    }
+    outln!("{}", if pass { "PASS" } else { "FAIL" });
+}
+
+/// A thread of the first process: loads and stores at random in the window,
+/// a few hot words per 64 KiB so that they meet the operator's changes.
+fn accessor(m: &Machine, id: usize, main: &Arc<Mm>, ctl: &Control, shadow: &Shadow, seed: u64) {
+    let Ok(c) = m.bind(id) else {
+        *ctl.failure.lock().unwrap() = Some(format!("CPU {id} could not be bound"));
+        return;
+    };
+    // A panic here stops the run instead of leaving the operator waiting
+    // for this CPU to park.
+    let _stop = StopOnDrop(&ctl.stop);
+    c.switch_mm(main);
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut seq = 0u64;
+    let mut n = 0u64;
+    while !ctl.stop.load(Ordering::Relaxed) {
+        if ctl.pause.load(Ordering::Acquire) {
+            park(&c, ctl);
+            continue;
+        }
+        let addr = WINDOW + rng.gen_range(0..WINDOW_LEN / 65536) * 65536 + rng.gen_range(0..4) * 8;
+        let r = if rng.gen_bool(0.5) {
+            seq += 1;
+            ctl.stores.fetch_add(1, Ordering::Relaxed);
+            shadow.store_u64(&c, addr, ((id as u64) << 56) | seq)
+        } else {
+            shadow.load_u64(&c, addr).map(|_| ())
+        };
+        match r {
+            Ok(()) | Err(Errno::EFAULT) | Err(Errno::ENOMEM) => {}
+            Err(e) => {
+                *ctl.failure.lock().unwrap() = Some(format!("CPU {id}: access at {addr:#x}: {e}"));
+                ctl.stop.store(true, Ordering::Relaxed);
+            }
+        }
+        n += 1;
+        if n.is_multiple_of(1024) {
+            ctl.progress.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    c.exit_thread();
+}
+
+/// Sets the flag when dropped, also while unwinding.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Wait, out of user mode, while the operator wants the machine quiet.
+fn park(c: &OnCpu, ctl: &Control) {
+    c.idle();
+    // Release: the operator's Acquire load of `parked` sees this CPU out of
+    // user mode (its idle() done) before it starts checking.
+    ctl.parked.fetch_add(1, Ordering::Release);
+    while ctl.pause.load(Ordering::Acquire) && !ctl.stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    ctl.parked.fetch_sub(1, Ordering::Release);
+}
+
+/// End the process if nothing progresses for `stall` seconds.
+fn watchdog(ctl: &Control, done: &AtomicBool, stall: u64) {
+    let mut last = (ctl.progress.load(Ordering::Relaxed), Instant::now());
+    while !done.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(200));
+        let p = ctl.progress.load(Ordering::Relaxed);
+        if p != last.0 {
+            last = (p, Instant::now());
+        } else if last.1.elapsed() > Duration::from_secs(stall) {
+            let op = ctl.last_op.lock().map(|s| s.clone()).unwrap_or_default();
+            eprintln!(
+                "stress: stalled: no progress for {stall} s; the operator's last operation: {op}"
+            );
+            std::process::exit(3);
+        }
+    }
+}
+
+struct Operator<'a, 'm> {
+    c: &'a OnCpu<'m>,
+    shadow: &'a Shadow,
+    ctl: &'a Control,
+    rng: SmallRng,
+    /// The first process, which the accessors run; it never exits.
+    main: Arc<Mm>,
+    /// The process CPU 0 runs now.
+    cur: Arc<Mm>,
+    children: Vec<Arc<Mm>>,
+    seq: u64,
+    sum: &'a mut Summary,
+    /// The latest operations with their span on the shadow memory's clock,
+    /// shown when a violation is found.
+    recent: std::collections::VecDeque<(u64, u64, String)>,
+}
+
+/// Operations kept in [`Operator::recent`].
+const RECENT: usize = 512;
+
+impl Operator<'_, '_> {
+    fn run(&mut self, deadline: Duration, nr_accessors: usize) -> Result<(), String> {
+        let t = Instant::now();
+        while t.elapsed() < deadline && !self.ctl.stop.load(Ordering::Relaxed) {
+            let t0 = self.shadow.now();
+            let kind = self.step()?;
+            let op = self
+                .ctl
+                .last_op
+                .lock()
+                .map(|s| s.clone())
+                .unwrap_or_default();
+            if self.recent.len() == RECENT {
+                self.recent.pop_front();
+            }
+            self.recent.push_back((t0, self.shadow.now(), op));
+            self.sum.operations += 1;
+            *self.sum.by_kind.entry(kind).or_default() += 1;
+            self.ctl.progress.fetch_add(1, Ordering::Relaxed);
+            if self.sum.operations.is_multiple_of(CHECK_EVERY) {
+                self.check(nr_accessors)?;
+            }
+        }
+        self.check(nr_accessors)
+    }
+
+    /// Park the accessors, wait for freed page tables, run the checker.
+    fn check(&mut self, nr_accessors: usize) -> Result<(), String> {
+        self.set_last_op("invariant check".into());
+        // Out of user mode first: an accessor's fault may be waiting for
+        // this CPU to acknowledge a TLB shootdown before it can park.
+        self.c.idle();
+        self.ctl.pause.store(true, Ordering::Release);
+        while self.ctl.parked.load(Ordering::Acquire) < nr_accessors {
+            if self.ctl.stop.load(Ordering::Relaxed) {
+                break;
+            }
+            std::thread::yield_now();
+        }
+        self.c.m.rcu_barrier();
+        let r = usermm::check::check_invariants(self.c.m);
+        self.sum.invariant_checks += 1;
+        self.ctl.pause.store(false, Ordering::Release);
+        self.c.switch_mm(&self.cur);
+        r.map_err(|e| format!("invariant check {}: {e}", self.sum.invariant_checks))?;
+        // Stop at the first violation, while the operations that led to it
+        // are still at hand.
+        if self.shadow.nr_violations() > 0 {
+            let ops: Vec<String> = self
+                .recent
+                .iter()
+                .map(|(a, b, op)| format!("  [{a}, {b}] {op}"))
+                .collect();
+            return Err(format!(
+                "the shadow memory found a violation; the latest operations:\n{}",
+                ops.join("\n")
+            ));
+        }
+        Ok(())
+    }
+
+    fn set_last_op(&self, s: String) {
+        if let Ok(mut g) = self.ctl.last_op.lock() {
+            *g = s;
+        }
+    }
+
+    /// A page-aligned range in the window: mostly small, sometimes whole
+    /// PMDs, clipped to the window.
+    fn range(&mut self) -> (u64, u64) {
+        const LENS: [u64; 8] = [
+            4 << 10,
+            16 << 10,
+            64 << 10,
+            256 << 10,
+            1 << 20,
+            2 << 20,
+            4 << 20,
+            8 << 20,
+        ];
+        let len = LENS[self.rng.gen_range(0..LENS.len())];
+        let mut start = WINDOW + self.rng.gen_range(0..WINDOW_LEN / PAGE) * PAGE;
+        if self.rng.gen_bool(0.3) {
+            start &= !((2 << 20) - 1);
+        }
+        (start, len.min(WINDOW + WINDOW_LEN - start))
+    }
+
+    fn note(&mut self, r: Result<(), Errno>) {
+        if let Err(e) = r {
+            *self
+                .sum
+                .errors_returned
+                .entry(e.name().to_string())
+                .or_default() += 1;
+        }
+    }
+
+    /// One random operation; returns its kind.
+    fn step(&mut self) -> Result<&'static str, String> {
+        let (c, shadow) = (self.c, self.shadow);
+        let mm = self.cur.id;
+        let pick = self.rng.gen_range(0..100);
+        let kind = match pick {
+            0..=11 => {
+                let (start, len) = self.range();
+                let prot = match self.rng.gen_range(0..20) {
+                    0..=14 => PROT_READ | PROT_WRITE,
+                    15..=17 => PROT_READ,
+                    _ => PROT_NONE,
+                };
+                let mut flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED;
+                if self.rng.gen_bool(0.1) {
+                    flags |= MAP_NORESERVE;
+                }
+                if self.rng.gen_bool(0.1) {
+                    flags |= MAP_POPULATE;
+                }
+                self.set_last_op(format!(
+                    "mm {mm}: mmap {start:#x} {len:#x} prot {prot} flags {flags:#x}"
+                ));
+                let r = shadow.zap_if_ok(c, mm, start, start + len, || {
+                    c.mmap(start, len, prot, flags)
+                });
+                self.note(r.map(|_| ()));
+                "mmap"
+            }
+            12..=19 => {
+                let (start, len) = self.range();
+                self.set_last_op(format!("mm {mm}: munmap {start:#x} {len:#x}"));
+                let r = shadow.zap_if_ok(c, mm, start, start + len, || c.munmap(start, len));
+                self.note(r);
+                "munmap"
+            }
+            20..=29 => {
+                let (start, len) = self.range();
+                let prot = [PROT_READ | PROT_WRITE, PROT_READ, PROT_NONE, PROT_WRITE]
+                    [self.rng.gen_range(0..4)];
+                self.set_last_op(format!("mm {mm}: mprotect {start:#x} {len:#x} {prot}"));
+                let r = c.mprotect(start, len, prot);
+                self.note(r);
+                "mprotect"
+            }
+            30..=41 => {
+                let (start, len) = self.range();
+                let advice = [
+                    MADV_DONTNEED,
+                    MADV_FREE,
+                    MADV_HUGEPAGE,
+                    MADV_NOHUGEPAGE,
+                    MADV_NORMAL,
+                ][self.rng.gen_range(0..5)];
+                self.set_last_op(format!("mm {mm}: madvise {start:#x} {len:#x} {advice}"));
+                // MADV_DONTNEED zaps what is mapped even when a hole makes it
+                // return ENOMEM. MADV_FREE keeps the contents: the model has
+                // no reclaim to discard lazily freed pages.
+                let r = if advice == MADV_DONTNEED {
+                    shadow.zap(c, mm, start, start + len, || c.madvise(start, len, advice))
+                } else {
+                    c.madvise(start, len, advice)
+                };
+                self.note(r);
+                "madvise"
+            }
+            42..=79 => {
+                self.set_last_op(format!("mm {mm}: loads and stores"));
+                for _ in 0..32 {
+                    let addr = WINDOW
+                        + self.rng.gen_range(0..WINDOW_LEN / 65536) * 65536
+                        + self.rng.gen_range(0..4) * 8;
+                    let r = if self.rng.gen_bool(0.5) {
+                        self.seq += 1;
+                        self.ctl.stores.fetch_add(1, Ordering::Relaxed);
+                        shadow.store_u64(c, addr, self.seq)
+                    } else {
+                        shadow.load_u64(c, addr).map(|_| ())
+                    };
+                    match r {
+                        Ok(()) | Err(Errno::EFAULT) | Err(Errno::ENOMEM) => {}
+                        Err(e) => return Err(format!("mm {mm}: access at {addr:#x}: {e}")),
+                    }
+                }
+                "access"
+            }
+            80..=83 => {
+                if self.children.len() >= MAX_CHILDREN {
+                    return Ok("fork (skipped: enough children)");
+                }
+                self.set_last_op(format!("mm {mm}: fork"));
+                let r = shadow.fork(c, mm, || c.fork().map(|ch| (ch.clone(), ch.id)));
+                match r {
+                    Ok(child) => self.children.push(child),
+                    Err(e) => self.note(Err(e)),
+                }
+                "fork"
+            }
+            84..=89 => {
+                let i = self.rng.gen_range(0..=self.children.len());
+                self.cur = if i == 0 {
+                    self.main.clone()
+                } else {
+                    self.children[i - 1].clone()
+                };
+                self.set_last_op(format!("switch to mm {}", self.cur.id));
+                c.switch_mm(&self.cur);
+                "switch"
+            }
+            90..=92 => {
+                if self.children.is_empty() {
+                    return Ok("exit (skipped: no child)");
+                }
+                let i = self.rng.gen_range(0..self.children.len());
+                let child = self.children.swap_remove(i);
+                self.set_last_op(format!("exit mm {}", child.id));
+                self.exit_one(&child);
+                "exit"
+            }
+            93..=95 => {
+                let t = &c.m.thp;
+                let modes = [ThpMode::Always, ThpMode::Madvise, ThpMode::Never];
+                let _ = t.set_enabled(modes[self.rng.gen_range(0..3)]);
+                let order = self.rng.gen_range(2..=9);
+                let modes = [
+                    ThpMode::Always,
+                    ThpMode::Inherit,
+                    ThpMode::Madvise,
+                    ThpMode::Never,
+                ];
+                let _ = t.set_order(order, modes[self.rng.gen_range(0..4)]);
+                t.use_zero_page
+                    .store(self.rng.gen_bool(0.8), std::sync::atomic::Ordering::Relaxed);
+                self.set_last_op("THP knobs".into());
+                "knob"
+            }
+            96..=97 => {
+                let tun = &c.m.tunables;
+                tun.set_fork_batch(self.rng.gen());
+                tun.set_zap_batch(self.rng.gen());
+                self.set_last_op("tunables".into());
+                "tunable"
+            }
+            _ => {
+                let mode = [0, 0, 0, 1, 2][self.rng.gen_range(0..5)];
+                let _ = c.m.overcommit.set_sysctl("overcommit_memory", mode);
+                self.set_last_op(format!("overcommit_memory {mode}"));
+                "sysctl"
+            }
+        };
+        Ok(kind)
+    }
+
+    /// Exit `child` from CPU 0 and come back to the current process.
+    fn exit_one(&mut self, child: &Arc<Mm>) {
+        let c = self.c;
+        c.switch_mm(child);
+        let _ = c.exit_mm();
+        self.shadow.exit(child.id);
+        if self.cur.id == child.id {
+            self.cur = self.main.clone();
+        }
+        c.switch_mm(&self.cur);
+    }
+
+    /// The end: the accessors have stopped; every process exits.
+    fn exit_all(&mut self) {
+        for child in std::mem::take(&mut self.children) {
+            self.exit_one(&child);
+        }
+        let c = self.c;
+        c.switch_mm(&self.main);
+        let _ = c.exit_mm();
+        self.shadow.exit(self.main.id);
+    }
+}
