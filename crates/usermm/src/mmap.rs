@@ -380,6 +380,12 @@ pub fn populate_range(
         let Some(vma) = mm.vma_tree(&guard).vma_lookup(addr).cloned() else {
             return Err(Errno::ENOMEM);
         };
+        // GUP refuses a VMA with no access before it walks or allocates
+        // anything (`check_vma_flags`); MAP_POPULATE ignores the error.
+        if vma.flags() & (VM_READ | VM_WRITE | VM_EXEC) == 0 {
+            addr = vma.end();
+            continue;
+        }
         memory::handle_mm_fault(oncpu, mm, &vma, addr, FaultFlags { write })?;
         addr += PAGE_SIZE;
     }
