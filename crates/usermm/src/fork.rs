@@ -23,7 +23,7 @@ pub fn dup_mm(oncpu: &OnCpu, oldmm: &Arc<Mm>) -> KResult<Arc<Mm>> {
     if oldmm.dead.load(Ordering::Relaxed) {
         return Err(Errno::EINVAL);
     }
-    let mm = Mm::new(oncpu.mem().clone(), oldmm.home_node, oncpu.id())?;
+    let mm = Mm::new(oncpu.mem().clone(), oncpu.cpu.node, oncpu.id())?;
     if let Err(e) = dup_mmap(oncpu, &mm, oldmm) {
         // What was copied before the failure is torn down as at exit.
         crate::mmap::exit_mmap(oncpu, &mm);

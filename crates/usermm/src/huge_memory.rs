@@ -69,7 +69,7 @@ pub fn do_huge_pmd_anonymous_page(
     if !write {
         return do_huge_zero_pmd(oncpu, mm, vma, slot);
     }
-    let Some(folio) = mem.folio_alloc(mm.home_node, HPAGE_PMD_ORDER, oncpu.id(), true, false)
+    let Some(folio) = mem.folio_alloc(oncpu.cpu.node, HPAGE_PMD_ORDER, oncpu.id(), true, false)
     else {
         oncpu
             .vmstat()
@@ -78,7 +78,7 @@ pub fn do_huge_pmd_anonymous_page(
             .mod_mthp(HPAGE_PMD_ORDER, MthpStat::ANON_FAULT_FALLBACK, 1);
         return Ok(HugeFault::Fallback);
     };
-    let Some(pgtable) = table_alloc(mem, mm.home_node, oncpu.id()) else {
+    let Some(pgtable) = table_alloc(mem, oncpu.cpu.node, oncpu.id()) else {
         folio.put(mem, oncpu.id());
         return Err(Errno::ENOMEM);
     };
@@ -116,7 +116,7 @@ fn do_huge_zero_pmd(oncpu: &OnCpu, mm: &Mm, vma: &Vma, slot: PmdSlot) -> KResult
     let Some(zero) = oncpu.m.huge_zero_pfn(oncpu.id()) else {
         return Ok(HugeFault::Fallback);
     };
-    let pgtable = table_alloc(mem, mm.home_node, oncpu.id()).ok_or(Errno::ENOMEM)?;
+    let pgtable = table_alloc(mem, oncpu.cpu.node, oncpu.id()).ok_or(Errno::ENOMEM)?;
     let ptl = mm.pmd_lock(slot);
     if !mm.pmd_get(slot).none() {
         drop(ptl);
@@ -160,7 +160,7 @@ fn do_huge_zero_wp_pmd(
 ) -> HugeFault {
     let mem = oncpu.mem();
     crate::rmap::anon_vma_prepare(vma);
-    let Some(folio) = mem.folio_alloc(mm.home_node, HPAGE_PMD_ORDER, oncpu.id(), true, false)
+    let Some(folio) = mem.folio_alloc(oncpu.cpu.node, HPAGE_PMD_ORDER, oncpu.id(), true, false)
     else {
         oncpu
             .vmstat()
@@ -239,7 +239,7 @@ pub fn copy_huge_pmd(
     src_slot: PmdSlot,
 ) -> KResult<bool> {
     let mem = oncpu.mem();
-    let pgtable = table_alloc(mem, dst_mm.home_node, oncpu.id()).ok_or(Errno::ENOMEM)?;
+    let pgtable = table_alloc(mem, oncpu.cpu.node, oncpu.id()).ok_or(Errno::ENOMEM)?;
     // The kernel's order: the child's PMD lock, then the parent's, nested.
     let dst_ptl = dst_mm.pmd_lock(dst_slot);
     let src_ptl = src_mm.pmd_lock(src_slot);

@@ -297,7 +297,7 @@ impl Machine {
         if config.validate().is_err() {
             return Err(Errno::EINVAL);
         }
-        let mem = Arc::new(PhysMem::new(&config.nodes, config.cpus.len())?);
+        let mem = Arc::new(PhysMem::new(&config.nodes, &config.cpus)?);
         let zero_pfn = mem
             .alloc_pages(
                 0,

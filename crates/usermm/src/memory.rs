@@ -221,7 +221,7 @@ fn alloc_anon_folio(
         }
         while orders != 0 {
             let o = 31 - orders.leading_zeros();
-            if let Some(f) = mem.folio_alloc(mm.home_node, o, oncpu.id(), true, false) {
+            if let Some(f) = mem.folio_alloc(oncpu.cpu.node, o, oncpu.id(), true, false) {
                 mem.vmstat.mod_mthp(o, MthpStat::ANON_FAULT_ALLOC, 1);
                 return Ok((f, addr & !((PAGE_SIZE << o) - 1)));
             }
@@ -230,7 +230,7 @@ fn alloc_anon_folio(
         }
     }
     let f = mem
-        .folio_alloc(mm.home_node, 0, oncpu.id(), true, false)
+        .folio_alloc(oncpu.cpu.node, 0, oncpu.id(), true, false)
         .ok_or(Errno::ENOMEM)?;
     Ok((f, addr & !(PAGE_SIZE - 1)))
 }
@@ -324,7 +324,7 @@ fn wp_page_copy(
     let mem = oncpu.mem();
     anon_vma_prepare(vma);
     let new = mem
-        .folio_alloc(mm.home_node, 0, oncpu.id(), old.is_none(), false)
+        .folio_alloc(oncpu.cpu.node, 0, oncpu.id(), old.is_none(), false)
         .ok_or(Errno::ENOMEM)?;
     if let Some(old) = old {
         mem.copy_page(new.pfn(), old);

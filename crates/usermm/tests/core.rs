@@ -351,3 +351,42 @@ fn overcommit_accounting_follows_every_path() {
     assert_eq!(oc.vm_memory_committed(), 0);
     check_invariants(&m).unwrap();
 }
+
+/// The default memory policy is local: a fault allocates its folio and its
+/// page tables on the faulting CPU's node, whichever node the process
+/// started on.
+#[test]
+fn faults_allocate_on_the_faulting_cpus_node() {
+    use usermm::phys::{NodeConfig, Tier, NODE_PFN_SHIFT};
+    let node = NodeConfig {
+        size_bytes: 64 << 20,
+        tier: Tier::Dram,
+        has_cpus: true,
+    };
+    let m = Machine::new(MachineConfig {
+        nodes: vec![node.clone(), node],
+        cpus: vec![0, 1],
+    })
+    .unwrap();
+    let c0 = m.bind(0).unwrap();
+    let mm = c0.new_mm().unwrap();
+    let a = c0.mmap(0, 4 << 20, RW, ANON).unwrap();
+    c0.store_u64(a, 1).unwrap();
+    c0.idle();
+    drop(c0);
+    let node_of = |pfn: u64| pfn >> NODE_PFN_SHIFT;
+    let used = |n: usize| m.mem.nodes[n].nr_pages - m.mem.nodes[n].zone.nr_free_pages();
+    let before = used(1);
+    let c1 = m.bind(1).unwrap();
+    c1.switch_mm(&mm);
+    c1.store_u64(a + (2 << 20), 2).unwrap();
+    let pfn = usermm::pgtable::walk::hw_walk(&m.mem, mm.pgd, a + (2 << 20), false)
+        .unwrap()
+        .pfn;
+    assert_eq!(node_of(pfn), 1, "the folio is on CPU 1's node");
+    // The page and its PTE table (the PMD table is shared with CPU 0's).
+    assert_eq!(used(1) - before, 2);
+    assert_eq!(node_of(mm.pgd), 0);
+    c1.idle();
+    check_invariants(&m).unwrap();
+}

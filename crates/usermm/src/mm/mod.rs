@@ -55,7 +55,8 @@ pub struct Mm {
     pub mem: Arc<PhysMem>,
     /// The PGD's frame.
     pub pgd: Pfn,
-    /// Preferred node for this address space's allocations.
+    /// The node its PGD came from (its creating CPU's). Faults allocate on
+    /// the faulting CPU's node instead (the default local policy).
     pub home_node: usize,
     pub mmap_lock: RwLock<()>,
     tree: Atomic<VmaTree>,

@@ -45,7 +45,7 @@ impl Mm {
         lock: &crate::sync::SpinLock,
         cpu: usize,
     ) -> KResult<Pfn> {
-        let new = table_alloc(&self.mem, self.home_node, cpu).ok_or(Errno::ENOMEM)?;
+        let new = table_alloc(&self.mem, self.mem.cpu_to_node(cpu), cpu).ok_or(Errno::ENOMEM)?;
         let _g = lock.lock();
         let cur = entry_get(&self.mem, parent, idx);
         if cur != 0 {
@@ -121,7 +121,7 @@ impl Mm {
         if !self.pmd_get(slot).none() {
             return Ok(());
         }
-        let new = table_alloc(&self.mem, self.home_node, cpu).ok_or(Errno::ENOMEM)?;
+        let new = table_alloc(&self.mem, self.mem.cpu_to_node(cpu), cpu).ok_or(Errno::ENOMEM)?;
         let ptl = self.pmd_lock(slot);
         if self.pmd_get(slot).none() {
             self.inc_nr_tables();

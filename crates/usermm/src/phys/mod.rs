@@ -86,10 +86,14 @@ pub struct PhysMem {
     pub vmstat: crate::vmstat::VmStat,
     /// Frames whose freeing waits for an epoch grace period (page tables).
     rcu_pending: crate::sync::AtomicU64,
+    /// The node of each CPU (`cpu_to_node`).
+    cpu_node: Box<[usize]>,
 }
 
 impl PhysMem {
-    pub fn new(configs: &[NodeConfig], nr_cpus: usize) -> KResult<PhysMem> {
+    /// The nodes of `configs`, for CPUs on the nodes `cpu_node` gives.
+    pub fn new(configs: &[NodeConfig], cpu_node: &[usize]) -> KResult<PhysMem> {
+        let nr_cpus = cpu_node.len();
         let mut nodes = Vec::with_capacity(configs.len());
         for (id, c) in configs.iter().enumerate() {
             let nr_pages = c.size_bytes >> PAGE_SHIFT;
@@ -114,6 +118,7 @@ impl PhysMem {
             nodes,
             vmstat: crate::vmstat::VmStat::new(nr_cpus),
             rcu_pending: crate::sync::AtomicU64::new(0),
+            cpu_node: cpu_node.into(),
         };
         for node in &mem.nodes {
             page_alloc::init_free_area(&mem, node);
@@ -225,6 +230,13 @@ impl PhysMem {
     /// Frames still waiting for a grace period.
     pub fn rcu_pending(&self) -> u64 {
         self.rcu_pending.load(crate::sync::Ordering::Acquire)
+    }
+
+    /// `cpu_to_node`: the node CPU `cpu` belongs to, where the default
+    /// (local) memory policy allocates for it.
+    #[inline]
+    pub fn cpu_to_node(&self, cpu: usize) -> usize {
+        self.cpu_node.get(cpu).copied().unwrap_or(0)
     }
 
     /// Free pages in the buddy allocator plus those on per-CPU lists.

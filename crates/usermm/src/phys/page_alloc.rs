@@ -441,7 +441,7 @@ mod tests {
                 tier: Tier::Dram,
                 has_cpus: true,
             }],
-            2,
+            &[0, 0],
         )
         .unwrap()
     }
@@ -548,7 +548,7 @@ mod tests {
                     ..cfg
                 },
             ],
-            1,
+            &[0],
         )
         .unwrap();
         while m
