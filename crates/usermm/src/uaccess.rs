@@ -15,7 +15,7 @@ use crate::machine::OnCpu;
 use crate::memory::{self, FaultFlags};
 use crate::mm::vma::{VM_EXEC, VM_READ, VM_WRITE};
 use crate::pgtable::walk::{hw_walk, WalkFault};
-use crate::phys::{Pfn, PAGE_SIZE};
+use crate::phys::{Pfn, PAGE_MASK, PAGE_SIZE};
 use crate::sync::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use crate::vmstat::Event;
 
@@ -134,6 +134,9 @@ impl OnCpu<'_> {
         if addr.is_multiple_of(N as u64) {
             return self.load_aligned::<N>(addr);
         }
+        // An access that would wrap past the top of the address space
+        // faults (no user page is mapped there).
+        addr.checked_add(N as u64 - 1).ok_or(Errno::EFAULT)?;
         let mut v = 0u64;
         for i in 0..N as u64 {
             v |= self.load_aligned::<1>(addr + i)? << (8 * i);
@@ -144,6 +147,16 @@ impl OnCpu<'_> {
     fn store_n<const N: usize>(&self, addr: u64, v: u64) -> KResult<()> {
         if addr.is_multiple_of(N as u64) {
             return self.store_aligned::<N>(addr, v);
+        }
+        let last = addr.checked_add(N as u64 - 1).ok_or(Errno::EFAULT)?;
+        if last & PAGE_MASK != addr & PAGE_MASK {
+            // A store split across two pages takes effect only if both may
+            // be written (x86 checks both translations first): fault both
+            // in before the first byte goes. (A mapping changed by another
+            // CPU between this and the stores below could still leave the
+            // first part written; the hardware has no such window.)
+            self.translate(addr, true)?;
+            self.translate(last, true)?;
         }
         for i in 0..N as u64 {
             self.store_aligned::<1>(addr + i, v >> (8 * i))?;
@@ -179,7 +192,8 @@ impl OnCpu<'_> {
     /// Read `buf.len()` bytes from `addr` (page by page).
     pub fn read_bytes(&self, addr: u64, buf: &mut [u8]) -> KResult<()> {
         for (i, b) in buf.iter_mut().enumerate() {
-            *b = self.load_aligned::<1>(addr + i as u64)? as u8;
+            let a = addr.checked_add(i as u64).ok_or(Errno::EFAULT)?;
+            *b = self.load_aligned::<1>(a)? as u8;
         }
         Ok(())
     }
@@ -187,7 +201,8 @@ impl OnCpu<'_> {
     /// Write `buf` at `addr`.
     pub fn write_bytes(&self, addr: u64, buf: &[u8]) -> KResult<()> {
         for (i, &b) in buf.iter().enumerate() {
-            self.store_aligned::<1>(addr + i as u64, b as u64)?;
+            let a = addr.checked_add(i as u64).ok_or(Errno::EFAULT)?;
+            self.store_aligned::<1>(a, b as u64)?;
         }
         Ok(())
     }

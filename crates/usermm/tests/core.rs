@@ -390,3 +390,18 @@ fn faults_allocate_on_the_faulting_cpus_node() {
     c1.idle();
     check_invariants(&m).unwrap();
 }
+
+/// Accesses at the top of the address space fault; none wraps around.
+#[test]
+fn accesses_that_would_wrap_fault() {
+    let m = machine();
+    let c = m.bind(0).unwrap();
+    c.new_mm().unwrap();
+    for addr in [u64::MAX, u64::MAX - 3, u64::MAX - 7, (1 << 47) - 4] {
+        assert_eq!(c.load_u64(addr), Err(Errno::EFAULT), "{addr:#x}");
+        assert_eq!(c.store_u64(addr, 1), Err(Errno::EFAULT), "{addr:#x}");
+    }
+    let mut buf = [0u8; 16];
+    assert_eq!(c.read_bytes(u64::MAX - 7, &mut buf), Err(Errno::EFAULT));
+    assert_eq!(c.write_bytes(u64::MAX - 7, &buf), Err(Errno::EFAULT));
+}

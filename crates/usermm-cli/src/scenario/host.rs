@@ -363,9 +363,9 @@ fn serve(mut r: BufReader<File>, mut w: File) -> ! {
             }
             Some("store") => {
                 if accessible(n(1), true, &mut proc_buf) {
-                    // SAFETY: /proc/self/maps says a writable VMA covers the
-                    // aligned word.
-                    unsafe { std::ptr::write_volatile(n(1) as *mut u64, n(2)) };
+                    // SAFETY: /proc/self/maps says writable VMAs cover both
+                    // ends of the word (which may be unaligned).
+                    unsafe { (n(1) as *mut u64).write_unaligned(n(2)) };
                     "ok".to_string()
                 } else {
                     format!("err {}", Errno::EFAULT.0)
@@ -373,10 +373,8 @@ fn serve(mut r: BufReader<File>, mut w: File) -> ! {
             }
             Some("load") => {
                 if accessible(n(1), false, &mut proc_buf) {
-                    // SAFETY: a readable VMA covers the aligned word.
-                    format!("ok {}", unsafe {
-                        std::ptr::read_volatile(n(1) as *const u64)
-                    })
+                    // SAFETY: readable VMAs cover both ends of the word.
+                    format!("ok {}", unsafe { (n(1) as *const u64).read_unaligned() })
                 } else {
                     format!("err {}", Errno::EFAULT.0)
                 }
@@ -449,24 +447,45 @@ fn rc(r: i32) -> String {
 
 /// Would the MMU let this process load (or store) the word at `addr`?
 fn accessible(addr: u64, write: bool, buf: &mut String) -> bool {
-    read_proc("/proc/self/maps", buf).lines().any(|l| {
-        let mut w = l.split_whitespace();
-        let (Some(range), Some(perms)) = (w.next(), w.next()) else {
-            return false;
-        };
-        let Some((a, b)) = range.split_once('-') else {
-            return false;
-        };
-        let (Ok(a), Ok(b)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) else {
-            return false;
-        };
-        let p = perms.as_bytes();
-        a <= addr
-            && addr + 8 <= b
-            && if write {
-                p[1] == b'w'
-            } else {
-                p[0] == b'r' || p[1] == b'w' || p[2] == b'x'
-            }
-    })
+    // The word's first and last bytes: a word spans at most two pages, so at
+    // most two VMAs, and each must allow the access, as the MMU checks each
+    // page. A word that would wrap past the top is never mapped.
+    let Some(last) = addr.checked_add(7) else {
+        return false;
+    };
+    let maps = read_proc("/proc/self/maps", buf);
+    let allows = |a: u64| {
+        maps.lines().any(|l| {
+            let mut w = l.split_whitespace();
+            let (Some(range), Some(perms)) = (w.next(), w.next()) else {
+                return false;
+            };
+            let Some((lo, hi)) = range.split_once('-') else {
+                return false;
+            };
+            let (Ok(lo), Ok(hi)) = (u64::from_str_radix(lo, 16), u64::from_str_radix(hi, 16))
+            else {
+                return false;
+            };
+            let p = perms.as_bytes();
+            // The vsyscall page is execute-only unless the kernel was booted
+            // with vsyscall=emulate: a load from it faults.
+            let xonly_vsyscall = l.ends_with("[vsyscall]") && !vsyscall_emulated();
+            lo <= a
+                && a < hi
+                && if write {
+                    p[1] == b'w'
+                } else {
+                    // On x86 a writable or executable page is also readable.
+                    p[0] == b'r' || p[1] == b'w' || (p[2] == b'x' && !xonly_vsyscall)
+                }
+        })
+    };
+    allows(addr) && allows(last)
+}
+
+/// Whether the host maps the vsyscall page readable (`vsyscall=emulate`).
+fn vsyscall_emulated() -> bool {
+    std::fs::read_to_string("/proc/cmdline")
+        .is_ok_and(|c| c.split_whitespace().any(|w| w == "vsyscall=emulate"))
 }
