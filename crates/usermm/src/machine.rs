@@ -368,6 +368,11 @@ impl Machine {
         })
     }
 
+    /// The huge zero folio's PFN, if it has been allocated.
+    pub fn huge_zero_pfn_if_allocated(&self) -> Option<Pfn> {
+        self.huge_zero.get().copied().flatten()
+    }
+
     /// `is_huge_zero_pfn`.
     pub fn is_huge_zero_pfn(&self, pfn: Pfn) -> bool {
         self.huge_zero.get().copied().flatten() == Some(pfn)
@@ -381,6 +386,15 @@ impl Machine {
             .filter_map(|w| w.upgrade())
             .filter(|m| !m.dead.load(Ordering::Relaxed))
             .collect()
+    }
+
+    /// Every address space still referenced, exited ones included (an
+    /// exited mm keeps its PGD until its last reference goes, as
+    /// `__mmdrop` frees it).
+    pub fn mms_referenced(&self) -> Vec<Arc<Mm>> {
+        let mut v = self.mms.lock();
+        v.retain(|w| w.strong_count() > 0);
+        v.iter().filter_map(|w| w.upgrade()).collect()
     }
 
     pub(crate) fn register_mm(&self, mm: &Arc<Mm>) {

@@ -405,3 +405,15 @@ fn accesses_that_would_wrap_fault() {
     assert_eq!(c.read_bytes(u64::MAX - 7, &mut buf), Err(Errno::EFAULT));
     assert_eq!(c.write_bytes(u64::MAX - 7, &buf), Err(Errno::EFAULT));
 }
+
+/// The checker finds a frame that nothing holds.
+#[test]
+fn the_checker_finds_a_leaked_frame() {
+    let m = machine();
+    let c = m.bind(0).unwrap();
+    c.new_mm().unwrap();
+    check_invariants(&m).unwrap();
+    let pfn = m.mem.alloc_pages(0, 0, 0, Default::default()).unwrap();
+    let err = check_invariants(&m).unwrap_err();
+    assert!(err.contains(&format!("the first is {pfn:#x}")), "{err}");
+}

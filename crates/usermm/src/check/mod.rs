@@ -7,7 +7,8 @@
 //! every TLB entry whose address space has no flush pending agrees with the
 //! page tables, the reverse map finds every mapping of an anon page
 //! (its folio's anon_vma chains the VMA that maps it, at that address), and
-//! the overcommit commitment is the size of the charged VMAs. It
+//! the overcommit commitment is the size of the charged VMAs, and every
+//! frame is free or held by something named (no leak). It
 //! needs a quiescent machine: no operation in flight.
 
 pub mod shadow;
@@ -89,8 +90,43 @@ pub fn check_invariants(m: &Machine) -> Result<(), String> {
     if let Some(p) = ex.tables.iter().find(|p| free.contains(p)) {
         return Err(format!("frame {p:#x} is free but used as a page table"));
     }
+    check_no_leak(m, &ex, &free)?;
     check_tlbs(m, &mms, &leaves_by_mm, &free)?;
     check_committed(m, &mms)
+}
+
+/// Every frame is accounted for: free, a page table (PGDs and deposited
+/// tables included), part of a mapped folio, the zero page or the huge zero
+/// folio; only frames still waiting for a grace period may be none of these.
+fn check_no_leak(m: &Machine, ex: &Expect, free: &HashSet<Pfn>) -> Result<(), String> {
+    let mem = &m.mem;
+    let mut held: HashSet<Pfn> = ex.tables.clone();
+    for &head in ex.refs.keys() {
+        held.extend(head..head + Folio(head).nr_pages(mem));
+    }
+    held.insert(m.zero_pfn);
+    held.extend(m.mms_referenced().iter().map(|mm| mm.pgd));
+    if let Some(hz) = m.huge_zero_pfn_if_allocated() {
+        held.extend(hz..hz + crate::phys::HPAGE_PMD_NR);
+    }
+    let mut leaked = vec![];
+    for node in &mem.nodes {
+        for pfn in node.start_pfn()..node.start_pfn() + node.nr_pages {
+            if !free.contains(&pfn) && !held.contains(&pfn) {
+                leaked.push(pfn);
+            }
+        }
+    }
+    let waiting = mem.rcu_pending() as usize;
+    if leaked.len() > waiting {
+        let flags = mem.page(leaked[0]).flags.load(Ordering::Relaxed);
+        return Err(format!(
+            "{} frames are neither free, a table, mapped nor a zero page ({waiting} wait for a grace period); the first is {:#x}, flags {flags:#x}",
+            leaked.len(),
+            leaked[0]
+        ));
+    }
+    Ok(())
 }
 
 /// `vm_committed_as` is the size of every `VM_ACCOUNT` VMA.
@@ -150,6 +186,7 @@ fn check_mm(m: &Machine, mm: &Arc<Mm>, ex: &mut Expect, leaves: &mut Leaves) -> 
     let guard = crossbeam_epoch::pin();
     let tree = mm.vma_tree(&guard);
     tree.check().map_err(|e| format!("{mm:?}: {e}"))?;
+    ex.tables.insert(mm.pgd);
     let mut tables = 0i64;
     let mut anon = 0i64;
     let next = |e: u64| (e & PTE_PFN_MASK) >> 12;
@@ -167,6 +204,12 @@ fn check_mm(m: &Machine, mm: &Arc<Mm>, ex: &mut Expect, leaves: &mut Leaves) -> 
             }
             tables += 1;
             ex.tables.insert(next(u));
+            // The PTE tables deposited under this table's huge PMDs.
+            let mut dep = mem.page(next(u)).private.load(Ordering::Relaxed);
+            while dep != 0 {
+                ex.tables.insert(dep - 1);
+                dep = mem.page(dep - 1).private.load(Ordering::Relaxed);
+            }
             for mi in 0..512u64 {
                 let base = gi * PGDIR_SIZE + ui * PUD_SIZE + mi * PMD_SIZE;
                 let pm = Pmd(entry_get(mem, next(u), mi as usize));

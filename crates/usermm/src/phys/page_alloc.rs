@@ -162,7 +162,11 @@ fn del_from_free_list(mem: &PhysMem, node: &Node, area: &mut FreeArea, off: u32,
             .lru_prev
             .store(prev, Ordering::Relaxed);
     }
+    // __ClearPageBuddy + set_page_private(page, 0): the order must not
+    // outlive the free list (a PMD table reads `private` as its deposit
+    // list, page[1] of a folio as a counter).
     page.clear(pg::BUDDY);
+    page.private.store(0, Ordering::Relaxed);
     page.lru_next.store(LIST_NONE, Ordering::Relaxed);
     page.lru_prev.store(LIST_NONE, Ordering::Relaxed);
     area.nr_free[order as usize] -= 1;
@@ -287,6 +291,11 @@ impl PhysMem {
             "allocating a referenced page {pfn:#x}"
         );
         head.refcount.store(1, Ordering::Relaxed);
+        debug_assert_eq!(
+            head.private.load(Ordering::Relaxed),
+            0,
+            "a new page {pfn:#x} with private set"
+        );
         if flags.comp && order > 0 {
             head.flags.store(
                 pg::HEAD | ((order as u64) << pg::ORDER_SHIFT),
