@@ -307,8 +307,20 @@ fn do_wp_page(
             return Ok(());
         }
     }
+    // The copy is made outside the PTE lock: hold the old folio (the
+    // kernel's folio_get), so that a zap running meanwhile (MADV_DONTNEED
+    // takes mmap_lock for reading too) cannot free it under the copy.
+    let held = page.map(|p| {
+        let f = mem.page_folio(p);
+        f.ref_add(mem, 1);
+        f
+    });
     drop(locked);
-    wp_page_copy(oncpu, mm, vma, slot, addr, orig, page)
+    let r = wp_page_copy(oncpu, mm, vma, slot, addr, orig, page);
+    if let Some(f) = held {
+        f.put(mem, oncpu.id());
+    }
+    r
 }
 
 /// `wp_page_copy`: give this mapping its own copy of the page.

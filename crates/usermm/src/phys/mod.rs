@@ -204,8 +204,13 @@ impl PhysMem {
     /// Copy one frame to another (`copy_user_highpage`). The destination is
     /// owned by the caller; the source is mapped read-only everywhere (COW).
     pub fn copy_page(&self, dst: Pfn, src: Pfn) {
+        debug_assert!(
+            self.page_folio(src).ref_count(self) > 0,
+            "copying from free frame {src:#x}: the caller must hold a reference"
+        );
         // SAFETY: both frames are PAGE_SIZE bytes inside the arena; dst is
-        // owned by the caller; src is write-protected in every page table and
+        // owned by the caller; src is held by the caller (it cannot be freed
+        // and reused meanwhile) and write-protected in every page table and
         // TLB (COW), so no store races with this read.
         unsafe {
             std::ptr::copy_nonoverlapping(
