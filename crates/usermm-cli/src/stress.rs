@@ -167,14 +167,8 @@ pub fn run(a: StressArgs) -> anyhow::Result<i32> {
     }
     // The huge zero folio stays allocated once made, as in the kernel.
     let huge_zero = m
-        .vmstat()
-        .snapshot()
-        .events
-        .iter()
-        .find(|(n, _)| n == "thp_zero_page_alloc")
-        .map_or(0, |(_, v)| *v)
-        .min(1)
-        * 512;
+        .huge_zero_pfn_if_allocated()
+        .map_or(0, |_| usermm::phys::HPAGE_PMD_NR);
     sum.leaked_frames = free0 as i64 - m.mem.nr_free_pages() as i64 - huge_zero as i64;
     sum.committed_left_pages = m.overcommit.vm_memory_committed();
     sum.loads_checked = shadow.loads_checked();

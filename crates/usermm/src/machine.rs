@@ -44,7 +44,7 @@ impl MachineConfig {
     /// Whether the model can build this machine; the error says what is
     /// wrong, for people.
     pub fn validate(&self) -> Result<(), String> {
-        use crate::phys::{MAX_PAGE_ORDER, NODE_PFN_SHIFT, PAGE_SHIFT, PAGE_SIZE};
+        use crate::phys::{MAX_PAGE_ORDER, NODE_PFN_SHIFT, PAGE_SIZE};
         if self.nodes.is_empty() {
             return Err("a machine needs at least one node".into());
         }
@@ -72,7 +72,6 @@ impl MachineConfig {
                     PAGE_SIZE >> 10
                 ));
             }
-            debug_assert!(n.size_bytes >> PAGE_SHIFT < 1 << NODE_PFN_SHIFT);
         }
         for (cpu, &node) in self.cpus.iter().enumerate() {
             match self.nodes.get(node) {
@@ -375,17 +374,14 @@ impl Machine {
 
     /// `is_huge_zero_pfn`.
     pub fn is_huge_zero_pfn(&self, pfn: Pfn) -> bool {
-        self.huge_zero.get().copied().flatten() == Some(pfn)
+        self.huge_zero_pfn_if_allocated() == Some(pfn)
     }
 
     /// Every live address space.
     pub fn mms(&self) -> Vec<Arc<Mm>> {
-        let mut v = self.mms.lock();
-        v.retain(|w| w.strong_count() > 0);
-        v.iter()
-            .filter_map(|w| w.upgrade())
-            .filter(|m| !m.dead.load(Ordering::Relaxed))
-            .collect()
+        let mut v = self.mms_referenced();
+        v.retain(|m| !m.dead.load(Ordering::Relaxed));
+        v
     }
 
     /// Every address space still referenced, exited ones included (an

@@ -356,6 +356,15 @@ fn accountable_mapping(vm_flags: VmFlags) -> bool {
     vm_flags & (VM_NORESERVE | VM_SHARED | VM_WRITE) == VM_WRITE
 }
 
+/// The pages of `vmas` charged to `vm_committed_as` (their `VM_ACCOUNT`
+/// ones), as munmap and exit give them back (`nr_accounted`).
+pub(crate) fn vmas_accounted_pages<'a>(vmas: impl IntoIterator<Item = &'a Arc<Vma>>) -> u64 {
+    vmas.into_iter()
+        .filter(|v| v.flags() & VM_ACCOUNT != 0)
+        .map(|v| v.pages())
+        .sum()
+}
+
 /// The pages of `[start, end)` that `VM_ACCOUNT` VMAs map.
 fn nr_accounted(tree: &VmaTree, start: u64, end: u64) -> u64 {
     tree.range(start, end)
@@ -418,11 +427,7 @@ fn do_vmi_munmap(
     mm.vma_tree_publish(tree.clone(), &crossbeam_epoch::pin());
     let pages: u64 = detached.iter().map(|v| v.pages()).sum();
     mm.total_vm.fetch_sub(pages, Ordering::Relaxed);
-    let accounted = detached
-        .iter()
-        .filter(|v| v.flags() & VM_ACCOUNT != 0)
-        .map(|v| v.pages())
-        .sum();
+    let accounted = vmas_accounted_pages(&detached);
     unmap_region(oncpu, mm, &detached, floor, ceiling);
     Ok(accounted)
 }
@@ -463,14 +468,13 @@ pub fn exit_mmap(oncpu: &OnCpu, mm: &Arc<Mm>) {
         memory::free_pgtables(oncpu, &mut tlb, &vmas, 0, 0);
         tlb.finish(oncpu);
     }
-    let mut accounted = 0;
     for v in &vmas {
-        if v.flags() & VM_ACCOUNT != 0 {
-            accounted += v.pages();
-        }
         vma_retire(v);
     }
-    oncpu.m.overcommit.vm_unacct_memory(accounted);
+    oncpu
+        .m
+        .overcommit
+        .vm_unacct_memory(vmas_accounted_pages(&vmas));
     mm.vma_tree_publish(VmaTree::default(), &crossbeam_epoch::pin());
     mm.total_vm.store(0, Ordering::Relaxed);
     debug_assert_eq!(

@@ -132,12 +132,8 @@ fn check_no_leak(m: &Machine, ex: &Expect, free: &HashSet<Pfn>) -> Result<(), St
 /// `vm_committed_as` is the size of every `VM_ACCOUNT` VMA.
 fn check_committed(m: &Machine, mms: &[Arc<Mm>]) -> Result<(), String> {
     let guard = crossbeam_epoch::pin();
-    let want: u64 = mms
-        .iter()
-        .flat_map(|mm| mm.vma_tree(&guard).iter())
-        .filter(|v| v.flags() & crate::mm::vma::VM_ACCOUNT != 0)
-        .map(|v| v.pages())
-        .sum();
+    let want =
+        crate::mmap::vmas_accounted_pages(mms.iter().flat_map(|mm| mm.vma_tree(&guard).iter()));
     let got = m.overcommit.vm_memory_committed();
     if got != want {
         return Err(format!(
