@@ -143,10 +143,16 @@ impl HostBackend {
             .ok_or(format!("{path}: unreadable"))?
             .to_string();
         std::fs::write(&path, mode).map_err(|e| format!("cannot set {path}: {e}"))?;
+        self.remember(path, old);
+        Ok(())
+    }
+
+    /// Keep a setting's value from before the run's first change to it; the
+    /// settings are restored in reverse order when the run ends.
+    fn remember(&mut self, path: String, old: String) {
         if !self.saved_knobs.iter().any(|(p, _)| p == &path) {
             self.saved_knobs.push((path, old));
         }
-        Ok(())
     }
 }
 
@@ -220,31 +226,29 @@ impl Backend for HostBackend {
         self.set_knob_file(path, mode)
     }
     fn sysctl(&mut self, name: &str, value: u64) -> Result<Result<(), Errno>, String> {
+        let read = |p: &str| std::fs::read_to_string(p).map(|v| v.trim().to_string());
         let path = format!("/proc/sys/vm/{name}");
-        let old = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
+        let old = read(&path).map_err(|e| format!("{path}: {e}"))?;
+        // overcommit_ratio and overcommit_kbytes zero each other when
+        // written: keep the other's value from before this write too, so
+        // that restoring both in reverse order puts back the one that was
+        // set (a zero would clear its partner again, so it is not kept).
+        let partner = match name {
+            "overcommit_ratio" => Some("overcommit_kbytes"),
+            "overcommit_kbytes" => Some("overcommit_ratio"),
+            _ => None,
+        }
+        .map(|other| format!("/proc/sys/vm/{other}"))
+        .and_then(|p| read(&p).ok().filter(|v| v != "0").map(|v| (p, v)));
         match std::fs::write(&path, value.to_string()) {
             Ok(()) => {}
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(Err(Errno::EINVAL)),
             Err(e) => return Err(format!("cannot set {path}: {e}")),
         }
-        if !self.saved_knobs.iter().any(|(p, _)| p == &path) {
-            // overcommit_ratio and overcommit_kbytes zero each other when
-            // written: save both, so that restoring them in reverse order
-            // puts back the one that was set.
-            if let Some(other) = match name {
-                "overcommit_ratio" => Some("overcommit_kbytes"),
-                "overcommit_kbytes" => Some("overcommit_ratio"),
-                _ => None,
-            } {
-                let p = format!("/proc/sys/vm/{other}");
-                if let Ok(v) = std::fs::read_to_string(&p) {
-                    if !self.saved_knobs.iter().any(|(q, _)| q == &p) && v.trim() != "0" {
-                        self.saved_knobs.push((p, v.trim().to_string()));
-                    }
-                }
-            }
-            self.saved_knobs.push((path, old.trim().to_string()));
+        if let Some((p, v)) = partner {
+            self.remember(p, v);
         }
+        self.remember(path, old);
         Ok(Ok(()))
     }
     fn machine(&self) -> String {
