@@ -37,7 +37,7 @@ pub fn dup_mm(oncpu: &OnCpu, oldmm: &Arc<Mm>) -> KResult<Arc<Mm>> {
 fn dup_mmap(oncpu: &OnCpu, mm: &Arc<Mm>, oldmm: &Arc<Mm>) -> KResult<()> {
     let _old = oldmm.mmap_lock.write();
     let _new = mm.mmap_lock.write();
-    let src = oldmm.vma_tree_clone();
+    let src = oldmm.vma_tree_draft();
     let mut vmas = Vec::with_capacity(src.len());
     let mut total_vm = 0;
     let mut result = Ok(());
@@ -72,7 +72,7 @@ fn dup_mmap(oncpu: &OnCpu, mm: &Arc<Mm>, oldmm: &Arc<Mm>) -> KResult<()> {
             }
         }
     }
-    mm.vma_tree_publish(VmaTree::from_sorted(vmas), &crossbeam_epoch::pin());
+    mm.vma_tree_publish(&mut VmaTree::from_sorted(vmas), &crossbeam_epoch::pin());
     mm.total_vm.store(total_vm, Ordering::Relaxed);
     // One flush for every write-protect made in the parent, still under its
     // mmap_lock (so that no new writable entry can appear meanwhile).

@@ -88,7 +88,7 @@ pub fn do_madvise(
         }
         _ => {
             let _g = mm.mmap_lock.write();
-            let mut tree = mm.vma_tree_clone();
+            let mut tree = mm.vma_tree_draft();
             let mut addr = start;
             let mut result = Ok(());
             while addr < end {
@@ -119,7 +119,7 @@ pub fn do_madvise(
                 }
                 addr = e;
             }
-            mm.vma_tree_publish(tree, &crossbeam_epoch::pin());
+            mm.vma_tree_publish(&mut tree, &crossbeam_epoch::pin());
             result
         }
     }

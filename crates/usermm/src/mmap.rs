@@ -276,7 +276,7 @@ pub fn do_mmap(
         return Err(Errno::EBADF);
     }
     let guard = mm.mmap_lock.write();
-    let mut tree = mm.vma_tree_clone();
+    let mut tree = mm.vma_tree_draft();
     if tree.len() >= MAX_MAP_COUNT {
         return Err(Errno::ENOMEM);
     }
@@ -339,7 +339,7 @@ pub fn do_mmap(
     ));
     tree.insert(vma.clone());
     merge_around(&mut tree, vma);
-    mm.vma_tree_publish(tree, &crossbeam_epoch::pin());
+    mm.vma_tree_publish(&mut tree, &crossbeam_epoch::pin());
     mm.total_vm.fetch_add(len >> PAGE_SHIFT, Ordering::Relaxed);
     drop(guard);
     if flags & MAP_POPULATE != 0 {
@@ -424,7 +424,7 @@ fn do_vmi_munmap(
     }
     // Publish the tree without them before zapping: no new fault can map
     // into the range once we drop the lock.
-    mm.vma_tree_publish(tree.clone(), &crossbeam_epoch::pin());
+    mm.vma_tree_publish(tree, &crossbeam_epoch::pin());
     let pages: u64 = detached.iter().map(|v| v.pages()).sum();
     mm.total_vm.fetch_sub(pages, Ordering::Relaxed);
     let accounted = vmas_accounted_pages(&detached);
@@ -451,7 +451,7 @@ pub fn do_munmap(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, len: u64) -> KResult<(
         return Err(Errno::EINVAL);
     }
     let _g = mm.mmap_lock.write();
-    let mut tree = mm.vma_tree_clone();
+    let mut tree = mm.vma_tree_draft();
     let accounted = do_vmi_munmap(oncpu, mm, &mut tree, start, start + len)?;
     oncpu.m.overcommit.vm_unacct_memory(accounted);
     Ok(())
@@ -460,7 +460,8 @@ pub fn do_munmap(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, len: u64) -> KResult<(
 /// `exit_mmap`: tear the whole address space down.
 pub fn exit_mmap(oncpu: &OnCpu, mm: &Arc<Mm>) {
     let _g = mm.mmap_lock.write();
-    let vmas: Vec<Arc<Vma>> = mm.vma_tree_clone().iter().cloned().collect();
+    let mut tree = mm.vma_tree_draft();
+    let vmas: Vec<Arc<Vma>> = tree.iter().cloned().collect();
     mm.dead.store(true, Ordering::Relaxed);
     if !vmas.is_empty() {
         let mut tlb = MmuGather::new_fullmm(mm);
@@ -475,7 +476,8 @@ pub fn exit_mmap(oncpu: &OnCpu, mm: &Arc<Mm>) {
         .m
         .overcommit
         .vm_unacct_memory(vmas_accounted_pages(&vmas));
-    mm.vma_tree_publish(VmaTree::default(), &crossbeam_epoch::pin());
+    tree.remove_all();
+    mm.vma_tree_publish(&mut tree, &crossbeam_epoch::pin());
     mm.total_vm.store(0, Ordering::Relaxed);
     debug_assert_eq!(
         mm.pgtables_bytes.load(Ordering::Relaxed),

@@ -45,13 +45,13 @@ pub fn do_mprotect(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, len: u64, prot: u32)
         return Err(Errno::EINVAL);
     }
     let _g = mm.mmap_lock.write();
-    let mut tree = mm.vma_tree_clone();
+    let mut tree = mm.vma_tree_draft();
     let first = tree.find_vma(start).cloned();
     let result = match first {
         Some(v) if v.start() <= start => mprotect_walk(oncpu, mm, &mut tree, start, end, prot),
         _ => Err(Errno::ENOMEM),
     };
-    mm.vma_tree_publish(tree, &crossbeam_epoch::pin());
+    mm.vma_tree_publish(&mut tree, &crossbeam_epoch::pin());
     result
 }
 

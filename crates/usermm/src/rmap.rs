@@ -31,17 +31,22 @@ pub fn anon_vma_prepare(vma: &Arc<Vma>) -> &Arc<AnonVma> {
 }
 
 fn anon_vma_chain_link(vma: &Arc<Vma>, av: &Arc<AnonVma>) {
-    av.interval_tree_insert(vma);
-    vma.anon_vma_chain.lock().push(av.clone());
+    let avc = av.interval_tree_insert(vma);
+    vma.anon_vma_chain.lock().push(avc);
+}
+
+/// Chain `dst` to every anon_vma `src` is chained to, oldest first.
+fn anon_vma_chain_copy(dst: &Arc<Vma>, src: &Vma) {
+    let chain = src.anon_vma_chain.lock();
+    let mut links = dst.anon_vma_chain.lock();
+    links.reserve(chain.len() + 1);
+    links.extend(chain.iter().map(|c| c.anon_vma.interval_tree_insert(dst)));
 }
 
 /// `anon_vma_clone`: chain `dst` to every anon_vma `src` is chained to, and
 /// share its anon_vma (a split, or the first half of a fork).
 pub fn anon_vma_clone(dst: &Arc<Vma>, src: &Vma) {
-    let chain = src.anon_vma_chain.lock().clone();
-    for av in &chain {
-        anon_vma_chain_link(dst, av);
-    }
+    anon_vma_chain_copy(dst, src);
     if let Some(av) = src.anon_vma() {
         let _ = dst.anon_vma.set(av.clone());
     }
@@ -55,9 +60,7 @@ pub fn anon_vma_fork(child: &Arc<Vma>, parent: &Vma) {
     let Some(pav) = parent.anon_vma() else {
         return;
     };
-    for av in parent.anon_vma_chain.lock().clone() {
-        anon_vma_chain_link(child, &av);
-    }
+    anon_vma_chain_copy(child, parent);
     let av = AnonVma::new(Some(pav.clone()));
     anon_vma_chain_link(child, &av);
     let _ = child.anon_vma.set(av);
@@ -66,9 +69,10 @@ pub fn anon_vma_fork(child: &Arc<Vma>, parent: &Vma) {
 /// `unlink_anon_vmas`: the VMA is gone; take it out of every anon_vma's
 /// tree, O(log n) each.
 pub fn unlink_anon_vmas(vma: &Vma) {
-    for av in vma.anon_vma_chain.lock().drain(..) {
-        let was = av.interval_tree_remove(vma);
-        debug_assert!(was, "{vma:?} was not in anon_vma {}", av.id);
+    for avc in vma.anon_vma_chain.lock().drain(..) {
+        let id = avc.anon_vma.id;
+        let was = avc.unlink(vma);
+        debug_assert!(was, "{vma:?} was not in anon_vma {id}");
     }
 }
 

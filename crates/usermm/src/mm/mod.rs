@@ -17,7 +17,7 @@ pub mod interval_tree;
 pub mod pgalloc;
 pub mod vma;
 
-use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned};
+use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned, Shared};
 
 pub use vma::{AnonVma, Vma, VmaTree};
 
@@ -91,6 +91,24 @@ impl Drop for Mm {
     /// with exit_mmap; an mm dropped without it keeps them and its PGD (a
     /// leak of the caller's making, but never a frame freed while mapped).
     fn drop(&mut self) {
+        // The last published tree still holds its VMAs' counts (an mm
+        // that went through exit_mmap has none left): give them back after
+        // a grace period, as a removal would, and free the tree with them.
+        let guard = epoch::pin();
+        let last = self.tree.swap(Shared::null(), Ordering::AcqRel, &guard);
+        if !last.is_null() {
+            // SAFETY: the pointer is non-null and still valid: it is freed
+            // only below, deferred.
+            let mut all = unsafe { last.deref() }.draft();
+            all.remove_all();
+            let (_, removed) = all.publishable();
+            // SAFETY: the tree is unreachable now; readers that found it
+            // are pinned, and the deferred functions run after they unpin.
+            unsafe {
+                guard.defer_unchecked(move || removed.give_back());
+                guard.defer_destroy(last);
+            }
+        }
         if self.pgtables_bytes.load(Ordering::Relaxed) == 0 {
             crate::pgtable::table_free(&self.mem, self.pgd, self.mem.vmstat.no_cpu());
         }
@@ -130,8 +148,9 @@ impl Mm {
         unsafe { p.deref() }
     }
 
-    /// Publish a new VMA tree. mmap_lock must be held for writing.
-    pub fn vma_tree_publish(&self, tree: VmaTree, guard: &Guard) {
+    /// Publish a draft of the VMA tree; the draft stays a draft of what
+    /// was published. mmap_lock must be held for writing.
+    pub fn vma_tree_publish(&self, draft: &mut VmaTree, guard: &Guard) {
         debug_assert!(
             self.mmap_lock.is_locked_exclusive(),
             "VMA tree changed without mmap_lock held for writing"
@@ -140,22 +159,35 @@ impl Mm {
         // tree is small, so that address spaces grown to max_map_count stay
         // O(n log n) to build (the invariant checker still walks them all).
         #[cfg(debug_assertions)]
-        if tree.len() <= 4096 {
-            if let Err(e) = tree.check() {
+        if draft.len() <= 4096 {
+            if let Err(e) = draft.check() {
                 panic!("{self:?}: publishing a broken VMA tree: {e}");
             }
         }
+        let (tree, removed) = draft.publishable();
         // Release: readers that load the new pointer see the tree's contents.
         let old = self.tree.swap(Owned::new(tree), Ordering::AcqRel, guard);
-        // SAFETY: `old` is unreachable from now on for new readers; readers
-        // that still hold it are pinned, and deferral waits for them.
-        unsafe { guard.defer_destroy(old) };
+        // SAFETY: `old` is unreachable from now on for new readers, and so
+        // are the VMAs taken out; readers that still hold them are pinned,
+        // and deferral waits for them. Only this publication gives back
+        // these removals' counts.
+        unsafe {
+            guard.defer_destroy(old);
+            if !removed.is_empty() {
+                guard.defer_unchecked(move || removed.give_back());
+            }
+        }
     }
 
-    /// A private copy of the tree for a writer to edit and then publish.
-    pub fn vma_tree_clone(&self) -> VmaTree {
+    /// A draft of the tree for a writer, which holds mmap_lock for writing,
+    /// to edit and then publish (see [`vma`] for why the lock).
+    pub fn vma_tree_draft(&self) -> VmaTree {
+        debug_assert!(
+            self.mmap_lock.is_locked_exclusive(),
+            "VMA tree drafted without mmap_lock held for writing"
+        );
         let guard = epoch::pin();
-        self.vma_tree(&guard).clone()
+        self.vma_tree(&guard).draft()
     }
 
     pub fn map_count(&self) -> usize {
