@@ -2,38 +2,66 @@
 //! maple tree (lib/maple_tree.c) and its augmented rbtrees
 //! (include/linux/interval_tree_generic.h).
 //!
-//! Entries live in leaves of up to [`NODE_SLOTS`] entries; a branch holds up
-//! to as many slots, each naming a child with the child's smallest key (its
-//! pivot), its number of entries and a [`Entry::Summary`] of it. Like the
-//! maple tree, which keeps 16 slots per node and the largest gap of each
-//! child in its parent, the tree is wide and shallow: 65,536 entries are
-//! four levels deep, and a search reads one node per level.
-//!
-//! Nodes are shared between versions through `Arc`. An update walks one
-//! root-to-leaf path, copying the nodes on it that another version still
-//! shares (`Arc::make_mut`) and changing the others in place, so the old
-//! version stays intact. That is what lets the VMA tree be read with no lock
-//! at all: a writer builds the new version beside the old one and publishes
-//! its root with one pointer swap (under an epoch, as the maple tree is
-//! published under RCU); a reader holding the old root sees the old tree
-//! whole, never a half-changed one. The kernel's maple tree copies the nodes
-//! it changes for the same reason (`mas_wr_node_store` builds a new node and
-//! replaces the old one under RCU).
+//! Entries live in leaves of up to [`NODE_SLOTS`] entries, each beside its
+//! key and summary; a branch holds up to as many slots, each naming a child
+//! with the child's smallest key (its pivot), its number of entries and a
+//! [`Entry::Summary`] of it. Like the maple tree, which keeps 16 slots per
+//! node and the largest gap of each child in its parent, the tree is wide
+//! and shallow: 65,536 entries are four levels deep, and a search reads one
+//! node per level and no entry but the one it finds.
 //!
 //! Summaries let searches skip whole subtrees: the VMA tree keeps the largest
 //! gap between VMAs (as the maple tree keeps its gaps), the anon_vma interval
 //! tree the largest last page offset (as `ITSUBTREE` does). A summary is a
 //! monoid: [`Entry::summary`] of one entry, and [`Entry::combine`] of two
 //! adjacent runs, left then right.
+//!
+//! # Versions, and who frees a node
+//!
+//! A tree may be read with no lock while a writer changes it, as the maple
+//! tree is under RCU: the writer works on a *draft* ([`Tree::draft`]) that
+//! shares every node with the published version, copies each node it
+//! changes (copy on write, one root-to-leaf path per update) and swaps the
+//! result in whole ([`Tree::publish`]); a reader holding the old version
+//! sees it whole, never half changed. The kernel's maple tree replaces the
+//! nodes it changes in the same way (`mas_wr_node_store` builds a new node,
+//! `mas_replace_node` swaps it in and frees the old one by RCU).
+//!
+//! Nodes carry no reference count (counting them made every copy of a branch
+//! touch its 16 children, and freeing an old version touch them again);
+//! instead each node carries the *generation* of the tree that allocated
+//! it, and ownership follows the maple tree's:
+//!
+//! * A tree changes in place only the nodes of its own generation, which
+//!   nothing else can reach: a draft allocated them and has not published
+//!   them. Any other node it changes, it copies, and *retires* the original.
+//! * Publishing hands a draft's nodes to the published version (a read-only
+//!   view that owns no node) and gives the draft a new generation, so that it
+//!   copies them too from then on; the retired nodes are freed one grace
+//!   period later ([`Retired::free`]), when no reader can still hold a
+//!   version that names them.
+//! * A tree dropped frees the nodes of its own generation (an unpublished
+//!   draft's copies, or all of a tree that was never published, such as an
+//!   anon_vma's interval tree) and no other.
+//!
+//! Every node pointer stored in a live tree therefore names a live node for
+//! as long as the tree is borrowed: that is what the `unsafe` blocks below
+//! rely on.
+
+use std::ptr::NonNull;
 
 use arrayvec::ArrayVec;
+use smallvec::SmallVec;
 
-use crate::sync::Arc;
+use crate::sync::{AtomicU64, Ordering};
 
 /// Slots per node, as the maple tree's `MAPLE_RANGE64_SLOTS`.
 pub const NODE_SLOTS: usize = 16;
 /// The fewest slots of a node other than the root.
 const MIN_SLOTS: usize = NODE_SLOTS / 2;
+/// Deeper than any tree can grow: with half-full nodes, 2^64 entries need
+/// 22 levels.
+const MAX_DEPTH: usize = 24;
 
 /// What a [`Tree`] holds.
 pub trait Entry: Clone {
@@ -49,13 +77,52 @@ pub trait Entry: Clone {
     fn combine(left: &Self::Summary, right: &Self::Summary) -> Self::Summary;
 }
 
+/// A node, owned by the rules of the module doc.
+struct NodePtr<T: Entry>(NonNull<Node<T>>);
+
+impl<T: Entry> Clone for NodePtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T: Entry> Copy for NodePtr<T> {}
+
+impl<T: Entry> NodePtr<T> {
+    fn alloc(gen: u64, body: Body<T>) -> Self {
+        NodePtr(NonNull::from(Box::leak(Box::new(Node { gen, body }))))
+    }
+
+    /// The node, read.
+    ///
+    /// # Safety
+    ///
+    /// The node must stay live for `'a`: it is reachable from a tree that is
+    /// borrowed for `'a` (module doc).
+    unsafe fn get<'a>(self) -> &'a Node<T> {
+        // SAFETY: the caller's promise.
+        unsafe { &*self.0.as_ptr() }
+    }
+
+    /// Free the node (not its children).
+    ///
+    /// # Safety
+    ///
+    /// Nothing may reach the node any more: it was never published, or a
+    /// grace period has passed since the version that replaced it was.
+    unsafe fn free(self) {
+        // SAFETY: allocated by `alloc` (a Box), unreachable by the caller's
+        // promise, so this is the only owner.
+        drop(unsafe { Box::from_raw(self.0.as_ptr()) });
+    }
+}
+
 /// One child of a branch, with what the branch knows of it.
 pub struct Slot<T: Entry> {
     /// The smallest key in the child (the pivot).
     key: T::Key,
     summary: T::Summary,
     count: usize,
-    child: Arc<Node<T>>,
+    child: NodePtr<T>,
 }
 
 impl<T: Entry> Clone for Slot<T> {
@@ -64,26 +131,26 @@ impl<T: Entry> Clone for Slot<T> {
             key: self.key,
             summary: self.summary,
             count: self.count,
-            child: self.child.clone(),
+            child: self.child,
         }
     }
 }
 
 impl<T: Entry> Slot<T> {
-    fn of(child: Arc<Node<T>>) -> Self {
+    fn of(child: NodePtr<T>) -> Self {
+        // SAFETY: a child being linked into the tree is live.
+        let c = unsafe { child.get() };
         Slot {
-            key: child.first_key(),
-            summary: child.summary(),
-            count: child.count(),
+            key: c.first_key(),
+            summary: c.summary(),
+            count: c.count(),
             child,
         }
     }
 
     /// Recompute what the branch knows after the child changed.
     fn refresh(&mut self) {
-        self.key = self.child.first_key();
-        self.summary = self.child.summary();
-        self.count = self.child.count();
+        *self = Slot::of(self.child);
     }
 
     pub fn key(&self) -> T::Key {
@@ -93,7 +160,9 @@ impl<T: Entry> Slot<T> {
         &self.summary
     }
     pub fn node(&self) -> NodeRef<'_, T> {
-        self.child.as_ref_view()
+        // SAFETY: the slot is borrowed from a live tree, whose nodes live
+        // as long (module doc).
+        unsafe { self.child.get() }.view()
     }
 }
 
@@ -130,20 +199,25 @@ impl<T: Entry> Clone for Keyed<T> {
     }
 }
 
-/// A node: a leaf of entries or a branch of slots, never empty unless it
-/// is the root of an empty tree (which is then dropped).
-pub enum Node<T: Entry> {
+/// A node: the generation of the tree that allocated it, and a leaf of
+/// entries or a branch of slots, never empty while it is in a tree.
+struct Node<T: Entry> {
+    gen: u64,
+    body: Body<T>,
+}
+
+enum Body<T: Entry> {
     Leaf(Leaf<T>),
     Branch(Slots<T>),
 }
 
 /// A copy for a path that is being changed while another version still
-/// shares the node; children stay shared.
-impl<T: Entry> Clone for Node<T> {
+/// names the node; the copy's slots name the same children.
+impl<T: Entry> Clone for Body<T> {
     fn clone(&self) -> Self {
         match self {
-            Node::Leaf(v) => Node::Leaf(v.clone()),
-            Node::Branch(s) => Node::Branch(s.clone()),
+            Body::Leaf(v) => Body::Leaf(v.clone()),
+            Body::Branch(s) => Body::Branch(s.clone()),
         }
     }
 }
@@ -164,37 +238,37 @@ fn fold<T: Entry>(mut it: impl Iterator<Item = T::Summary>) -> T::Summary {
 
 impl<T: Entry> Node<T> {
     fn len(&self) -> usize {
-        match self {
-            Node::Leaf(v) => v.len(),
-            Node::Branch(s) => s.len(),
+        match &self.body {
+            Body::Leaf(v) => v.len(),
+            Body::Branch(s) => s.len(),
         }
     }
 
     fn first_key(&self) -> T::Key {
-        match self {
-            Node::Leaf(v) => v[0].key,
-            Node::Branch(s) => s[0].key,
+        match &self.body {
+            Body::Leaf(v) => v[0].key,
+            Body::Branch(s) => s[0].key,
         }
     }
 
     fn summary(&self) -> T::Summary {
-        match self {
-            Node::Leaf(v) => fold::<T>(v.iter().map(|e| e.summary)),
-            Node::Branch(s) => fold::<T>(s.iter().map(|s| s.summary)),
+        match &self.body {
+            Body::Leaf(v) => fold::<T>(v.iter().map(|e| e.summary)),
+            Body::Branch(s) => fold::<T>(s.iter().map(|s| s.summary)),
         }
     }
 
     fn count(&self) -> usize {
-        match self {
-            Node::Leaf(v) => v.len(),
-            Node::Branch(s) => s.iter().map(|s| s.count).sum(),
+        match &self.body {
+            Body::Leaf(v) => v.len(),
+            Body::Branch(s) => s.iter().map(|s| s.count).sum(),
         }
     }
 
-    fn as_ref_view(&self) -> NodeRef<'_, T> {
-        match self {
-            Node::Leaf(v) => NodeRef::Leaf(v),
-            Node::Branch(s) => NodeRef::Branch(s),
+    fn view(&self) -> NodeRef<'_, T> {
+        match &self.body {
+            Body::Leaf(v) => NodeRef::Leaf(v),
+            Body::Branch(s) => NodeRef::Branch(s),
         }
     }
 }
@@ -226,26 +300,6 @@ fn insert_split<X>(
     Some(right)
 }
 
-/// Insert `item` below `node`; returns the new right sibling if the node
-/// split.
-fn insert<T: Entry>(node: &mut Arc<Node<T>>, item: T) -> Option<Arc<Node<T>>> {
-    match Arc::make_mut(node) {
-        Node::Leaf(v) => {
-            let key = item.key();
-            let i = v.partition_point(|e| e.key < key);
-            debug_assert!(v.get(i).is_none_or(|e| e.key != key), "duplicate key");
-            insert_split(v, i, Keyed::new(item)).map(|r| Arc::new(Node::Leaf(r)))
-        }
-        Node::Branch(s) => {
-            let i = child_index(s, item.key());
-            let split = insert(&mut s[i].child, item);
-            s[i].refresh();
-            let right = Slot::of(split?);
-            insert_split(s, i + 1, right).map(|r| Arc::new(Node::Branch(r)))
-        }
-    }
-}
-
 /// Even out two neighbouring nodes' arrays after `left` or `right` fell
 /// below the minimum: merge them into `left` if they fit in one node (and
 /// return true), else move one entry to the short side.
@@ -268,75 +322,149 @@ fn rebalance_pair<X>(
     false
 }
 
-/// Child `i` of a branch fell below the minimum: merge it with a
-/// neighbour, or take an entry from one.
-fn rebalance<T: Entry>(slots: &mut Slots<T>, i: usize) {
-    debug_assert!(slots.len() >= 2, "a branch has two children or more");
-    let l = if i + 1 < slots.len() { i } else { i - 1 };
-    let (a, b) = slots.split_at_mut(l + 1);
-    let (left, right) = (&mut a[l], &mut b[0]);
-    let merged = match (
-        Arc::make_mut(&mut left.child),
-        Arc::make_mut(&mut right.child),
-    ) {
-        (Node::Leaf(x), Node::Leaf(y)) => rebalance_pair(x, y),
-        (Node::Branch(x), Node::Branch(y)) => rebalance_pair(x, y),
-        _ => unreachable!("siblings are at the same level"),
-    };
-    left.refresh();
-    if merged {
-        slots.remove(l + 1);
-    } else {
-        right.refresh();
-    }
+/// A draft's write path: its generation, and where the nodes it replaces
+/// go.
+struct Writer<'t, T: Entry> {
+    gen: u64,
+    retired: &'t mut RetiredList<T>,
 }
 
-/// Remove the entry with `key`, which the tree holds.
-fn remove<T: Entry>(node: &mut Arc<Node<T>>, key: T::Key) -> Option<T> {
-    match Arc::make_mut(node) {
-        Node::Leaf(v) => {
-            let i = v.binary_search_by(|e| e.key.cmp(&key)).ok()?;
-            Some(v.remove(i).item)
+impl<T: Entry> Writer<'_, T> {
+    fn alloc(&self, body: Body<T>) -> NodePtr<T> {
+        NodePtr::alloc(self.gen, body)
+    }
+
+    /// The node `p` names, to change in place: the draft's own, or else a
+    /// copy of it that takes its place (the original is retired).
+    fn cow<'p>(&mut self, p: &'p mut NodePtr<T>) -> &'p mut Node<T> {
+        // SAFETY: `p` is in the tree being written, so its node is live.
+        let node = unsafe { p.get() };
+        if node.gen != self.gen {
+            let copy = self.alloc(node.body.clone());
+            self.retired.push(std::mem::replace(p, copy));
         }
-        Node::Branch(s) => {
-            let i = child_index(s, key);
-            let gone = remove(&mut s[i].child, key)?;
-            if s[i].child.len() < MIN_SLOTS {
-                rebalance(s, i);
-            } else {
-                s[i].refresh();
+        // SAFETY: the node carries the draft's generation: the draft
+        // allocated it and has not published it, so nothing else reaches
+        // it, and the draft is borrowed mutably for 'p.
+        unsafe { &mut *p.0.as_ptr() }
+    }
+
+    /// `p` has left the tree: free it if it is the draft's own, else retire
+    /// it.
+    fn discard(&mut self, p: NodePtr<T>) {
+        // SAFETY: it was in the tree being written, so it is live.
+        if unsafe { p.get() }.gen == self.gen {
+            // SAFETY: the draft's own node, never published, now unlinked.
+            unsafe { p.free() };
+        } else {
+            self.retired.push(p);
+        }
+    }
+
+    /// Discard `p` and everything below it.
+    fn discard_subtree(&mut self, p: NodePtr<T>) {
+        // SAFETY: it was in the tree being written, so it is live.
+        if let Body::Branch(s) = &unsafe { p.get() }.body {
+            for slot in s.iter() {
+                self.discard_subtree(slot.child);
             }
-            Some(gone)
+        }
+        self.discard(p);
+    }
+
+    /// Insert `item` below `p`; returns the new right sibling if the node
+    /// split.
+    fn insert(&mut self, p: &mut NodePtr<T>, item: T) -> Option<NodePtr<T>> {
+        match &mut self.cow(p).body {
+            Body::Leaf(v) => {
+                let key = item.key();
+                let i = v.partition_point(|e| e.key < key);
+                debug_assert!(v.get(i).is_none_or(|e| e.key != key), "duplicate key");
+                insert_split(v, i, Keyed::new(item)).map(|r| self.alloc(Body::Leaf(r)))
+            }
+            Body::Branch(s) => {
+                let i = child_index(s, item.key());
+                let split = self.insert(&mut s[i].child, item);
+                s[i].refresh();
+                let right = Slot::of(split?);
+                insert_split(s, i + 1, right).map(|r| self.alloc(Body::Branch(r)))
+            }
         }
     }
-}
 
-fn replace_at<T: Entry>(node: &mut Arc<Node<T>>, item: T) -> Option<T> {
-    match Arc::make_mut(node) {
-        Node::Leaf(v) => {
-            let i = v.binary_search_by(|e| e.key.cmp(&item.key())).ok()?;
-            Some(std::mem::replace(&mut v[i], Keyed::new(item)).item)
-        }
-        Node::Branch(s) => {
-            let i = child_index(s, item.key());
-            let old = replace_at(&mut s[i].child, item)?;
-            s[i].refresh();
-            Some(old)
+    /// Child `i` of a branch fell below the minimum: merge it with a
+    /// neighbour, or take an entry from one.
+    fn rebalance(&mut self, slots: &mut Slots<T>, i: usize) {
+        debug_assert!(slots.len() >= 2, "a branch has two children or more");
+        let l = if i + 1 < slots.len() { i } else { i - 1 };
+        let merged = {
+            let (a, b) = slots.split_at_mut(l + 1);
+            let left = &mut self.cow(&mut a[l].child).body;
+            let right = &mut self.cow(&mut b[0].child).body;
+            match (left, right) {
+                (Body::Leaf(x), Body::Leaf(y)) => rebalance_pair(x, y),
+                (Body::Branch(x), Body::Branch(y)) => rebalance_pair(x, y),
+                _ => unreachable!("siblings are at the same level"),
+            }
+        };
+        slots[l].refresh();
+        if merged {
+            let gone = slots.remove(l + 1);
+            self.discard(gone.child);
+        } else {
+            slots[l + 1].refresh();
         }
     }
-}
 
-/// The entry with `key`, made unique to this version for changing in place
-/// (the caller must not change its key or what its summary depends on).
-fn get_mut<T: Entry>(node: &mut Arc<Node<T>>, key: T::Key) -> Option<&mut T> {
-    match Arc::make_mut(node) {
-        Node::Leaf(v) => {
-            let i = v.binary_search_by(|e| e.key.cmp(&key)).ok()?;
-            Some(&mut v[i].item)
+    /// Remove the entry with `key`, which the tree holds.
+    fn remove(&mut self, p: &mut NodePtr<T>, key: T::Key) -> Option<T> {
+        match &mut self.cow(p).body {
+            Body::Leaf(v) => {
+                let i = v.binary_search_by(|e| e.key.cmp(&key)).ok()?;
+                Some(v.remove(i).item)
+            }
+            Body::Branch(s) => {
+                let i = child_index(s, key);
+                let gone = self.remove(&mut s[i].child, key)?;
+                // SAFETY: the child is in the tree being written.
+                if unsafe { s[i].child.get() }.len() < MIN_SLOTS {
+                    self.rebalance(s, i);
+                } else {
+                    s[i].refresh();
+                }
+                Some(gone)
+            }
         }
-        Node::Branch(s) => {
-            let i = child_index(s, key);
-            get_mut(&mut s[i].child, key)
+    }
+
+    fn replace_at(&mut self, p: &mut NodePtr<T>, item: T) -> Option<T> {
+        match &mut self.cow(p).body {
+            Body::Leaf(v) => {
+                let i = v.binary_search_by(|e| e.key.cmp(&item.key())).ok()?;
+                Some(std::mem::replace(&mut v[i], Keyed::new(item)).item)
+            }
+            Body::Branch(s) => {
+                let i = child_index(s, item.key());
+                let old = self.replace_at(&mut s[i].child, item)?;
+                s[i].refresh();
+                Some(old)
+            }
+        }
+    }
+
+    /// The entry with `key`, in a node of the draft's own, to change in
+    /// place (the caller must not change its key or what its summary
+    /// depends on).
+    fn get_mut<'p>(&mut self, p: &'p mut NodePtr<T>, key: T::Key) -> Option<&'p mut T> {
+        match &mut self.cow(p).body {
+            Body::Leaf(v) => {
+                let i = v.binary_search_by(|e| e.key.cmp(&key)).ok()?;
+                Some(&mut v[i].item)
+            }
+            Body::Branch(s) => {
+                let i = child_index(s, key);
+                self.get_mut(&mut s[i].child, key)
+            }
         }
     }
 }
@@ -349,28 +477,115 @@ fn run_sizes(n: usize) -> impl Iterator<Item = usize> {
     (0..runs).map(move |i| n / runs + usize::from(i < n % runs))
 }
 
-/// One version of the tree. Cloning is O(1): the versions share nodes.
-pub struct Tree<T: Entry> {
-    root: Option<Arc<Node<T>>>,
+/// A fresh generation for a tree or a draft. 0 is never one: it marks a
+/// published view, which owns no node.
+fn next_gen() -> u64 {
+    static GEN: AtomicU64 = AtomicU64::new(1);
+    GEN.fetch_add(1, Ordering::Relaxed)
 }
 
-impl<T: Entry> Clone for Tree<T> {
-    fn clone(&self) -> Self {
-        Tree {
-            root: self.root.clone(),
+/// Nodes a draft replaced, to be freed when no reader can reach them.
+pub struct Retired<T: Entry>(RetiredList<T>);
+
+/// Nodes retired by one publication: one path per update, usually few.
+type RetiredList<T> = SmallVec<[NodePtr<T>; 8]>;
+
+// SAFETY: the nodes are unreachable from any tree that is written; the one
+// who frees them (after a grace period) is their only owner, on whatever
+// thread, and dropping a node drops its entries, which are Send.
+unsafe impl<T: Entry + Send> Send for Retired<T> {}
+
+impl<T: Entry> Retired<T> {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Free the nodes (their entries are dropped; their children are not).
+    ///
+    /// # Safety
+    ///
+    /// A grace period has passed since the version that replaced them was
+    /// published: no reader can hold a version that names them.
+    pub unsafe fn free(self) {
+        for p in self.0 {
+            // SAFETY: the caller's promise; a node is retired once.
+            unsafe { p.free() };
         }
     }
 }
 
+/// A version of the tree: a draft that owns the nodes of its generation, or
+/// a published, read-only view that owns none (generation 0).
+pub struct Tree<T: Entry> {
+    root: Option<NodePtr<T>>,
+    gen: u64,
+    /// Nodes of the version this draft was made from that it replaced.
+    retired: RetiredList<T>,
+}
+
+// SAFETY: a tree's nodes are reached only through it, by the rules of the
+// module doc: readers share a published view (read-only) across threads as
+// they would share an `Arc`, and only the draft's one writer changes nodes.
+unsafe impl<T: Entry + Send + Sync> Send for Tree<T> {}
+// SAFETY: as for Send; `&Tree` only reads.
+unsafe impl<T: Entry + Send + Sync> Sync for Tree<T> {}
+
 impl<T: Entry> Default for Tree<T> {
     fn default() -> Self {
-        Tree { root: None }
+        Tree {
+            root: None,
+            gen: next_gen(),
+            retired: SmallVec::new(),
+        }
+    }
+}
+
+impl<T: Entry> Drop for Tree<T> {
+    /// Free the nodes of this tree's own generation; they are reached only
+    /// through nodes of the same generation (a draft copies a path from the
+    /// root down). A published view frees nothing; nor does a draft's list of
+    /// retired nodes, which still belong to the published version.
+    fn drop(&mut self) {
+        fn free_own<T: Entry>(p: NodePtr<T>, gen: u64) {
+            // SAFETY: reachable from the tree being dropped, so live.
+            let n = unsafe { p.get() };
+            if n.gen != gen {
+                return;
+            }
+            if let Body::Branch(s) = &n.body {
+                for slot in s.iter() {
+                    free_own(slot.child, gen);
+                }
+            }
+            // SAFETY: this tree's own node: never published, and the tree
+            // that reached it is going away.
+            unsafe { p.free() };
+        }
+        if let Some(r) = self.root {
+            free_own(r, self.gen);
+        }
     }
 }
 
 impl<T: Entry> Tree<T> {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    fn writer(&mut self) -> (Writer<'_, T>, &mut Option<NodePtr<T>>) {
+        debug_assert!(self.gen != 0, "a published view is read-only");
+        (
+            Writer {
+                gen: self.gen,
+                retired: &mut self.retired,
+            },
+            &mut self.root,
+        )
+    }
+
+    fn root_node(&self) -> Option<&Node<T>> {
+        // SAFETY: the root of a tree borrowed for the returned lifetime.
+        self.root.map(|r| unsafe { r.get() })
     }
 
     /// A tree of `items`, which must be sorted by key with no duplicates,
@@ -381,24 +596,68 @@ impl<T: Entry> Tree<T> {
             items.windows(2).all(|w| w[0].key() < w[1].key()),
             "unsorted"
         );
+        let mut t = Tree::new();
         if items.is_empty() {
-            return Tree::new();
+            return t;
         }
         let mut it = items.into_iter();
-        let mut level: Vec<Arc<Node<T>>> = run_sizes(it.len())
-            .map(|k| Arc::new(Node::Leaf(it.by_ref().take(k).map(Keyed::new).collect())))
+        let mut level: Vec<NodePtr<T>> = run_sizes(it.len())
+            .map(|k| {
+                NodePtr::alloc(
+                    t.gen,
+                    Body::Leaf(it.by_ref().take(k).map(Keyed::new).collect()),
+                )
+            })
             .collect();
         while level.len() > 1 {
             let mut it = level.into_iter();
             level = run_sizes(it.len())
-                .map(|k| Arc::new(Node::Branch(it.by_ref().take(k).map(Slot::of).collect())))
+                .map(|k| {
+                    NodePtr::alloc(
+                        t.gen,
+                        Body::Branch(it.by_ref().take(k).map(Slot::of).collect()),
+                    )
+                })
                 .collect();
         }
-        Tree { root: level.pop() }
+        t.root = level.pop();
+        t
+    }
+
+    /// A draft of this version, sharing all its nodes, to change and then
+    /// [publish](Tree::publish).
+    ///
+    /// # Safety
+    ///
+    /// Until the draft is published or dropped, it must be the only writer
+    /// of the tree this version belongs to, and this version's nodes must
+    /// stay live: they are freed only by a draft that retires them, after a
+    /// grace period (so this version is a published view, or a tree that
+    /// outlives the draft and is not changed meanwhile).
+    pub unsafe fn draft(&self) -> Tree<T> {
+        Tree {
+            root: self.root,
+            gen: next_gen(),
+            retired: SmallVec::new(),
+        }
+    }
+
+    /// Publication: a read-only view equal to this draft, to publish, and
+    /// the nodes the draft replaced, to free one grace period later. The
+    /// draft goes on as a draft of the view: it takes a new generation, so
+    /// that it copies what it now shares with the view.
+    pub fn publish(&mut self) -> (Tree<T>, Retired<T>) {
+        let view = Tree {
+            root: self.root,
+            gen: 0,
+            retired: SmallVec::new(),
+        };
+        self.gen = next_gen();
+        (view, Retired(std::mem::take(&mut self.retired)))
     }
 
     pub fn len(&self) -> usize {
-        self.root.as_ref().map_or(0, |r| r.count())
+        self.root_node().map_or(0, Node::count)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -407,28 +666,26 @@ impl<T: Entry> Tree<T> {
 
     /// The root, for searches that prune by summary.
     pub fn root(&self) -> Option<NodeRef<'_, T>> {
-        self.root.as_deref().map(Node::as_ref_view)
+        self.root_node().map(Node::view)
     }
 
     /// The summary of the whole tree.
     pub fn summary(&self) -> Option<T::Summary> {
-        self.root.as_deref().map(Node::summary)
+        self.root_node().map(Node::summary)
     }
 
     /// Insert `item`, whose key must not be in the tree yet: down one path,
     /// splitting full nodes on the way back up (and the root, which makes
     /// the tree one level deeper).
     pub fn insert(&mut self, item: T) {
-        let Some(root) = self.root.as_mut() else {
-            self.root = Some(Arc::new(Node::Leaf(ArrayVec::from_iter([Keyed::new(
-                item,
-            )]))));
+        let (mut w, root) = self.writer();
+        let Some(r) = root.as_mut() else {
+            *root = Some(w.alloc(Body::Leaf(ArrayVec::from_iter([Keyed::new(item)]))));
             return;
         };
-        if let Some(right) = insert(root, item) {
-            let left = self.root.take().unwrap_or_else(|| unreachable!());
-            let slots = ArrayVec::from_iter([Slot::of(left), Slot::of(right)]);
-            self.root = Some(Arc::new(Node::Branch(slots)));
+        if let Some(right) = w.insert(r, item) {
+            let slots = ArrayVec::from_iter([Slot::of(*r), Slot::of(right)]);
+            *root = Some(w.alloc(Body::Branch(slots)));
         }
     }
 
@@ -436,14 +693,16 @@ impl<T: Entry> Tree<T> {
     /// summary may differ; returns the entry it replaced.
     pub fn replace_at(&mut self, item: T) -> Option<T> {
         self.get(item.key())?;
-        replace_at(self.root.as_mut()?, item)
+        let (mut w, root) = self.writer();
+        w.replace_at(root.as_mut()?, item)
     }
 
     /// The entry with exactly this key, to change in place: its key, and
     /// whatever its summary is computed from, must stay as they are.
     pub fn get_mut(&mut self, key: T::Key) -> Option<&mut T> {
         self.get(key)?;
-        get_mut(self.root.as_mut()?, key)
+        let (mut w, root) = self.writer();
+        w.get_mut(root.as_mut()?, key)
     }
 
     /// The entry with exactly this key.
@@ -457,17 +716,31 @@ impl<T: Entry> Tree<T> {
     pub fn remove(&mut self, key: T::Key) -> Option<T> {
         // Look first: a miss must not copy the path.
         self.get(key)?;
-        let root = self.root.as_mut()?;
-        let gone = remove(root, key)?;
-        let shrunk = match root.as_ref() {
-            Node::Leaf(v) if v.is_empty() => Some(None),
-            Node::Branch(s) if s.len() == 1 => Some(Some(s[0].child.clone())),
+        let (mut w, root) = self.writer();
+        let r = root.as_mut()?;
+        let gone = w.remove(r, key)?;
+        // SAFETY: the root of the tree being written.
+        let shrunk = match &unsafe { r.get() }.body {
+            Body::Leaf(v) if v.is_empty() => Some(None),
+            Body::Branch(s) if s.len() == 1 => Some(Some(s[0].child)),
             _ => None,
         };
         if let Some(new_root) = shrunk {
-            self.root = new_root;
+            let old = std::mem::replace(root, new_root);
+            if let Some(old) = old {
+                w.discard(old);
+            }
         }
         Some(gone)
+    }
+
+    /// Take every entry out: the tree's own nodes are freed, the others
+    /// retired.
+    pub fn clear(&mut self) {
+        let (mut w, root) = self.writer();
+        if let Some(r) = root.take() {
+            w.discard_subtree(r);
+        }
     }
 
     /// The first entry whose key is `key` or above.
@@ -477,18 +750,20 @@ impl<T: Entry> Tree<T> {
 
     /// The last entry whose key is below `key`.
     pub fn last_before(&self, key: T::Key) -> Option<&T> {
-        let mut n = self.root.as_deref()?;
+        let mut n = self.root_node()?;
         loop {
-            match n {
-                Node::Leaf(v) => {
+            match &n.body {
+                Body::Leaf(v) => {
                     let i = v.partition_point(|e| e.key < key);
                     return i.checked_sub(1).map(|i| &v[i].item);
                 }
-                Node::Branch(s) => {
+                Body::Branch(s) => {
                     // The last child whose smallest key is below `key`
                     // holds the answer, if any child does.
                     let i = s.partition_point(|s| s.key < key).checked_sub(1)?;
-                    n = &s[i].child;
+                    // SAFETY: a child in a tree borrowed for the result's
+                    // lifetime.
+                    n = unsafe { s[i].child.get() };
                 }
             }
         }
@@ -498,24 +773,25 @@ impl<T: Entry> Tree<T> {
     /// or above.
     pub fn iter_from(&self, key: T::Key) -> Iter<'_, T> {
         let mut it = Iter {
-            stack: Vec::new(),
+            stack: ArrayVec::new(),
             leaf: &[],
             pos: 0,
         };
-        let Some(mut n) = self.root.as_deref() else {
+        let Some(mut n) = self.root_node() else {
             return it;
         };
         loop {
-            match n {
-                Node::Leaf(v) => {
+            match &n.body {
+                Body::Leaf(v) => {
                     it.leaf = v;
                     it.pos = v.partition_point(|e| e.key < key);
                     return it;
                 }
-                Node::Branch(s) => {
+                Body::Branch(s) => {
                     let i = child_index(s, key);
                     it.stack.push((s, i));
-                    n = &s[i].child;
+                    // SAFETY: as in last_before.
+                    n = unsafe { s[i].child.get() };
                 }
             }
         }
@@ -523,11 +799,11 @@ impl<T: Entry> Tree<T> {
 
     pub fn iter(&self) -> Iter<'_, T> {
         let mut it = Iter {
-            stack: Vec::new(),
+            stack: ArrayVec::new(),
             leaf: &[],
             pos: 0,
         };
-        if let Some(r) = self.root.as_deref() {
+        if let Some(r) = self.root_node() {
             it.descend_first(r);
         }
         it
@@ -535,15 +811,16 @@ impl<T: Entry> Tree<T> {
 
     /// The tree's shape: keys in order, pivots, counts and summaries as
     /// the children say, every node but the root at least half full, all
-    /// leaves at one depth. For tests and the invariant checker.
+    /// leaves at one depth, and a draft's own nodes only under its own. For
+    /// tests and the invariant checker.
     pub fn check_shape(&self) -> Result<(), String>
     where
         T::Summary: PartialEq,
     {
-        let Some(root) = self.root.as_deref() else {
+        let Some(root) = self.root_node() else {
             return Ok(());
         };
-        check_node(root, true)?;
+        check_node(root, true, self.gen)?;
         let mut keys = self.iter().map(T::key);
         let mut prev = keys.next();
         for k in keys {
@@ -557,15 +834,15 @@ impl<T: Entry> Tree<T> {
 }
 
 /// Check `n`'s subtree; returns its depth.
-fn check_node<T: Entry>(n: &Node<T>, is_root: bool) -> Result<usize, String>
+fn check_node<T: Entry>(n: &Node<T>, is_root: bool, gen: u64) -> Result<usize, String>
 where
     T::Summary: PartialEq,
 {
     if n.len() == 0 || (!is_root && n.len() < MIN_SLOTS) {
         return Err(format!("node of {} slots", n.len()));
     }
-    match n {
-        Node::Leaf(v) => {
+    match &n.body {
+        Body::Leaf(v) => {
             if v.iter()
                 .any(|e| e.key != e.item.key() || e.summary != e.item.summary())
             {
@@ -573,20 +850,24 @@ where
             }
             Ok(1)
         }
-        Node::Branch(s) => {
+        Body::Branch(s) => {
             if is_root && s.len() < 2 {
                 return Err("root branch with one child".into());
             }
             let mut depth = None;
             for (i, slot) in s.iter().enumerate() {
-                let c = &slot.child;
+                // SAFETY: a child in the tree being checked.
+                let c = unsafe { slot.child.get() };
                 if slot.key != c.first_key()
                     || slot.count != c.count()
                     || slot.summary != c.summary()
                 {
                     return Err(format!("slot {i} disagrees with its child"));
                 }
-                let d = check_node(c, false)?;
+                if c.gen == gen && n.gen != gen {
+                    return Err("a draft's own node under a shared one".into());
+                }
+                let d = check_node(c, false, gen)?;
                 if depth.is_some_and(|x| x != d) {
                     return Err("leaves at different depths".into());
                 }
@@ -600,7 +881,7 @@ where
 /// In-order iterator: the branches on the path to the current leaf, each
 /// with the index of the child being visited.
 pub struct Iter<'a, T: Entry> {
-    stack: Vec<(&'a [Slot<T>], usize)>,
+    stack: ArrayVec<(&'a [Slot<T>], usize), MAX_DEPTH>,
     leaf: &'a [Keyed<T>],
     pos: usize,
 }
@@ -608,15 +889,16 @@ pub struct Iter<'a, T: Entry> {
 impl<'a, T: Entry> Iter<'a, T> {
     fn descend_first(&mut self, mut n: &'a Node<T>) {
         loop {
-            match n {
-                Node::Leaf(v) => {
+            match &n.body {
+                Body::Leaf(v) => {
                     self.leaf = v;
                     self.pos = 0;
                     return;
                 }
-                Node::Branch(s) => {
+                Body::Branch(s) => {
                     self.stack.push((s, 0));
-                    n = &s[0].child;
+                    // SAFETY: a child in the tree the iterator borrows.
+                    n = unsafe { s[0].child.get() };
                 }
             }
         }
@@ -637,7 +919,8 @@ impl<'a, T: Entry> Iterator for Iter<'a, T> {
                 let (s, i) = self.stack.last_mut()?;
                 if *i + 1 < s.len() {
                     *i += 1;
-                    let child: &'a Node<T> = &s[*i].child;
+                    // SAFETY: as in descend_first.
+                    let child: &'a Node<T> = unsafe { s[*i].child.get() };
                     self.descend_first(child);
                     break;
                 }
@@ -687,11 +970,23 @@ mod tests {
         d
     }
 
+    /// The end of a lineage: with every view dropped, what the draft and
+    /// the publications retired, and then the draft's whole last version,
+    /// are freed.
+    fn free_lineage(mut draft: Tree<K>, retired: Vec<Retired<K>>) {
+        draft.clear();
+        let (_, last) = draft.publish();
+        for r in retired.into_iter().chain([last]) {
+            // SAFETY: no view is left: nothing reaches these nodes.
+            unsafe { r.free() };
+        }
+    }
+
     #[test]
     fn insert_remove_replace_keep_order_and_old_versions() {
         let mut t = Tree::from_sorted((0..100).map(|i| K(i * 10)));
         assert_eq!(t.len(), 100);
-        let old = t.clone();
+        let (old, r0) = t.publish();
         t.insert(K(55));
         assert_eq!(t.remove(30), Some(K(30)));
         assert_eq!(t.remove(31), None);
@@ -726,6 +1021,28 @@ mod tests {
             t.iter_from(140).map(|k| k.0).take(3).collect::<Vec<_>>(),
             vec![150, 200, 210]
         );
+        drop(old);
+        free_lineage(t, vec![r0]);
+    }
+
+    #[test]
+    fn a_draft_copies_only_the_paths_it_changes() {
+        let mut t = Tree::from_sorted((0..4096u64).map(K));
+        let (view, r0) = t.publish();
+        assert!(r0.is_empty(), "a tree never published replaced nothing");
+        t.insert(K(10_000));
+        // One path: a leaf and the branches above it.
+        let (view2, r1) = t.publish();
+        assert_eq!(r1.0.len(), depth(&view));
+        t.remove(5);
+        t.remove(6);
+        let (view3, r2) = t.publish();
+        assert!(r2.0.len() <= 2 * depth(&view2), "{} nodes", r2.0.len());
+        assert_eq!(view.len(), 4096);
+        assert_eq!(view2.len(), 4097);
+        assert_eq!(view3.len(), 4095);
+        drop((view, view2, view3));
+        free_lineage(t, vec![r0, r1, r2]);
     }
 
     #[test]
@@ -763,8 +1080,14 @@ mod tests {
         ) {
             let mut t = Tree::from_sorted(start.iter().map(|&k| K(k)));
             let mut model = start.clone();
-            let mut versions = vec![(t.clone(), model.clone())];
+            let mut versions = vec![];
+            let mut retired = vec![];
             for (i, (add, k)) in ops.into_iter().enumerate() {
+                if i % 50 == 0 {
+                    let (view, r) = t.publish();
+                    versions.push((view, model.clone()));
+                    retired.push(r);
+                }
                 if add {
                     if model.insert(k) {
                         t.insert(K(k));
@@ -772,12 +1095,10 @@ mod tests {
                 } else {
                     prop_assert_eq!(t.remove(k).is_some(), model.remove(&k));
                 }
-                if i % 50 == 0 {
-                    versions.push((t.clone(), model.clone()));
-                }
             }
-            versions.push((t, model));
-            for (t, model) in &versions {
+            prop_assert!(t.check_shape().is_ok());
+            prop_assert_eq!(keys(&t), model.iter().copied().collect::<Vec<_>>());
+            for (t, model) in versions.iter().map(|(a, b)| (a, b)).chain(std::iter::once((&t, &model))) {
                 prop_assert!(t.check_shape().is_ok());
                 prop_assert_eq!(keys(t), model.iter().copied().collect::<Vec<_>>());
                 prop_assert_eq!(t.len(), model.len());
@@ -786,6 +1107,8 @@ mod tests {
                     prop_assert_eq!(t.last_before(probe).map(|k| k.0), model.range(..probe).next_back().copied());
                 }
             }
+            drop(versions);
+            free_lineage(t, retired);
         }
     }
 }

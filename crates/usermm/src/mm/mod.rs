@@ -101,11 +101,11 @@ impl Drop for Mm {
             // only below, deferred.
             let mut all = unsafe { last.deref() }.draft();
             all.remove_all();
-            let (_, removed) = all.publishable();
+            let (_, garbage) = all.publishable();
             // SAFETY: the tree is unreachable now; readers that found it
             // are pinned, and the deferred functions run after they unpin.
             unsafe {
-                guard.defer_unchecked(move || removed.give_back());
+                guard.defer_unchecked(move || garbage.free());
                 guard.defer_destroy(last);
             }
         }
@@ -164,17 +164,17 @@ impl Mm {
                 panic!("{self:?}: publishing a broken VMA tree: {e}");
             }
         }
-        let (tree, removed) = draft.publishable();
+        let (tree, garbage) = draft.publishable();
         // Release: readers that load the new pointer see the tree's contents.
         let old = self.tree.swap(Owned::new(tree), Ordering::AcqRel, guard);
         // SAFETY: `old` is unreachable from now on for new readers, and so
-        // are the VMAs taken out; readers that still hold them are pinned,
-        // and deferral waits for them. Only this publication gives back
-        // these removals' counts.
+        // are the nodes and VMAs the draft replaced or took out; readers
+        // that still hold them are pinned, and deferral waits for them. This
+        // is the only garbage of this publication.
         unsafe {
             guard.defer_destroy(old);
-            if !removed.is_empty() {
-                guard.defer_unchecked(move || removed.give_back());
+            if !garbage.is_empty() {
+                guard.defer_unchecked(move || garbage.free());
             }
         }
     }

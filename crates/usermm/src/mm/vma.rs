@@ -42,12 +42,14 @@
 //! `Arc<Vma>` the tree lends.
 
 use std::mem::ManuallyDrop;
+
+use smallvec::SmallVec;
 use std::sync::OnceLock;
 
 use crate::pgtable::Pgprot;
 use crate::phys::PAGE_SHIFT;
 use crate::sync::{Arc, AtomicBool, Mutex, Ordering};
-use crate::tree::{Entry, NodeRef, Tree};
+use crate::tree::{Entry, NodeRef, Retired, Tree};
 
 pub use crate::mm::interval_tree::{AnonVma, AnonVmaChain};
 
@@ -287,29 +289,35 @@ pub struct VmaTree {
     tree: Tree<TreeVma>,
     /// The counts of the VMAs this draft inserted (its nodes' copies own
     /// none); publishing hands them to the published tree.
-    inserted: Vec<Arc<Vma>>,
+    inserted: SmallVec<[Arc<Vma>; 4]>,
     /// The VMAs this draft took out, whose counts publishing gives back.
-    removed: Vec<TreeVma>,
+    removed: SmallVec<[TreeVma; 4]>,
 }
 
-/// VMAs taken out of the published tree, whose counts go back one grace
-/// period after the tree without them is published.
-pub struct RemovedVmas(Vec<TreeVma>);
+/// What a publication leaves to free one grace period later, when no
+/// reader can still hold the version before it: the tree nodes the draft
+/// replaced, and the counts of the VMAs it took out.
+pub struct TreeGarbage {
+    nodes: Retired<TreeVma>,
+    vmas: SmallVec<[TreeVma; 4]>,
+}
 
-impl RemovedVmas {
+impl TreeGarbage {
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.nodes.is_empty() && self.vmas.is_empty()
     }
 
-    /// Give the counts back.
+    /// Free the nodes and give the counts back.
     ///
     /// # Safety
     ///
-    /// A grace period has passed since the tree without these VMAs was
-    /// published, and these are the only copies given back for that.
-    pub unsafe fn give_back(self) {
-        for v in self.0 {
-            // SAFETY: the caller's promise.
+    /// A grace period has passed since the version that left these behind
+    /// was published, and this is the only garbage of that publication.
+    pub unsafe fn free(self) {
+        // SAFETY: the caller's promise, for both.
+        unsafe { self.nodes.free() };
+        for v in self.vmas {
+            // SAFETY: as above.
             unsafe { v.give_back() };
         }
     }
@@ -332,8 +340,8 @@ impl VmaTree {
         let copies: Vec<TreeVma> = vmas.iter().map(|v| unsafe { TreeVma::lend(v) }).collect();
         VmaTree {
             tree: Tree::from_sorted(copies),
-            inserted: vmas,
-            removed: Vec::new(),
+            inserted: vmas.into(),
+            removed: SmallVec::new(),
         }
     }
 
@@ -345,30 +353,42 @@ impl VmaTree {
             "a draft of a draft"
         );
         VmaTree {
-            tree: self.tree.clone(),
-            inserted: Vec::new(),
-            removed: Vec::new(),
+            // SAFETY: drafts are made by the one writer (mmap_lock held for
+            // writing), of the published version, whose nodes are freed
+            // only by a later publication's garbage.
+            tree: unsafe { self.tree.draft() },
+            inserted: SmallVec::new(),
+            removed: SmallVec::new(),
         }
     }
 
-    /// Publication: a version equal to this draft, to publish, and what it
-    /// removed. The published tree keeps the counts of what the draft
-    /// inserted; the draft may go on being edited, as a draft of the new
-    /// version.
-    pub(crate) fn publishable(&mut self) -> (VmaTree, RemovedVmas) {
+    /// Publication: a read-only version equal to this draft, to publish,
+    /// and the garbage to free a grace period after it is. The published
+    /// tree keeps the counts of what the draft inserted; the draft may go
+    /// on being edited, as a draft of the new version.
+    pub(crate) fn publishable(&mut self) -> (VmaTree, TreeGarbage) {
         for v in self.inserted.drain(..) {
             // The count is the published tree's now: its copies name the
             // VMA, and a later draft that takes the VMA out gives it back.
             std::mem::forget(v);
         }
-        let removed = RemovedVmas(std::mem::take(&mut self.removed));
-        (self.draft(), removed)
+        let (view, nodes) = self.tree.publish();
+        let garbage = TreeGarbage {
+            nodes,
+            vmas: std::mem::take(&mut self.removed),
+        };
+        let version = VmaTree {
+            tree: view,
+            inserted: SmallVec::new(),
+            removed: SmallVec::new(),
+        };
+        (version, garbage)
     }
 
-    /// Take every VMA out (exit_mmap).
+    /// Take every VMA out (exit_mmap, and the end of an mm).
     pub fn remove_all(&mut self) {
-        let all = std::mem::take(&mut self.tree);
-        self.removed.extend(all.iter().cloned());
+        self.removed.extend(self.tree.iter().cloned());
+        self.tree.clear();
     }
 
     /// `mm->map_count`.
