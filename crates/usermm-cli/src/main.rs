@@ -4,6 +4,7 @@
 mod out;
 mod batching;
 mod bench;
+mod host_chain;
 mod machine_args;
 mod native;
 mod plot;
@@ -39,6 +40,15 @@ enum Cmd {
     /// the shadow memory, the invariant checker, a watchdog and a leak check.
     /// Exit status: 0 clean, 1 something broke, 3 a stall.
     Stress(stress::StressArgs),
+    /// Build a chain of forked processes on the host and print how long it
+    /// takes to tear down (`bench vma` runs it).
+    #[command(hide = true)]
+    HostForkChain {
+        depth: usize,
+        /// Extra 16-page VMAs each process writes a page of.
+        #[arg(long, default_value_t = 0)]
+        vmas: usize,
+    },
 }
 
 #[derive(clap::Args)]
@@ -175,5 +185,6 @@ fn run_command(cmd: Cmd) -> anyhow::Result<i32> {
         Cmd::Run(a) => run_scenario(a),
         Cmd::Inspect(a) => inspect(a),
         Cmd::Stress(a) => stress::run(a),
+        Cmd::HostForkChain { depth, vmas } => host_chain::main(depth, vmas),
     }
 }

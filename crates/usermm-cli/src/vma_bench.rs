@@ -6,11 +6,12 @@
 //! `mmap` of a read-only page into the hole after it (MAP_FIXED_NOREPLACE),
 //! `munmap` of that page, and `mprotect` of the VMA to read-only and back.
 //! Each call is timed on its own, after one untimed pass of the same calls;
-//! the table gives the mean per call. The
-//! same loop runs natively on the host kernel in this process. The fork
-//! chain is engine only: processes 0..D, each the child of the one before,
-//! each having written its own copy of one page; teardown exits them from
-//! the youngest up.
+//! the table gives the mean per call. The same loop runs natively on the
+//! host kernel in this process. The fork
+//! chain: processes 0..D, each the child of the one before, each having
+//! written its own copy of one page of its one VMA; teardown exits them
+//! from the youngest up. On the host it runs in a helper process
+//! ([`crate::host_chain`]), which finds the cost of one such VMA.
 
 use std::time::Instant;
 
@@ -25,6 +26,10 @@ use crate::bench::{median, progress, BenchArgs};
 const NR_VMAS: [usize; 3] = [1000, 10_000, 65_000];
 /// Fork-chain depths.
 const CHAIN_DEPTHS: [usize; 2] = [1000, 5000];
+/// The depth the host's chain is measured at, once: a run takes it about
+/// half a minute (forking is quadratic in the depth there too), and 5,000
+/// would take minutes.
+const HOST_CHAIN_DEPTH: usize = 1000;
 /// Calls of each kind timed per run.
 const CALLS: usize = 1000;
 /// Where the engine's VMAs start (the host's start wherever it has room).
@@ -38,6 +43,8 @@ struct Row {
     n: usize,
     /// Mean seconds per call (per teardown for the fork chain).
     engine_s: f64,
+    /// The same on the host; for the fork chain, the host's cost of one
+    /// chained VMA (see [`crate::host_chain`]).
     host_s: Option<f64>,
     /// Per-call time against the same call's at the smallest N.
     scaling: Option<f64>,
@@ -253,11 +260,22 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
             e.push(fork_chain_teardown(&m, d)?);
         }
         pb.inc((runs - runs.min(3)) as u64);
+        let host_s = if a.no_host || d != HOST_CHAIN_DEPTH {
+            None
+        } else {
+            match crate::host_chain::teardown_one_vma(d) {
+                Ok(s) => Some(s),
+                Err(err) => {
+                    eprintln!("bench vma: host fork chain: {err:#}");
+                    None
+                }
+            }
+        };
         rows.push(Row {
             op: "fork_chain_exit",
             n: d,
             engine_s: median(e),
-            host_s: None,
+            host_s,
             scaling: None,
         });
     }
@@ -300,8 +318,25 @@ fn print_table(rows: &[Row], runs: usize) {
             s
         );
     }
-    outln!("fork chain, teardown of every process (youngest first), engine only:");
+    outln!(
+        "fork chain, teardown of every process (youngest first), medians of {} runs; host: one run, the cost of one chained VMA:",
+        runs.min(3)
+    );
+    outln!(
+        "{:<16} {:>7} {:>12} {:>12}",
+        "",
+        "depth",
+        "engine (s)",
+        "host (s)"
+    );
     for r in rows.iter().filter(|r| r.op == "fork_chain_exit") {
-        outln!("{:<16} {:>7} {:>10.3} s", "depth", r.n, r.engine_s);
+        let h = r.host_s.map_or("-".into(), |h| format!("{h:.3}"));
+        outln!(
+            "{:<16} {:>7} {:>12.3} {:>12}",
+            "fork_chain_exit",
+            r.n,
+            r.engine_s,
+            h
+        );
     }
 }
