@@ -11,6 +11,7 @@
 //! All changes are made under the page-table lock of the entries that
 //! gain or lose the mapping.
 
+use crate::mm::interval_tree::AnonVmaWriteGuard;
 use crate::mm::{AnonVma, Vma};
 use crate::phys::folio::{clear_page_anon_exclusive, set_page_anon_exclusive, Folio};
 use crate::phys::memmap::{pg, PAGE_MAPPING_ANON};
@@ -31,8 +32,22 @@ pub fn anon_vma_prepare(vma: &Arc<Vma>) -> &Arc<AnonVma> {
 }
 
 fn anon_vma_chain_link(vma: &Arc<Vma>, av: &Arc<AnonVma>) {
-    let avc = av.interval_tree_insert(vma);
+    let avc = av.interval_tree_insert(vma, &mut av.lock_write());
     vma.anon_vma_chain.lock().push(avc);
+}
+
+/// `lock_anon_vma_root`: hold `av`'s family lock, keeping the one `held` if
+/// it is the same family's (the anon_vmas of one chain usually are).
+fn lock_anon_vma_root<'g>(
+    held: &'g mut Option<AnonVmaWriteGuard>,
+    av: &AnonVma,
+) -> &'g mut AnonVmaWriteGuard {
+    if !held.as_ref().is_some_and(|g| av.is_locked_by(g)) {
+        // The kernel too unlocks the old root before it locks the new.
+        *held = None;
+        *held = Some(av.lock_write());
+    }
+    held.get_or_insert_with(|| unreachable!("locked above"))
 }
 
 /// Chain `dst` to every anon_vma `src` is chained to, oldest first.
@@ -40,7 +55,11 @@ fn anon_vma_chain_copy(dst: &Arc<Vma>, src: &Vma) {
     let chain = src.anon_vma_chain.lock();
     let mut links = dst.anon_vma_chain.lock();
     links.reserve(chain.len() + 1);
-    links.extend(chain.iter().map(|c| c.anon_vma.interval_tree_insert(dst)));
+    let mut held = None;
+    for c in chain.iter() {
+        let g = lock_anon_vma_root(&mut held, &c.anon_vma);
+        links.push(c.anon_vma.interval_tree_insert(dst, g));
+    }
 }
 
 /// `anon_vma_clone`: chain `dst` to every anon_vma `src` is chained to, and
@@ -67,13 +86,26 @@ pub fn anon_vma_fork(child: &Arc<Vma>, parent: &Vma) {
 }
 
 /// `unlink_anon_vmas`: the VMA is gone; take it out of every anon_vma's
-/// tree, O(log n) each.
+/// tree, O(log n) each, under the family's lock taken once; the references
+/// the links held go after the lock, as the kernel frees its chains and
+/// puts its anon_vmas after unlocking.
 pub fn unlink_anon_vmas(vma: &Vma) {
-    for avc in vma.anon_vma_chain.lock().drain(..) {
-        let id = avc.anon_vma.id;
-        let was = avc.unlink(vma);
-        debug_assert!(was, "{vma:?} was not in anon_vma {id}");
+    let chain = std::mem::take(&mut *vma.anon_vma_chain.lock());
+    let mut weak = Vec::with_capacity(chain.len());
+    let mut held = None;
+    for avc in &chain {
+        let g = lock_anon_vma_root(&mut held, &avc.anon_vma);
+        let was = avc.unlink(vma, g);
+        debug_assert!(
+            was.is_some(),
+            "{vma:?} was not in anon_vma {}",
+            avc.anon_vma.id
+        );
+        weak.extend(was);
     }
+    drop(held);
+    drop(weak);
+    drop(chain);
 }
 
 /// `rmap_walk_anon`: every (VMA, address) where page `pfn` of an anon folio

@@ -20,12 +20,23 @@
 //!
 //! # Locking
 //!
-//! The tree is guarded by the anon_vma's own rwsem (`rb_root`'s lock): rmap
-//! walks read it, linking and unlinking write it. The kernel takes the
-//! *root* anon_vma's rwsem for a whole family; the model's lock per anon_vma
-//! is finer, and nothing here needs the family held at once.
+//! As in the kernel, the anon_vmas of a family (a root and every anon_vma
+//! forked from it, `anon_vma->root`) share one rwsem, the root's: rmap walks
+//! take it for reading, linking and unlinking for writing. A write guard,
+//! [`AnonVmaWriteGuard`], is the proof that a tree may be changed: a tree is
+//! reached only through the guard of its family's lock, mutably through a
+//! mutable guard, so that two trees are never changed at once through one.
+//! Linking or unlinking a VMA along its whole chain takes the lock once, as
+//! the kernel's `lock_anon_vma_root` does, and unlinking drops the
+//! references the links held (to the anon_vmas and, here, the weak ones to
+//! the VMA) after unlocking, as the kernel frees its chains and puts its
+//! anon_vmas after `unlock_anon_vma_root`.
 
+use std::cell::UnsafeCell;
 use std::sync::Weak;
+
+use parking_lot::lock_api::{ArcRwLockReadGuard, ArcRwLockWriteGuard};
+use parking_lot::RawRwLock;
 
 use crate::mm::vma::Vma;
 use crate::sync::{Arc, AtomicU64, Ordering, RwLock};
@@ -82,20 +93,24 @@ impl Avcs {
         u32::try_from(self.slots.len() - 1).unwrap_or_else(|_| unreachable!("2^32 VMAs"))
     }
 
-    /// Free slot `i`, which must hold `vma`; returns whether it did.
-    fn unlink(&mut self, i: u32, vma: &Vma) -> bool {
-        match self.slots.get(i as usize) {
-            Some(AvcSlot::Used(w)) if std::ptr::eq(w.as_ptr(), vma) => {}
-            _ => return false,
+    /// Free slot `i`, which must hold `vma`; returns the weak reference it
+    /// held, or `None` if it did not hold `vma`.
+    fn unlink(&mut self, i: u32, vma: &Vma) -> Option<Weak<Vma>> {
+        if !self.holds(i, vma) {
+            return None;
         }
         self.live -= 1;
-        if i as usize == self.slots.len() - 1 {
-            self.slots.pop();
+        let was = if i as usize == self.slots.len() - 1 {
+            self.slots.pop()
         } else {
-            self.slots[i as usize] = AvcSlot::Free(self.free);
+            let was = std::mem::replace(&mut self.slots[i as usize], AvcSlot::Free(self.free));
             self.free = i;
+            Some(was)
+        };
+        match was {
+            Some(AvcSlot::Used(w)) => Some(w),
+            _ => unreachable!("slot {i} held the VMA"),
         }
-        true
     }
 
     fn holds(&self, i: u32, vma: &Vma) -> bool {
@@ -140,22 +155,26 @@ pub struct AnonVmaChain {
 
 impl AnonVmaChain {
     /// `anon_vma_interval_tree_remove`: take `vma`, whose link this is, out
-    /// of the anon_vma's tree; returns whether it was there.
-    pub fn unlink(self, vma: &Vma) -> bool {
+    /// of the anon_vma's tree, under its family's lock; returns the weak
+    /// reference the tree held, for the caller to drop after unlocking
+    /// (`None` if the VMA was not there).
+    pub fn unlink(&self, vma: &Vma, g: &mut AnonVmaWriteGuard) -> Option<Weak<Vma>> {
         let key = vma_key(vma);
-        let mut t = self.anon_vma.rb_root.write();
-        let Some(avcs) = t.get_mut(key) else {
-            return false;
-        };
-        if !avcs.unlink(self.slot, vma) {
-            return false;
-        }
+        let t = self.anon_vma.tree_mut(g);
+        let avcs = t.get_mut(key)?;
+        let weak = avcs.unlink(self.slot, vma)?;
         if avcs.live == 0 {
             t.remove(key);
         }
-        true
+        Some(weak)
     }
 }
+
+/// A family's lock, held for writing (`anon_vma_lock_write` of the root).
+pub struct AnonVmaWriteGuard(ArcRwLockWriteGuard<RawRwLock, ()>);
+
+/// A family's lock, held for reading (`anon_vma_lock_read`).
+pub struct AnonVmaReadGuard(ArcRwLockReadGuard<RawRwLock, ()>);
 
 /// `struct anon_vma`: the set of VMAs whose pages an anonymous folio may be
 /// mapped in.
@@ -163,25 +182,82 @@ pub struct AnonVma {
     pub id: u64,
     /// The anon_vma of the VMA this one's VMA was forked from.
     pub parent: Option<Arc<AnonVma>>,
+    /// `anon_vma->root->rwsem`: the lock of the family, shared with the
+    /// root and every anon_vma forked from it.
+    root_rwsem: Arc<RwLock<()>>,
     /// `rb_root`: every VMA chained to this anon_vma (its own, its splits'
-    /// and its forked descendants'), by page-offset interval.
-    rb_root: RwLock<Tree<Avcs>>,
+    /// and its forked descendants'), by page-offset interval. Guarded by
+    /// `root_rwsem`: reached only through a guard of it.
+    rb_root: UnsafeCell<Tree<Avcs>>,
 }
 
+// SAFETY: `rb_root` is read only with the family lock held for reading or
+// writing, and changed only with it held for writing, through guards that
+// prove it (`tree`, `tree_mut`); the other fields are Sync.
+unsafe impl Sync for AnonVma {}
+
 impl AnonVma {
+    /// An anon_vma forked from `parent`, in its family, or the root of a new
+    /// family.
     pub fn new(parent: Option<Arc<AnonVma>>) -> Arc<AnonVma> {
+        let root_rwsem = parent
+            .as_ref()
+            .map_or_else(|| Arc::new(RwLock::new(())), |p| p.root_rwsem.clone());
         Arc::new(AnonVma {
             id: ANON_VMA_ID.fetch_add(1, Ordering::Relaxed),
             parent,
-            rb_root: RwLock::new(Tree::new()),
+            root_rwsem,
+            rb_root: UnsafeCell::new(Tree::new()),
         })
     }
 
-    /// `anon_vma_interval_tree_insert`: returns the VMA's link, for
-    /// [`AnonVmaChain::unlink`].
-    pub fn interval_tree_insert(self: &Arc<Self>, vma: &Arc<Vma>) -> AnonVmaChain {
+    /// `anon_vma_lock_write`: the family's lock, for writing.
+    pub fn lock_write(&self) -> AnonVmaWriteGuard {
+        AnonVmaWriteGuard(self.root_rwsem.write_arc())
+    }
+
+    /// `anon_vma_lock_read`: the family's lock, for reading.
+    pub fn lock_read(&self) -> AnonVmaReadGuard {
+        AnonVmaReadGuard(self.root_rwsem.read_arc())
+    }
+
+    /// Whether `g` holds this anon_vma's family lock.
+    pub fn is_locked_by(&self, g: &AnonVmaWriteGuard) -> bool {
+        Arc::ptr_eq(ArcRwLockWriteGuard::rwlock(&g.0), &self.root_rwsem)
+    }
+
+    fn tree<'g>(&'g self, g: &'g AnonVmaReadGuard) -> &'g Tree<Avcs> {
+        assert!(
+            Arc::ptr_eq(ArcRwLockReadGuard::rwlock(&g.0), &self.root_rwsem),
+            "anon_vma {} read under another family's lock",
+            self.id
+        );
+        // SAFETY: the family lock is held for reading for 'g (checked
+        // above): no writer changes the tree meanwhile.
+        unsafe { &*self.rb_root.get() }
+    }
+
+    fn tree_mut<'g>(&'g self, g: &'g mut AnonVmaWriteGuard) -> &'g mut Tree<Avcs> {
+        assert!(
+            self.is_locked_by(g),
+            "anon_vma {} changed under another family's lock",
+            self.id
+        );
+        // SAFETY: the family lock is held for writing (checked above), so
+        // no one else reads or writes the tree, and the guard is borrowed
+        // mutably for 'g, so this is the only reference made through it.
+        unsafe { &mut *self.rb_root.get() }
+    }
+
+    /// `anon_vma_interval_tree_insert`, under the family's lock: returns
+    /// the VMA's link, for [`AnonVmaChain::unlink`].
+    pub fn interval_tree_insert(
+        self: &Arc<Self>,
+        vma: &Arc<Vma>,
+        g: &mut AnonVmaWriteGuard,
+    ) -> AnonVmaChain {
         let key = vma_key(vma);
-        let mut t = self.rb_root.write();
+        let t = self.tree_mut(g);
         let weak = Arc::downgrade(vma);
         let slot = match t.get_mut(key) {
             Some(avcs) => avcs.link(weak),
@@ -201,7 +277,8 @@ impl AnonVma {
     /// `anon_vma_interval_tree_foreach` over `[first, last]`: the live VMAs
     /// whose page-offset range meets it.
     pub fn vmas_in(&self, first: u64, last: u64) -> Vec<Arc<Vma>> {
-        let t = self.rb_root.read();
+        let g = self.lock_read();
+        let t = self.tree(&g);
         let mut out = Vec::new();
         if let Some(root) = t.root() {
             overlapping(root, first, last, &mut out);
@@ -218,8 +295,8 @@ impl AnonVma {
         else {
             return false;
         };
-        self.rb_root
-            .read()
+        let g = self.lock_read();
+        self.tree(&g)
             .get(vma_key(vma))
             .is_some_and(|a| a.holds(link.slot, vma))
     }
@@ -257,13 +334,13 @@ mod tests {
     use crate::mm::vma::VM_READ;
 
     fn link(av: &Arc<AnonVma>, v: &Arc<Vma>) {
-        let avc = av.interval_tree_insert(v);
+        let avc = av.interval_tree_insert(v, &mut av.lock_write());
         v.anon_vma_chain.lock().push(avc);
     }
 
     fn unlink(v: &Vma) -> bool {
         let avc = v.anon_vma_chain.lock().pop();
-        avc.is_some_and(|c| c.unlink(v))
+        avc.is_some_and(|c| c.unlink(v, &mut c.anon_vma.lock_write()).is_some())
     }
 
     #[test]
@@ -291,6 +368,26 @@ mod tests {
         }
         assert_eq!(av.vmas_in(0x15, 0x15).len(), 150);
         assert!(!av.has_vma(&same[0]) && av.has_vma(&same[1]));
+    }
+
+    #[test]
+    fn a_family_shares_its_roots_lock() {
+        let root = AnonVma::new(None);
+        let child = AnonVma::new(Some(root.clone()));
+        let grandchild = AnonVma::new(Some(child.clone()));
+        let stranger = AnonVma::new(None);
+        let g = grandchild.lock_write();
+        assert!(root.is_locked_by(&g) && child.is_locked_by(&g));
+        assert!(!stranger.is_locked_by(&g));
+    }
+
+    #[test]
+    #[should_panic(expected = "changed under another family's lock")]
+    fn another_familys_guard_cannot_change_a_tree() {
+        let mine = AnonVma::new(None);
+        let stranger = AnonVma::new(None);
+        let v = Arc::new(Vma::new(1, 0x10000, 0x20000, VM_READ, 0x10));
+        stranger.interval_tree_insert(&v, &mut mine.lock_write());
     }
 
     #[test]
@@ -322,6 +419,6 @@ mod tests {
         for v in vmas.iter().chain(&late) {
             unlink(v);
         }
-        assert!(av.rb_root.read().is_empty());
+        assert!(av.tree(&av.lock_read()).is_empty());
     }
 }
