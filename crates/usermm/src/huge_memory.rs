@@ -216,7 +216,17 @@ pub fn do_huge_pmd_wp_page(
         return HugeFault::Done;
     }
     let folio = Folio(pmd.pfn());
-    if crate::phys::folio::page_anon_exclusive(mem, folio.pfn()) {
+    let exclusive = crate::phys::folio::page_anon_exclusive(mem, folio.pfn());
+    // Not exclusive, but nothing else holds the folio (the process it was
+    // shared with by fork has unmapped it, or exited): it is this
+    // mapping's again, as do_wp_page reuses a page. The PMD mapping holds
+    // the one reference; the kernel also locks the folio, which nothing
+    // here could hold against a fault under mmap_lock.
+    if !exclusive && folio.ref_count(mem) == 1 {
+        rmap::folio_move_anon_rmap(mem, folio, vma);
+        crate::phys::folio::set_page_anon_exclusive(mem, folio.pfn());
+    }
+    if exclusive || folio.ref_count(mem) == 1 {
         // Permission upgrade: no flush needed (x86 re-walks on the fault).
         mm.pmd_set(slot, pmd.mkyoung().mkdirty().mkwrite());
         oncpu.vmstat().count(oncpu.id(), Event::WP_REUSE, 1);

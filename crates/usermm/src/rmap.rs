@@ -190,7 +190,9 @@ pub fn folio_add_new_anon_rmap(
         head.nr_pages_mapped.store(nr as i64, Ordering::Relaxed);
     }
     if exclusive {
-        for i in 0..nr as u64 {
+        // A PMD mapping's flag is its head's alone (folio_add_anon_rmap_pmd).
+        let flagged = if pmd { 1 } else { nr as u64 };
+        for i in 0..flagged {
             set_page_anon_exclusive(mem, folio.pfn() + i);
         }
     }
@@ -255,11 +257,10 @@ pub fn folio_dup_anon_rmap_ptes(mem: &PhysMem, folio: Folio, page: Pfn, nr: u64)
     }
 }
 
-/// `folio_try_dup_anon_rmap_pmd` (fork of a PMD-mapped THP).
+/// `folio_try_dup_anon_rmap_pmd` (fork of a PMD-mapped THP): the head's
+/// PageAnonExclusive, the PMD mapping's, goes.
 pub fn folio_dup_anon_rmap_pmd(mem: &PhysMem, folio: Folio) {
-    for p in folio.pfn()..folio.pfn() + folio.nr_pages(mem) {
-        clear_page_anon_exclusive(mem, p);
-    }
+    clear_page_anon_exclusive(mem, folio.pfn());
     let head = folio.counters(mem);
     let old = head.entire_mapcount.fetch_add(1, Ordering::Relaxed);
     debug_assert!(old >= 0, "folio {:#x}: dup of an unmapped PMD", folio.pfn());
@@ -300,7 +301,9 @@ pub fn folio_remove_rmap_ptes(mem: &PhysMem, folio: Folio, page: Pfn, nr: u64, c
     mem.vmstat.mod_node(NodeStat::NR_ANON_MAPPED, -unmapped);
 }
 
-/// `folio_add_anon_rmap_pmd`.
+/// `folio_add_anon_rmap_pmd`. A PMD mapping's PageAnonExclusive lives on
+/// the head page alone, as the kernel keeps it; splitting the PMD hands it
+/// to every page ([`folio_split_pmd_mapping`]).
 pub fn folio_add_anon_rmap_pmd(mem: &PhysMem, folio: Folio, exclusive: bool) {
     let head = folio.counters(mem);
     head.large_mapcount.fetch_add(1, Ordering::Relaxed);
@@ -314,9 +317,7 @@ pub fn folio_add_anon_rmap_pmd(mem: &PhysMem, folio: Folio, exclusive: bool) {
         mem.vmstat.mod_node(NodeStat::NR_ANON_THPS, nr);
     }
     if exclusive {
-        for i in 0..nr as u64 {
-            set_page_anon_exclusive(mem, folio.pfn() + i);
-        }
+        set_page_anon_exclusive(mem, folio.pfn());
     }
 }
 
@@ -357,7 +358,24 @@ fn deferred_split_folio(mem: &PhysMem, folio: Folio, cpu: usize) {
 /// `__split_huge_pmd_locked`'s rmap part: the PMD mapping becomes 512 PTE
 /// mappings. Called with the PMD lock held.
 pub fn folio_split_pmd_mapping(mem: &PhysMem, folio: Folio, cpu: usize) {
-    // Not `exclusive`: each page keeps the PageAnonExclusive it had.
-    folio_add_anon_rmap_ptes(mem, folio, folio.pfn(), folio.nr_pages(mem), false);
+    // The PMD mapping's PageAnonExclusive (the head's) goes to every page,
+    // as __split_huge_pmd_locked maps the PTEs with RMAP_EXCLUSIVE.
+    let exclusive = crate::phys::folio::page_anon_exclusive(mem, folio.pfn());
+    folio_add_anon_rmap_ptes(mem, folio, folio.pfn(), folio.nr_pages(mem), exclusive);
     folio_remove_rmap_pmd(mem, folio, cpu);
+}
+
+/// `folio_move_anon_rmap`: a folio this VMA alone maps now belongs to the
+/// VMA's own anon_vma (it may have come from an ancestor's), so that rmap
+/// walks need not look beyond it. Called with the mapping's lock held.
+pub fn folio_move_anon_rmap(mem: &PhysMem, folio: Folio, vma: &Vma) {
+    let Some(anon_vma) = vma.anon_vma() else {
+        debug_assert!(false, "{vma:?} maps an anon folio without an anon_vma");
+        return;
+    };
+    let ptr = std::sync::Arc::as_ptr(anon_vma) as u64;
+    folio
+        .head(mem)
+        .mapping
+        .store(ptr | PAGE_MAPPING_ANON, Ordering::Relaxed);
 }

@@ -417,3 +417,36 @@ fn the_checker_finds_a_leaked_frame() {
     let err = check_invariants(&m).unwrap_err();
     assert!(err.contains(&format!("the first is {pfn:#x}")), "{err}");
 }
+
+/// A PMD mapping's PageAnonExclusive is its head page's alone, as the
+/// kernel keeps it; the checker catches a tail page that carries one.
+#[test]
+fn a_pmd_mappings_exclusive_flag_is_the_heads() {
+    use usermm::phys::memmap::pg;
+    let m = machine();
+    m.thp.set_enabled(ThpMode::Always).unwrap();
+    let c = m.bind(0).unwrap();
+    c.new_mm().unwrap();
+    let a = c.mmap(0, 2 << 20, RW, ANON).unwrap();
+    c.store_u64(a, 5).unwrap();
+    let flagged: Vec<u64> = m
+        .mem
+        .nodes
+        .iter()
+        .flat_map(|n| n.start_pfn()..n.start_pfn() + n.nr_pages)
+        .filter(|&p| m.mem.page(p).test(pg::ANON_EXCLUSIVE))
+        .collect();
+    assert_eq!(flagged.len(), 1, "only the THP's head: {flagged:x?}");
+    check_invariants(&m).unwrap();
+    let head = flagged[0];
+    m.mem.page(head + 7).set(pg::ANON_EXCLUSIVE);
+    let err = check_invariants(&m).unwrap_err();
+    assert!(err.contains("is PageAnonExclusive"), "{err}");
+    m.mem.page(head + 7).clear(pg::ANON_EXCLUSIVE);
+    // Splitting hands the flag to every page: each may be written in place.
+    c.mprotect(a, 4096, PROT_READ).unwrap();
+    c.store_u64(a + 8192, 6).unwrap();
+    assert!((head..head + 512).all(|p| m.mem.page(p).test(pg::ANON_EXCLUSIVE)));
+    check_invariants(&m).unwrap();
+    c.exit_mm().unwrap();
+}

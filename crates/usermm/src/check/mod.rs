@@ -138,6 +138,32 @@ fn check_no_leak(
     Ok(())
 }
 
+/// A PMD mapping's PageAnonExclusive is its head page's (the kernel's
+/// rule): a writable PMD needs it, and no tail page of a PMD-mapped folio
+/// carries one (only a split hands it to the pages).
+fn check_pmd_exclusive(
+    m: &Machine,
+    mm: &Mm,
+    addr: u64,
+    pmd: crate::pgtable::Pmd,
+) -> Result<(), String> {
+    let mem = &m.mem;
+    let head = pmd.pfn();
+    if pmd.write() && !crate::phys::folio::page_anon_exclusive(mem, head) {
+        return Err(format!(
+            "{mm:?} {addr:#x}: writable PMD of folio {head:#x}, whose head is not PageAnonExclusive"
+        ));
+    }
+    if let Some(p) = (head + 1..head + crate::phys::HPAGE_PMD_NR)
+        .find(|&p| crate::phys::folio::page_anon_exclusive(mem, p))
+    {
+        return Err(format!(
+            "{mm:?} {addr:#x}: page {p:#x} of PMD-mapped folio {head:#x} is PageAnonExclusive"
+        ));
+    }
+    Ok(())
+}
+
 /// `vm_committed_as` is the size of every `VM_ACCOUNT` VMA.
 fn check_committed(m: &Machine, mms: &[Arc<Mm>]) -> Result<(), String> {
     let guard = crossbeam_epoch::pin();
@@ -235,6 +261,7 @@ fn check_mm(m: &Machine, mm: &Arc<Mm>, ex: &mut Expect, leaves: &mut Leaves) -> 
                 }
                 if pm.trans_huge() {
                     let head = pm.pfn();
+                    check_pmd_exclusive(m, mm, base, pm)?;
                     check_rmap(m, mm, tree, head, base)?;
                     *ex.refs.entry(head).or_default() += 1;
                     *ex.entire.entry(head).or_default() += 1;
