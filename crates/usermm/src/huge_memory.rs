@@ -59,14 +59,18 @@ pub enum HugeFault {
 pub fn do_huge_pmd_anonymous_page(
     oncpu: &OnCpu,
     mm: &Arc<Mm>,
-    vma: &Vma,
+    vma: &Arc<Vma>,
     slot: PmdSlot,
     addr: u64,
     write: bool,
 ) -> KResult<HugeFault> {
     let mem = oncpu.mem();
     let haddr = addr & PMD_MASK;
-    if !write {
+    // vmf_anon_prepare before either branch: a VMA that maps only the huge
+    // zero page has an anon_vma too, so fork copies its PMDs
+    // (vma_needs_copy) and merges see it.
+    rmap::anon_vma_prepare(vma);
+    if !write && oncpu.m.thp.use_zero_page.load(Ordering::Relaxed) {
         return do_huge_zero_pmd(oncpu, mm, vma, slot);
     }
     let Some(folio) = mem.folio_alloc(oncpu.cpu.node, HPAGE_PMD_ORDER, oncpu.id(), true, false)
@@ -105,18 +109,21 @@ pub fn do_huge_pmd_anonymous_page(
     Ok(HugeFault::Done)
 }
 
-/// The read-fault half of `do_huge_pmd_anonymous_page`: map the huge zero
-/// page read-only with a deposited table (`set_huge_zero_folio`). No RSS, no
-/// reference: the zero folio belongs to no one.
+/// The read-fault half of `do_huge_pmd_anonymous_page` (with
+/// `use_zero_page` on): map the huge zero page read-only with a deposited
+/// table (`set_huge_zero_folio`). No RSS, no reference: the zero folio
+/// belongs to no one. With it off, a read fault allocates a THP as a write
+/// does.
 fn do_huge_zero_pmd(oncpu: &OnCpu, mm: &Mm, vma: &Vma, slot: PmdSlot) -> KResult<HugeFault> {
     let mem = oncpu.mem();
-    if !oncpu.m.thp.use_zero_page.load(Ordering::Relaxed) {
-        return Ok(HugeFault::Fallback);
-    }
+    let pgtable = table_alloc(mem, oncpu.cpu.node, oncpu.id()).ok_or(Errno::ENOMEM)?;
     let Some(zero) = oncpu.m.huge_zero_pfn(oncpu.id()) else {
+        table_free(mem, pgtable, oncpu.id());
+        oncpu
+            .vmstat()
+            .count(oncpu.id(), Event::THP_FAULT_FALLBACK, 1);
         return Ok(HugeFault::Fallback);
     };
-    let pgtable = table_alloc(mem, oncpu.cpu.node, oncpu.id()).ok_or(Errno::ENOMEM)?;
     let ptl = mm.pmd_lock(slot);
     if !mm.pmd_get(slot).none() {
         drop(ptl);

@@ -112,9 +112,6 @@ pub fn handle_mm_fault(
             && thp_vma_allowable_orders(oncpu, vma, 1 << HPAGE_PMD_ORDER) != 0
             && thp_vma_suitable_order(vma, addr, HPAGE_PMD_ORDER)
         {
-            if flags.write {
-                anon_vma_prepare(vma);
-            }
             if let HugeFault::Done =
                 huge_memory::do_huge_pmd_anonymous_page(oncpu, mm, vma, slot, addr, flags.write)?
             {

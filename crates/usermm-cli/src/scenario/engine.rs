@@ -154,6 +154,13 @@ impl Backend for EngineBackend {
         };
         r.map_err(|e| format!("knob: {e}"))
     }
+    fn knob_use_zero_page(&mut self, on: bool) -> Result<(), String> {
+        self.m
+            .thp
+            .use_zero_page
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
     fn sysctl(&mut self, name: &str, value: u64) -> Result<Result<(), Errno>, String> {
         Ok(self.m.overcommit.set_sysctl(name, value))
     }

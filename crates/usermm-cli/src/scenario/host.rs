@@ -225,6 +225,14 @@ impl Backend for HostBackend {
         };
         self.set_knob_file(path, mode)
     }
+    fn knob_use_zero_page(&mut self, on: bool) -> Result<(), String> {
+        let path = format!("{THP}/use_zero_page");
+        let old = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
+        std::fs::write(&path, if on { "1" } else { "0" })
+            .map_err(|e| format!("cannot set {path}: {e}"))?;
+        self.remember(path, old.trim().to_string());
+        Ok(())
+    }
     fn sysctl(&mut self, name: &str, value: u64) -> Result<Result<(), Errno>, String> {
         let read = |p: &str| std::fs::read_to_string(p).map(|v| v.trim().to_string());
         let path = format!("/proc/sys/vm/{name}");

@@ -38,6 +38,8 @@ pub trait Backend {
     fn figures(&mut self) -> Result<[i64; 5], String>;
     /// Set a THP knob; Err says why it cannot be (the scenario is skipped).
     fn knob(&mut self, size_kb: Option<u64>, mode: &str) -> Result<(), String>;
+    /// Set `transparent_hugepage/use_zero_page`; Err as for `knob`.
+    fn knob_use_zero_page(&mut self, on: bool) -> Result<(), String>;
     /// Write `/proc/sys/vm/NAME`: Ok(Err(errno)) when the value is refused,
     /// Err when it cannot be written here (the scenario is skipped).
     fn sysctl(&mut self, name: &str, value: u64) -> Result<Result<(), Errno>, String>;
@@ -197,7 +199,11 @@ impl Interp<'_> {
     fn exec_inner(&mut self, op: &Op) -> Result<Res, String> {
         let needs_process = !matches!(
             op,
-            Op::Knob { .. } | Op::KnobOnly { .. } | Op::Sysctl { .. } | Op::Fails { .. }
+            Op::Knob { .. }
+                | Op::KnobOnly { .. }
+                | Op::KnobUseZeroPage { .. }
+                | Op::Sysctl { .. }
+                | Op::Fails { .. }
         );
         if needs_process && !self.procs.contains_key(&self.cur) {
             return Err("no process is running (every one exited)".into());
@@ -387,6 +393,10 @@ impl Interp<'_> {
                 ok("ok")
             }
             Op::Knob { size_kb, mode } => match self.b.knob(*size_kb, mode) {
+                Ok(()) => ok("ok"),
+                Err(why) => Res::Skip(why),
+            },
+            Op::KnobUseZeroPage { on } => match self.b.knob_use_zero_page(*on) {
                 Ok(()) => ok("ok"),
                 Err(why) => Res::Skip(why),
             },

@@ -134,6 +134,10 @@ pub enum Op {
     KnobOnly {
         size_kb: u64,
     },
+    /// `knob use_zero_page 0|1`: `transparent_hugepage/use_zero_page`.
+    KnobUseZeroPage {
+        on: bool,
+    },
     /// `sysctl NAME VALUE`: `/proc/sys/vm/NAME`, one of [`SYSCTLS`].
     Sysctl {
         name: String,
@@ -512,7 +516,17 @@ fn parse_op(w: &mut Words) -> Result<Op, ParseError> {
             },
         },
         "knob" => {
-            let (col, which) = w.next("enabled, only, or a size")?;
+            let (col, which) = w.next("enabled, only, use_zero_page, or a size")?;
+            if which == "use_zero_page" {
+                let (col, v) = w.next("0 or 1")?;
+                let on = match v {
+                    "0" => false,
+                    "1" => true,
+                    _ => return Err(w.err(col, format!("expected 0 or 1, found {v:?}"))),
+                };
+                w.done()?;
+                return Ok(Op::KnobUseZeroPage { on });
+            }
             if which == "only" {
                 let (col, sz) = w.next("a folio size")?;
                 let kb = parse_size(sz)
