@@ -327,6 +327,48 @@ pub fn zap_huge_pmd(oncpu: &OnCpu, tlb: &mut MmuGather, mm: &Mm, slot: PmdSlot, 
     true
 }
 
+/// `madvise_free_huge_pmd`: MADV_FREE of `[addr, next)` under a huge PMD.
+/// The huge zero page and a folio that another process may map are left
+/// alone (it could not be discarded unless they all freed it); an unshared
+/// folio covered in part has its PMD split, for the caller's PTE walk to
+/// split the folio and free only those pages; one covered whole is marked
+/// lazyfree in place, its PMD made clean and old. Returns true if the PMD
+/// is done with (the caller skips the PTE walk).
+pub fn madvise_free_huge_pmd(
+    oncpu: &OnCpu,
+    tlb: &mut MmuGather,
+    mm: &Arc<Mm>,
+    slot: PmdSlot,
+    addr: u64,
+    next: u64,
+) -> bool {
+    let mem = oncpu.mem();
+    let ptl = mm.pmd_lock(slot);
+    let pmd = mm.pmd_get(slot);
+    if !pmd.trans_huge() || is_huge_zero_pmd(oncpu, pmd) {
+        return false;
+    }
+    let folio = Folio(pmd.pfn());
+    // folio_maybe_mapped_shared: any mapping but this PMD is another
+    // process's (a PMD-mapped folio is mapped once per mm).
+    if folio.mapcount(mem) > 1 {
+        return false;
+    }
+    if next - addr != PMD_SIZE {
+        drop(ptl);
+        split_huge_pmd(oncpu, mm, slot, addr);
+        return false;
+    }
+    folio.head(mem).clear(pg::DIRTY);
+    if pmd.young() || pmd.dirty() {
+        let old = pmdp_invalidate(mem, slot);
+        mm.pmd_set(slot, old.mkold().mkclean());
+        tlb.remove_pmd_tlb_entry(addr);
+    }
+    crate::swap::folio_mark_lazyfree(oncpu, folio);
+    true
+}
+
 /// `pmdp_invalidate` (without its flush): make a huge PMD invalid
 /// ([`Pmd::mkinvalid`]) in one atomic step, so that an accessed or dirty bit
 /// the MMU sets meanwhile is in the value returned. PMD lock held.

@@ -8,8 +8,8 @@
 //! 4. [`rmap`]: anon_vma and the folio rmap counters.
 //! 5. [`cpu`]: CPUs with software TLBs and shootdowns.
 //! 6. Operations: [`memory`] (faults, zap, copy), [`mmu_gather`], [`mmap`], [`fork`],
-//!    [`mprotect`], [`madvise`], [`uaccess`] (loads and stores), [`util`]
-//!    (overcommit accounting).
+//!    [`mprotect`], [`madvise`], [`huge_memory`], [`swap`] (lazyfree),
+//!    [`uaccess`] (loads and stores), [`util`] (overcommit accounting).
 //! 7. Statistics: [`vmstat`], [`proc`] (status and smaps), [`inspect`]; and
 //!    the oracles in [`check`].
 
@@ -36,6 +36,7 @@ pub mod mmap;
 pub mod mmu_gather;
 pub mod mprotect;
 pub mod proc;
+pub mod swap;
 pub mod syscalls;
 pub mod uaccess;
 pub mod util;

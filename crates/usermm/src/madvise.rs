@@ -16,10 +16,8 @@ use crate::mmap::{merge_around, vma_modify_flags};
 use crate::mmu_gather::MmuGather;
 use crate::pgtable::entry::{_PAGE_ACCESSED, _PAGE_DIRTY};
 use crate::pgtable::{self, addr_end, entry_get, Pte, PMD_SIZE};
-use crate::phys::memmap::pg;
 use crate::phys::{Folio, Pfn, PhysMem, PAGE_MASK, PAGE_SIZE};
 use crate::sync::Arc;
-use crate::vmstat::Event;
 
 pub const MADV_NORMAL: i32 = 0;
 pub const MADV_DONTNEED: i32 = 4;
@@ -147,9 +145,8 @@ pub fn zap_page_range_single(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) 
 /// instead of swapped: each PTE is made clean and old, and its folio lazily
 /// freeable (no longer swap-backed). Reclaim is not modelled, so the pages
 /// are never actually discarded and keep their contents, as on a host with
-/// no memory pressure. Huge PMDs partly covered are split first; a huge PMD
-/// covered whole is left as it is (the kernel's `madvise_free_huge_pmd`
-/// would mark it lazyfree too; no reclaim reads the mark here).
+/// no memory pressure. Huge PMDs go to `madvise_free_huge_pmd` first; one
+/// still huge after it is skipped, as the kernel's PTE walk finds no table.
 fn madvise_free_single_vma(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) {
     let mut tlb = MmuGather::new(mm);
     let mut addr = start;
@@ -157,8 +154,11 @@ fn madvise_free_single_vma(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) {
         let next = addr_end(addr, end, PMD_SIZE);
         if let Some(slot) = mm.pmd_lookup(addr) {
             let pmd = mm.pmd_get(slot);
-            if pmd.trans_huge() && next - addr < PMD_SIZE {
-                crate::huge_memory::split_huge_pmd(oncpu, mm, slot, addr);
+            if pmd.trans_huge()
+                && crate::huge_memory::madvise_free_huge_pmd(oncpu, &mut tlb, mm, slot, addr, next)
+            {
+                addr = next;
+                continue;
             }
             if !mm.pmd_get(slot).trans_huge() {
                 madvise_free_pte_range(oncpu, &mut tlb, mm, slot, addr, next);
@@ -220,7 +220,7 @@ fn madvise_free_pte_range(
             }
             tlb.remove_tlb_entries(a, nr as u64);
         }
-        folio_mark_lazyfree(oncpu, folio);
+        crate::swap::folio_mark_lazyfree(oncpu, folio);
         a += nr as u64 * PAGE_SIZE;
     }
 }
@@ -231,18 +231,4 @@ fn madvise_free_pte_range(
 fn folio_maybe_mapped_shared(mem: &PhysMem, folio: Folio, table: Pfn, at: FolioPte) -> bool {
     folio.entire_mapcount(mem) != 0
         || folio.mapcount(mem) != folio_ptes_in_table(mem, folio, table, at)
-}
-
-/// `folio_mark_lazyfree`: an anon, swap-backed folio stops being swap-backed
-/// (reclaim may discard it while it stays clean).
-fn folio_mark_lazyfree(oncpu: &OnCpu, folio: Folio) {
-    let mem = oncpu.mem();
-    let head = folio.head(mem);
-    if folio.test_anon(mem) && head.test(pg::SWAPBACKED) {
-        head.clear(pg::SWAPBACKED);
-        head.set(pg::LAZYFREE);
-        oncpu
-            .vmstat()
-            .count(oncpu.id(), Event::PGLAZYFREE, folio.nr_pages(mem));
-    }
 }

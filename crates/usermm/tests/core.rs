@@ -450,3 +450,28 @@ fn a_pmd_mappings_exclusive_flag_is_the_heads() {
     check_invariants(&m).unwrap();
     c.exit_mm().unwrap();
 }
+
+/// MADV_FREE of a whole PMD-mapped THP marks it lazyfree in place
+/// (madvise_free_huge_pmd): 512 pages counted, the PMD kept; covering it in
+/// part splits it and frees only those pages.
+#[test]
+fn madv_free_of_a_whole_thp_keeps_the_pmd() {
+    use usermm::vmstat::Event;
+    let m = machine();
+    m.thp.set_enabled(ThpMode::Always).unwrap();
+    let c = m.bind(0).unwrap();
+    let mm = c.new_mm().unwrap();
+    let a = c.mmap(0, 4 << 20, RW, ANON).unwrap();
+    c.touch_pages(a, a + (4 << 20), 1).unwrap();
+    let thps = || usermm::proc::smaps_rollup(&mm).anon_huge_pages;
+    assert_eq!(thps(), 4096);
+    c.madvise(a, 2 << 20, MADV_FREE).unwrap();
+    assert_eq!(m.vmstat().event(Event::PGLAZYFREE), 512);
+    assert_eq!(thps(), 4096, "the PMD stays");
+    c.madvise(a + (2 << 20), 1 << 20, MADV_FREE).unwrap();
+    assert_eq!(m.vmstat().event(Event::PGLAZYFREE), 512 + 256);
+    assert_eq!(thps(), 2048, "the part-covered THP is split");
+    assert_eq!(c.load_u8(a + (3 << 20)).unwrap(), 1);
+    check_invariants(&m).unwrap();
+    c.exit_mm().unwrap();
+}
