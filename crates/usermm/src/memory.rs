@@ -689,93 +689,133 @@ pub fn copy_page_range(
     dst_vma: &Vma,
     src_vma: &Vma,
 ) -> KResult<()> {
+    let c = CopyRange {
+        oncpu,
+        dst_mm,
+        src_mm,
+        dst_vma,
+        src_vma,
+    };
     let end = src_vma.end();
     let mut addr = src_vma.start();
     while addr < end {
-        let next = addr_end(addr, end, PMD_SIZE);
-        let Some(src_slot) = src_mm.pmd_lookup(addr) else {
-            addr = addr_end(addr, end, PUD_SIZE);
-            continue;
-        };
-        if !src_mm.pmd_get(src_slot).none() {
-            let dst_slot = dst_mm.pmd_alloc(addr, oncpu.id())?;
-            copy_pmd(
-                oncpu, dst_mm, src_mm, dst_vma, src_vma, dst_slot, src_slot, addr, next,
-            )?;
+        let next = addr_end(addr, end, PGDIR_SIZE);
+        // pgd_none_or_clear_bad: nothing below this PGD entry.
+        if src_mm.pud_lookup(addr).is_some() {
+            c.copy_pud_range(addr, next)?;
         }
         addr = next;
     }
     Ok(())
 }
 
-/// One step of `copy_pmd_range`.
-#[allow(clippy::too_many_arguments)]
-fn copy_pmd(
-    oncpu: &OnCpu,
-    dst_mm: &Mm,
-    src_mm: &Mm,
-    dst_vma: &Vma,
-    src_vma: &Vma,
-    dst_slot: PmdSlot,
-    src_slot: PmdSlot,
-    addr: u64,
-    next: u64,
-) -> KResult<()> {
-    if src_mm.pmd_get(src_slot).trans_huge()
-        && huge_memory::copy_huge_pmd(oncpu, dst_mm, src_mm, dst_slot, src_slot)?
-    {
-        return Ok(());
-    }
-    if src_mm.pmd_get(src_slot).none() {
-        return Ok(());
-    }
-    copy_pte_range(
-        oncpu, dst_mm, src_mm, dst_vma, src_vma, dst_slot, src_slot, addr, next,
-    )
+/// What `copy_page_range`'s levels share: both sides of the fork.
+#[derive(Clone, Copy)]
+struct CopyRange<'a> {
+    oncpu: &'a OnCpu<'a>,
+    dst_mm: &'a Mm,
+    src_mm: &'a Mm,
+    dst_vma: &'a Vma,
+    src_vma: &'a Vma,
 }
 
-/// `copy_pte_range`: copy the present PTEs of `[addr, end)`, one PTE table,
-/// with both PTE locks held.
-#[allow(clippy::too_many_arguments)]
-fn copy_pte_range(
-    oncpu: &OnCpu,
-    dst_mm: &Mm,
-    src_mm: &Mm,
-    dst_vma: &Vma,
-    src_vma: &Vma,
-    dst_slot: PmdSlot,
-    src_slot: PmdSlot,
-    mut addr: u64,
-    end: u64,
-) -> KResult<()> {
-    let mem = oncpu.mem();
-    dst_mm.pte_alloc(dst_slot, oncpu.id())?;
-    let dst = dst_mm
-        .pte_offset_map_lock(dst_slot)
-        .expect("the child's PMD holds the table just allocated");
-    let Some(src) = src_mm.pte_offset_map_lock(src_slot) else {
-        return Ok(());
-    };
-    let mut rss = [0i64; NR_MM_COUNTERS];
-    while addr != end {
-        let idx = pgtable::pte_index(addr);
-        let pte = Pte(entry_get(mem, src.table, idx));
-        if pte.none() {
-            addr += PAGE_SIZE;
-            continue;
+impl CopyRange<'_> {
+    /// `copy_pud_range`: the child's PUD table is allocated before the
+    /// source's entries are looked at, as the kernel's `pud_alloc` is, so
+    /// the child gets one wherever the parent has one (VmPTE agrees).
+    fn copy_pud_range(self, mut addr: u64, end: u64) -> KResult<()> {
+        self.dst_mm.pud_alloc(addr, self.oncpu.id())?;
+        while addr < end {
+            let next = addr_end(addr, end, PUD_SIZE);
+            if self.src_mm.pmd_lookup(addr).is_some() {
+                self.copy_pmd_range(addr, next)?;
+            }
+            addr = next;
         }
-        debug_assert!(
-            pte.present(),
-            "non-present PTE {pte:?} (swap is not modelled)"
-        );
-        let max_nr = ((end - addr) >> PAGE_SHIFT) as usize;
-        let tables = (dst.table, src.table);
-        let nr = copy_present_ptes(oncpu, dst_vma, src_vma, tables, idx, pte, max_nr, &mut rss);
-        addr += (nr as u64) << PAGE_SHIFT;
+        Ok(())
     }
-    drop(src);
-    dst_mm.add_rss_vec(&rss);
-    Ok(())
+
+    /// `copy_pmd_range`: the child's PMD table likewise, then each entry.
+    fn copy_pmd_range(self, mut addr: u64, end: u64) -> KResult<()> {
+        self.dst_mm.pmd_alloc(addr, self.oncpu.id())?;
+        while addr < end {
+            let next = addr_end(addr, end, PMD_SIZE);
+            let Some(src_slot) = self.src_mm.pmd_lookup(addr) else {
+                unreachable!("the caller found the source's PMD table");
+            };
+            if !self.src_mm.pmd_get(src_slot).none() {
+                let dst_slot = self.dst_mm.pmd_alloc(addr, self.oncpu.id())?;
+                self.copy_pmd(dst_slot, src_slot, addr, next)?;
+            }
+            addr = next;
+        }
+        Ok(())
+    }
+
+    /// One step of `copy_pmd_range`.
+    fn copy_pmd(self, dst_slot: PmdSlot, src_slot: PmdSlot, addr: u64, next: u64) -> KResult<()> {
+        let CopyRange {
+            oncpu,
+            dst_mm,
+            src_mm,
+            ..
+        } = self;
+        if src_mm.pmd_get(src_slot).trans_huge()
+            && huge_memory::copy_huge_pmd(oncpu, dst_mm, src_mm, dst_slot, src_slot)?
+        {
+            return Ok(());
+        }
+        if src_mm.pmd_get(src_slot).none() {
+            return Ok(());
+        }
+        self.copy_pte_range(dst_slot, src_slot, addr, next)
+    }
+
+    /// `copy_pte_range`: copy the present PTEs of `[addr, end)`, one PTE
+    /// table, with both PTE locks held.
+    fn copy_pte_range(
+        self,
+        dst_slot: PmdSlot,
+        src_slot: PmdSlot,
+        mut addr: u64,
+        end: u64,
+    ) -> KResult<()> {
+        let CopyRange {
+            oncpu,
+            dst_mm,
+            src_mm,
+            dst_vma,
+            src_vma,
+        } = self;
+        let mem = oncpu.mem();
+        dst_mm.pte_alloc(dst_slot, oncpu.id())?;
+        let dst = dst_mm
+            .pte_offset_map_lock(dst_slot)
+            .expect("the child's PMD holds the table just allocated");
+        let Some(src) = src_mm.pte_offset_map_lock(src_slot) else {
+            return Ok(());
+        };
+        let mut rss = [0i64; NR_MM_COUNTERS];
+        while addr != end {
+            let idx = pgtable::pte_index(addr);
+            let pte = Pte(entry_get(mem, src.table, idx));
+            if pte.none() {
+                addr += PAGE_SIZE;
+                continue;
+            }
+            debug_assert!(
+                pte.present(),
+                "non-present PTE {pte:?} (swap is not modelled)"
+            );
+            let max_nr = ((end - addr) >> PAGE_SHIFT) as usize;
+            let tables = (dst.table, src.table);
+            let nr = copy_present_ptes(oncpu, dst_vma, src_vma, tables, idx, pte, max_nr, &mut rss);
+            addr += (nr as u64) << PAGE_SHIFT;
+        }
+        drop(src);
+        dst_mm.add_rss_vec(&rss);
+        Ok(())
+    }
 }
 
 /// `copy_present_ptes`: copy the present PTE at `idx` and, when fork

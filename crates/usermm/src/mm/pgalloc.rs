@@ -84,6 +84,12 @@ impl Mm {
         })
     }
 
+    /// The PUD table covering `addr`, if there is one.
+    pub fn pud_lookup(&self, addr: u64) -> Option<Pfn> {
+        let e = entry_get(&self.mem, self.pgd, pgd_index(addr));
+        (e & _PAGE_PRESENT != 0).then(|| next_table(e))
+    }
+
     /// Find the PMD slot covering `addr` without allocating (`mm_find_pmd`).
     pub fn pmd_lookup(&self, addr: u64) -> Option<PmdSlot> {
         let e = entry_get(&self.mem, self.pgd, pgd_index(addr));
