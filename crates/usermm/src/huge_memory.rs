@@ -69,7 +69,7 @@ pub fn do_huge_pmd_anonymous_page(
     // vmf_anon_prepare before either branch: a VMA that maps only the huge
     // zero page has an anon_vma too, so fork copies its PMDs
     // (vma_needs_copy) and merges see it.
-    rmap::anon_vma_prepare(vma);
+    rmap::anon_vma_prepare(mm, vma);
     if !write && oncpu.m.thp.use_zero_page.load(Ordering::Relaxed) {
         return do_huge_zero_pmd(oncpu, mm, vma, slot);
     }
@@ -166,7 +166,7 @@ fn do_huge_zero_wp_pmd(
     haddr: u64,
 ) -> HugeFault {
     let mem = oncpu.mem();
-    crate::rmap::anon_vma_prepare(vma);
+    crate::rmap::anon_vma_prepare(mm, vma);
     let Some(folio) = mem.folio_alloc(oncpu.cpu.node, HPAGE_PMD_ORDER, oncpu.id(), true, false)
     else {
         oncpu

@@ -254,7 +254,7 @@ fn do_anonymous_page(
         }
         return Ok(());
     }
-    anon_vma_prepare(vma);
+    anon_vma_prepare(mm, vma);
     let (folio, start) = alloc_anon_folio(oncpu, mm, vma, slot, addr)?;
     let nr = folio.nr_pages(mem);
     let Some(locked) = mm.pte_offset_map_lock(slot) else {
@@ -331,7 +331,7 @@ fn wp_page_copy(
     old: Option<Pfn>,
 ) -> KResult<()> {
     let mem = oncpu.mem();
-    anon_vma_prepare(vma);
+    anon_vma_prepare(mm, vma);
     let new = mem
         .folio_alloc(oncpu.cpu.node, 0, oncpu.id(), old.is_none(), false)
         .ok_or(Errno::ENOMEM)?;

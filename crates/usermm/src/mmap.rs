@@ -93,10 +93,22 @@ fn can_merge(a: &Vma, b: &Vma) -> bool {
     a.end() == b.start()
         && a.flags() == b.flags()
         && a.pgoff() + ((a.end() - a.start()) >> PAGE_SHIFT) == b.pgoff()
-        && match (a.anon_vma(), b.anon_vma()) {
-            (Some(x), Some(y)) => Arc::ptr_eq(x, y),
-            _ => true,
-        }
+        && is_mergeable_anon_vma(a, b)
+}
+
+/// `is_mergeable_anon_vma`: two VMAs with anon_vmas merge only if it is the
+/// same one; when only one has an anon_vma, it must not be chained to
+/// others too (`vma_had_uncowed_parents`, the `list_is_singular` test: a
+/// forked VMA is not merged with one that has none, which would chain that
+/// one to all its parents' anon_vmas).
+fn is_mergeable_anon_vma(a: &Vma, b: &Vma) -> bool {
+    let had_uncowed_parents = |v: &Vma| v.anon_vma_chain.lock().len() != 1;
+    match (a.anon_vma(), b.anon_vma()) {
+        (Some(x), Some(y)) => Arc::ptr_eq(x, y),
+        (Some(_), None) => !had_uncowed_parents(a),
+        (None, Some(_)) => !had_uncowed_parents(b),
+        (None, None) => true,
+    }
 }
 
 /// `vm_area_dup` + `anon_vma_clone`: a new VMA over `[start, end)` with

@@ -12,7 +12,7 @@
 //! gain or lose the mapping.
 
 use crate::mm::interval_tree::AnonVmaWriteGuard;
-use crate::mm::{AnonVma, Vma};
+use crate::mm::{AnonVma, Mm, Vma};
 use crate::phys::folio::{clear_page_anon_exclusive, set_page_anon_exclusive, Folio};
 use crate::phys::memmap::{pg, PAGE_MAPPING_ANON};
 use crate::phys::{Pfn, PhysMem, HPAGE_PMD_ORDER};
@@ -20,15 +20,51 @@ use crate::sync::Arc;
 use crate::sync::Ordering;
 use crate::vmstat::{Event, MthpStat, NodeStat};
 
-/// `anon_vma_prepare`: give the VMA an anon_vma before its first anon folio.
-/// Called with mmap_lock held (for reading, by faults): two faults of one
-/// VMA may race, and the OnceLock lets exactly one of them create it.
-pub fn anon_vma_prepare(vma: &Arc<Vma>) -> &Arc<AnonVma> {
+/// `anon_vma_prepare`: give the VMA an anon_vma before its first anon folio:
+/// a compatible neighbour's, if it has one of its own alone
+/// (`find_mergeable_anon_vma`), so that the two may merge later; else a new
+/// one. Called with mmap_lock held (for reading, by faults): two faults of
+/// one VMA may race, and the OnceLock lets exactly one of them set it.
+pub fn anon_vma_prepare<'v>(mm: &Mm, vma: &'v Arc<Vma>) -> &'v Arc<AnonVma> {
     vma.anon_vma.get_or_init(|| {
-        let av = AnonVma::new(None);
+        let av = find_mergeable_anon_vma(mm, vma).unwrap_or_else(|| AnonVma::new(None));
         anon_vma_chain_link(vma, &av);
         av
     })
+}
+
+/// `find_mergeable_anon_vma`: the anon_vma of the VMA just after `vma`, or
+/// else of the one just before, if it is compatible and reusable.
+fn find_mergeable_anon_vma(mm: &Mm, vma: &Vma) -> Option<Arc<AnonVma>> {
+    let guard = crossbeam_epoch::pin();
+    let tree = mm.vma_tree(&guard);
+    let next = tree.next_vma(vma.end()).filter(|n| n.start() == vma.end());
+    if let Some(av) = next.and_then(|n| reusable_anon_vma(n, vma, n)) {
+        return Some(av);
+    }
+    let prev = tree.prev_vma(vma.start())?;
+    reusable_anon_vma(prev, prev, vma)
+}
+
+/// `reusable_anon_vma`: `old`'s anon_vma, if `a` and `b` (one of them `old`)
+/// could share one and `old` is chained to it alone (`list_is_singular`:
+/// no parents whose folios it may still share).
+fn reusable_anon_vma(old: &Vma, a: &Vma, b: &Vma) -> Option<Arc<AnonVma>> {
+    if !anon_vma_compatible(a, b) {
+        return None;
+    }
+    let av = old.anon_vma()?;
+    (old.anon_vma_chain.lock().len() == 1).then(|| av.clone())
+}
+
+/// `anon_vma_compatible`: `a` just before `b`, with flags that differ at
+/// most in access rights, and linear page offsets (the model's VMAs are
+/// anonymous, with the default memory policy).
+fn anon_vma_compatible(a: &Vma, b: &Vma) -> bool {
+    use crate::mm::vma::VM_ACCESS_FLAGS;
+    a.end() == b.start()
+        && (a.flags() ^ b.flags()) & !VM_ACCESS_FLAGS == 0
+        && b.pgoff() == a.pgoff() + ((b.start() - a.start()) >> crate::phys::PAGE_SHIFT)
 }
 
 fn anon_vma_chain_link(vma: &Arc<Vma>, av: &Arc<AnonVma>) {
