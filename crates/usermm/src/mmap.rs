@@ -271,6 +271,10 @@ pub fn do_mmap(
     prot: u32,
     flags: u32,
 ) -> KResult<u64> {
+    // ksys_mmap_pgoff looks the file up before do_mmap looks at the length.
+    if flags & MAP_ANONYMOUS == 0 {
+        return Err(Errno::EBADF);
+    }
     if len == 0 {
         return Err(Errno::EINVAL);
     }
@@ -284,23 +288,24 @@ pub fn do_mmap(
         addr = MMAP_MIN_ADDR;
     }
     let len = page_align(len).filter(|&l| l != 0).ok_or(Errno::ENOMEM)?;
-    if flags & MAP_ANONYMOUS == 0 {
-        return Err(Errno::EBADF);
-    }
     let guard = mm.mmap_lock.write();
     let mut tree = mm.vma_tree_draft();
     if tree.len() >= MAX_MAP_COUNT {
         return Err(Errno::ENOMEM);
     }
     let addr = get_unmapped_area(&tree, addr, len, flags)?;
-    match flags & MAP_TYPE {
-        MAP_PRIVATE => {}
-        MAP_SHARED | MAP_SHARED_VALIDATE => return Err(Errno::EOPNOTSUPP), // shared anonymous memory is not modelled
-        _ => return Err(Errno::EINVAL),
-    }
     let overlaps = tree.find_vma_intersection(addr, addr + len).is_some();
     if flags & MAP_FIXED_NOREPLACE != 0 && overlaps {
         return Err(Errno::EEXIST);
+    }
+    // The mapping type of anonymous memory, after the collision check as
+    // in do_mmap: MAP_SHARED_VALIDATE and unknown types are EINVAL there
+    // too. Shared anonymous memory (shmem) is not modelled: it is refused
+    // with EOPNOTSUPP, where the kernel would map it.
+    match flags & MAP_TYPE {
+        MAP_PRIVATE => {}
+        MAP_SHARED => return Err(Errno::EOPNOTSUPP),
+        _ => return Err(Errno::EINVAL),
     }
     let oc = &oncpu.m.overcommit;
     let mut vm_flags = calc_vm_prot_bits(prot) | VM_MAYREAD | VM_MAYWRITE | VM_MAYEXEC;

@@ -175,6 +175,7 @@ pub const PROT_WRITE: u32 = 2;
 pub const PROT_EXEC: u32 = 4;
 pub const MAP_SHARED: u32 = 0x01;
 pub const MAP_PRIVATE: u32 = 0x02;
+pub const MAP_SHARED_VALIDATE: u32 = 0x03;
 pub const MAP_FIXED: u32 = 0x10;
 pub const MAP_ANONYMOUS: u32 = 0x20;
 pub const MAP_NORESERVE: u32 = 0x4000;
@@ -345,6 +346,7 @@ fn parse_flags(w: &str) -> Option<u32> {
         f |= match part {
             "private" => MAP_PRIVATE,
             "shared" => MAP_SHARED,
+            "shared_validate" => MAP_SHARED_VALIDATE,
             "anonymous" => MAP_ANONYMOUS,
             "fixed" => MAP_FIXED,
             "noreplace" => MAP_FIXED_NOREPLACE,
