@@ -928,6 +928,9 @@ pub fn free_pgtables(
     ceiling: u64,
 ) {
     for (i, vma) in vmas.iter().enumerate() {
+        // Hide the VMA from rmap walks before its tables go, as the
+        // kernel's free_pgtables does.
+        rmap::unlink_anon_vmas(vma);
         let next = vmas.get(i + 1).map_or(ceiling, |n| n.start());
         free_pgd_range(oncpu, tlb, vma.start(), vma.end(), floor, next);
     }

@@ -12,7 +12,7 @@ use crate::mm::{Mm, Vma, VmaTree, MAX_MAP_COUNT, MMAP_BASE, MMAP_MIN_ADDR, TASK_
 use crate::mmu_gather::MmuGather;
 use crate::pgtable::{PMD_MASK, PMD_SIZE};
 use crate::phys::{PAGE_MASK, PAGE_SHIFT, PAGE_SIZE};
-use crate::sync::{Arc, Ordering};
+use crate::sync::{Arc, Ordering, RwLockWriteGuard};
 use crate::util::OvercommitMode;
 
 pub const PROT_NONE: u32 = 0;
@@ -418,10 +418,11 @@ pub fn populate_range(
     Ok(())
 }
 
-/// `do_vmi_munmap` on a tree being edited: split at the edges, detach the
-/// VMAs, zap what they mapped and free their page tables. Returns the pages
-/// of the detached `VM_ACCOUNT` VMAs, for the caller to uncharge or to hand
-/// on to a mapping that replaces them.
+/// `do_vmi_munmap` on a tree being edited, with mmap_lock held for writing
+/// throughout (a MAP_FIXED mapping replacing them): detach the VMAs, then
+/// zap and free their tables. Returns the pages of the detached
+/// `VM_ACCOUNT` VMAs, for the caller to uncharge or to hand on to the
+/// mapping that replaces them.
 fn do_vmi_munmap(
     oncpu: &OnCpu,
     mm: &Arc<Mm>,
@@ -429,24 +430,56 @@ fn do_vmi_munmap(
     start: u64,
     end: u64,
 ) -> KResult<u64> {
-    let detached = split_range(oncpu, mm, tree, start, end)?;
-    if detached.is_empty() {
-        return Ok(0);
+    Ok(vms_gather_munmap_vmas(oncpu, mm, tree, start, end)?.map_or(0, |d| d.complete(oncpu, mm)))
+}
+
+/// VMAs detached by a munmap and published gone, whose pages and tables are
+/// still to be freed (the kernel's `struct vma_munmap_struct`).
+struct DetachedVmas {
+    vmas: Vec<Arc<Vma>>,
+    floor: u64,
+    ceiling: u64,
+}
+
+/// `vms_gather_munmap_vmas` + the tree update: split at the edges, take the
+/// VMAs out and publish the tree without them, so that no new fault maps
+/// into the range once mmap_lock is downgraded or dropped. `None` if
+/// nothing was mapped there.
+fn vms_gather_munmap_vmas(
+    oncpu: &OnCpu,
+    mm: &Arc<Mm>,
+    tree: &mut VmaTree,
+    start: u64,
+    end: u64,
+) -> KResult<Option<DetachedVmas>> {
+    let vmas = split_range(oncpu, mm, tree, start, end)?;
+    if vmas.is_empty() {
+        return Ok(None);
     }
     let floor = tree.prev_vma(start).map_or(0, |p| p.end());
     let ceiling = tree.next_vma(end).map_or(0, |n| n.start());
-    tree.replace(&detached, Vec::new());
-    for v in &detached {
-        vma_retire(v);
+    tree.replace(&vmas, Vec::new());
+    for v in &vmas {
+        v.mark_detached();
     }
-    // Publish the tree without them before zapping: no new fault can map
-    // into the range once we drop the lock.
     mm.vma_tree_publish(tree, &crossbeam_epoch::pin());
-    let pages: u64 = detached.iter().map(|v| v.pages()).sum();
+    let pages: u64 = vmas.iter().map(|v| v.pages()).sum();
     mm.total_vm.fetch_sub(pages, Ordering::Relaxed);
-    let accounted = vmas_accounted_pages(&detached);
-    unmap_region(oncpu, mm, &detached, floor, ceiling);
-    Ok(accounted)
+    Ok(Some(DetachedVmas {
+        vmas,
+        floor,
+        ceiling,
+    }))
+}
+
+impl DetachedVmas {
+    /// `vms_complete_munmap_vmas`: zap the pages, unlink the anon_vmas and
+    /// free the tables (`unmap_region`); mmap_lock held for reading or
+    /// writing. Returns the pages the VMAs had charged.
+    fn complete(self, oncpu: &OnCpu, mm: &Arc<Mm>) -> u64 {
+        unmap_region(oncpu, mm, &self.vmas, self.floor, self.ceiling);
+        vmas_accounted_pages(&self.vmas)
+    }
 }
 
 /// `unmap_region`.
@@ -467,9 +500,16 @@ pub fn do_munmap(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, len: u64) -> KResult<(
     if len == 0 {
         return Err(Errno::EINVAL);
     }
-    let _g = mm.mmap_lock.write();
+    let g = mm.mmap_lock.write();
     let mut tree = mm.vma_tree_draft();
-    let accounted = do_vmi_munmap(oncpu, mm, &mut tree, start, start + len)?;
+    let Some(detached) = vms_gather_munmap_vmas(oncpu, mm, &mut tree, start, start + len)? else {
+        return Ok(());
+    };
+    drop(tree);
+    // mmap_write_downgrade: the VMAs are gone from the tree; faults
+    // elsewhere may run while their pages and tables are freed.
+    let _g = RwLockWriteGuard::downgrade(g);
+    let accounted = detached.complete(oncpu, mm);
     oncpu.m.overcommit.vm_unacct_memory(accounted);
     Ok(())
 }
@@ -486,8 +526,9 @@ pub fn exit_mmap(oncpu: &OnCpu, mm: &Arc<Mm>) {
         memory::free_pgtables(oncpu, &mut tlb, &vmas, 0, 0);
         tlb.finish(oncpu);
     }
+    // free_pgtables unlinked their anon_vmas.
     for v in &vmas {
-        vma_retire(v);
+        v.mark_detached();
     }
     oncpu
         .m
