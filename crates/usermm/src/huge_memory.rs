@@ -473,17 +473,34 @@ pub fn folio_ptes_in_table(mem: &PhysMem, folio: Folio, table: Pfn, at: FolioPte
         .count() as i32
 }
 
+/// Where a folio being split is mapped: the mm (whose mmap_lock the caller
+/// holds) and the PTE table (whose lock it holds too), with the address of
+/// the table's first entry.
+pub struct SplitAt<'a> {
+    pub mm: &'a Arc<Mm>,
+    pub table: Pfn,
+    pub table_addr: u64,
+}
+
 /// `split_folio` (`split_huge_page_to_list_to_order` to order 0) of an anon
 /// folio mapped only by PTEs of the table `table`, whose lock the caller
 /// holds. Every page becomes a folio of its own, keeping its mapping, its
-/// PageAnonExclusive and its index; pages no PTE maps are freed.
+/// PageAnonExclusive and its index; pages no PTE maps are freed, and pages
+/// that hold only zeroes are mapped to the shared zero page instead and
+/// freed too (`remap_page` with `RMP_USE_SHARED_ZEROPAGE`, v6.12).
 ///
 /// The kernel unmaps the folio through the rmap (migration entries in every
 /// mm), splits and remaps. The model splits in place, which is the same
 /// once no one else can reach the folio: so it refuses (EAGAIN) unless
 /// every reference is a mapping in this table, as `can_split_folio` refuses
 /// when there are extra references.
-pub fn split_folio_in_table(oncpu: &OnCpu, folio: Folio, table: Pfn, at: FolioPte) -> KResult<()> {
+pub fn split_folio_in_table(
+    oncpu: &OnCpu,
+    folio: Folio,
+    where_: &SplitAt<'_>,
+    at: FolioPte,
+) -> KResult<()> {
+    let table = where_.table;
     let mem = oncpu.mem();
     let order = folio.order(mem);
     debug_assert!(order > 0);
@@ -543,5 +560,59 @@ pub fn split_folio_in_table(oncpu: &OnCpu, folio: Folio, table: Pfn, at: FolioPt
         mem.page(pfn).mapping.store(0, Ordering::Relaxed);
         mem.free_pages(pfn, 0, oncpu.id());
     }
+    let first = at.idx as i64 - (at.page - folio.pfn()) as i64;
+    remap_zero_pages_to_zeropage(oncpu, where_, folio.pfn(), nr, first);
     Ok(())
+}
+
+/// After a split, map the pages that hold only zeroes to the shared zero
+/// page and free them (`try_to_map_unused_to_zeropage`). The kernel looks
+/// at the pages while migration entries stand in for their PTEs; here the
+/// PTEs are cleared and the TLBs flushed first, so that no store can land
+/// while a page is read, and the others are put back as they were.
+fn remap_zero_pages_to_zeropage(
+    oncpu: &OnCpu,
+    at: &SplitAt<'_>,
+    pfn: Pfn,
+    nr: u64,
+    first_idx: i64,
+) {
+    let mem = oncpu.mem();
+    let idx_of = |i: u64| first_idx + i as i64;
+    let in_table = |i: u64| (0..crate::pgtable::PTRS_PER_TABLE as i64).contains(&idx_of(i));
+    let mut cleared = Vec::new();
+    for i in (0..nr).filter(|&i| in_table(i)) {
+        let idx = idx_of(i) as usize;
+        let pte = crate::pgtable::Pte(crate::pgtable::entry_get(mem, at.table, idx));
+        if pte.present() && !pte.special() && pte.pfn() == pfn + i {
+            let old = crate::pgtable::entry_get_and_clear(mem, at.table, idx);
+            cleared.push((idx, pfn + i, old));
+        }
+    }
+    let (Some(lo), Some(hi)) = (cleared.first(), cleared.last()) else {
+        return;
+    };
+    use crate::phys::{PAGE_SHIFT, PAGE_SIZE};
+    let addr = |idx: usize| at.table_addr + idx as u64 * PAGE_SIZE;
+    oncpu.flush_tlb_range(at.mm, addr(lo.0), addr(hi.0) + PAGE_SIZE, PAGE_SHIFT);
+    // The folio may straddle VMAs (an mprotect split it): each page's zero
+    // PTE takes its own VMA's protection, as each rmap walk step uses its
+    // VMA's vm_page_prot.
+    let guard = crossbeam_epoch::pin();
+    let tree = at.mm.vma_tree(&guard);
+    let mut remapped = 0;
+    for (idx, page, old) in cleared {
+        let vma = tree.vma_lookup(addr(idx));
+        let (Some(vma), true) = (vma, mem.page_is_zero(page)) else {
+            crate::pgtable::entry_set(mem, at.table, idx, old);
+            continue;
+        };
+        let zero = crate::pgtable::Pte::new(oncpu.m.zero_pfn, vma.page_prot()).mkspecial();
+        crate::pgtable::entry_set(mem, at.table, idx, zero.0);
+        let f = Folio(page);
+        rmap::folio_remove_rmap_ptes(mem, f, page, 1, oncpu.id());
+        f.put(mem, oncpu.id());
+        remapped += 1;
+    }
+    at.mm.add_rss(MmCounter::AnonPages, -remapped);
 }

@@ -7,7 +7,7 @@
 //! it for writing.
 
 use crate::errno::{Errno, KResult};
-use crate::huge_memory::{folio_ptes_in_table, split_folio_in_table, FolioPte};
+use crate::huge_memory::{folio_ptes_in_table, split_folio_in_table, FolioPte, SplitAt};
 use crate::machine::OnCpu;
 use crate::memory::{self, vm_normal_page};
 use crate::mm::vma::*;
@@ -203,7 +203,12 @@ fn madvise_free_pte_range(
                 // another process too; then leave these entries alone.
                 let at = FolioPte { idx, page };
                 let shared = folio_maybe_mapped_shared(mem, folio, locked.table, at);
-                if !shared && split_folio_in_table(oncpu, folio, locked.table, at).is_ok() {
+                let split_at = SplitAt {
+                    mm,
+                    table: locked.table,
+                    table_addr: a & crate::pgtable::PMD_MASK,
+                };
+                if !shared && split_folio_in_table(oncpu, folio, &split_at, at).is_ok() {
                     continue; // look at this entry again: its folio is small now
                 }
                 a += nr as u64 * PAGE_SIZE;

@@ -201,6 +201,16 @@ impl PhysMem {
         unsafe { std::ptr::write_bytes(self.frame_ptr(pfn), 0, PAGE_SIZE as usize) }
     }
 
+    /// Whether the frame holds only zeroes (`pages_identical` with the zero
+    /// page). The caller keeps every writer out (no PTE maps it writably,
+    /// no TLB caches such a translation).
+    pub fn page_is_zero(&self, pfn: Pfn) -> bool {
+        // SAFETY: the frame is PAGE_SIZE bytes inside the arena, and by the
+        // caller's promise nothing writes it while it is read.
+        let bytes = unsafe { std::slice::from_raw_parts(self.frame_ptr(pfn), PAGE_SIZE as usize) };
+        bytes.iter().all(|&b| b == 0)
+    }
+
     /// Copy one frame to another (`copy_user_highpage`). The destination is
     /// owned by the caller; the source is mapped read-only everywhere (COW).
     pub fn copy_page(&self, dst: Pfn, src: Pfn) {
