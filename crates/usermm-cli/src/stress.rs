@@ -70,8 +70,11 @@ struct Control {
     /// The operator wants the accessors parked (quiescent machine).
     pause: AtomicBool,
     parked: AtomicUsize,
-    /// Bumped by every operation and every 1,024 accesses.
+    /// Bumped by every operation of the operator.
     progress: AtomicU64,
+    /// Bumped by each accessor (by CPU) every 1,024 accesses and while it
+    /// is parked: the watchdog wants every thread alive, not only some.
+    accessor_progress: Vec<AtomicU64>,
     stores: AtomicU64,
     /// An accessor's unexpected error, which fails the run.
     failure: Mutex<Option<String>>,
@@ -102,7 +105,10 @@ pub fn run(a: StressArgs) -> anyhow::Result<i32> {
     }
     let m = Machine::new(config).map_err(|e| anyhow::anyhow!("machine: {e}"))?;
     let free0 = m.mem.nr_free_pages();
-    let ctl = Control::default();
+    let ctl = Control {
+        accessor_progress: (0..m.cpus.len()).map(|_| AtomicU64::new(0)).collect(),
+        ..Default::default()
+    };
     let shadow = Shadow::new();
     let nr_accessors = m.cpus.len() - 1;
     let t = Instant::now();
@@ -247,6 +253,7 @@ fn accessor(m: &Machine, id: usize, main: &Arc<Mm>, ctl: &Control, shadow: &Shad
     while !ctl.stop.load(Ordering::Relaxed) {
         if ctl.pause.load(Ordering::Acquire) {
             park(&c, ctl);
+            ctl.accessor_progress[id].fetch_add(1, Ordering::Relaxed);
             continue;
         }
         let addr = WINDOW + rng.gen_range(0..WINDOW_LEN / 65536) * 65536 + rng.gen_range(0..4) * 8;
@@ -266,7 +273,7 @@ fn accessor(m: &Machine, id: usize, main: &Arc<Mm>, ctl: &Control, shadow: &Shad
         }
         n += 1;
         if n.is_multiple_of(1024) {
-            ctl.progress.fetch_add(1, Ordering::Relaxed);
+            ctl.accessor_progress[id].fetch_add(1, Ordering::Relaxed);
         }
     }
     c.exit_thread();
@@ -293,20 +300,39 @@ fn park(c: &OnCpu, ctl: &Control) {
     ctl.parked.fetch_sub(1, Ordering::Release);
 }
 
-/// End the process if nothing progresses for `stall` seconds.
+/// End the process if the operator, or any accessor, makes no progress for
+/// `stall` seconds (one stuck thread while the others run is a stall too:
+/// the run would never end).
 fn watchdog(ctl: &Control, done: &AtomicBool, stall: u64) {
-    let mut last = (ctl.progress.load(Ordering::Relaxed), Instant::now());
+    // The operator's counter, then each accessor's (CPU 0's is unused).
+    let counters = || {
+        std::iter::once(&ctl.progress)
+            .chain(ctl.accessor_progress.iter().skip(1))
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect::<Vec<u64>>()
+    };
+    let mut last: Vec<(u64, Instant)> = counters()
+        .into_iter()
+        .map(|p| (p, Instant::now()))
+        .collect();
     while !done.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(200));
-        let p = ctl.progress.load(Ordering::Relaxed);
-        if p != last.0 {
-            last = (p, Instant::now());
-        } else if last.1.elapsed() > Duration::from_secs(stall) {
-            let op = ctl.last_op.lock().map(|s| s.clone()).unwrap_or_default();
-            eprintln!(
-                "stress: stalled: no progress for {stall} s; the operator's last operation: {op}"
-            );
-            std::process::exit(3);
+        for (who, (p, (seen, at))) in counters().into_iter().zip(last.iter_mut()).enumerate() {
+            if p != *seen {
+                *seen = p;
+                *at = Instant::now();
+            } else if at.elapsed() > Duration::from_secs(stall) {
+                let op = ctl.last_op.lock().map(|s| s.clone()).unwrap_or_default();
+                let thread = if who == 0 {
+                    "the operator".to_string()
+                } else {
+                    format!("the accessor on CPU {who}")
+                };
+                eprintln!(
+                    "stress: stalled: no progress by {thread} for {stall} s; the operator's last operation: {op}"
+                );
+                std::process::exit(3);
+            }
         }
     }
 }
