@@ -410,8 +410,9 @@ impl Operator<'_, '_> {
                 .iter()
                 .map(|(a, b, op)| format!("  [{a}, {b}] {op}"))
                 .collect();
+            let what = self.shadow.verdict().err().unwrap_or_default();
             return Err(format!(
-                "the shadow memory found a violation; the latest operations:\n{}",
+                "the shadow memory found a violation: {what}; the latest operations:\n{}",
                 ops.join("\n")
             ));
         }

@@ -15,7 +15,14 @@
 //! had started by `le` (`E.t0 < le`) and was not already overwritten before
 //! the load began: no event `F` completed before `ls` started after `E`
 //! ended (`E.t1 < F.t0 && F.t1 < ls`). This is linearisability of a register
-//! under concurrent writers; a value outside that set is either a *stale
+//! under concurrent writers, with one exception the kernel makes: a store
+//! that overlaps a zap of its word may be lost, so it overwrites nothing. A
+//! CPU whose TLB still holds the old translation (the zap clears the entry
+//! and flushes only when its gather ends) may store into the page the zap
+//! is about to free, after another CPU has faulted a new page in and
+//! stored there; the later store is gone, the earlier one stays. MADV_DONTNEED
+//! under a racing writer allows exactly this. A value outside that set is
+//! either a *stale
 //! read* (the value of an overwritten event: a TLB that was not flushed, a
 //! write lost into a page that was freed or copied too early) or a value that
 //! was never stored at all (corruption). Either is reported with the
@@ -413,10 +420,11 @@ impl Shadow {
 /// Some(stale): whether it is the value of an overwritten event.
 fn check_load(h: &[ShadowEvent], got: u64, ls: u64, le: u64) -> Option<bool> {
     // The latest end among events that completed before the load started:
-    // anything that ended before the start of such an event is overwritten.
+    // anything that ended before the start of such an event is overwritten
+    // (unless that event was a store a zap may have lost).
     let overwritten = |e: &ShadowEvent| {
         h.iter()
-            .any(|f| f.t1 != IN_FLIGHT && f.t1 < ls && e.t1 < f.t0)
+            .any(|f| f.t1 != IN_FLIGHT && f.t1 < ls && e.t1 < f.t0 && !may_be_lost(h, f))
     };
     let legal = h
         .iter()
@@ -428,6 +436,13 @@ fn check_load(h: &[ShadowEvent], got: u64, ls: u64, le: u64) -> Option<bool> {
     }
 }
 
+/// A store that overlaps a zap of its word (see the module doc).
+fn may_be_lost(h: &[ShadowEvent], f: &ShadowEvent) -> bool {
+    matches!(f.origin, Origin::Store { .. })
+        && h.iter()
+            .any(|z| matches!(z.origin, Origin::Zap { .. }) && z.t0 < f.t1 && f.t0 < z.t1)
+}
+
 /// Drop events that no load starting at or after `min_ls` may return.
 fn prune(h: &mut Vec<ShadowEvent>, min_ls: u64) {
     if h.len() < 8 {
@@ -437,7 +452,7 @@ fn prune(h: &mut Vec<ShadowEvent>, min_ls: u64) {
     // last overwrites everything that ended before it started.
     let Some(barrier) = h
         .iter()
-        .filter(|f| f.t1 != IN_FLIGHT && f.t1 < min_ls)
+        .filter(|f| f.t1 != IN_FLIGHT && f.t1 < min_ls && !may_be_lost(h, f))
         .map(|f| f.t0)
         .max()
     else {
@@ -457,6 +472,28 @@ mod tests {
             value,
             origin: Origin::Store { cpu: 0 },
         }
+    }
+
+    #[test]
+    fn a_store_beside_a_zap_may_be_lost() {
+        let zap = ShadowEvent {
+            origin: Origin::Zap { cpu: 0 },
+            ..ev(10, 50, 0)
+        };
+        let h = vec![ev(0, 0, 0), ev(5, 6, 4), zap, ev(20, 21, 7), ev(30, 31, 8)];
+        // 8 came after 7, but 8 may have gone into the page the zap freed.
+        assert_eq!(check_load(&h, 7, 60, 61), None);
+        assert_eq!(check_load(&h, 8, 60, 61), None);
+        assert_eq!(check_load(&h, 0, 60, 61), None);
+        // A store before the zap began is overwritten as before.
+        assert_eq!(check_load(&h, 4, 60, 61), Some(true));
+        let mut pruned = h.clone();
+        pruned.extend((0..8).map(|i| ev(100 + i, 100 + i, 9)));
+        prune(&mut pruned, 200);
+        assert!(
+            pruned.iter().all(|e| e.value == 9),
+            "later stores overwrite all"
+        );
     }
 
     #[test]
