@@ -205,6 +205,8 @@ impl Backend for HostBackend {
                 let mut st = 0;
                 // SAFETY: reaping our own child.
                 unsafe { libc::waitpid(s.pid, &mut st, 0) };
+            } else {
+                wait_gone(s.pid)?;
             }
         }
         Ok(())
@@ -287,6 +289,29 @@ impl Drop for HostBackend {
 }
 
 // ---------------------------------------------------------------------------
+/// Wait until process `pid` (another server's child, reaped by the kernel)
+/// has exited: its address space is gone once it is a zombie or gone, so
+/// figures taken after the `exit` statement compare exactly.
+fn wait_gone(pid: libc::pid_t) -> Result<(), String> {
+    let start = std::time::Instant::now();
+    loop {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            return Ok(());
+        };
+        // The state follows the parenthesised command name.
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next());
+        if matches!(state, Some('Z' | 'X')) {
+            return Ok(());
+        }
+        if start.elapsed() > std::time::Duration::from_secs(10) {
+            return Err(format!("process {pid} did not exit within 10 s"));
+        }
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+}
+
 // The server side, in the scenario's processes.
 
 fn serve_at(inp: &PathBuf, out: &PathBuf) -> ! {
@@ -322,6 +347,10 @@ fn touch_stack(kb: usize) {
 }
 
 fn serve(mut r: BufReader<File>, mut w: File) -> ! {
+    // Children this server forks are reaped by the kernel as they exit (no
+    // zombies; the scenario's side waits for them to be gone).
+    // SAFETY: setting a signal disposition; the server is single-threaded.
+    unsafe { libc::signal(libc::SIGCHLD, libc::SIG_IGN) };
     // Settle the server's own footprint before the scenario measures it.
     let mut proc_buf = String::with_capacity(1 << 20);
     proc_buf.extend(std::iter::repeat_n('x', 1 << 20));
