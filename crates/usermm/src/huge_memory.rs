@@ -11,42 +11,20 @@
 //! into 512 entries of the small zero page and the write is retried there.
 //!
 //! The deposit list hangs off the PMD table's descriptor (`pmd_huge_pte`),
-//! linked through the deposited tables' `private`.
+//! kept by the page-table layer ([`PmdLocked::deposit`]).
 
 use crate::errno::{Errno, KResult};
 use crate::machine::OnCpu;
-use crate::mm::pgalloc::PmdSlot;
 use crate::mm::{Mm, MmCounter, Vma};
 use crate::mmu_gather::MmuGather;
-use crate::pgtable::{entry_set, table_alloc, table_free, Pmd, PMD_MASK, PMD_SIZE};
+use crate::pgtable::{
+    Pmd, PmdLocked, PmdSlot, Ptdesc, Pte, PteLocked, PteRead, PMD_MASK, PMD_SIZE, PTRS_PER_TABLE,
+};
 use crate::phys::memmap::pg;
 use crate::phys::{Folio, Pfn, PhysMem, HPAGE_PMD_NR, HPAGE_PMD_ORDER};
 use crate::rmap;
 use crate::sync::{Arc, Ordering};
 use crate::vmstat::{Event, MthpStat};
-
-/// `pgtable_trans_huge_deposit`. PMD lock held.
-fn deposit(mem: &PhysMem, slot: PmdSlot, table: Pfn) {
-    let head = &mem.page(slot.table).private;
-    mem.page(table)
-        .private
-        .store(head.load(Ordering::Relaxed), Ordering::Relaxed);
-    head.store(table + 1, Ordering::Relaxed);
-}
-
-/// `pgtable_trans_huge_withdraw`. PMD lock held.
-fn withdraw(mem: &PhysMem, slot: PmdSlot) -> Pfn {
-    let head = &mem.page(slot.table).private;
-    let t = head.load(Ordering::Relaxed);
-    assert!(t != 0, "huge PMD without a deposited table");
-    let table = t - 1;
-    head.store(
-        mem.page(table).private.load(Ordering::Relaxed),
-        Ordering::Relaxed,
-    );
-    mem.page(table).private.store(0, Ordering::Relaxed);
-    table
-}
 
 /// Result of trying the PMD path of a fault.
 pub enum HugeFault {
@@ -82,24 +60,24 @@ pub fn do_huge_pmd_anonymous_page(
             .mod_mthp(HPAGE_PMD_ORDER, MthpStat::ANON_FAULT_FALLBACK, 1);
         return Ok(HugeFault::Fallback);
     };
-    let Some(pgtable) = table_alloc(mem, oncpu.cpu.node, oncpu.id()) else {
+    let Some(pgtable) = Ptdesc::alloc(mem, oncpu.cpu.node, oncpu.id()) else {
         folio.put(mem, oncpu.id());
         return Err(Errno::ENOMEM);
     };
-    let ptl = mm.pmd_lock(slot);
-    if !mm.pmd_get(slot).none() {
+    let mut ptl = mm.pmd_lock(slot);
+    if !ptl.get().none() {
         drop(ptl);
-        table_free(mem, pgtable, oncpu.id());
+        pgtable.free(mem, oncpu.id());
         folio.put(mem, oncpu.id());
         return Ok(HugeFault::Done);
     }
     rmap::folio_add_new_anon_rmap(mem, folio, vma, haddr, true, true);
-    deposit(mem, slot, pgtable);
+    ptl.deposit(pgtable);
     let mut pmd = Pmd::huge(folio.pfn(), vma.page_prot()).mkdirty();
     if vma.flags() & crate::mm::vma::VM_WRITE != 0 {
         pmd = pmd.mkwrite();
     }
-    mm.pmd_set(slot, pmd);
+    ptl.set(pmd);
     mm.add_rss(MmCounter::AnonPages, HPAGE_PMD_NR as i64);
     mm.inc_nr_tables();
     drop(ptl);
@@ -116,35 +94,34 @@ pub fn do_huge_pmd_anonymous_page(
 /// does.
 fn do_huge_zero_pmd(oncpu: &OnCpu, mm: &Mm, vma: &Vma, slot: PmdSlot) -> KResult<HugeFault> {
     let mem = oncpu.mem();
-    let pgtable = table_alloc(mem, oncpu.cpu.node, oncpu.id()).ok_or(Errno::ENOMEM)?;
+    let pgtable = Ptdesc::alloc(mem, oncpu.cpu.node, oncpu.id()).ok_or(Errno::ENOMEM)?;
     let Some(zero) = oncpu.m.huge_zero_pfn(oncpu.id()) else {
-        table_free(mem, pgtable, oncpu.id());
+        pgtable.free(mem, oncpu.id());
         oncpu
             .vmstat()
             .count(oncpu.id(), Event::THP_FAULT_FALLBACK, 1);
         return Ok(HugeFault::Fallback);
     };
-    let ptl = mm.pmd_lock(slot);
-    if !mm.pmd_get(slot).none() {
+    let mut ptl = mm.pmd_lock(slot);
+    if !ptl.get().none() {
         drop(ptl);
-        table_free(mem, pgtable, oncpu.id());
+        pgtable.free(mem, oncpu.id());
         return Ok(HugeFault::Done);
     }
-    set_huge_zero_pmd(mem, mm, slot, pgtable, zero, vma.page_prot());
+    set_huge_zero_pmd(mm, &mut ptl, pgtable, zero, vma.page_prot());
     Ok(HugeFault::Done)
 }
 
-/// `set_huge_zero_folio`. PMD lock held.
+/// `set_huge_zero_folio`.
 fn set_huge_zero_pmd(
-    mem: &PhysMem,
     mm: &Mm,
-    slot: PmdSlot,
-    pgtable: Pfn,
+    ptl: &mut PmdLocked<'_>,
+    pgtable: Ptdesc,
     zero: Pfn,
     prot: crate::pgtable::Pgprot,
 ) {
-    deposit(mem, slot, pgtable);
-    mm.pmd_set(slot, Pmd::huge(zero, prot).wrprotect().mkspecial());
+    ptl.deposit(pgtable);
+    ptl.set(Pmd::huge(zero, prot).wrprotect().mkspecial());
     mm.inc_nr_tables();
 }
 
@@ -174,22 +151,22 @@ fn do_huge_zero_wp_pmd(
             .count(oncpu.id(), Event::THP_FAULT_FALLBACK, 1);
         return HugeFault::Fallback;
     };
-    let ptl = mm.pmd_lock(slot);
-    if mm.pmd_get(slot) != pmd {
+    let mut ptl = mm.pmd_lock(slot);
+    if ptl.get() != pmd {
         drop(ptl);
         folio.put(mem, oncpu.id());
         return HugeFault::Done;
     }
     // pmdp_huge_clear_flush: nobody may keep reading zeros through the old
     // translation once the new folio is written.
-    crate::pgtable::entry_get_and_clear(mem, slot.table, slot.idx);
+    ptl.get_and_clear();
     oncpu.flush_tlb_range(mm, haddr, haddr + PMD_SIZE, crate::pgtable::PMD_SHIFT);
     rmap::folio_add_new_anon_rmap(mem, folio, vma, haddr, true, true);
     let mut new = Pmd::huge(folio.pfn(), vma.page_prot()).mkdirty().mkyoung();
     if vma.flags() & crate::mm::vma::VM_WRITE != 0 {
         new = new.mkwrite();
     }
-    mm.pmd_set(slot, new);
+    ptl.set(new);
     mm.add_rss(MmCounter::AnonPages, HPAGE_PMD_NR as i64);
     drop(ptl);
     oncpu.vmstat().count(oncpu.id(), Event::THP_FAULT_ALLOC, 1);
@@ -217,8 +194,8 @@ pub fn do_huge_pmd_wp_page(
         split_huge_pmd(oncpu, mm, slot, addr);
         return HugeFault::Fallback;
     }
-    let ptl = mm.pmd_lock(slot);
-    let pmd = mm.pmd_get(slot);
+    let mut ptl = mm.pmd_lock(slot);
+    let pmd = ptl.get();
     if !pmd.trans_huge() || pmd.write() {
         return HugeFault::Done;
     }
@@ -235,7 +212,7 @@ pub fn do_huge_pmd_wp_page(
     }
     if exclusive || folio.ref_count(mem) == 1 {
         // Permission upgrade: no flush needed (x86 re-walks on the fault).
-        mm.pmd_set(slot, pmd.mkyoung().mkdirty().mkwrite());
+        ptl.set(pmd.mkyoung().mkdirty().mkwrite());
         oncpu.vmstat().count(oncpu.id(), Event::WP_REUSE, 1);
         return HugeFault::Done;
     }
@@ -256,22 +233,22 @@ pub fn copy_huge_pmd(
     src_slot: PmdSlot,
 ) -> KResult<bool> {
     let mem = oncpu.mem();
-    let pgtable = table_alloc(mem, oncpu.cpu.node, oncpu.id()).ok_or(Errno::ENOMEM)?;
+    let pgtable = Ptdesc::alloc(mem, oncpu.cpu.node, oncpu.id()).ok_or(Errno::ENOMEM)?;
     // The kernel's order: the child's PMD lock, then the parent's, nested.
-    let dst_ptl = dst_mm.pmd_lock(dst_slot);
-    let src_ptl = src_mm.pmd_lock(src_slot);
-    let pmd = src_mm.pmd_get(src_slot);
+    let mut dst_ptl = dst_mm.pmd_lock(dst_slot);
+    let mut src_ptl = src_mm.pmd_lock(src_slot);
+    let pmd = src_ptl.get();
     if !pmd.trans_huge() {
         drop((src_ptl, dst_ptl));
-        table_free(mem, pgtable, oncpu.id());
+        pgtable.free(mem, oncpu.id());
         return Ok(false);
     }
-    debug_assert!(dst_mm.pmd_get(dst_slot).none(), "fork into a populated PMD");
+    debug_assert!(dst_ptl.get().none(), "fork into a populated PMD");
     if is_huge_zero_pmd(oncpu, pmd) {
         // The child maps the huge zero page too; the parent's entry is
         // read-only already.
-        deposit(mem, dst_slot, pgtable);
-        dst_mm.pmd_set(dst_slot, pmd.mkold());
+        dst_ptl.deposit(pgtable);
+        dst_ptl.set(pmd.mkold());
         dst_mm.inc_nr_tables();
         return Ok(true);
     }
@@ -280,15 +257,9 @@ pub fn copy_huge_pmd(
     rmap::folio_dup_anon_rmap_pmd(mem, folio);
     dst_mm.add_rss(MmCounter::AnonPages, HPAGE_PMD_NR as i64);
     dst_mm.inc_nr_tables();
-    deposit(mem, dst_slot, pgtable);
-    // pmdp_set_wrprotect: one atomic, keeping a racing walker's A/D update.
-    crate::pgtable::entry_clear_bits(
-        mem,
-        src_slot.table,
-        src_slot.idx,
-        crate::pgtable::entry::_PAGE_RW,
-    );
-    dst_mm.pmd_set(dst_slot, pmd.wrprotect().mkold());
+    dst_ptl.deposit(pgtable);
+    src_ptl.set_wrprotect();
+    dst_ptl.set(pmd.wrprotect().mkold());
     Ok(true)
 }
 
@@ -296,17 +267,14 @@ pub fn copy_huge_pmd(
 /// is no longer huge (the caller walks its PTE table instead).
 pub fn zap_huge_pmd(oncpu: &OnCpu, tlb: &mut MmuGather, mm: &Mm, slot: PmdSlot, addr: u64) -> bool {
     let mem = oncpu.mem();
-    let ptl = mm.pmd_lock(slot);
-    let pmd = Pmd(crate::pgtable::entry_get_and_clear(
-        mem, slot.table, slot.idx,
-    ));
-    if !pmd.trans_huge() {
-        // Raced with a split: put it back and let the caller walk the table.
-        mm.pmd_set(slot, pmd);
+    let mut ptl = mm.pmd_lock(slot);
+    if !ptl.get().trans_huge() {
+        // Split meanwhile: let the caller walk the table.
         return false;
     }
+    let pmd = ptl.get_and_clear();
     tlb.remove_pmd_tlb_entry(addr);
-    let table = withdraw(mem, slot);
+    let table = ptl.withdraw();
     mm.dec_nr_tables();
     if is_huge_zero_pmd(oncpu, pmd) {
         // zap_deposited_table: nothing mapped to count or free.
@@ -343,8 +311,8 @@ pub fn madvise_free_huge_pmd(
     next: u64,
 ) -> bool {
     let mem = oncpu.mem();
-    let ptl = mm.pmd_lock(slot);
-    let pmd = mm.pmd_get(slot);
+    let mut ptl = mm.pmd_lock(slot);
+    let pmd = ptl.get();
     if !pmd.trans_huge() || is_huge_zero_pmd(oncpu, pmd) {
         return false;
     }
@@ -361,22 +329,12 @@ pub fn madvise_free_huge_pmd(
     }
     folio.head(mem).clear(pg::DIRTY);
     if pmd.young() || pmd.dirty() {
-        let old = pmdp_invalidate(mem, slot);
-        mm.pmd_set(slot, old.mkold().mkclean());
+        let old = ptl.invalidate();
+        ptl.set(old.mkold().mkclean());
         tlb.remove_pmd_tlb_entry(addr);
     }
     crate::swap::folio_mark_lazyfree(oncpu, folio);
     true
-}
-
-/// `pmdp_invalidate` (without its flush): make a huge PMD invalid
-/// ([`Pmd::mkinvalid`]) in one atomic step, so that an accessed or dirty bit
-/// the MMU sets meanwhile is in the value returned. PMD lock held.
-fn pmdp_invalidate(mem: &PhysMem, slot: PmdSlot) -> Pmd {
-    use crate::pgtable::entry::{_PAGE_PRESENT, _PAGE_PROTNONE};
-    let old =
-        crate::pgtable::entry_clear_bits(mem, slot.table, slot.idx, _PAGE_PRESENT | _PAGE_PROTNONE);
-    Pmd(old)
 }
 
 /// `__split_huge_pmd`: replace a huge PMD by the deposited PTE table filled
@@ -384,8 +342,8 @@ fn pmdp_invalidate(mem: &PhysMem, slot: PmdSlot) -> Pmd {
 pub fn split_huge_pmd(oncpu: &OnCpu, mm: &Arc<Mm>, slot: PmdSlot, addr: u64) {
     let mem = oncpu.mem();
     let haddr = addr & PMD_MASK;
-    let ptl = mm.pmd_lock(slot);
-    let pmd = mm.pmd_get(slot);
+    let mut ptl = mm.pmd_lock(slot);
+    let pmd = ptl.get();
     if !pmd.trans_huge() {
         return;
     }
@@ -395,29 +353,29 @@ pub fn split_huge_pmd(oncpu: &OnCpu, mm: &Arc<Mm>, slot: PmdSlot, addr: u64) {
     // a zap that reads it without the PMD lock (MADV_DONTNEED runs beside
     // faults under the read mmap_lock) would take none for "nothing mapped
     // here" and skip the 512 pages that the split is about to map again.
-    let old = pmdp_invalidate(mem, slot);
+    let old = ptl.invalidate();
     debug_assert_eq!(old.pfn(), pmd.pfn());
     oncpu.flush_tlb_range(mm, haddr, haddr + PMD_SIZE, crate::pgtable::PMD_SHIFT);
-    let table = withdraw(mem, slot);
+    let mut table = ptl.withdraw();
     if is_huge_zero_pmd(oncpu, old) {
         // __split_huge_zero_page_pmd: 512 entries of the small zero page.
         let zero = old.leaf_pte(oncpu.m.zero_pfn);
         for i in 0..HPAGE_PMD_NR as usize {
-            entry_set(mem, table, i, zero.0);
+            table.set_pte(mem, i, zero);
         }
-        mm.pmd_set(slot, Pmd::table(table));
+        ptl.populate(table);
         drop(ptl);
         oncpu.vmstat().count(oncpu.id(), Event::THP_SPLIT_PMD, 1);
         return;
     }
     let folio = Folio(old.pfn());
     for i in 0..HPAGE_PMD_NR {
-        entry_set(mem, table, i as usize, old.leaf_pte(folio.pfn() + i).0);
+        table.set_pte(mem, i as usize, old.leaf_pte(folio.pfn() + i));
     }
     // Each PTE holds a reference: the PMD's one plus 511 more.
     folio.ref_add(mem, (HPAGE_PMD_NR - 1) as i32);
     rmap::folio_split_pmd_mapping(mem, folio, oncpu.id());
-    mm.pmd_set(slot, Pmd::table(table));
+    ptl.populate(table);
     drop(ptl);
     oncpu.vmstat().count(oncpu.id(), Event::THP_SPLIT_PMD, 1);
 }
@@ -432,8 +390,8 @@ pub fn change_huge_pmd(
     newprot: crate::pgtable::Pgprot,
 ) -> bool {
     let mem = oncpu.mem();
-    let _ptl = mm.pmd_lock(slot);
-    let pmd = mm.pmd_get(slot);
+    let mut ptl = mm.pmd_lock(slot);
+    let pmd = ptl.get();
     if !pmd.trans_huge() {
         return false;
     }
@@ -444,7 +402,7 @@ pub fn change_huge_pmd(
     {
         new = new.mkwrite();
     }
-    mm.pmd_set(slot, new);
+    ptl.set(new);
     // pmd_needs_flush: the hardware saw it and lost a permission.
     let hw_present = |p: Pmd| p.0 & crate::pgtable::entry::_PAGE_PRESENT != 0;
     hw_present(pmd) && (!hw_present(new) || (pmd.write() && !new.write()))
@@ -462,29 +420,27 @@ pub struct FolioPte {
 /// its pages sit at their linear positions are looked at (the folio's span
 /// around `at`): anon pages are never mapped elsewhere in one mm, so a
 /// mapping found nowhere else belongs to another table or process.
-pub fn folio_ptes_in_table(mem: &PhysMem, folio: Folio, table: Pfn, at: FolioPte) -> i32 {
+pub fn folio_ptes_in_table(mem: &PhysMem, folio: Folio, pt: &impl PteRead, at: FolioPte) -> i32 {
     let first = at.idx as i64 - (at.page - folio.pfn()) as i64;
     let lo = first.max(0) as usize;
-    let hi =
-        (first + folio.nr_pages(mem) as i64).min(crate::pgtable::PTRS_PER_TABLE as i64) as usize;
+    let hi = (first + folio.nr_pages(mem) as i64).min(PTRS_PER_TABLE as i64) as usize;
     (lo..hi)
-        .map(|i| crate::pgtable::Pte(crate::pgtable::entry_get(mem, table, i)))
+        .map(|i| pt.pte(i))
         .filter(|p| p.present() && !p.special() && mem.page_folio(p.pfn()) == folio)
         .count() as i32
 }
 
 /// Where a folio being split is mapped: the mm (whose mmap_lock the caller
-/// holds) and the PTE table (whose lock it holds too), with the address of
-/// the table's first entry.
-pub struct SplitAt<'a> {
+/// holds) and the PTE table, locked, with the address of the table's first
+/// entry.
+pub struct SplitAt<'a, 'p> {
     pub mm: &'a Arc<Mm>,
-    pub table: Pfn,
+    pub pt: &'a mut PteLocked<'p>,
     pub table_addr: u64,
 }
 
 /// `split_folio` (`split_huge_page_to_list_to_order` to order 0) of an anon
-/// folio mapped only by PTEs of the table `table`, whose lock the caller
-/// holds. Every page becomes a folio of its own, keeping its mapping, its
+/// folio mapped only by PTEs of one table, whose lock the caller holds. Every page becomes a folio of its own, keeping its mapping, its
 /// PageAnonExclusive and its index; pages no PTE maps are freed, and pages
 /// that hold only zeroes are mapped to the shared zero page instead and
 /// freed too (`remap_page` with `RMP_USE_SHARED_ZEROPAGE`, v6.12).
@@ -497,15 +453,14 @@ pub struct SplitAt<'a> {
 pub fn split_folio_in_table(
     oncpu: &OnCpu,
     folio: Folio,
-    where_: &SplitAt<'_>,
+    where_: &mut SplitAt<'_, '_>,
     at: FolioPte,
 ) -> KResult<()> {
-    let table = where_.table;
     let mem = oncpu.mem();
     let order = folio.order(mem);
     debug_assert!(order > 0);
     let nr = folio.nr_pages(mem);
-    let in_table = folio_ptes_in_table(mem, folio, table, at);
+    let in_table = folio_ptes_in_table(mem, folio, &*where_.pt, at);
     if folio.entire_mapcount(mem) != 0
         || folio.mapcount(mem) != in_table
         || folio.ref_count(mem) != in_table
@@ -572,20 +527,20 @@ pub fn split_folio_in_table(
 /// while a page is read, and the others are put back as they were.
 fn remap_zero_pages_to_zeropage(
     oncpu: &OnCpu,
-    at: &SplitAt<'_>,
+    at: &mut SplitAt<'_, '_>,
     pfn: Pfn,
     nr: u64,
     first_idx: i64,
 ) {
     let mem = oncpu.mem();
     let idx_of = |i: u64| first_idx + i as i64;
-    let in_table = |i: u64| (0..crate::pgtable::PTRS_PER_TABLE as i64).contains(&idx_of(i));
+    let in_table = |i: u64| (0..PTRS_PER_TABLE as i64).contains(&idx_of(i));
     let mut cleared = Vec::new();
     for i in (0..nr).filter(|&i| in_table(i)) {
         let idx = idx_of(i) as usize;
-        let pte = crate::pgtable::Pte(crate::pgtable::entry_get(mem, at.table, idx));
+        let pte = at.pt.pte(idx);
         if pte.present() && !pte.special() && pte.pfn() == pfn + i {
-            let old = crate::pgtable::entry_get_and_clear(mem, at.table, idx);
+            let old = at.pt.get_and_clear(idx);
             cleared.push((idx, pfn + i, old));
         }
     }
@@ -604,11 +559,11 @@ fn remap_zero_pages_to_zeropage(
     for (idx, page, old) in cleared {
         let vma = tree.vma_lookup(addr(idx));
         let (Some(vma), true) = (vma, mem.page_is_zero(page)) else {
-            crate::pgtable::entry_set(mem, at.table, idx, old);
+            at.pt.set(idx, old);
             continue;
         };
-        let zero = crate::pgtable::Pte::new(oncpu.m.zero_pfn, vma.page_prot()).mkspecial();
-        crate::pgtable::entry_set(mem, at.table, idx, zero.0);
+        let zero = Pte::new(oncpu.m.zero_pfn, vma.page_prot()).mkspecial();
+        at.pt.set(idx, zero);
         let f = Folio(page);
         rmap::folio_remove_rmap_ptes(mem, f, page, 1, oncpu.id());
         f.put(mem, oncpu.id());

@@ -6,14 +6,18 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
+use std::ops::ControlFlow;
 
 use serde::Serialize;
 
 use crate::machine::Machine;
 use crate::mm::Mm;
-use crate::pgtable::entry::{Pmd, Pte, PTE_PFN_MASK};
-use crate::pgtable::{entry_get, PGDIR_SIZE, PMD_SIZE, PTRS_PER_TABLE, PUD_SIZE};
-use crate::phys::PAGE_SIZE;
+use crate::pgtable::entry::{Pmd, Pte};
+use crate::pgtable::pagewalk::{
+    walk_page_range, MmWalkOps, TableId, TableLevel, WalkAction, WalkLock,
+};
+use crate::pgtable::{PmdSlot, PTRS_PER_TABLE};
+use crate::phys::{Pfn, PAGE_SIZE};
 use crate::proc::{self, Smaps, Status};
 use crate::vmstat::VmStatSnapshot;
 
@@ -151,65 +155,80 @@ fn inspect_mm(m: &Machine, mm: &Mm) -> MmInfo {
 }
 
 fn walk(m: &Machine, mm: &Mm) -> (PageTables, BTreeMap<String, usize>) {
-    let mem = &m.mem;
-    let next = |e: u64| (e & PTE_PFN_MASK) >> 12;
-    let mut pt = PageTables::default();
-    let mut seen = HashSet::new();
-    let mut folios: BTreeMap<String, usize> = BTreeMap::new();
     let _g = mm.mmap_lock.read();
-    for gi in 0..256u64 {
-        let g = entry_get(mem, mm.pgd, gi as usize);
-        if g == 0 {
-            continue;
+    let mut w = InspectWalk {
+        m,
+        pt: PageTables::default(),
+        seen: HashSet::new(),
+        folios: BTreeMap::new(),
+    };
+    // A lockless walk, as a reader beside running CPUs: each figure is
+    // what one atomic read of its entry saw.
+    let top = 1u64 << 47;
+    let flow = walk_page_range(&m.mem, &mm.pgd, 0, top, WalkLock::Lockless, &mut w);
+    debug_assert!(flow.is_continue());
+    (w.pt, w.folios)
+}
+
+/// What `inspect` counts in one address space's tables.
+struct InspectWalk<'a> {
+    m: &'a Machine,
+    pt: PageTables,
+    seen: HashSet<Pfn>,
+    folios: BTreeMap<String, usize>,
+}
+
+impl MmWalkOps for InspectWalk<'_> {
+    type Break = std::convert::Infallible;
+
+    fn table(&mut self, level: TableLevel, _t: TableId, addr: u64) -> ControlFlow<Self::Break> {
+        match level {
+            TableLevel::Pud => self.pt.pud_tables += 1,
+            TableLevel::Pmd => self.pt.pmd_tables += 1,
+            TableLevel::Pte => self.pt.pte_tables.push(PteTableInfo {
+                addr,
+                present: 0,
+                zero_page: 0,
+            }),
+            TableLevel::Deposited => {}
         }
-        pt.pud_tables += 1;
-        for ui in 0..PTRS_PER_TABLE as u64 {
-            let u = entry_get(mem, next(g), ui as usize);
-            if u == 0 {
-                continue;
-            }
-            pt.pmd_tables += 1;
-            for mi in 0..PTRS_PER_TABLE as u64 {
-                let base = gi * PGDIR_SIZE + ui * PUD_SIZE + mi * PMD_SIZE;
-                let pmd = Pmd(entry_get(mem, next(u), mi as usize));
-                if pmd.none() {
-                    continue;
-                }
-                if pmd.trans_huge() {
-                    if pmd.special() {
-                        pt.huge_zero_pmds += 1;
-                    } else {
-                        pt.huge_pmds += 1;
-                        *folios.entry("2048 PMD".into()).or_default() += 1;
-                    }
-                    continue;
-                }
-                let (mut present, mut zero) = (0, 0);
-                for ti in 0..PTRS_PER_TABLE {
-                    let pte = Pte(entry_get(mem, pmd.table_pfn(), ti));
-                    if pte.none() {
-                        continue;
-                    }
-                    present += 1;
-                    if pte.special() {
-                        zero += 1;
-                        continue;
-                    }
-                    let f = mem.page_folio(pte.pfn());
-                    if seen.insert(f.pfn()) {
-                        let kb = (f.nr_pages(mem) * PAGE_SIZE) >> 10;
-                        *folios.entry(kb.to_string()).or_default() += 1;
-                    }
-                }
-                pt.pte_tables.push(PteTableInfo {
-                    addr: base,
-                    present,
-                    zero_page: zero,
-                });
-            }
-        }
+        ControlFlow::Continue(())
     }
-    (pt, folios)
+
+    fn pmd_entry(
+        &mut self,
+        _slot: PmdSlot,
+        pmd: Pmd,
+        _addr: u64,
+        _next: u64,
+    ) -> ControlFlow<Self::Break, WalkAction> {
+        if !pmd.trans_huge() {
+            return ControlFlow::Continue(WalkAction::Subtree);
+        }
+        if pmd.special() {
+            self.pt.huge_zero_pmds += 1;
+        } else {
+            self.pt.huge_pmds += 1;
+            *self.folios.entry("2048 PMD".into()).or_default() += 1;
+        }
+        ControlFlow::Continue(WalkAction::Continue)
+    }
+
+    fn pte_entry(&mut self, pte: Pte, _addr: u64) -> ControlFlow<Self::Break> {
+        let mem = &self.m.mem;
+        let table = self.pt.pte_tables.last_mut().expect("entered its table");
+        table.present += 1;
+        if pte.special() {
+            table.zero_page += 1;
+            return ControlFlow::Continue(());
+        }
+        let f = mem.page_folio(pte.pfn());
+        if self.seen.insert(f.pfn()) {
+            let kb = (f.nr_pages(mem) * PAGE_SIZE) >> 10;
+            *self.folios.entry(kb.to_string()).or_default() += 1;
+        }
+        ControlFlow::Continue(())
+    }
 }
 
 impl fmt::Display for Inspection {

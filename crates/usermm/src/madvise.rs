@@ -6,6 +6,8 @@
 //! (`mm_tlb_flush_nested`). HUGEPAGE and NOHUGEPAGE change VMA flags and take
 //! it for writing.
 
+use std::ops::ControlFlow;
+
 use crate::errno::{Errno, KResult};
 use crate::huge_memory::{folio_ptes_in_table, split_folio_in_table, FolioPte, SplitAt};
 use crate::machine::OnCpu;
@@ -14,9 +16,9 @@ use crate::mm::vma::*;
 use crate::mm::{Mm, Vma};
 use crate::mmap::{merge_around, vma_modify_flags};
 use crate::mmu_gather::MmuGather;
-use crate::pgtable::entry::{_PAGE_ACCESSED, _PAGE_DIRTY};
-use crate::pgtable::{self, addr_end, entry_get, Pte, PMD_SIZE};
-use crate::phys::{Folio, Pfn, PhysMem, PAGE_MASK, PAGE_SIZE};
+use crate::pgtable::pagewalk::{walk_page_range, MmWalkOps, WalkAction, WalkLock};
+use crate::pgtable::{self, Pmd, PmdSlot, PteRead};
+use crate::phys::{Folio, PhysMem, PAGE_MASK, PAGE_SIZE};
 use crate::sync::Arc;
 
 pub const MADV_NORMAL: i32 = 0;
@@ -145,48 +147,70 @@ pub fn zap_page_range_single(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) 
 /// instead of swapped: each PTE is made clean and old, and its folio lazily
 /// freeable (no longer swap-backed). Reclaim is not modelled, so the pages
 /// are never actually discarded and keep their contents, as on a host with
-/// no memory pressure. Huge PMDs go to `madvise_free_huge_pmd` first; one
-/// still huge after it is skipped, as the kernel's PTE walk finds no table.
+/// no memory pressure.
 fn madvise_free_single_vma(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) {
     let mut tlb = MmuGather::new(mm);
-    let mut addr = start;
-    while addr < end {
-        let next = addr_end(addr, end, PMD_SIZE);
-        if let Some(slot) = mm.pmd_lookup(addr) {
-            let pmd = mm.pmd_get(slot);
-            if pmd.trans_huge()
-                && crate::huge_memory::madvise_free_huge_pmd(oncpu, &mut tlb, mm, slot, addr, next)
-            {
-                addr = next;
-                continue;
-            }
-            if !mm.pmd_get(slot).trans_huge() {
-                madvise_free_pte_range(oncpu, &mut tlb, mm, slot, addr, next);
-            }
-        }
-        addr = next;
-    }
+    let mut walk = MadviseFreeWalk {
+        oncpu,
+        tlb: &mut tlb,
+    };
+    let flow = walk_page_range(oncpu.mem(), &mm.pgd, start, end, WalkLock::Ptl, &mut walk);
+    debug_assert!(flow.is_continue());
     tlb.finish(oncpu);
 }
 
-/// `madvise_free_pte_range` (v6.10 and later: large folios covered whole
-/// are batched; those covered in part are split unless maybe shared).
+/// `madvise_free_walk_ops`: all the work is in `pmd_entry`, which takes
+/// the locks itself.
+struct MadviseFreeWalk<'a, 'g> {
+    oncpu: &'a OnCpu<'a>,
+    tlb: &'a mut MmuGather<'g>,
+}
+
+impl MmWalkOps for MadviseFreeWalk<'_, '_> {
+    type Break = std::convert::Infallible;
+
+    /// `madvise_free_pte_range`: a huge PMD goes to `madvise_free_huge_pmd`
+    /// first; one still huge after it is left alone, as the kernel's PTE
+    /// map of it fails.
+    fn pmd_entry(
+        &mut self,
+        slot: PmdSlot,
+        pmd: Pmd,
+        addr: u64,
+        next: u64,
+    ) -> ControlFlow<Self::Break, WalkAction> {
+        let (oncpu, mm) = (self.oncpu, self.tlb.mm);
+        if pmd.trans_huge()
+            && crate::huge_memory::madvise_free_huge_pmd(oncpu, self.tlb, mm, slot, addr, next)
+        {
+            return ControlFlow::Continue(WalkAction::Continue);
+        }
+        if !mm.pmd_get(slot).trans_huge() {
+            madvise_free_pte_range(oncpu, self.tlb, mm, slot, addr, next);
+        }
+        ControlFlow::Continue(WalkAction::Continue)
+    }
+}
+
+/// The PTE half of `madvise_free_pte_range` (v6.10 and later: large folios
+/// covered whole are batched; those covered in part are split unless maybe
+/// shared).
 fn madvise_free_pte_range(
     oncpu: &OnCpu,
     tlb: &mut MmuGather,
     mm: &Arc<Mm>,
-    slot: crate::mm::pgalloc::PmdSlot,
+    slot: PmdSlot,
     addr: u64,
     end: u64,
 ) {
     let mem = oncpu.mem();
-    let Some(locked) = mm.pte_offset_map_lock(slot) else {
+    let Some(mut pt) = mm.pte_offset_map_lock(slot) else {
         return;
     };
     let mut a = addr;
     while a < end {
         let idx = pgtable::pte_index(a);
-        let pte = Pte(entry_get(mem, locked.table, idx));
+        let pte = pt.pte(idx);
         let Some(page) = vm_normal_page(pte).filter(|_| pte.present()) else {
             a += PAGE_SIZE;
             continue;
@@ -196,19 +220,19 @@ fn madvise_free_pte_range(
         if folio.is_large(mem) {
             let max_nr = ((end - a) / PAGE_SIZE) as usize;
             let flags = memory::FPB_IGNORE_DIRTY | memory::FPB_IGNORE_SOFT_DIRTY;
-            let b = memory::folio_pte_batch(mem, folio, locked.table, idx, pte, max_nr, flags);
+            let b = memory::folio_pte_batch(mem, folio, &pt, idx, pte, max_nr, flags);
             nr = b.nr;
             if (nr as u64) < folio.nr_pages(mem) {
                 // Covered in part: split it, unless it may be mapped by
                 // another process too; then leave these entries alone.
                 let at = FolioPte { idx, page };
-                let shared = folio_maybe_mapped_shared(mem, folio, locked.table, at);
-                let split_at = SplitAt {
+                let shared = folio_maybe_mapped_shared(mem, folio, &pt, at);
+                let mut split_at = SplitAt {
                     mm,
-                    table: locked.table,
+                    pt: &mut pt,
                     table_addr: a & crate::pgtable::PMD_MASK,
                 };
-                if !shared && split_folio_in_table(oncpu, folio, &split_at, at).is_ok() {
+                if !shared && split_folio_in_table(oncpu, folio, &mut split_at, at).is_ok() {
                     continue; // look at this entry again: its folio is small now
                 }
                 a += nr as u64 * PAGE_SIZE;
@@ -220,9 +244,7 @@ fn madvise_free_pte_range(
         if young || dirty {
             // clear_young_dirty_ptes; the bits are cleared atomically, so a
             // walker setting them meanwhile is not lost either way.
-            for i in idx..idx + nr {
-                pgtable::entry_clear_bits(mem, locked.table, i, _PAGE_ACCESSED | _PAGE_DIRTY);
-            }
+            pt.clear_young_dirty_ptes(idx, nr);
             tlb.remove_tlb_entries(a, nr as u64);
         }
         crate::swap::folio_mark_lazyfree(oncpu, folio);
@@ -233,7 +255,7 @@ fn madvise_free_pte_range(
 /// `folio_maybe_mapped_shared`: is the folio mapped anywhere but in this
 /// PTE table (i.e. by another process: an anon folio of the sizes modelled
 /// lies within one table of its mm)?
-fn folio_maybe_mapped_shared(mem: &PhysMem, folio: Folio, table: Pfn, at: FolioPte) -> bool {
+fn folio_maybe_mapped_shared(mem: &PhysMem, folio: Folio, pt: &impl PteRead, at: FolioPte) -> bool {
     folio.entire_mapcount(mem) != 0
-        || folio.mapcount(mem) != folio_ptes_in_table(mem, folio, table, at)
+        || folio.mapcount(mem) != folio_ptes_in_table(mem, folio, pt, at)
 }

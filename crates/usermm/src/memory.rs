@@ -35,13 +35,11 @@
 use crate::errno::{Errno, KResult};
 use crate::huge_memory::{self, HugeFault};
 use crate::machine::{OnCpu, ThpMode};
-use crate::mm::pgalloc::PmdSlot;
 use crate::mm::vma::{VM_HUGEPAGE, VM_MAYWRITE, VM_NOHUGEPAGE, VM_SHARED, VM_WRITE};
 use crate::mm::{Mm, MmCounter, Vma, NR_MM_COUNTERS};
 use crate::mmu_gather::MmuGather;
 use crate::pgtable::{
-    self, addr_end, entry_get, entry_get_and_clear, entry_set, Pte, PGDIR_SIZE, PMD_MASK, PMD_SIZE,
-    PUD_SIZE,
+    self, addr_end, PmdSlot, Ptdesc, Pte, PteLocked, PteRead, PMD_SIZE, PUD_SIZE,
 };
 use crate::phys::{folio, Folio, Pfn, HPAGE_PMD_ORDER, PAGE_SHIFT, PAGE_SIZE};
 use crate::rmap;
@@ -139,15 +137,15 @@ pub fn handle_mm_fault(
 }
 
 fn huge_pmd_set_accessed(mm: &Mm, slot: PmdSlot, flags: FaultFlags) {
-    let _ptl = mm.pmd_lock(slot);
-    let pmd = mm.pmd_get(slot);
+    let mut ptl = mm.pmd_lock(slot);
+    let pmd = ptl.get();
     if pmd.trans_huge() {
         let new = if flags.write && pmd.write() {
             pmd.mkyoung().mkdirty()
         } else {
             pmd.mkyoung()
         };
-        mm.pmd_set(slot, new);
+        ptl.set(new);
     }
 }
 
@@ -160,18 +158,18 @@ fn handle_pte_fault(
     addr: u64,
     flags: FaultFlags,
 ) -> KResult<()> {
-    let Some(locked) = mm.pte_offset_map_lock(slot) else {
+    let Some(mut pt) = mm.pte_offset_map_lock(slot) else {
         // The table went away or became huge under us: retry the access.
         return Ok(());
     };
     let idx = pgtable::pte_index(addr);
-    let pte = Pte(entry_get(oncpu.mem(), locked.table, idx));
+    let pte = pt.pte(idx);
     if pte.none() {
-        drop(locked);
+        drop(pt);
         return do_anonymous_page(oncpu, mm, vma, slot, addr, flags);
     }
     if flags.write && !pte.write() {
-        return do_wp_page(oncpu, mm, vma, slot, locked, addr, pte);
+        return do_wp_page(oncpu, mm, vma, slot, pt, addr, pte);
     }
     // Spurious fault or A/D update: nothing to flush on x86.
     let new = if flags.write {
@@ -179,7 +177,7 @@ fn handle_pte_fault(
     } else {
         pte.mkyoung()
     };
-    entry_set(oncpu.mem(), locked.table, idx, new.0);
+    pt.set(idx, new);
     Ok(())
 }
 
@@ -199,14 +197,16 @@ fn alloc_anon_folio(
         .filter(|&o| thp_vma_suitable_order(vma, addr, o))
         .fold(0, |m, o| m | 1 << o);
     if orders != 0 {
-        let table = mm.pmd_get(slot).table_pfn();
         // Drop orders whose range is not all empty (a lockless look, as the
         // kernel's; rechecked under the PTL when mapping).
+        let Some(pt) = mm.pte_offset_map(slot) else {
+            return Err(Errno::EAGAIN);
+        };
         let mut o = 31 - orders.leading_zeros();
         while orders != 0 {
             let start = addr & !((PAGE_SIZE << o) - 1);
             let i0 = pgtable::pte_index(start);
-            if (i0..i0 + (1 << o)).all(|i| entry_get(mem, table, i) == 0) {
+            if pt.range_none(i0..i0 + (1 << o)) {
                 break;
             }
             orders &= !(1 << o);
@@ -245,26 +245,30 @@ fn do_anonymous_page(
     if !flags.write {
         // Map the shared zero page read-only; no RSS, no reference.
         let pte = Pte::new(oncpu.m.zero_pfn, vma.page_prot()).mkspecial();
-        let Some(locked) = mm.pte_offset_map_lock(slot) else {
+        let Some(mut pt) = mm.pte_offset_map_lock(slot) else {
             return Ok(());
         };
         let idx = pgtable::pte_index(addr);
-        if entry_get(mem, locked.table, idx) == 0 {
-            entry_set(mem, locked.table, idx, pte.0);
+        if pt.pte(idx).none() {
+            pt.set(idx, pte);
         }
         return Ok(());
     }
     anon_vma_prepare(mm, vma);
-    let (folio, start) = alloc_anon_folio(oncpu, mm, vma, slot, addr)?;
+    let (folio, start) = match alloc_anon_folio(oncpu, mm, vma, slot, addr) {
+        // The PTE table went away under the lockless look: retry.
+        Err(Errno::EAGAIN) => return Ok(()),
+        r => r?,
+    };
     let nr = folio.nr_pages(mem);
-    let Some(locked) = mm.pte_offset_map_lock(slot) else {
+    let Some(mut pt) = mm.pte_offset_map_lock(slot) else {
         folio.put(mem, oncpu.id());
         return Ok(());
     };
     let i0 = pgtable::pte_index(start);
-    if (i0..i0 + nr as usize).any(|i| entry_get(mem, locked.table, i) != 0) {
+    if (i0..i0 + nr as usize).any(|i| !pt.pte(i).none()) {
         // Someone else faulted part of the range in: retry.
-        drop(locked);
+        drop(pt);
         folio.put(mem, oncpu.id());
         return Ok(());
     }
@@ -275,7 +279,7 @@ fn do_anonymous_page(
     if vma.flags() & VM_WRITE != 0 {
         pte = pte.mkwrite();
     }
-    set_ptes(mem, locked.table, i0, pte, nr as usize);
+    pt.set_ptes(i0, pte, nr as usize);
     Ok(())
 }
 
@@ -285,7 +289,7 @@ fn do_wp_page(
     mm: &Arc<Mm>,
     vma: &Arc<Vma>,
     slot: PmdSlot,
-    locked: crate::mm::pgalloc::PteLocked,
+    mut pt: PteLocked<'_>,
     addr: u64,
     orig: Pte,
 ) -> KResult<()> {
@@ -299,7 +303,7 @@ fn do_wp_page(
         if reuse {
             // wp_page_reuse: an upgrade, no flush needed.
             folio::set_page_anon_exclusive(mem, page);
-            entry_set(mem, locked.table, idx, orig.mkyoung().mkdirty().mkwrite().0);
+            pt.set(idx, orig.mkyoung().mkdirty().mkwrite());
             oncpu.vmstat().count(oncpu.id(), Event::WP_REUSE, 1);
             return Ok(());
         }
@@ -312,7 +316,7 @@ fn do_wp_page(
         f.ref_add(mem, 1);
         f
     });
-    drop(locked);
+    drop(pt);
     let r = wp_page_copy(oncpu, mm, vma, slot, addr, orig, page);
     if let Some(f) = held {
         f.put(mem, oncpu.id());
@@ -338,13 +342,13 @@ fn wp_page_copy(
     if let Some(old) = old {
         mem.copy_page(new.pfn(), old);
     }
-    let Some(locked) = mm.pte_offset_map_lock(slot) else {
+    let Some(mut pt) = mm.pte_offset_map_lock(slot) else {
         new.put(mem, oncpu.id());
         return Ok(());
     };
     let idx = pgtable::pte_index(addr);
-    if entry_get(mem, locked.table, idx) != orig.0 {
-        drop(locked);
+    if pt.pte(idx) != orig {
+        drop(pt);
         new.put(mem, oncpu.id());
         return Ok(());
     }
@@ -354,21 +358,21 @@ fn wp_page_copy(
     }
     // ptep_clear_flush: no CPU may keep writing... reading the old page
     // through a stale entry once the new one is in place.
-    entry_get_and_clear(mem, locked.table, idx);
+    pt.get_and_clear(idx);
     let page_addr = addr & !(PAGE_SIZE - 1);
     oncpu.flush_tlb_range(mm, page_addr, page_addr + PAGE_SIZE, PAGE_SHIFT);
     rmap::folio_add_new_anon_rmap(mem, new, vma, page_addr, true, false);
-    entry_set(mem, locked.table, idx, pte.0);
+    pt.set(idx, pte);
     match old {
         Some(old) => {
             let f = mem.page_folio(old);
             rmap::folio_remove_rmap_ptes(mem, f, old, 1, oncpu.id());
-            drop(locked);
+            drop(pt);
             f.put(mem, oncpu.id());
         }
         None => {
             mm.add_rss(MmCounter::AnonPages, 1);
-            drop(locked);
+            drop(pt);
         }
     }
     oncpu.vmstat().count(oncpu.id(), Event::COW_FAULT, 1);
@@ -422,19 +426,35 @@ fn zap_pmd(oncpu: &OnCpu, tlb: &mut MmuGather, slot: PmdSlot, addr: u64, next: u
     }
 }
 
+/// What `zap_pte_range` carries for the PTE table whose lock it holds (the
+/// kernel keeps it in locals and `struct zap_details`): the gather, the RSS
+/// changes batched per table, and whether the gather filled, so that it
+/// must be flushed before the lock is dropped.
+struct ZapPteTable<'a, 'g> {
+    oncpu: &'a OnCpu<'a>,
+    tlb: &'a mut MmuGather<'g>,
+    pt: PteLocked<'a>,
+    rss: [i64; NR_MM_COUNTERS],
+    force_flush: bool,
+}
+
 /// `zap_pte_range`: clear the PTEs of `[addr, end)` in one PTE table.
 pub fn zap_pte_range(oncpu: &OnCpu, tlb: &mut MmuGather, slot: PmdSlot, mut addr: u64, end: u64) {
     let mm = tlb.mm;
-    let mem = oncpu.mem();
     loop {
-        let mut rss = [0i64; NR_MM_COUNTERS];
-        let mut force_flush = false;
-        let Some(locked) = mm.pte_offset_map_lock(slot) else {
+        let Some(pt) = mm.pte_offset_map_lock(slot) else {
             return;
+        };
+        let mut z = ZapPteTable {
+            oncpu,
+            tlb: &mut *tlb,
+            pt,
+            rss: [0; NR_MM_COUNTERS],
+            force_flush: false,
         };
         while addr != end {
             let idx = pgtable::pte_index(addr);
-            let pte = Pte(entry_get(mem, locked.table, idx));
+            let pte = z.pt.pte(idx);
             if pte.none() {
                 addr += PAGE_SIZE;
                 continue;
@@ -444,30 +464,20 @@ pub fn zap_pte_range(oncpu: &OnCpu, tlb: &mut MmuGather, slot: PmdSlot, mut addr
                 "non-present PTE {pte:?} (swap is not modelled)"
             );
             let max_nr = ((end - addr) >> PAGE_SHIFT) as usize;
-            let nr = zap_present_ptes(
-                oncpu,
-                tlb,
-                locked.table,
-                idx,
-                pte,
-                max_nr,
-                addr,
-                &mut rss,
-                &mut force_flush,
-            );
-            addr += nr << PAGE_SHIFT;
-            if force_flush {
+            addr += z.zap_present_ptes(idx, pte, max_nr, addr) << PAGE_SHIFT;
+            if z.force_flush {
                 break;
             }
         }
-        mm.add_rss_vec(&rss);
+        mm.add_rss_vec(&z.rss);
+        let force_flush = z.force_flush;
         if force_flush {
             // The flush and the delayed rmaps must complete before the PTL
             // is dropped.
-            tlb.flush_mmu_tlbonly(oncpu);
-            tlb.flush_rmaps(oncpu);
+            z.tlb.flush_mmu_tlbonly(oncpu);
+            z.tlb.flush_rmaps(oncpu);
         }
-        drop(locked);
+        drop(z);
         debug_assert!(
             !tlb.delayed_rmap,
             "PTE lock dropped with rmap removals still delayed"
@@ -484,107 +494,55 @@ pub fn zap_pte_range(oncpu: &OnCpu, tlb: &mut MmuGather, slot: PmdSlot, mut addr
     }
 }
 
-/// `zap_present_ptes`: zap the present PTE at `idx` and, when zap batching
-/// is on and it maps part of a large folio, the PTEs that follow it mapping
-/// the rest of that folio. Returns the number of PTEs zapped.
-///
-/// With batching off this is the pre-v6.9 loop body, one PTE at a time; a
-/// small folio takes the same single-PTE path in both settings.
-#[allow(clippy::too_many_arguments)]
-#[inline]
-fn zap_present_ptes(
-    oncpu: &OnCpu,
-    tlb: &mut MmuGather,
-    table: Pfn,
-    idx: usize,
-    pte: Pte,
-    max_nr: usize,
-    addr: u64,
-    rss: &mut [i64; NR_MM_COUNTERS],
-    force_flush: &mut bool,
-) -> u64 {
-    let mem = oncpu.mem();
-    let Some(page) = vm_normal_page(pte) else {
-        // The zero page: nothing to free, nothing to count.
-        entry_get_and_clear(mem, table, idx);
-        tlb.remove_tlb_entries(addr, 1);
-        return 1;
-    };
-    let folio = mem.page_folio(page);
-    if max_nr != 1 && folio.is_large(mem) && oncpu.m.tunables.zap_batch() {
-        let nr = folio_pte_batch(
-            mem,
-            folio,
-            table,
-            idx,
-            pte,
-            max_nr,
-            FPB_IGNORE_DIRTY | FPB_IGNORE_SOFT_DIRTY,
-        )
-        .nr;
-        zap_present_folio_ptes(
-            oncpu,
-            tlb,
-            folio,
-            page,
-            table,
-            idx,
-            nr,
-            addr,
-            rss,
-            force_flush,
-        );
-        return nr as u64;
+impl ZapPteTable<'_, '_> {
+    /// `zap_present_ptes`: zap the present PTE at `idx` and, when zap
+    /// batching is on and it maps part of a large folio, the PTEs that
+    /// follow it mapping the rest of that folio. Returns the number of PTEs
+    /// zapped.
+    ///
+    /// With batching off this is the pre-v6.9 loop body, one PTE at a time;
+    /// a small folio takes the same single-PTE path in both settings.
+    #[inline]
+    fn zap_present_ptes(&mut self, idx: usize, pte: Pte, max_nr: usize, addr: u64) -> u64 {
+        let mem = self.oncpu.mem();
+        let Some(page) = vm_normal_page(pte) else {
+            // The zero page: nothing to free, nothing to count.
+            self.pt.get_and_clear(idx);
+            self.tlb.remove_tlb_entries(addr, 1);
+            return 1;
+        };
+        let folio = mem.page_folio(page);
+        let mut nr = 1;
+        if max_nr != 1 && folio.is_large(mem) && self.oncpu.m.tunables.zap_batch() {
+            let flags = FPB_IGNORE_DIRTY | FPB_IGNORE_SOFT_DIRTY;
+            nr = folio_pte_batch(mem, folio, &self.pt, idx, pte, max_nr, flags).nr;
+        }
+        self.zap_present_folio_ptes(folio, page, idx, nr, addr);
+        nr as u64
     }
-    zap_present_folio_ptes(
-        oncpu,
-        tlb,
-        folio,
-        page,
-        table,
-        idx,
-        1,
-        addr,
-        rss,
-        force_flush,
-    );
-    1
-}
 
-/// `zap_present_folio_ptes`: clear `nr` PTEs mapping consecutive pages of
-/// one anon folio, record one TLB range, remove the rmap once and queue one
-/// folio fragment. (File folios would collect the dirty bits and delay the
-/// rmap removal until after the flush; anon folios never do.)
-#[allow(clippy::too_many_arguments)]
-#[inline]
-fn zap_present_folio_ptes(
-    oncpu: &OnCpu,
-    tlb: &mut MmuGather,
-    folio: Folio,
-    page: Pfn,
-    table: Pfn,
-    idx: usize,
-    nr: usize,
-    addr: u64,
-    rss: &mut [i64; NR_MM_COUNTERS],
-    force_flush: &mut bool,
-) {
-    let mem = oncpu.mem();
-    clear_full_ptes(mem, table, idx, nr);
-    rss[MmCounter::AnonPages as usize] -= nr as i64;
-    tlb.remove_tlb_entries(addr, nr as u64);
-    rmap::folio_remove_rmap_ptes(mem, folio, page, nr as u64, oncpu.id());
-    if tlb.remove_folio_pages(page, nr as u64, false) {
-        *force_flush = true;
-    }
-}
-
-/// `clear_full_ptes`: clear `nr` consecutive entries, one atomic exchange
-/// each (x86 has no contiguous-PTE hint to do better).
-#[inline]
-fn clear_full_ptes(mem: &crate::phys::PhysMem, table: Pfn, idx: usize, nr: usize) {
-    for i in idx..idx + nr {
-        entry_get_and_clear(mem, table, i);
+    /// `zap_present_folio_ptes`: clear `nr` PTEs mapping consecutive pages
+    /// of one anon folio, record one TLB range, remove the rmap once and
+    /// queue one folio fragment. (File folios would collect the dirty bits
+    /// and delay the rmap removal until after the flush; anon folios never
+    /// do.)
+    #[inline]
+    fn zap_present_folio_ptes(
+        &mut self,
+        folio: Folio,
+        page: Pfn,
+        idx: usize,
+        nr: usize,
+        addr: u64,
+    ) {
+        let (oncpu, mem) = (self.oncpu, self.oncpu.mem());
+        self.pt.clear_full_ptes(idx, nr);
+        self.rss[MmCounter::AnonPages as usize] -= nr as i64;
+        self.tlb.remove_tlb_entries(addr, nr as u64);
+        rmap::folio_remove_rmap_ptes(mem, folio, page, nr as u64, oncpu.id());
+        if self.tlb.remove_folio_pages(page, nr as u64, false) {
+            self.force_flush = true;
+        }
     }
 }
 
@@ -628,7 +586,7 @@ pub struct PteBatch {
 pub fn folio_pte_batch(
     mem: &crate::phys::PhysMem,
     folio: Folio,
-    table: Pfn,
+    pt: &impl PteRead,
     idx: usize,
     pte: Pte,
     max_nr: usize,
@@ -650,7 +608,7 @@ pub fn folio_pte_batch(
         any_dirty: false,
     };
     while b.nr < max_nr {
-        let next = Pte(entry_get(mem, table, idx + b.nr));
+        let next = pt.pte(idx + b.nr);
         if pte_batch_clear_ignored(next, flags) != expected {
             break;
         }
@@ -686,22 +644,23 @@ pub fn copy_page_range(
     oncpu: &OnCpu,
     dst_mm: &Mm,
     src_mm: &Mm,
-    dst_vma: &Vma,
+    _dst_vma: &Vma,
     src_vma: &Vma,
 ) -> KResult<()> {
+    // The child's VMA matters to the kernel's copy only for what the model
+    // leaves out (uffd-wp registration, device-exclusive entries).
     let c = CopyRange {
         oncpu,
         dst_mm,
         src_mm,
-        dst_vma,
         src_vma,
     };
     let end = src_vma.end();
     let mut addr = src_vma.start();
     while addr < end {
-        let next = addr_end(addr, end, PGDIR_SIZE);
+        let next = addr_end(addr, end, pgtable::PGDIR_SIZE);
         // pgd_none_or_clear_bad: nothing below this PGD entry.
-        if src_mm.pud_lookup(addr).is_some() {
+        if src_mm.pud_present(addr) {
             c.copy_pud_range(addr, next)?;
         }
         addr = next;
@@ -715,7 +674,6 @@ struct CopyRange<'a> {
     oncpu: &'a OnCpu<'a>,
     dst_mm: &'a Mm,
     src_mm: &'a Mm,
-    dst_vma: &'a Vma,
     src_vma: &'a Vma,
 }
 
@@ -772,7 +730,7 @@ impl CopyRange<'_> {
     }
 
     /// `copy_pte_range`: copy the present PTEs of `[addr, end)`, one PTE
-    /// table, with both PTE locks held.
+    /// table, with both PTE locks held (the child's first).
     fn copy_pte_range(
         self,
         dst_slot: PmdSlot,
@@ -780,25 +738,23 @@ impl CopyRange<'_> {
         mut addr: u64,
         end: u64,
     ) -> KResult<()> {
-        let CopyRange {
-            oncpu,
-            dst_mm,
-            src_mm,
-            dst_vma,
-            src_vma,
-        } = self;
-        let mem = oncpu.mem();
-        dst_mm.pte_alloc(dst_slot, oncpu.id())?;
-        let dst = dst_mm
+        self.dst_mm.pte_alloc(dst_slot, self.oncpu.id())?;
+        let dst = self
+            .dst_mm
             .pte_offset_map_lock(dst_slot)
             .expect("the child's PMD holds the table just allocated");
-        let Some(src) = src_mm.pte_offset_map_lock(src_slot) else {
+        let Some(src) = self.src_mm.pte_offset_map_lock(src_slot) else {
             return Ok(());
         };
-        let mut rss = [0i64; NR_MM_COUNTERS];
+        let mut c = CopyPteTable {
+            range: self,
+            dst,
+            src,
+            rss: [0; NR_MM_COUNTERS],
+        };
         while addr != end {
             let idx = pgtable::pte_index(addr);
-            let pte = Pte(entry_get(mem, src.table, idx));
+            let pte = c.src.pte(idx);
             if pte.none() {
                 addr += PAGE_SIZE;
                 continue;
@@ -808,109 +764,88 @@ impl CopyRange<'_> {
                 "non-present PTE {pte:?} (swap is not modelled)"
             );
             let max_nr = ((end - addr) >> PAGE_SHIFT) as usize;
-            let tables = (dst.table, src.table);
-            let nr = copy_present_ptes(oncpu, dst_vma, src_vma, tables, idx, pte, max_nr, &mut rss);
+            let nr = c.copy_present_ptes(idx, pte, max_nr);
             addr += (nr as u64) << PAGE_SHIFT;
         }
-        drop(src);
-        dst_mm.add_rss_vec(&rss);
+        let rss = c.rss;
+        drop(c);
+        self.dst_mm.add_rss_vec(&rss);
         Ok(())
     }
 }
 
-/// `copy_present_ptes`: copy the present PTE at `idx` and, when fork
-/// batching is on and it maps part of a large folio, the PTEs after it that
-/// map the rest of that folio: one reference and one rmap dup for the
-/// batch. Returns the number of PTEs copied.
-///
-/// With batching off this is the pre-v6.9 `copy_present_pte`, one PTE at a
-/// time; a small folio takes the same single-PTE path in both settings.
-#[allow(clippy::too_many_arguments)]
-#[inline]
-fn copy_present_ptes(
-    oncpu: &OnCpu,
-    dst_vma: &Vma,
-    src_vma: &Vma,
-    (dst_table, src_table): (Pfn, Pfn),
-    idx: usize,
-    pte: Pte,
-    max_nr: usize,
-    rss: &mut [i64; NR_MM_COUNTERS],
-) -> usize {
-    let mem = oncpu.mem();
-    let Some(page) = vm_normal_page(pte) else {
-        // The zero page: no reference, no rmap, no RSS.
-        __copy_present_ptes(oncpu, dst_vma, src_vma, dst_table, src_table, idx, pte, 1);
-        return 1;
-    };
-    let folio = mem.page_folio(page);
-    if max_nr != 1 && folio.is_large(mem) && oncpu.m.tunables.fork_batch() {
-        // Soft-dirty tracking is not modelled (never enabled on a VMA), so
-        // the kernel's rule says to ignore it; dirty only for shared VMAs.
-        let mut flags = FPB_IGNORE_SOFT_DIRTY;
-        if src_vma.flags() & VM_SHARED != 0 {
-            flags |= FPB_IGNORE_DIRTY;
+/// One PTE table being copied: both locked tables and the child's RSS
+/// changes, batched per table.
+struct CopyPteTable<'a> {
+    range: CopyRange<'a>,
+    dst: PteLocked<'a>,
+    src: PteLocked<'a>,
+    rss: [i64; NR_MM_COUNTERS],
+}
+
+impl CopyPteTable<'_> {
+    /// `copy_present_ptes`: copy the present PTE at `idx` and, when fork
+    /// batching is on and it maps part of a large folio, the PTEs after it
+    /// that map the rest of that folio: one reference and one rmap dup for
+    /// the batch. Returns the number of PTEs copied.
+    ///
+    /// With batching off this is the pre-v6.9 `copy_present_pte`, one PTE
+    /// at a time; a small folio takes the same single-PTE path in both
+    /// settings.
+    #[inline]
+    fn copy_present_ptes(&mut self, idx: usize, pte: Pte, max_nr: usize) -> usize {
+        let CopyRange { oncpu, src_vma, .. } = self.range;
+        let mem = oncpu.mem();
+        let Some(page) = vm_normal_page(pte) else {
+            // The zero page: no reference, no rmap, no RSS.
+            self.__copy_present_ptes(idx, pte, 1);
+            return 1;
+        };
+        let folio = mem.page_folio(page);
+        if max_nr != 1 && folio.is_large(mem) && oncpu.m.tunables.fork_batch() {
+            // Soft-dirty tracking is not modelled (never enabled on a VMA),
+            // so the kernel's rule says to ignore it; dirty only for shared
+            // VMAs.
+            let mut flags = FPB_IGNORE_SOFT_DIRTY;
+            if src_vma.flags() & VM_SHARED != 0 {
+                flags |= FPB_IGNORE_DIRTY;
+            }
+            let PteBatch {
+                nr, any_writable, ..
+            } = folio_pte_batch(mem, folio, &self.src, idx, pte, max_nr, flags);
+            folio.ref_add(mem, nr as i32);
+            rmap::folio_dup_anon_rmap_ptes(mem, folio, page, nr as u64);
+            self.rss[MmCounter::AnonPages as usize] += nr as i64;
+            let pte = if any_writable { pte.mkwrite() } else { pte };
+            self.__copy_present_ptes(idx, pte, nr);
+            return nr;
         }
-        let PteBatch {
-            nr, any_writable, ..
-        } = folio_pte_batch(mem, folio, src_table, idx, pte, max_nr, flags);
-        folio.ref_add(mem, nr as i32);
-        rmap::folio_dup_anon_rmap_ptes(mem, folio, page, nr as u64);
-        rss[MmCounter::AnonPages as usize] += nr as i64;
-        let pte = if any_writable { pte.mkwrite() } else { pte };
-        __copy_present_ptes(oncpu, dst_vma, src_vma, dst_table, src_table, idx, pte, nr);
-        return nr;
+        folio.get(mem);
+        rmap::folio_dup_anon_rmap_ptes(mem, folio, page, 1);
+        self.rss[MmCounter::AnonPages as usize] += 1;
+        self.__copy_present_ptes(idx, pte, 1);
+        1
     }
-    folio.get(mem);
-    rmap::folio_dup_anon_rmap_ptes(mem, folio, page, 1);
-    rss[MmCounter::AnonPages as usize] += 1;
-    __copy_present_ptes(oncpu, dst_vma, src_vma, dst_table, src_table, idx, pte, 1);
-    1
-}
 
-/// `__copy_present_ptes`: write-protect the parent's `nr` entries if the
-/// mapping is COW and `pte` (the batch's template) is writable, and set the
-/// child's `nr` entries from the template, old and (for COW) read-only.
-#[allow(clippy::too_many_arguments)]
-#[inline]
-fn __copy_present_ptes(
-    oncpu: &OnCpu,
-    _dst_vma: &Vma,
-    src_vma: &Vma,
-    dst_table: Pfn,
-    src_table: Pfn,
-    idx: usize,
-    mut pte: Pte,
-    nr: usize,
-) {
-    let mem = oncpu.mem();
-    if is_cow_mapping(src_vma.flags()) && pte.write() {
-        wrprotect_ptes(mem, src_table, idx, nr);
-        pte = pte.wrprotect();
-    }
-    if src_vma.flags() & VM_SHARED != 0 {
-        pte = pte.mkclean();
-    }
-    pte = pte.mkold();
-    // No VMA is registered with userfaultfd: the child never keeps uffd-wp.
-    pte = Pte(pte.0 & !pgtable::entry::_PAGE_UFFD_WP);
-    set_ptes(mem, dst_table, idx, pte, nr);
-}
-
-/// `wrprotect_ptes`: clear the writable bit of `nr` entries, each with one
-/// atomic operation (a racing walker's accessed/dirty update survives).
-#[inline]
-fn wrprotect_ptes(mem: &crate::phys::PhysMem, table: Pfn, idx: usize, nr: usize) {
-    for i in idx..idx + nr {
-        pgtable::entry_clear_bits(mem, table, i, pgtable::entry::_PAGE_RW);
-    }
-}
-
-/// `set_ptes`: `nr` entries from `pte`, the PFN advancing by one each.
-#[inline]
-fn set_ptes(mem: &crate::phys::PhysMem, table: Pfn, idx: usize, pte: Pte, nr: usize) {
-    for i in 0..nr {
-        entry_set(mem, table, idx + i, pte.advance_pfn(i as u64).0);
+    /// `__copy_present_ptes`: write-protect the parent's `nr` entries if the
+    /// mapping is COW and `pte` (the batch's template) is writable, and set
+    /// the child's `nr` entries from the template, old and (for COW)
+    /// read-only.
+    #[inline]
+    fn __copy_present_ptes(&mut self, idx: usize, mut pte: Pte, nr: usize) {
+        let src_flags = self.range.src_vma.flags();
+        if is_cow_mapping(src_flags) && pte.write() {
+            self.src.wrprotect_ptes(idx, nr);
+            pte = pte.wrprotect();
+        }
+        if src_flags & VM_SHARED != 0 {
+            pte = pte.mkclean();
+        }
+        pte = pte.mkold();
+        // No VMA is registered with userfaultfd: the child never keeps
+        // uffd-wp.
+        pte = Pte(pte.0 & !pgtable::entry::_PAGE_UFFD_WP);
+        self.dst.set_ptes(idx, pte, nr);
     }
 }
 
@@ -919,7 +854,9 @@ fn set_ptes(mem: &crate::phys::PhysMem, table: Pfn, idx: usize, pte: Pte, nr: us
 
 /// `free_pgtables`: free the tables that only `vmas` used. `floor` is the end
 /// of the VMA below them (or 0), `ceiling` the start of the one above (or
-/// the top of user space).
+/// the top of user space). The VMAs are detached from the tree, and
+/// mmap_lock is held (for writing, or for reading after munmap's
+/// downgrade), or the address space is being torn down.
 pub fn free_pgtables(
     oncpu: &OnCpu,
     tlb: &mut MmuGather,
@@ -932,13 +869,23 @@ pub fn free_pgtables(
         // kernel's free_pgtables does.
         rmap::unlink_anon_vmas(vma);
         let next = vmas.get(i + 1).map_or(ceiling, |n| n.start());
-        free_pgd_range(oncpu, tlb, vma.start(), vma.end(), floor, next);
+        // SAFETY: the VMAs are out of the tree and now out of the rmap, and
+        // the caller holds mmap_lock, so no fault, walk or rmap walk can
+        // reach the tables between floor and ceiling: only the VMAs around
+        // them remain, and their tables lie outside.
+        unsafe { free_pgd_range(oncpu, tlb, vma.start(), vma.end(), floor, next) };
     }
 }
 
 /// `free_pgd_range`: free every table that lies wholly inside the PMD-aligned
-/// span between `floor` and `ceiling` and is touched by `[addr, end)`.
-pub fn free_pgd_range(
+/// span between `floor` and `ceiling` and is touched by `[addr, end)`; each
+/// goes through the gather (`pte_free_tlb` & co.).
+///
+/// # Safety
+///
+/// As [`pgtable::free::free_pgd_range`]: no one else can reach the tables
+/// of the range.
+pub unsafe fn free_pgd_range(
     oncpu: &OnCpu,
     tlb: &mut MmuGather,
     addr: u64,
@@ -946,173 +893,19 @@ pub fn free_pgd_range(
     floor: u64,
     ceiling: u64,
 ) {
-    let mut addr = addr & PMD_MASK;
-    if addr < floor {
-        addr = addr.wrapping_add(PMD_SIZE);
-        if addr == 0 {
-            return;
-        }
-    }
-    let mut ceiling = ceiling;
-    let mut end = end;
-    if ceiling != 0 {
-        ceiling &= PMD_MASK;
-        if ceiling == 0 {
-            return;
-        }
-    }
-    if end.wrapping_sub(1) > ceiling.wrapping_sub(1) {
-        end -= PMD_SIZE;
-    }
-    if addr > end.wrapping_sub(1) {
-        return;
-    }
     let mm = tlb.mm;
-    let mem = oncpu.mem();
-    let mut a = addr;
-    loop {
-        let next = addr_end(a, end, PGDIR_SIZE);
-        let e = entry_get(mem, mm.pgd, pgtable::pgd_index(a));
-        if e != 0 {
-            free_table_range(
-                oncpu,
-                tlb,
-                TableLevel::Pud,
-                next_table(e),
-                a,
-                next,
-                floor,
-                ceiling,
-            );
-        }
-        a = next;
-        if a == end {
-            break;
-        }
-    }
-}
-
-/// The two table levels `free_pgd_range` walks below the PGD.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum TableLevel {
-    /// A PUD table: its entries point to PMD tables.
-    Pud,
-    /// A PMD table: its entries point to PTE tables.
-    Pmd,
-}
-
-impl TableLevel {
-    fn entry_size(self) -> u64 {
-        match self {
-            TableLevel::Pud => PUD_SIZE,
-            TableLevel::Pmd => PMD_SIZE,
-        }
-    }
-    fn index(self, addr: u64) -> usize {
-        match self {
-            TableLevel::Pud => pgtable::pud_index(addr),
-            TableLevel::Pmd => pgtable::pmd_index(addr),
-        }
-    }
-    /// The span one table of this level covers.
-    fn table_mask(self) -> u64 {
-        match self {
-            TableLevel::Pud => pgtable::PGDIR_MASK,
-            TableLevel::Pmd => pgtable::PUD_MASK,
-        }
-    }
-}
-
-#[inline]
-fn next_table(e: u64) -> Pfn {
-    (e & pgtable::entry::PTE_PFN_MASK) >> PAGE_SHIFT
-}
-
-/// `free_pud_range` / `free_pmd_range`: free the tables below `table` (a
-/// table of `level`) over `[addr, end)`, then `table` itself if the
-/// floor/ceiling rule lets it go, unhooking it from its parent.
-#[allow(clippy::too_many_arguments)]
-fn free_table_range(
-    oncpu: &OnCpu,
-    tlb: &mut MmuGather,
-    level: TableLevel,
-    table: Pfn,
-    addr: u64,
-    end: u64,
-    floor: u64,
-    ceiling: u64,
-) {
-    let mem = oncpu.mem();
-    let mut a = addr;
-    loop {
-        let next = addr_end(a, end, level.entry_size());
-        let idx = level.index(a);
-        let e = entry_get(mem, table, idx);
-        if e != 0 {
-            match level {
-                TableLevel::Pud => free_table_range(
-                    oncpu,
-                    tlb,
-                    TableLevel::Pmd,
-                    next_table(e),
-                    a,
-                    next,
-                    floor,
-                    ceiling,
-                ),
-                TableLevel::Pmd => {
-                    debug_assert!(
-                        e & pgtable::entry::_PAGE_PSE == 0,
-                        "free_pte_range on a huge PMD at {a:#x}"
-                    );
-                    // free_pte_range
-                    entry_set(mem, table, idx, 0);
-                    pt_free_tlb(oncpu, tlb, next_table(e), a);
-                }
-            }
-        }
-        a = next;
-        if a == end {
-            break;
-        }
-    }
-    if let Some(start) = table_span_free(addr, end, floor, ceiling, level.table_mask()) {
-        let mm = tlb.mm;
-        let (parent, pidx) = match level {
-            TableLevel::Pud => (mm.pgd, pgtable::pgd_index(start)),
-            TableLevel::Pmd => (
-                next_table(entry_get(mem, mm.pgd, pgtable::pgd_index(start))),
-                pgtable::pud_index(start),
-            ),
-        };
-        entry_set(mem, parent, pidx, 0);
-        pt_free_tlb(oncpu, tlb, table, start);
-    }
-}
-
-/// The floor/ceiling test of `free_pmd_range`/`free_pud_range`: may the
-/// table covering `[addr, end)` at the level above (`mask`) go? Returns its
-/// aligned start.
-fn table_span_free(addr: u64, end: u64, floor: u64, ceiling: u64, mask: u64) -> Option<u64> {
-    let start = addr & mask;
-    if start < floor {
-        return None;
-    }
-    let mut ceiling = ceiling;
-    if ceiling != 0 {
-        ceiling &= mask;
-        if ceiling == 0 {
-            return None;
-        }
-    }
-    if end.wrapping_sub(1) > ceiling.wrapping_sub(1) {
-        return None;
-    }
-    Some(start)
+    let mut f = pgtable::free::FreePgtables {
+        mem: oncpu.mem(),
+        floor,
+        ceiling,
+        free_tlb: |table: Ptdesc, addr: u64| pt_free_tlb(oncpu, tlb, table, addr),
+    };
+    // SAFETY: the caller's promise.
+    unsafe { pgtable::free::free_pgd_range(&mm.pgd, &mut f, addr, end) };
 }
 
 /// `pte_free_tlb` / `pmd_free_tlb` / `pud_free_tlb`: account and queue.
-fn pt_free_tlb(oncpu: &OnCpu, tlb: &mut MmuGather, table: Pfn, addr: u64) {
+fn pt_free_tlb(oncpu: &OnCpu, tlb: &mut MmuGather, table: Ptdesc, addr: u64) {
     tlb.mm.dec_nr_tables();
     tlb.adjust_range(addr, PAGE_SIZE);
     tlb.cleared_pmds = true;
@@ -1122,38 +915,54 @@ fn pt_free_tlb(oncpu: &OnCpu, tlb: &mut MmuGather, table: Pfn, addr: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pgtable::{entry::_PAGE_UFFD_WP, table_alloc, Pgprot};
+    use crate::pgtable::{entry::_PAGE_UFFD_WP, Pgprot};
+    use crate::phys::PhysMem;
     use crate::{Machine, MachineConfig};
 
-    /// A PTE table whose entries 100.. map the 16 pages of an order-4
-    /// folio, writable, dirty and young like a fresh fault's.
-    fn setup() -> (std::sync::Arc<Machine>, Pfn, Folio) {
+    /// A detached PTE table, read as a mapped one would be.
+    struct Table<'a>(&'a PhysMem, Ptdesc);
+
+    impl PteRead for Table<'_> {
+        fn pte(&self, idx: usize) -> Pte {
+            self.1.pte(self.0, idx)
+        }
+    }
+
+    impl Table<'_> {
+        fn set(&mut self, idx: usize, pte: Pte) {
+            self.1.set_pte(self.0, idx, pte)
+        }
+    }
+
+    /// A machine, and an order-4 folio whose 16 pages entries 100.. of a
+    /// PTE table map, writable, dirty and young like a fresh fault's.
+    fn setup() -> (std::sync::Arc<Machine>, Folio) {
         let m = Machine::new(MachineConfig::single_node(16 << 20, 1)).unwrap();
-        let mem = m.mem.clone();
-        let table = table_alloc(&mem, 0, 0).unwrap();
-        let folio = mem.folio_alloc(0, 4, 0, false, false).unwrap();
+        let folio = m.mem.folio_alloc(0, 4, 0, false, false).unwrap();
+        (m, folio)
+    }
+
+    fn table(mem: &PhysMem, folio: Folio) -> Table<'_> {
+        let mut t = Table(mem, Ptdesc::alloc(mem, 0, 0).unwrap());
         let pte = Pte::new(folio.pfn(), Pgprot::READONLY)
             .mkwrite()
             .mkdirty()
             .mkyoung();
         for i in 0..16 {
-            entry_set(&mem, table, 100 + i, pte.advance_pfn(i as u64).0);
+            t.set(100 + i, pte.advance_pfn(i as u64));
         }
-        (m, table, folio)
-    }
-
-    fn pte_at(m: &Machine, table: Pfn, idx: usize) -> Pte {
-        Pte(entry_get(&m.mem, table, idx))
+        t
     }
 
     #[test]
     fn folio_pte_batch_stops_at_the_folio_and_at_max_nr() {
-        let (m, t, f) = setup();
+        let (m, f) = setup();
+        let mut t = table(&m.mem, f);
         // Two more entries after the folio map the next PFNs: never batched.
-        let next = pte_at(&m, t, 115).advance_pfn(1);
-        entry_set(&m.mem, t, 116, next.0);
-        entry_set(&m.mem, t, 117, next.advance_pfn(1).0);
-        let b = |idx, max| folio_pte_batch(&m.mem, f, t, idx, pte_at(&m, t, idx), max, 0).nr;
+        let next = t.pte(115).advance_pfn(1);
+        t.set(116, next);
+        t.set(117, next.advance_pfn(1));
+        let b = |idx, max| folio_pte_batch(&m.mem, f, &t, idx, t.pte(idx), max, 0).nr;
         // The caller's bound is the end of its range in this table.
         assert_eq!(b(100, 412), 16, "clamped to the folio's end");
         assert_eq!(b(104, 408), 12, "from the middle, to the end");
@@ -1163,25 +972,26 @@ mod tests {
 
     #[test]
     fn folio_pte_batch_compares_all_bits_but_the_ignored() {
-        let (m, t, f) = setup();
+        let (m, f) = setup();
         let mem = &m.mem;
+        let mut t = table(mem, f);
         // Accessed and writable may differ; writable is reported.
-        entry_set(mem, t, 103, pte_at(&m, t, 103).mkold().wrprotect().0);
-        let first = pte_at(&m, t, 100).wrprotect();
-        entry_set(mem, t, 100, first.0);
-        let b = folio_pte_batch(mem, f, t, 100, first, 16, 0);
+        t.set(103, t.pte(103).mkold().wrprotect());
+        let first = t.pte(100).wrprotect();
+        t.set(100, first);
+        let b = folio_pte_batch(mem, f, &t, 100, first, 16, 0);
         let (nr, any_writable) = (b.nr, b.any_writable);
         assert_eq!((nr, any_writable), (16, true));
         // Dirty differs: a batch only when told to ignore it.
-        entry_set(mem, t, 106, pte_at(&m, t, 106).mkclean().0);
-        assert_eq!(folio_pte_batch(mem, f, t, 100, first, 16, 0).nr, 6);
+        t.set(106, t.pte(106).mkclean());
+        assert_eq!(folio_pte_batch(mem, f, &t, 100, first, 16, 0).nr, 6);
         let flags = FPB_IGNORE_DIRTY | FPB_IGNORE_SOFT_DIRTY;
-        assert_eq!(folio_pte_batch(mem, f, t, 100, first, 16, flags).nr, 16);
+        assert_eq!(folio_pte_batch(mem, f, &t, 100, first, 16, flags).nr, 16);
         // uffd-wp must agree, whatever the flags.
-        entry_set(mem, t, 110, pte_at(&m, t, 110).0 | _PAGE_UFFD_WP);
-        assert_eq!(folio_pte_batch(mem, f, t, 100, first, 16, flags).nr, 10);
+        t.set(110, Pte(t.pte(110).0 | _PAGE_UFFD_WP));
+        assert_eq!(folio_pte_batch(mem, f, &t, 100, first, 16, flags).nr, 10);
         // A none entry ends the batch.
-        entry_set(mem, t, 108, 0);
-        assert_eq!(folio_pte_batch(mem, f, t, 100, first, 16, flags).nr, 8);
+        t.set(108, Pte(0));
+        assert_eq!(folio_pte_batch(mem, f, &t, 100, first, 16, flags).nr, 8);
     }
 }

@@ -22,6 +22,7 @@
 use crate::cpu::TLB_FLUSH_ALL;
 use crate::machine::OnCpu;
 use crate::mm::Mm;
+use crate::pgtable::Ptdesc;
 use crate::phys::{Pfn, PAGE_SHIFT, PAGE_SIZE};
 use crate::sync::Arc;
 use crate::vmstat::Event;
@@ -67,7 +68,7 @@ pub struct MmuGather<'a> {
     /// `local` is batches[0]; `active` indexes the batch being filled.
     batches: Vec<Batch>,
     active: usize,
-    tables: Vec<Pfn>,
+    tables: Vec<Ptdesc>,
     /// Set by [`MmuGather::finish`]; a gather dropped without it is a bug.
     finished: bool,
 }
@@ -184,7 +185,7 @@ impl<'a> MmuGather<'a> {
 
     /// `tlb_remove_table` (and `pte_free_tlb` & co): a table that was
     /// unhooked, to be freed after the flush and a grace period.
-    pub fn remove_table(&mut self, oncpu: &OnCpu, table: Pfn) {
+    pub fn remove_table(&mut self, oncpu: &OnCpu, table: Ptdesc) {
         self.freed_tables = true;
         self.tables.push(table);
         if self.tables.len() >= MAX_TABLE_BATCH {
@@ -258,7 +259,7 @@ impl<'a> MmuGather<'a> {
         // deferred function runs only after they unpin.
         guard.defer(move || {
             for t in tables {
-                crate::pgtable::table_free(&mem, t, mem.vmstat.no_cpu());
+                t.free(&mem, mem.vmstat.no_cpu());
             }
             mem.rcu_pending_add(-n);
         });
@@ -368,7 +369,7 @@ mod tests {
 
     use crate::mm::MmCounter;
     use crate::mmap::{MAP_ANONYMOUS, MAP_PRIVATE, PROT_READ, PROT_WRITE};
-    use crate::pgtable::{entry_get, entry_get_and_clear, pte_index, Pte};
+    use crate::pgtable::{pte_index, PteRead};
     use crate::{Machine, MachineConfig};
 
     /// Zap `nr` present PTEs from `addr` (one PTE table) into `tlb` with
@@ -377,13 +378,12 @@ mod tests {
     /// queued before the gather first reported full.
     fn zap_delayed(oncpu: &OnCpu, tlb: &mut MmuGather, addr: u64, nr: u64) -> Option<u64> {
         let mm = tlb.mm;
-        let mem = oncpu.mem();
         let slot = mm.pmd_lookup(addr).unwrap();
-        let locked = mm.pte_offset_map_lock(slot).unwrap();
+        let mut pt = mm.pte_offset_map_lock(slot).unwrap();
         let mut first_full = None;
         for i in 0..nr {
             let idx = pte_index(addr) + i as usize;
-            let pte = Pte(entry_get_and_clear(mem, locked.table, idx));
+            let pte = pt.get_and_clear(idx);
             tlb.remove_tlb_entries(addr + i * PAGE_SIZE, 1);
             mm.add_rss(MmCounter::AnonPages, -1);
             if tlb.remove_folio_pages(pte.pfn(), 1, true) {
@@ -397,7 +397,7 @@ mod tests {
         }
         tlb.flush_mmu_tlbonly(oncpu);
         tlb.flush_rmaps(oncpu);
-        drop(locked);
+        drop(pt);
         first_full
     }
 
@@ -418,14 +418,12 @@ mod tests {
         c.touch_pages(a, a + (64 << 10), 1).unwrap();
         let mem = c.mem();
         let slot = mm.pmd_lookup(a).unwrap();
-        let pfn = Pte(entry_get(mem, mm.pmd_get(slot).table_pfn(), pte_index(a))).pfn();
+        let pfn = mm.pte_offset_map(slot).unwrap().pte(pte_index(a)).pfn();
         let folio = mem.page_folio(pfn);
         let mut tlb = MmuGather::new(&mm);
         {
-            let locked = mm.pte_offset_map_lock(slot).unwrap();
-            for i in 0..16 {
-                entry_get_and_clear(mem, locked.table, pte_index(a) + i);
-            }
+            let mut pt = mm.pte_offset_map_lock(slot).unwrap();
+            pt.clear_full_ptes(pte_index(a), 16);
             tlb.remove_tlb_entries(a, 16);
             mm.add_rss(MmCounter::AnonPages, -16);
             assert!(!tlb.remove_folio_pages(pfn, 16, true));

@@ -6,6 +6,8 @@
 //! directly (without a write fault) is allowed only for an exclusive
 //! anonymous page (`can_change_pte_writable`).
 
+use std::ops::ControlFlow;
+
 use crate::errno::{Errno, KResult};
 use crate::machine::OnCpu;
 use crate::mm::vma::*;
@@ -15,7 +17,8 @@ use crate::mmap::{
 };
 use crate::mmu_gather::MmuGather;
 use crate::pgtable::entry::_PAGE_PRESENT;
-use crate::pgtable::{self, addr_end, entry_get, entry_set, Pgprot, Pte, PMD_SIZE};
+use crate::pgtable::pagewalk::{walk_page_range, MmWalkOps, WalkAction, WalkLock};
+use crate::pgtable::{self, Pgprot, Pmd, PmdSlot, PteRead, PMD_SIZE};
 use crate::phys::{folio, PAGE_MASK, PAGE_SHIFT, PAGE_SIZE};
 use crate::sync::{Arc, Ordering};
 
@@ -125,71 +128,95 @@ fn mprotect_fixup(
 
 /// `change_protection` over `[start, end)` of one VMA.
 pub fn change_protection(oncpu: &OnCpu, mm: &Arc<Mm>, vma: &Arc<Vma>, start: u64, end: u64) {
-    let newprot = vma.page_prot();
     let mut tlb = MmuGather::new(mm);
-    let mut addr = start;
-    while addr < end {
-        let next = addr_end(addr, end, PMD_SIZE);
-        if let Some(slot) = mm.pmd_lookup(addr) {
-            let pmd = mm.pmd_get(slot);
-            if pmd.trans_huge() {
-                if next - addr == PMD_SIZE {
-                    if crate::huge_memory::change_huge_pmd(oncpu, mm, slot, vma, newprot) {
-                        tlb.remove_pmd_tlb_entry(addr);
-                    }
-                    addr = next;
-                    continue;
-                }
-                crate::huge_memory::split_huge_pmd(oncpu, mm, slot, addr);
-            }
-            change_pte_range(oncpu, &mut tlb, mm, vma, slot, addr, next, newprot);
-        }
-        addr = next;
-    }
+    let mut cp = ChangeProt {
+        oncpu,
+        tlb: &mut tlb,
+        vma,
+        newprot: vma.page_prot(),
+    };
+    let flow = walk_page_range(oncpu.mem(), &mm.pgd, start, end, WalkLock::Ptl, &mut cp);
+    debug_assert!(flow.is_continue());
     tlb.finish(oncpu);
 }
 
-#[allow(clippy::too_many_arguments)]
-fn change_pte_range(
-    oncpu: &OnCpu,
-    tlb: &mut MmuGather,
-    mm: &Mm,
-    vma: &Vma,
-    slot: crate::mm::pgalloc::PmdSlot,
-    start: u64,
-    end: u64,
+/// What `change_protection`'s levels share (the kernel passes them as
+/// arguments down its `change_p*_range` functions).
+struct ChangeProt<'a, 'g> {
+    oncpu: &'a OnCpu<'a>,
+    tlb: &'a mut MmuGather<'g>,
+    vma: &'a Vma,
     newprot: Pgprot,
-) {
-    let mem = oncpu.mem();
-    let Some(locked) = mm.pte_offset_map_lock(slot) else {
-        return;
-    };
-    let mut addr = start;
-    while addr < end {
-        let idx = pgtable::pte_index(addr);
-        let old = Pte(entry_get(mem, locked.table, idx));
-        if old.present() {
-            let mut new = old.modify(newprot);
-            if vma.flags() & VM_WRITE != 0
-                && !new.write()
-                && !old.special()
-                && !new.protnone()
-                && folio::page_anon_exclusive(mem, old.pfn())
-            {
-                // can_change_pte_writable: an exclusive anon page.
-                new = new.mkwrite();
+}
+
+impl MmWalkOps for ChangeProt<'_, '_> {
+    type Break = std::convert::Infallible;
+
+    /// One step of `change_pmd_range`: the PTE table is changed by
+    /// `change_pte_range` under its lock.
+    fn pmd_entry(
+        &mut self,
+        slot: PmdSlot,
+        _pmd: Pmd,
+        addr: u64,
+        next: u64,
+    ) -> ControlFlow<Self::Break, WalkAction> {
+        self.change_pmd(slot, addr, next);
+        ControlFlow::Continue(WalkAction::Continue)
+    }
+}
+
+impl ChangeProt<'_, '_> {
+    /// One step of `change_pmd_range`: a whole huge PMD is changed in
+    /// place, one covered in part is split first.
+    fn change_pmd(&mut self, slot: PmdSlot, addr: u64, next: u64) {
+        let mm = self.tlb.mm;
+        if mm.pmd_get(slot).trans_huge() {
+            if next - addr == PMD_SIZE {
+                let huge = crate::huge_memory::change_huge_pmd;
+                if huge(self.oncpu, mm, slot, self.vma, self.newprot) {
+                    self.tlb.remove_pmd_tlb_entry(addr);
+                }
+                return;
             }
-            if new != old {
-                entry_set(mem, locked.table, idx, new.0);
-                // pte_needs_flush: the hardware saw it and lost a permission.
-                if old.0 & _PAGE_PRESENT != 0
-                    && (new.0 & _PAGE_PRESENT == 0 || (old.write() && !new.write()))
+            crate::huge_memory::split_huge_pmd(self.oncpu, mm, slot, addr);
+        }
+        self.change_pte_range(slot, addr, next);
+    }
+
+    /// `change_pte_range`.
+    fn change_pte_range(&mut self, slot: PmdSlot, start: u64, end: u64) {
+        let mem = self.oncpu.mem();
+        let Some(mut pt) = self.tlb.mm.pte_offset_map_lock(slot) else {
+            return;
+        };
+        let mut addr = start;
+        while addr < end {
+            let idx = pgtable::pte_index(addr);
+            let old = pt.pte(idx);
+            if old.present() {
+                let mut new = old.modify(self.newprot);
+                if self.vma.flags() & VM_WRITE != 0
+                    && !new.write()
+                    && !old.special()
+                    && !new.protnone()
+                    && folio::page_anon_exclusive(mem, old.pfn())
                 {
-                    tlb.remove_tlb_entries(addr, 1);
+                    // can_change_pte_writable: an exclusive anon page.
+                    new = new.mkwrite();
+                }
+                if new != old {
+                    pt.set(idx, new);
+                    // pte_needs_flush: the hardware saw it and lost a
+                    // permission.
+                    if old.0 & _PAGE_PRESENT != 0
+                        && (new.0 & _PAGE_PRESENT == 0 || (old.write() && !new.write()))
+                    {
+                        self.tlb.remove_tlb_entries(addr, 1);
+                    }
                 }
             }
+            addr += PAGE_SIZE;
         }
-        addr += PAGE_SIZE;
     }
-    drop(locked);
 }

@@ -8,11 +8,14 @@
 //! (small or huge) counts nowhere, a page mapped more than once is shared and
 //! contributes to PSS in proportion.
 
+use std::ops::ControlFlow;
+
 use serde::Serialize;
 
 use crate::mm::vma::{VM_EXEC, VM_MAYSHARE, VM_READ, VM_WRITE};
 use crate::mm::{Mm, MmCounter, Vma};
-use crate::pgtable::{addr_end, entry_get, pte_index, Pte, PMD_SIZE, PUD_SIZE};
+use crate::pgtable::pagewalk::{walk_page_range, MmWalkOps, WalkAction, WalkLock};
+use crate::pgtable::{Pmd, PmdSlot, Pte};
 use crate::phys::memmap::pg;
 use crate::phys::{folio, Folio, PhysMem, PAGE_SIZE};
 use crate::sync::Ordering;
@@ -189,44 +192,64 @@ pub fn smaps_rollup(mm: &Mm) -> Smaps {
     r
 }
 
-fn smap_vma(mm: &Mm, vma: &Vma) -> Smaps {
-    let mem = &mm.mem;
-    let mut mss = MemSizeStats::default();
-    let (start, end) = (vma.start(), vma.end());
-    let mut addr = start;
-    while addr < end {
-        let next = addr_end(addr, end, PMD_SIZE);
-        let Some(slot) = mm.pmd_lookup(addr) else {
-            addr = addr_end(addr, end, PUD_SIZE);
-            continue;
-        };
-        let ptl = mm.pmd_lock(slot);
-        let pmd = mm.pmd_get(slot);
-        if pmd.trans_huge() {
-            // smaps_pmd_entry; the huge zero page counts nowhere.
-            if !pmd.special() {
-                let nr = 1u64 << crate::phys::HPAGE_PMD_ORDER;
-                mss.account(mem, pmd.pfn(), nr, pmd.young(), pmd.dirty());
-                if Folio(pmd.pfn()).test_anon(mem) {
-                    mss.anonymous_thp += nr * PAGE_SIZE;
-                }
-            }
-            drop(ptl);
-            addr = next;
-            continue;
+/// `smaps_walk_ops`: each mapped page's share, under the page-table locks.
+struct SmapsWalk<'a> {
+    mem: &'a PhysMem,
+    mss: MemSizeStats,
+}
+
+impl MmWalkOps for SmapsWalk<'_> {
+    type Break = std::convert::Infallible;
+
+    /// `smaps_pmd_entry`: a huge PMD, read under its lock; the huge zero
+    /// page counts nowhere.
+    fn pmd_entry(
+        &mut self,
+        slot: PmdSlot,
+        pmd: Pmd,
+        _addr: u64,
+        _next: u64,
+    ) -> ControlFlow<Self::Break, WalkAction> {
+        let mem = self.mem;
+        // pmd_trans_huge_lock: the lock only for a huge entry, rechecked.
+        if !pmd.trans_huge() {
+            return ControlFlow::Continue(WalkAction::Subtree);
         }
-        drop(ptl);
-        if let Some(locked) = mm.pte_offset_map_lock(slot) {
-            for a in (addr..next).step_by(PAGE_SIZE as usize) {
-                let pte = Pte(entry_get(mem, locked.table, pte_index(a)));
-                // smaps_pte_entry: vm_normal_page skips the zero page.
-                if pte.present() && !pte.special() {
-                    mss.account(mem, pte.pfn(), 1, pte.young(), pte.dirty());
-                }
+        let ptl = slot.lock(mem);
+        let pmd = ptl.get();
+        if !pmd.trans_huge() {
+            return ControlFlow::Continue(WalkAction::Subtree);
+        }
+        if !pmd.special() {
+            let nr = 1u64 << crate::phys::HPAGE_PMD_ORDER;
+            self.mss
+                .account(mem, pmd.pfn(), nr, pmd.young(), pmd.dirty());
+            if Folio(pmd.pfn()).test_anon(mem) {
+                self.mss.anonymous_thp += nr * PAGE_SIZE;
             }
         }
-        addr = next;
+        ControlFlow::Continue(WalkAction::Continue)
     }
+
+    /// `smaps_pte_entry`: `vm_normal_page` skips the zero page.
+    fn pte_entry(&mut self, pte: Pte, _addr: u64) -> ControlFlow<Self::Break> {
+        if pte.present() && !pte.special() {
+            self.mss
+                .account(self.mem, pte.pfn(), 1, pte.young(), pte.dirty());
+        }
+        ControlFlow::Continue(())
+    }
+}
+
+fn smap_vma(mm: &Mm, vma: &Vma) -> Smaps {
+    let (start, end) = (vma.start(), vma.end());
+    let mut walk = SmapsWalk {
+        mem: &mm.mem,
+        mss: MemSizeStats::default(),
+    };
+    let flow = walk_page_range(&mm.mem, &mm.pgd, start, end, WalkLock::Ptl, &mut walk);
+    debug_assert!(flow.is_continue());
+    let mss = walk.mss;
     let kb = |b: u64| b >> 10;
     Smaps {
         start,

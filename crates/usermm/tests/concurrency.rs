@@ -152,7 +152,7 @@ fn shadow_memory_reports_a_lost_write() {
     shadow.store_u64(&c, a + 8, 0xabcd).unwrap();
     assert_eq!(shadow.load_u64(&c, a + 8).unwrap(), 0xabcd);
     shadow.verdict().unwrap();
-    let t = hw_walk(&m.mem, mm.pgd, a, false).unwrap();
+    let t = hw_walk(&m.mem, mm.pgd.cr3(), a, false).unwrap();
     let (pfn, _) = t.frame_of(a);
     // SAFETY: the frame is live and mapped; no other thread runs.
     unsafe { m.mem.frame_ptr(pfn).add(8).cast::<u64>().write(0) };

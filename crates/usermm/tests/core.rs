@@ -380,13 +380,13 @@ fn faults_allocate_on_the_faulting_cpus_node() {
     let c1 = m.bind(1).unwrap();
     c1.switch_mm(&mm);
     c1.store_u64(a + (2 << 20), 2).unwrap();
-    let pfn = usermm::pgtable::walk::hw_walk(&m.mem, mm.pgd, a + (2 << 20), false)
+    let pfn = usermm::pgtable::walk::hw_walk(&m.mem, mm.pgd.cr3(), a + (2 << 20), false)
         .unwrap()
         .pfn;
     assert_eq!(node_of(pfn), 1, "the folio is on CPU 1's node");
     // The page and its PTE table (the PMD table is shared with CPU 0's).
     assert_eq!(used(1) - before, 2);
-    assert_eq!(node_of(mm.pgd), 0);
+    assert_eq!(node_of(mm.pgd.cr3()), 0);
     c1.idle();
     check_invariants(&m).unwrap();
 }

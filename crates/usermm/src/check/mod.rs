@@ -14,11 +14,15 @@
 pub mod shadow;
 
 use std::collections::{HashMap, HashSet};
+use std::ops::ControlFlow;
 
 use crate::machine::Machine;
 use crate::mm::{Mm, MmCounter, VmaTree};
 use crate::pgtable::entry::*;
-use crate::pgtable::{entry_get, PGDIR_SIZE, PMD_SIZE, PUD_SIZE};
+use crate::pgtable::pagewalk::{
+    walk_page_range, MmWalkOps, TableId, TableLevel, WalkAction, WalkLock,
+};
+use crate::pgtable::PmdSlot;
 use crate::phys::{Folio, Pfn, PAGE_SIZE};
 use crate::sync::{Arc, Ordering};
 
@@ -115,7 +119,7 @@ fn check_no_leak(
         held.extend(head..head + Folio(head).nr_pages(mem));
     }
     held.insert(m.zero_pfn);
-    held.extend(m.mms_referenced().iter().map(|mm| mm.pgd));
+    held.extend(m.mms_referenced().iter().map(|mm| mm.pgd.cr3()));
     if let Some(hz) = m.huge_zero_pfn_if_allocated() {
         held.extend(hz..hz + crate::phys::HPAGE_PMD_NR);
     }
@@ -213,104 +217,27 @@ fn check_rmap(m: &Machine, mm: &Mm, tree: &VmaTree, p: Pfn, addr: u64) -> Result
 }
 
 fn check_mm(m: &Machine, mm: &Arc<Mm>, ex: &mut Expect, leaves: &mut Leaves) -> Result<(), String> {
-    let mem = &m.mem;
     let guard = crossbeam_epoch::pin();
     let tree = mm.vma_tree(&guard);
     tree.check().map_err(|e| format!("{mm:?}: {e}"))?;
-    ex.tables.insert(mm.pgd);
-    let mut tables = 0i64;
-    let mut anon = 0i64;
-    let next = |e: u64| (e & PTE_PFN_MASK) >> 12;
-    for gi in 0..256u64 {
-        let g = entry_get(mem, mm.pgd, gi as usize);
-        if g == 0 {
-            continue;
-        }
-        tables += 1;
-        ex.tables.insert(next(g));
-        for ui in 0..512u64 {
-            let u = entry_get(mem, next(g), ui as usize);
-            if u == 0 {
-                continue;
-            }
-            tables += 1;
-            ex.tables.insert(next(u));
-            // The PTE tables deposited under this table's huge PMDs.
-            let mut dep = mem.page(next(u)).private.load(Ordering::Relaxed);
-            while dep != 0 {
-                ex.tables.insert(dep - 1);
-                dep = mem.page(dep - 1).private.load(Ordering::Relaxed);
-            }
-            for mi in 0..512u64 {
-                let base = gi * PGDIR_SIZE + ui * PUD_SIZE + mi * PMD_SIZE;
-                let pm = Pmd(entry_get(mem, next(u), mi as usize));
-                if pm.none() {
-                    continue;
-                }
-                tables += 1;
-                if pm.trans_huge() && pm.special() {
-                    if !m.is_huge_zero_pfn(pm.pfn()) || pm.write() {
-                        return Err(format!(
-                            "{mm:?} {base:#x}: special huge PMD {pm:?} is not the read-only huge zero page"
-                        ));
-                    }
-                    for i in 0..512 {
-                        leaves.insert(base + i * PAGE_SIZE, (pm.pfn() + i, false));
-                    }
-                    continue;
-                }
-                if pm.trans_huge() {
-                    let head = pm.pfn();
-                    check_pmd_exclusive(m, mm, base, pm)?;
-                    check_rmap(m, mm, tree, head, base)?;
-                    *ex.refs.entry(head).or_default() += 1;
-                    *ex.entire.entry(head).or_default() += 1;
-                    for i in 0..512 {
-                        ex.mapped.insert(head + i);
-                        leaves.insert(base + i * PAGE_SIZE, (head + i, pm.write()));
-                    }
-                    anon += 512;
-                    continue;
-                }
-                let pt = pm.table_pfn();
-                ex.tables.insert(pt);
-                for ti in 0..512u64 {
-                    let pte = Pte(entry_get(mem, pt, ti as usize));
-                    if pte.none() {
-                        continue;
-                    }
-                    let addr = base + ti * PAGE_SIZE;
-                    if pte.0 & _PAGE_PRESENT != 0 {
-                        leaves.insert(addr, (pte.pfn(), pte.write()));
-                    }
-                    if pte.special() {
-                        if pte.pfn() != m.zero_pfn {
-                            return Err(format!(
-                                "{mm:?} {addr:#x}: special PTE not mapping the zero page"
-                            ));
-                        }
-                        if pte.write() {
-                            return Err(format!("{mm:?} {addr:#x}: writable zero page"));
-                        }
-                        continue;
-                    }
-                    let p = pte.pfn();
-                    if !mem.pfn_valid(p) {
-                        return Err(format!("{mm:?} {addr:#x}: PTE maps invalid pfn {p:#x}"));
-                    }
-                    let f = mem.page_folio(p);
-                    if pte.write() && !crate::phys::folio::page_anon_exclusive(mem, p) {
-                        return Err(format!("{mm:?} {addr:#x}: writable PTE of a page that is not PageAnonExclusive"));
-                    }
-                    check_rmap(m, mm, tree, p, addr)?;
-                    *ex.refs.entry(f.pfn()).or_default() += 1;
-                    *ex.page_maps.entry(p).or_default() += 1;
-                    ex.mapped.insert(p);
-                    anon += 1;
-                }
-            }
-        }
+    ex.tables.insert(mm.pgd.cr3());
+    let mut walk = CheckWalk {
+        m,
+        mm,
+        tree,
+        ex,
+        leaves,
+        tables: 0,
+        anon: 0,
+    };
+    // The machine is quiescent: no lock is needed to read the tables.
+    let top = 1u64 << 47;
+    if let ControlFlow::Break(e) =
+        walk_page_range(&m.mem, &mm.pgd, 0, top, WalkLock::Lockless, &mut walk)
+    {
+        return Err(e);
     }
+    let (tables, anon) = (walk.tables, walk.anon);
     // Deposited tables under huge PMDs are counted as PTE tables.
     let bytes = mm.pgtables_bytes.load(Ordering::Relaxed);
     if bytes != tables * PAGE_SIZE as i64 {
@@ -325,6 +252,117 @@ fn check_mm(m: &Machine, mm: &Arc<Mm>, ex: &mut Expect, leaves: &mut Leaves) -> 
         ));
     }
     Ok(())
+}
+
+/// The checker's walk of one address space: what it expects of every
+/// folio, the leaves it found, and the tables and anon pages it counted.
+struct CheckWalk<'a> {
+    m: &'a Machine,
+    mm: &'a Arc<Mm>,
+    tree: &'a VmaTree,
+    ex: &'a mut Expect,
+    leaves: &'a mut Leaves,
+    /// Tables that `pgtables_bytes` counts: PUD, PMD and PTE tables, a
+    /// huge PMD's deposited table standing for its PTE table.
+    tables: i64,
+    anon: i64,
+}
+
+impl MmWalkOps for CheckWalk<'_> {
+    type Break = String;
+
+    fn table(&mut self, level: TableLevel, table: TableId, _addr: u64) -> ControlFlow<String> {
+        self.ex.tables.insert(table.frame());
+        if matches!(level, TableLevel::Pud | TableLevel::Pmd) {
+            self.tables += 1;
+        }
+        ControlFlow::Continue(())
+    }
+
+    fn pmd_entry(
+        &mut self,
+        _slot: PmdSlot,
+        pm: Pmd,
+        base: u64,
+        _next: u64,
+    ) -> ControlFlow<String, WalkAction> {
+        let (m, mm) = (self.m, self.mm);
+        // A PTE table, or a huge PMD with its deposited one.
+        self.tables += 1;
+        if !pm.trans_huge() {
+            return ControlFlow::Continue(WalkAction::Subtree);
+        }
+        if pm.special() {
+            if !m.is_huge_zero_pfn(pm.pfn()) || pm.write() {
+                return ControlFlow::Break(format!(
+                    "{mm:?} {base:#x}: special huge PMD {pm:?} is not the read-only huge zero page"
+                ));
+            }
+            for i in 0..512 {
+                self.leaves
+                    .insert(base + i * PAGE_SIZE, (pm.pfn() + i, false));
+            }
+            return ControlFlow::Continue(WalkAction::Continue);
+        }
+        let head = pm.pfn();
+        let checked = check_pmd_exclusive(m, mm, base, pm)
+            .and_then(|()| check_rmap(m, mm, self.tree, head, base));
+        if let Err(e) = checked {
+            return ControlFlow::Break(e);
+        }
+        *self.ex.refs.entry(head).or_default() += 1;
+        *self.ex.entire.entry(head).or_default() += 1;
+        for i in 0..512 {
+            self.ex.mapped.insert(head + i);
+            self.leaves
+                .insert(base + i * PAGE_SIZE, (head + i, pm.write()));
+        }
+        self.anon += 512;
+        ControlFlow::Continue(WalkAction::Continue)
+    }
+
+    fn pte_entry(&mut self, pte: Pte, addr: u64) -> ControlFlow<String> {
+        match self.check_pte(pte, addr) {
+            Ok(()) => ControlFlow::Continue(()),
+            Err(e) => ControlFlow::Break(e),
+        }
+    }
+}
+
+impl CheckWalk<'_> {
+    fn check_pte(&mut self, pte: Pte, addr: u64) -> Result<(), String> {
+        let (m, mm, mem) = (self.m, self.mm, &self.m.mem);
+        if pte.0 & _PAGE_PRESENT != 0 {
+            self.leaves.insert(addr, (pte.pfn(), pte.write()));
+        }
+        if pte.special() {
+            if pte.pfn() != m.zero_pfn {
+                return Err(format!(
+                    "{mm:?} {addr:#x}: special PTE not mapping the zero page"
+                ));
+            }
+            if pte.write() {
+                return Err(format!("{mm:?} {addr:#x}: writable zero page"));
+            }
+            return Ok(());
+        }
+        let p = pte.pfn();
+        if !mem.pfn_valid(p) {
+            return Err(format!("{mm:?} {addr:#x}: PTE maps invalid pfn {p:#x}"));
+        }
+        let f = mem.page_folio(p);
+        if pte.write() && !crate::phys::folio::page_anon_exclusive(mem, p) {
+            return Err(format!(
+                "{mm:?} {addr:#x}: writable PTE of a page that is not PageAnonExclusive"
+            ));
+        }
+        check_rmap(m, mm, self.tree, p, addr)?;
+        *self.ex.refs.entry(f.pfn()).or_default() += 1;
+        *self.ex.page_maps.entry(p).or_default() += 1;
+        self.ex.mapped.insert(p);
+        self.anon += 1;
+        Ok(())
+    }
 }
 
 fn check_tlbs(

@@ -220,7 +220,7 @@ impl Cpu {
             tlb.slots[slot].tlb_gen = gen;
             *loaded = Some((next.clone(), slot));
             self.cr3_slot.store(slot as u64, Ordering::Relaxed);
-            self.cr3_pgd.store(next.pgd, Ordering::Relaxed);
+            self.cr3_pgd.store(next.pgd.cr3(), Ordering::Relaxed);
         }
     }
 }

@@ -22,7 +22,7 @@ use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned, Shared};
 pub use vma::{AnonVma, Vma, VmaTree};
 
 use crate::errno::{Errno, KResult};
-use crate::phys::{Pfn, PhysMem, PAGE_SHIFT, PAGE_SIZE};
+use crate::phys::{PhysMem, PAGE_SHIFT, PAGE_SIZE};
 use crate::sync::{Arc, AtomicI32, AtomicI64, AtomicU64, Ordering, RwLock, SpinLock};
 
 /// `TASK_SIZE` for 47-bit user addresses (the top page is never mapped).
@@ -53,8 +53,8 @@ pub struct Mm {
     /// Identifies the address space in TLB tags (an ASID/PCID stand-in).
     pub id: u64,
     pub mem: Arc<PhysMem>,
-    /// The PGD's frame.
-    pub pgd: Pfn,
+    /// The page-table root.
+    pub pgd: crate::pgtable::Pgd,
     /// The node its PGD came from (its creating CPU's). Faults allocate on
     /// the faulting CPU's node instead (the default local policy).
     pub home_node: usize,
@@ -110,7 +110,10 @@ impl Drop for Mm {
             }
         }
         if self.pgtables_bytes.load(Ordering::Relaxed) == 0 {
-            crate::pgtable::table_free(&self.mem, self.pgd, self.mem.vmstat.no_cpu());
+            // SAFETY: no lower table is left (none is counted), no CPU has
+            // the mm loaded (each holds a reference while it does), and the
+            // PGD goes with the mm.
+            unsafe { self.pgd.free(&self.mem, self.mem.vmstat.no_cpu()) };
         }
     }
 }
@@ -118,7 +121,7 @@ impl Drop for Mm {
 impl Mm {
     /// `mm_alloc` + `mm_init`: an empty address space with its PGD.
     pub fn new(mem: Arc<PhysMem>, home_node: usize, cpu: usize) -> KResult<Arc<Mm>> {
-        let pgd = crate::pgtable::table_alloc(&mem, home_node, cpu).ok_or(Errno::ENOMEM)?;
+        let pgd = crate::pgtable::Pgd::alloc(&mem, home_node, cpu).ok_or(Errno::ENOMEM)?;
         Ok(Arc::new(Mm {
             id: MM_ID.fetch_add(1, Ordering::Relaxed),
             mem,

@@ -179,7 +179,7 @@ pub struct Pmd(pub u64);
 impl Pmd {
     /// `pmd_populate`: point at a PTE table.
     #[inline]
-    pub fn table(pfn: Pfn) -> Pmd {
+    pub(in crate::pgtable) fn table(pfn: Pfn) -> Pmd {
         Pmd((pfn << PAGE_SHIFT) | _PAGE_TABLE)
     }
     /// `pfn_pmd` + `pmd_mkhuge`.
@@ -210,7 +210,7 @@ impl Pmd {
         Pmd(self.0 & !(_PAGE_PRESENT | _PAGE_PROTNONE))
     }
     #[inline]
-    pub fn table_pfn(self) -> Pfn {
+    pub(in crate::pgtable) fn table_pfn(self) -> Pfn {
         (self.0 & PTE_PFN_MASK) >> PAGE_SHIFT
     }
     #[inline]

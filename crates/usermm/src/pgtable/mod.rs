@@ -10,9 +10,13 @@
 //! LA57.
 
 pub mod entry;
+pub mod free;
+pub mod generic;
+pub mod pagewalk;
 pub mod walk;
 
 pub use entry::{Pgprot, Pmd, Pte};
+pub use generic::{Pgd, PmdLocked, PmdSlot, Ptdesc, PteLocked, PteMapped, PteRead};
 
 use crate::phys::{pg, Pfn, PhysMem};
 use crate::sync::{AtomicU64, Ordering};
@@ -60,7 +64,7 @@ pub fn addr_end(addr: u64, end: u64, size: u64) -> u64 {
 
 /// The 512 entries of a table frame.
 #[inline]
-pub fn table(mem: &PhysMem, pfn: Pfn) -> &[AtomicU64; PTRS_PER_TABLE] {
+fn table(mem: &PhysMem, pfn: Pfn) -> &[AtomicU64; PTRS_PER_TABLE] {
     debug_assert!(
         mem.page(pfn).test(pg::TABLE),
         "frame {pfn:#x} is not a page table"
@@ -76,33 +80,33 @@ pub fn table(mem: &PhysMem, pfn: Pfn) -> &[AtomicU64; PTRS_PER_TABLE] {
 /// Acquire: a walker that sees a table pointer also sees the table's zeroed
 /// contents written before `pmd_populate` published it.
 #[inline]
-pub fn entry_get(mem: &PhysMem, table_pfn: Pfn, idx: usize) -> u64 {
+fn entry_get(mem: &PhysMem, table_pfn: Pfn, idx: usize) -> u64 {
     table(mem, table_pfn)[idx].load(Ordering::Acquire)
 }
 
 /// Write one entry (`set_pte`, `WRITE_ONCE`). Release pairs with the
 /// walkers' Acquire.
 #[inline]
-pub fn entry_set(mem: &PhysMem, table_pfn: Pfn, idx: usize, val: u64) {
+fn entry_set(mem: &PhysMem, table_pfn: Pfn, idx: usize, val: u64) {
     table(mem, table_pfn)[idx].store(val, Ordering::Release)
 }
 
 /// Clear an entry and return what it held (`ptep_get_and_clear`): one atomic
 /// exchange, so an accessed/dirty bit set by a racing walker is not lost.
 #[inline]
-pub fn entry_get_and_clear(mem: &PhysMem, table_pfn: Pfn, idx: usize) -> u64 {
+fn entry_get_and_clear(mem: &PhysMem, table_pfn: Pfn, idx: usize) -> u64 {
     table(mem, table_pfn)[idx].swap(0, Ordering::AcqRel)
 }
 
 /// Clear `bits` in an entry atomically (`ptep_set_wrprotect` and the like):
 /// a walker's concurrent accessed/dirty update is kept.
 #[inline]
-pub fn entry_clear_bits(mem: &PhysMem, table_pfn: Pfn, idx: usize, bits: u64) -> u64 {
+fn entry_clear_bits(mem: &PhysMem, table_pfn: Pfn, idx: usize, bits: u64) -> u64 {
     table(mem, table_pfn)[idx].fetch_and(!bits, Ordering::AcqRel)
 }
 
 /// Allocate a zeroed table frame (`pagetable_alloc` + `pagetable_pte_ctor`).
-pub fn table_alloc(mem: &PhysMem, nid: usize, cpu: usize) -> Option<Pfn> {
+fn table_alloc(mem: &PhysMem, nid: usize, cpu: usize) -> Option<Pfn> {
     let pfn = mem.alloc_pages(
         nid,
         0,
@@ -120,7 +124,7 @@ pub fn table_alloc(mem: &PhysMem, nid: usize, cpu: usize) -> Option<Pfn> {
 
 /// Free a table frame that no walker can reach any more (`pagetable_free`).
 /// The caller has waited for the TLB flush and for lockless walkers.
-pub fn table_free(mem: &PhysMem, pfn: Pfn, cpu: usize) {
+fn table_free(mem: &PhysMem, pfn: Pfn, cpu: usize) {
     debug_assert!(
         table(mem, pfn)
             .iter()

@@ -1,0 +1,544 @@
+//! Reaching page-table entries: the tables of one address space, the PMD
+//! and PTE locks, and mapping a PTE table with or without its lock
+//! (`pmd_lock`, `pte_offset_map_lock` and `pte_offset_map` of
+//! include/linux/mm.h and mm/pgtable-generic.c, `__pud_alloc` /
+//! `__pmd_alloc` / `__pte_alloc` of mm/memory.c).
+//!
+//! # Protocol
+//!
+//! Only the page-table layer turns a table's frame into entries. Everything
+//! above it holds a value that proves its right to the entries it touches:
+//!
+//! * [`PmdSlot`] (the kernel's `pmd_t *`) names one PMD entry. Reading it
+//!   needs no lock ([`PmdSlot::get`], `pmdp_get_lockless`): PMD tables are
+//!   freed only by `free_pgtables`, over VMAs already detached from the
+//!   tree, and every reader holds mmap_lock or a VMA that covers the entry.
+//! * [`PmdLocked`] (from [`PmdSlot::lock`], `pmd_lock`) holds the split PMD
+//!   lock of the table the entry lives in. Only it writes a PMD entry that
+//!   others can reach, and it alone deposits and withdraws the PTE table of
+//!   a huge PMD.
+//! * [`PteLocked`] (from [`PmdSlot::pte_offset_map_lock`]) holds the PTE
+//!   table's lock and, as the kernel has since v6.5, an epoch pin (RCU read
+//!   side) taken before the PMD was read: the table cannot be freed while it
+//!   lives, and the PMD was seen to point at it once the lock was held. It
+//!   reads and writes that table's entries.
+//! * [`PteMapped`] (from [`PmdSlot::pte_offset_map`]) holds only the pin: it
+//!   reads entries that may change under it, and it is refused (None) when
+//!   the PMD holds no table. A lockless reader must recheck under the lock
+//!   before it acts on what it saw.
+//! * [`Ptdesc`] owns a table that no entry points to (just allocated,
+//!   withdrawn from a deposit, or unhooked): its entries may be written
+//!   without a lock until it is installed or handed to the mmu_gather.
+//!
+//! Lock order: mmap_lock, then the PMD lock, then PTE locks (the child's
+//! before the parent's in fork). `page_table_lock` guards populating the
+//! PGD and PUD levels and nests inside nothing here.
+
+use crossbeam_epoch::{self as epoch, Guard};
+
+use super::entry::{Pmd, Pte, _PAGE_PRESENT, _PAGE_PROTNONE, _PAGE_PSE, _PAGE_RW, _PAGE_TABLE};
+use super::{
+    entry_clear_bits, entry_get, entry_get_and_clear, entry_set, pgd_index, pmd_index, pud_index,
+    table_alloc, table_free, PTRS_PER_TABLE,
+};
+use crate::phys::{Pfn, PhysMem, PAGE_SHIFT};
+use crate::sync::{Ordering, SpinGuard, SpinLock};
+
+#[inline]
+pub(super) fn next_table(entry: u64) -> Pfn {
+    (entry & super::entry::PTE_PFN_MASK) >> PAGE_SHIFT
+}
+
+// ---------------------------------------------------------------------------
+// Detached tables
+
+/// A page-table page that no entry points to (`struct ptdesc`), owned by
+/// its holder: filled without a lock, then installed under the lock that
+/// guards its parent entry, deposited, or handed to the mmu_gather to be
+/// freed after the flush. Dropping one without doing any of these leaks
+/// its frame.
+#[must_use = "a detached table must be installed, deposited or freed"]
+#[derive(Debug, PartialEq, Eq)]
+pub struct Ptdesc(Pfn);
+
+impl Ptdesc {
+    /// `pagetable_alloc` + the constructor: a zeroed table frame.
+    pub fn alloc(mem: &PhysMem, nid: usize, cpu: usize) -> Option<Ptdesc> {
+        table_alloc(mem, nid, cpu).map(Ptdesc)
+    }
+
+    /// `pagetable_free`: give back a table that no walker can reach any
+    /// more (never installed, or unhooked, flushed and past a grace period).
+    pub fn free(self, mem: &PhysMem, cpu: usize) {
+        table_free(mem, self.0, cpu)
+    }
+
+    /// A table just unhooked from its parent entry by this layer.
+    pub(super) fn unhooked(pfn: Pfn) -> Ptdesc {
+        Ptdesc(pfn)
+    }
+
+    /// Entry `idx` of a table nobody else can see.
+    #[inline]
+    pub fn pte(&self, mem: &PhysMem, idx: usize) -> Pte {
+        Pte(entry_get(mem, self.0, idx))
+    }
+
+    /// Set entry `idx` of a table nobody else can see.
+    #[inline]
+    pub fn set_pte(&mut self, mem: &PhysMem, idx: usize, pte: Pte) {
+        entry_set(mem, self.0, idx, pte.0)
+    }
+
+    /// The frame, as an identity (for the invariant checker's accounting of
+    /// table frames, never to reach entries through).
+    #[inline]
+    pub fn frame(&self) -> Pfn {
+        self.0
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The root
+
+/// The PGD of one address space (`mm->pgd`). The PGD and PUD levels are
+/// populated under the address space's `page_table_lock`, which the caller
+/// passes.
+#[derive(Debug)]
+pub struct Pgd(Pfn);
+
+impl Pgd {
+    /// `mm_alloc_pgd`.
+    pub fn alloc(mem: &PhysMem, nid: usize, cpu: usize) -> Option<Pgd> {
+        table_alloc(mem, nid, cpu).map(Pgd)
+    }
+
+    /// `mm_free_pgd`.
+    ///
+    /// # Safety
+    ///
+    /// The PGD is empty (its lower tables are gone), no CPU has it loaded,
+    /// and it is never used again.
+    pub unsafe fn free(&self, mem: &PhysMem, cpu: usize) {
+        table_free(mem, self.0, cpu)
+    }
+
+    /// What a CPU loads into CR3 for its hardware walker.
+    #[inline]
+    pub fn cr3(&self) -> Pfn {
+        self.0
+    }
+
+    /// Whether a PUD table covers `addr` (`pgd_none` inverted).
+    pub fn pud_present(&self, mem: &PhysMem, addr: u64) -> bool {
+        entry_get(mem, self.0, pgd_index(addr)) & _PAGE_PRESENT != 0
+    }
+
+    /// The PMD entry covering `addr`, without allocating (`mm_find_pmd`).
+    pub fn pmd_lookup(&self, mem: &PhysMem, addr: u64) -> Option<PmdSlot> {
+        let e = entry_get(mem, self.0, pgd_index(addr));
+        if e & _PAGE_PRESENT == 0 {
+            return None;
+        }
+        let e = entry_get(mem, next_table(e), pud_index(addr));
+        if e & _PAGE_PRESENT == 0 {
+            return None;
+        }
+        Some(PmdSlot {
+            table: next_table(e),
+            idx: pmd_index(addr),
+        })
+    }
+
+    /// `pud_alloc`: populate the PUD level for `addr`. Returns how many
+    /// tables it installed (0 or 1).
+    pub fn pud_alloc(
+        &self,
+        mem: &PhysMem,
+        page_table_lock: &SpinLock,
+        addr: u64,
+        cpu: usize,
+    ) -> Option<u32> {
+        let mut installed = 0;
+        populate(
+            mem,
+            self.0,
+            pgd_index(addr),
+            page_table_lock,
+            cpu,
+            &mut installed,
+        )?;
+        Some(installed)
+    }
+
+    /// `pmd_alloc` (with `pud_alloc`): the PMD entry covering `addr`,
+    /// populating the PUD and PMD levels as needed. Returns the slot and how
+    /// many tables it installed (for `pgtables_bytes`).
+    pub fn pmd_alloc(
+        &self,
+        mem: &PhysMem,
+        page_table_lock: &SpinLock,
+        addr: u64,
+        cpu: usize,
+    ) -> Option<(PmdSlot, u32)> {
+        let mut installed = 0;
+        let pud = populate(
+            mem,
+            self.0,
+            pgd_index(addr),
+            page_table_lock,
+            cpu,
+            &mut installed,
+        )?;
+        let pmd = populate(
+            mem,
+            pud,
+            pud_index(addr),
+            page_table_lock,
+            cpu,
+            &mut installed,
+        )?;
+        let slot = PmdSlot {
+            table: pmd,
+            idx: pmd_index(addr),
+        };
+        Some((slot, installed))
+    }
+}
+
+/// `__pud_alloc` / `__pmd_alloc`: the table entry `(parent, idx)` points
+/// to, installing a new one under `lock` unless a racer did first (then
+/// ours is freed).
+fn populate(
+    mem: &PhysMem,
+    parent: Pfn,
+    idx: usize,
+    lock: &SpinLock,
+    cpu: usize,
+    installed: &mut u32,
+) -> Option<Pfn> {
+    let e = entry_get(mem, parent, idx);
+    if e & _PAGE_PRESENT != 0 {
+        return Some(next_table(e));
+    }
+    let new = Ptdesc::alloc(mem, mem.cpu_to_node(cpu), cpu)?;
+    let g = lock.lock();
+    let cur = entry_get(mem, parent, idx);
+    if cur != 0 {
+        drop(g);
+        new.free(mem, cpu);
+        return Some(next_table(cur));
+    }
+    *installed += 1;
+    // Release (in entry_set): the zeroed table is visible to any walker
+    // that sees the pointer.
+    entry_set(mem, parent, idx, (new.0 << PAGE_SHIFT) | _PAGE_TABLE);
+    Some(new.0)
+}
+
+// ---------------------------------------------------------------------------
+// PMD entries
+
+/// Where a PMD entry lives (`pmd_t *`): its table and its index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PmdSlot {
+    table: Pfn,
+    idx: usize,
+}
+
+impl PmdSlot {
+    /// Entry `idx` of the PMD table `table` (for this layer's walkers).
+    #[inline]
+    pub(super) fn at(table: Pfn, idx: usize) -> PmdSlot {
+        PmdSlot { table, idx }
+    }
+
+    /// `pmdp_get_lockless`: the entry now, with no lock (it may change at
+    /// once; a writer rechecks under the PMD lock).
+    #[inline]
+    pub fn get(self, mem: &PhysMem) -> Pmd {
+        Pmd(entry_get(mem, self.table, self.idx))
+    }
+
+    /// `pmd_lock`: the split PMD lock of the table holding this entry.
+    #[inline]
+    pub fn lock(self, mem: &PhysMem) -> PmdLocked<'_> {
+        let ptl = mem.page(self.table).ptl.lock();
+        PmdLocked {
+            mem,
+            slot: self,
+            _ptl: ptl,
+        }
+    }
+
+    /// `pte_offset_map`: map the PTE table this entry points to for a
+    /// lockless reader, or None if it holds none (empty, huge, or being
+    /// split). The pin keeps the table from being freed; its entries may
+    /// change under the reader.
+    pub fn pte_offset_map(self, mem: &PhysMem) -> Option<PteMapped<'_>> {
+        let guard = epoch::pin();
+        let pmd = self.get(mem);
+        pmd_is_table(pmd).then(|| PteMapped {
+            mem,
+            table: pmd.table_pfn(),
+            _pin: guard,
+        })
+    }
+
+    /// `pte_offset_map_lock`: lock the PTE table this entry points to, or
+    /// None if it holds none. The PMD is read under an epoch pin, the
+    /// table's lock taken, and the PMD read again: if it changed meanwhile
+    /// (the table was replaced or freed) the lock is dropped and the walk
+    /// retried, as `__pte_offset_map_lock` does.
+    pub fn pte_offset_map_lock(self, mem: &PhysMem) -> Option<PteLocked<'_>> {
+        let guard = epoch::pin();
+        loop {
+            let pmd = self.get(mem);
+            if !pmd_is_table(pmd) {
+                return None;
+            }
+            let table = pmd.table_pfn();
+            let ptl = mem.page(table).ptl.lock();
+            if self.get(mem) == pmd {
+                return Some(PteLocked {
+                    mem,
+                    table,
+                    _ptl: ptl,
+                    _pin: guard,
+                });
+            }
+        }
+    }
+
+    /// `__pte_alloc`: give this entry a PTE table unless it has one (or a
+    /// huge leaf, which the caller must handle). Returns whether it
+    /// installed one (for `pgtables_bytes`).
+    pub fn pte_alloc(self, mem: &PhysMem, cpu: usize) -> Option<bool> {
+        if !self.get(mem).none() {
+            return Some(false);
+        }
+        let new = Ptdesc::alloc(mem, mem.cpu_to_node(cpu), cpu)?;
+        let mut pmd = self.lock(mem);
+        if pmd.get().none() {
+            pmd.populate(new);
+            return Some(true);
+        }
+        drop(pmd);
+        new.free(mem, cpu);
+        Some(false)
+    }
+}
+
+/// Does this PMD point to a PTE table (not none, not a huge leaf, not a
+/// non-present entry)?
+#[inline]
+fn pmd_is_table(pmd: Pmd) -> bool {
+    !pmd.none() && pmd.0 & _PAGE_PSE == 0 && pmd.0 & _PAGE_PRESENT != 0
+}
+
+/// A PMD entry with its table's split lock held (`pmd_lock`).
+#[must_use = "the PMD lock is released as soon as the guard is dropped"]
+pub struct PmdLocked<'a> {
+    mem: &'a PhysMem,
+    slot: PmdSlot,
+    _ptl: SpinGuard<'a>,
+}
+
+impl PmdLocked<'_> {
+    /// `pmdp_get`.
+    #[inline]
+    pub fn get(&self) -> Pmd {
+        self.slot.get(self.mem)
+    }
+
+    /// `set_pmd_at`.
+    #[inline]
+    pub fn set(&mut self, pmd: Pmd) {
+        entry_set(self.mem, self.slot.table, self.slot.idx, pmd.0)
+    }
+
+    /// `pmdp_huge_get_and_clear`: one atomic exchange, so an accessed or
+    /// dirty bit the MMU set meanwhile is in the value returned.
+    #[inline]
+    pub fn get_and_clear(&mut self) -> Pmd {
+        Pmd(entry_get_and_clear(
+            self.mem,
+            self.slot.table,
+            self.slot.idx,
+        ))
+    }
+
+    /// `pmdp_set_wrprotect`: one atomic, keeping a racing walker's A/D
+    /// update.
+    #[inline]
+    pub fn set_wrprotect(&mut self) {
+        entry_clear_bits(self.mem, self.slot.table, self.slot.idx, _PAGE_RW);
+    }
+
+    /// `pmdp_invalidate` (without its flush): make a huge PMD invalid
+    /// ([`Pmd::mkinvalid`]) in one atomic step, so that an accessed or dirty
+    /// bit the MMU sets meanwhile is in the value returned.
+    #[inline]
+    pub fn invalidate(&mut self) -> Pmd {
+        let bits = _PAGE_PRESENT | _PAGE_PROTNONE;
+        Pmd(entry_clear_bits(
+            self.mem,
+            self.slot.table,
+            self.slot.idx,
+            bits,
+        ))
+    }
+
+    /// `pmd_populate`: point the entry at a PTE table. Release (in the
+    /// store): a walker that sees the pointer sees the table's entries.
+    #[inline]
+    pub fn populate(&mut self, table: Ptdesc) {
+        self.set(Pmd::table(table.0));
+    }
+
+    /// `pgtable_trans_huge_deposit`: keep a PTE table under a huge PMD, so
+    /// that splitting it never needs to allocate. The list hangs off the
+    /// PMD table's descriptor (`pmd_huge_pte`), linked through the deposited
+    /// tables' `private`.
+    pub fn deposit(&mut self, table: Ptdesc) {
+        let head = &self.mem.page(self.slot.table).private;
+        self.mem
+            .page(table.0)
+            .private
+            .store(head.load(Ordering::Relaxed), Ordering::Relaxed);
+        head.store(table.0 + 1, Ordering::Relaxed);
+    }
+
+    /// `pgtable_trans_huge_withdraw`.
+    pub fn withdraw(&mut self) -> Ptdesc {
+        let head = &self.mem.page(self.slot.table).private;
+        let t = head.load(Ordering::Relaxed);
+        assert!(t != 0, "huge PMD without a deposited table");
+        let table = t - 1;
+        let next = self.mem.page(table).private.load(Ordering::Relaxed);
+        head.store(next, Ordering::Relaxed);
+        self.mem.page(table).private.store(0, Ordering::Relaxed);
+        Ptdesc(table)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// PTE tables
+
+/// Reading the entries of a mapped PTE table, locked or not.
+pub trait PteRead {
+    /// `ptep_get`: entry `idx` of the table.
+    fn pte(&self, idx: usize) -> Pte;
+}
+
+/// A PTE table mapped with its lock held (`pte_offset_map_lock`).
+#[must_use = "the PTE lock is released as soon as the guard is dropped"]
+pub struct PteLocked<'a> {
+    mem: &'a PhysMem,
+    table: Pfn,
+    // Drop order: the lock goes before the pin, as pte_unmap_unlock.
+    _ptl: SpinGuard<'a>,
+    _pin: Guard,
+}
+
+impl PteRead for PteLocked<'_> {
+    #[inline]
+    fn pte(&self, idx: usize) -> Pte {
+        Pte(entry_get(self.mem, self.table, idx))
+    }
+}
+
+impl PteLocked<'_> {
+    /// The table's frame, for this layer's walker to report.
+    pub(super) fn frame(&self) -> Pfn {
+        self.table
+    }
+
+    /// `set_pte_at`.
+    #[inline]
+    pub fn set(&mut self, idx: usize, pte: Pte) {
+        entry_set(self.mem, self.table, idx, pte.0)
+    }
+
+    /// `set_ptes`: `nr` entries from `pte`, the PFN advancing by one each.
+    #[inline]
+    pub fn set_ptes(&mut self, idx: usize, pte: Pte, nr: usize) {
+        for i in 0..nr {
+            self.set(idx + i, pte.advance_pfn(i as u64));
+        }
+    }
+
+    /// `ptep_get_and_clear`: one atomic exchange, so an accessed or dirty
+    /// bit set by a racing walker is not lost.
+    #[inline]
+    pub fn get_and_clear(&mut self, idx: usize) -> Pte {
+        Pte(entry_get_and_clear(self.mem, self.table, idx))
+    }
+
+    /// `clear_full_ptes`: clear `nr` consecutive entries, one atomic
+    /// exchange each (x86 has no contiguous-PTE hint to do better).
+    #[inline]
+    pub fn clear_full_ptes(&mut self, idx: usize, nr: usize) {
+        for i in idx..idx + nr {
+            self.get_and_clear(i);
+        }
+    }
+
+    /// Clear `bits` of entry `idx` in one atomic operation, returning the
+    /// old value: a walker's concurrent accessed/dirty update is kept.
+    #[inline]
+    pub fn clear_bits(&mut self, idx: usize, bits: u64) -> Pte {
+        Pte(entry_clear_bits(self.mem, self.table, idx, bits))
+    }
+
+    /// `wrprotect_ptes`: clear the writable bit of `nr` entries.
+    #[inline]
+    pub fn wrprotect_ptes(&mut self, idx: usize, nr: usize) {
+        for i in idx..idx + nr {
+            self.clear_bits(i, _PAGE_RW);
+        }
+    }
+
+    /// `clear_young_dirty_ptes`.
+    #[inline]
+    pub fn clear_young_dirty_ptes(&mut self, idx: usize, nr: usize) {
+        use super::entry::{_PAGE_ACCESSED, _PAGE_DIRTY};
+        for i in idx..idx + nr {
+            self.clear_bits(i, _PAGE_ACCESSED | _PAGE_DIRTY);
+        }
+    }
+
+    /// Whether this is the table `other` maps (two guards on one table
+    /// would be a self-deadlock; this is for assertions).
+    pub fn same_table(&self, other: &PteLocked<'_>) -> bool {
+        self.table == other.table
+    }
+}
+
+/// A PTE table mapped for a lockless reader (`pte_offset_map`).
+pub struct PteMapped<'a> {
+    mem: &'a PhysMem,
+    table: Pfn,
+    _pin: Guard,
+}
+
+impl PteRead for PteMapped<'_> {
+    #[inline]
+    fn pte(&self, idx: usize) -> Pte {
+        Pte(entry_get(self.mem, self.table, idx))
+    }
+}
+
+impl PteMapped<'_> {
+    /// The table's frame, for this layer's walker to report.
+    pub(super) fn frame(&self) -> Pfn {
+        self.table
+    }
+
+    /// Whether every entry of `range` is none (a lockless look, to be
+    /// rechecked under the lock).
+    pub fn range_none(&self, range: std::ops::Range<usize>) -> bool {
+        debug_assert!(range.end <= PTRS_PER_TABLE);
+        range.into_iter().all(|i| self.pte(i).none())
+    }
+}
