@@ -10,6 +10,7 @@ use anyhow::{anyhow, Context};
 use serde::Serialize;
 use usermm::madvise::MADV_DONTNEED;
 use usermm::mmap::{MAP_ANONYMOUS, MAP_PRIVATE, PROT_READ, PROT_WRITE};
+use usermm::tunable::Tunable;
 use usermm::vmstat::{MthpStat, NodeStat};
 use usermm::{Machine, OnCpu};
 
@@ -64,11 +65,16 @@ impl Op {
         table.iter().find(|&&(k, _)| k == kb).map(|&(_, c)| c)
     }
 
-    fn set_batching(self, m: &Machine, on: bool) {
+    /// The tunable the experiment compares, `off` against `on`.
+    pub fn tunable(self) -> Tunable {
         match self {
-            Op::Fork => m.tunables.set_fork_batch(on),
-            Op::Munmap | Op::Dontneed => m.tunables.set_zap_batch(on),
+            Op::Fork => Tunable::ForkBatch,
+            Op::Munmap | Op::Dontneed => Tunable::ZapBatch,
         }
+    }
+
+    fn set_batching(self, m: &Machine, on: bool) {
+        m.tunables.set_on(self.tunable(), on)
     }
 }
 
@@ -213,7 +219,19 @@ pub fn run(a: &BenchArgs, op: Op) -> anyhow::Result<(Vec<Row>, String)> {
         });
     }
     pb.finish_and_clear();
-    Ok((rows, m.config.to_string()))
+    // The other tunables the user set, if any, belong to the machine.
+    let others: Vec<String> = m
+        .tunables
+        .changed()
+        .into_iter()
+        .filter(|(n, _)| *n != op.tunable().info().name)
+        .map(|(n, v)| format!("{n}={v}"))
+        .collect();
+    let mut machine = m.config.to_string();
+    if !others.is_empty() {
+        machine += &format!("; tunables {}", others.join(" "));
+    }
+    Ok((rows, machine))
 }
 
 /// Populate a fresh process with folios of the case's size, then time `op`
@@ -317,8 +335,9 @@ fn host_once(op: Op, case: Case, len: usize) -> Result<f64, String> {
 /// The table in the seeds' shape, with the host beside it.
 pub fn print_table(op: Op, rows: &[Row], a: &BenchArgs) {
     outln!(
-        "bench {}: {} MiB of folios of one size; batching off (baseline) vs on; medians of {} runs, interleaved",
+        "bench {}: {} MiB of folios of one size; tunable {} off (baseline) vs on; medians of {} runs, interleaved",
         op.name(),
+        op.tunable().info().name,
         a.size_mb,
         a.runs.max(1)
     );

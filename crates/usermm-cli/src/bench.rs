@@ -37,6 +37,10 @@ pub struct BenchArgs {
     /// node just large enough for it, with two CPUs.
     #[command(flatten)]
     pub machine: crate::machine_args::MachineArgs,
+    /// Tunables of every experiment's machine; an experiment sets the one it
+    /// compares itself, arm by arm.
+    #[command(flatten)]
+    pub tunables: crate::tunable_args::TunableArgs,
 }
 
 /// Memory an experiment over `size_mb` needs on node 0: the region, its
@@ -64,7 +68,9 @@ pub fn experiment_machine(a: &BenchArgs, need: u64) -> anyhow::Result<std::sync:
     if config.cpus.iter().take_while(|&&n| n == 0).count() < 2 {
         anyhow::bail!("machine: experiments run on CPUs 0 and 1, both on node 0");
     }
-    Machine::new(config).map_err(|e| anyhow::anyhow!("machine: {e}"))
+    let m = Machine::new(config).map_err(|e| anyhow::anyhow!("machine: {e}"))?;
+    a.tunables.apply(&m.tunables)?;
+    Ok(m)
 }
 
 const SIZES_KB: [u64; 9] = [4, 16, 32, 64, 128, 256, 512, 1024, 2048];
@@ -105,6 +111,7 @@ fn validate(a: &BenchArgs) -> anyhow::Result<()> {
     if a.runs == 0 {
         anyhow::bail!("--runs must be at least 1");
     }
+    a.tunables.parsed()?;
     if let Some(kb) = a.sizes.iter().find(|k| !SIZES_KB.contains(k)) {
         anyhow::bail!(
             "--sizes: {kb} KiB is not a folio size (known: {})",

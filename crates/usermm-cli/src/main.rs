@@ -10,6 +10,7 @@ mod native;
 mod plot;
 mod scenario;
 mod stress;
+mod tunable_args;
 mod vma_bench;
 
 use clap::{Parser, Subcommand};
@@ -60,6 +61,8 @@ struct InspectArgs {
     json: bool,
     #[command(flatten)]
     machine: machine_args::MachineArgs,
+    #[command(flatten)]
+    tunables: tunable_args::TunableArgs,
 }
 
 /// This host's memory in bytes (0 if it cannot be told).
@@ -85,6 +88,7 @@ fn inspect(a: InspectArgs) -> anyhow::Result<i32> {
     let config = a
         .machine
         .config(scenario::engine::EngineBackend::default_machine())?;
+    a.tunables.parsed()?;
     let Some(src) = read_scenario(&a.file) else {
         return Ok(EXIT_UNREADABLE);
     };
@@ -96,6 +100,7 @@ fn inspect(a: InspectArgs) -> anyhow::Result<i32> {
         }
     };
     let mut b = scenario::engine::EngineBackend::new(config)?;
+    a.tunables.apply(b.tunables())?;
     let report = scenario::run(&stmts, &mut b, "usermm");
     for o in report.outcomes.iter().filter(|o| o.failed.is_some()) {
         eprintln!(
@@ -131,11 +136,19 @@ struct RunArgs {
     /// The machine usermm runs the scenario on (not with --native).
     #[command(flatten)]
     machine: machine_args::MachineArgs,
+    /// Tunables of the engine (not with --native, but for the host
+    /// kernel's own values).
+    #[command(flatten)]
+    tunables: tunable_args::TunableArgs,
 }
 
 fn run_scenario(a: RunArgs) -> anyhow::Result<i32> {
     if a.native && a.machine.given() {
         anyhow::bail!("--native runs on this host: --machine, --mem and --cpus are for usermm");
+    }
+    a.tunables.parsed()?;
+    if a.native {
+        a.tunables.check_native()?;
     }
     let config = a
         .machine
@@ -156,6 +169,7 @@ fn run_scenario(a: RunArgs) -> anyhow::Result<i32> {
         scenario::run(&stmts, &mut b, "native")
     } else {
         let mut b = scenario::engine::EngineBackend::new(config)?;
+        a.tunables.apply(b.tunables())?;
         scenario::run(&stmts, &mut b, "usermm")
     };
     if a.json {

@@ -593,10 +593,14 @@ impl Operator<'_, '_> {
                 "knob"
             }
             96..=97 => {
-                let tun = &c.m.tunables;
-                tun.set_fork_batch(self.rng.gen());
-                tun.set_zap_batch(self.rng.gen());
-                self.set_last_op("tunables".into());
+                // Every tunable of the registry, each to one of its values.
+                let mut set = vec![];
+                for info in usermm::tunable::TUNABLES.iter() {
+                    let v = info.values[self.rng.gen_range(0..info.values.len())].name;
+                    c.m.tunables.set(info.name, v).expect("a registry value");
+                    set.push(format!("{}={v}", info.name));
+                }
+                self.set_last_op(format!("tunables {}", set.join(" ")));
                 "tunable"
             }
             _ => {

@@ -122,6 +122,9 @@ fn bench_options_are_checked_before_anything_runs() {
         &["bench", "--size-mb", "18446744073709551615"],
         &["bench", "--size-mb", "1000000000"],
         &["bench", "nosuch"],
+        &["bench", "--tunable", "zap=on"],
+        &["bench", "--tunable", "zap_batch=maybe"],
+        &["bench", "--tunable", "zap_batch"],
     ] {
         let mut c = usermm();
         c.args(args);
@@ -205,4 +208,34 @@ fn a_closed_stdout_ends_quietly() {
         assert_ne!(st.code(), Some(101), "{args:?} panicked: {err}");
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
+}
+
+#[test]
+fn tunables_on_the_command_line_are_checked_and_shown() {
+    let doc = scenario_file("tun.scn", b"map A 64K rw\nfill A 64K 3\ncheck A 64K 3\n");
+    for (args, want) in [
+        (&["run", "--tunable", "zap_batch=off"][..], 0),
+        (&["run", "--tunable", "nosuch=on"], 1),
+        (&["run", "--tunable", "zap_batch=1"], 1),
+        (&["inspect", "--tunable", "fork_batch"], 1),
+        (&["run", "--native", "--tunable", "zap_batch=off"], 1),
+    ] {
+        let mut c = usermm();
+        c.args(args).arg(&doc);
+        let (code, err) = finish(c, Duration::from_secs(10));
+        assert_eq!(code, want, "{args:?}: stderr {err}");
+        if want == 1 {
+            assert_eq!(err.lines().count(), 1, "{args:?}: one line: {err}");
+        }
+    }
+    let out = usermm()
+        .args(["inspect", "--tunable", "zap_batch=off"])
+        .arg(&doc)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("tunables: fork_batch=on zap_batch=off"),
+        "{text}"
+    );
 }

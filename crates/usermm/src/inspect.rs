@@ -85,6 +85,8 @@ pub struct Meminfo {
 pub struct Inspection {
     /// How the machine is built.
     pub machine: crate::MachineConfig,
+    /// Every tunable and its value, by name.
+    pub tunables: BTreeMap<&'static str, &'static str>,
     pub meminfo: Meminfo,
     pub mms: Vec<MmInfo>,
     pub tlbs: Vec<TlbInfo>,
@@ -114,6 +116,7 @@ pub fn inspect(m: &Machine) -> Inspection {
     let kb = |pages: u64| pages << (crate::phys::PAGE_SHIFT - 10);
     Inspection {
         machine: m.config.clone(),
+        tunables: m.tunables.list().into_iter().collect(),
         meminfo: Meminfo {
             mem_total: kb(m.mem.nr_pages()),
             mem_free: kb(m.mem.nr_free_pages()),
@@ -234,6 +237,12 @@ impl MmWalkOps for InspectWalk<'_> {
 impl fmt::Display for Inspection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "== machine: {}", self.machine)?;
+        let t: Vec<String> = self
+            .tunables
+            .iter()
+            .map(|(n, v)| format!("{n}={v}"))
+            .collect();
+        writeln!(f, "tunables: {}", t.join(" "))?;
         let mi = &self.meminfo;
         writeln!(
             f,

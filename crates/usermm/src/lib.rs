@@ -3,7 +3,8 @@
 //! Layers, bottom up; each uses only those beneath it:
 //!
 //! 1. [`phys`]: nodes, frames with real bytes, page descriptors, folios, buddy.
-//! 2. [`pgtable`]: x86-64 four-level page tables held in frames.
+//! 2. [`pgtable`]: x86-64 four-level page tables held in frames, the guards
+//!    that reach their entries, and the page walker.
 //! 3. [`mm`]: address spaces (mm_struct), VMAs, mmap_lock.
 //! 4. [`rmap`]: anon_vma and the folio rmap counters.
 //! 5. [`cpu`]: CPUs with software TLBs and shootdowns.
@@ -12,11 +13,15 @@
 //!    [`uaccess`] (loads and stores), [`util`] (overcommit accounting).
 //! 7. Statistics: [`vmstat`], [`proc`] (status and smaps), [`inspect`]; and
 //!    the oracles in [`check`].
+//!
+//! Beside them, [`tunable`]: the named run-time switches that select an
+//! algorithm (the kernel's before and after a series).
 
 pub mod errno;
 pub mod phys;
 pub mod sync;
 pub mod tree;
+pub mod tunable;
 pub mod vmstat;
 
 pub use errno::{Errno, KResult};

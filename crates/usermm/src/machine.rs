@@ -237,43 +237,7 @@ impl ThpKnobs {
     }
 }
 
-/// The run-time switches of the optimisations: each selects between the
-/// kernel's algorithm before and after a patch series, on the same machine.
-pub struct Tunables {
-    /// F1, v6.9 "optimize fork() with PTE-mapped THP": copy runs of PTEs of
-    /// one large folio as a batch (`folio_pte_batch` in `copy_present_ptes`).
-    pub fork_batch: AtomicBool,
-    /// F2, v6.9 "optimize unmap/zap with PTE-mapped THP": zap runs of PTEs
-    /// of one large folio as a batch and gather them as one fragment.
-    pub zap_batch: AtomicBool,
-}
-
-impl Default for Tunables {
-    /// What the kernel does today: both batchings on.
-    fn default() -> Self {
-        Tunables {
-            fork_batch: AtomicBool::new(true),
-            zap_batch: AtomicBool::new(true),
-        }
-    }
-}
-
-impl Tunables {
-    #[inline]
-    pub fn fork_batch(&self) -> bool {
-        self.fork_batch.load(Ordering::Relaxed)
-    }
-    #[inline]
-    pub fn zap_batch(&self) -> bool {
-        self.zap_batch.load(Ordering::Relaxed)
-    }
-    pub fn set_fork_batch(&self, on: bool) {
-        self.fork_batch.store(on, Ordering::Relaxed)
-    }
-    pub fn set_zap_batch(&self, on: bool) {
-        self.zap_batch.store(on, Ordering::Relaxed)
-    }
-}
+pub use crate::tunable::Tunables;
 
 pub struct Machine {
     pub mem: Arc<PhysMem>,

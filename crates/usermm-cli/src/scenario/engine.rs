@@ -36,6 +36,11 @@ impl EngineBackend {
         })
     }
 
+    /// The machine's tunables, to set before the scenario runs.
+    pub fn tunables(&self) -> &usermm::tunable::Tunables {
+        &self.m.tunables
+    }
+
     /// The whole machine, as `usermm inspect` shows it.
     pub fn inspection(&self) -> usermm::inspect::Inspection {
         self.m.rcu_barrier();
@@ -154,6 +159,10 @@ impl Backend for EngineBackend {
         };
         r.map_err(|e| format!("knob: {e}"))
     }
+    fn tunable(&mut self, name: &str, value: &str) -> Result<(), String> {
+        self.m.tunables.set(name, value).map_err(|e| e.to_string())
+    }
+
     fn knob_use_zero_page(&mut self, on: bool) -> Result<(), String> {
         self.m
             .thp
@@ -165,7 +174,12 @@ impl Backend for EngineBackend {
         Ok(self.m.overcommit.set_sysctl(name, value))
     }
     fn machine(&self) -> String {
-        self.m.config.to_string()
+        let changed = self.m.tunables.changed();
+        if changed.is_empty() {
+            return self.m.config.to_string();
+        }
+        let t: Vec<String> = changed.iter().map(|(n, v)| format!("{n}={v}")).collect();
+        format!("{}; tunables {}", self.m.config, t.join(" "))
     }
     fn dump(&mut self) -> String {
         format!("{}\n{}", self.processes_line(), self.inspection())

@@ -227,6 +227,20 @@ impl Backend for HostBackend {
         };
         self.set_knob_file(path, mode)
     }
+    /// The host kernel runs one algorithm of each tunable: its own value
+    /// is a no-op, any other cannot be had here.
+    fn tunable(&mut self, name: &str, value: &str) -> Result<(), String> {
+        let (_, info) = usermm::tunable::Tunables::info(name).expect("checked when parsed");
+        if value == info.default_name() {
+            Ok(())
+        } else {
+            Err(format!(
+                "tunable {name} {value}: the host kernel's {name} is {}",
+                info.default_name()
+            ))
+        }
+    }
+
     fn knob_use_zero_page(&mut self, on: bool) -> Result<(), String> {
         let path = format!("{THP}/use_zero_page");
         let old = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;

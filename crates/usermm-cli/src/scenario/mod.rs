@@ -40,6 +40,9 @@ pub trait Backend {
     fn knob(&mut self, size_kb: Option<u64>, mode: &str) -> Result<(), String>;
     /// Set `transparent_hugepage/use_zero_page`; Err as for `knob`.
     fn knob_use_zero_page(&mut self, on: bool) -> Result<(), String>;
+    /// Set one of the engine's tunables (checked when parsed); Err when it
+    /// cannot take that value here (the scenario is skipped).
+    fn tunable(&mut self, name: &str, value: &str) -> Result<(), String>;
     /// Write `/proc/sys/vm/NAME`: Ok(Err(errno)) when the value is refused,
     /// Err when it cannot be written here (the scenario is skipped).
     fn sysctl(&mut self, name: &str, value: u64) -> Result<Result<(), Errno>, String>;
@@ -413,6 +416,10 @@ impl Interp<'_> {
                     Err(why) => Res::Skip(why),
                 }
             }
+            Op::Tunable { name, value } => match self.b.tunable(name, value) {
+                Ok(()) => ok("ok"),
+                Err(why) => Res::Skip(why),
+            },
             Op::Sysctl { name, value } => match self.b.sysctl(name, *value) {
                 Ok(Ok(())) => ok("ok"),
                 Ok(Err(e)) => Self::errno_res(e),
@@ -555,6 +562,8 @@ mod tests {
             Just("switch"),
             Just("exit"),
             Just("knob"),
+            Just("tunable"),
+            Just("zap_batch"),
             Just("sysctl"),
             Just("overcommit_memory"),
             Just("mark"),
@@ -626,7 +635,7 @@ mod tests {
             Just("nohugepage")
         ];
         let name = prop_oneof![Just("A"), Just("B"), Just("main"), Just("c")];
-        (0..14u8, addr, len, prot, adv, name).prop_map(|(k, a, l, p, v, n)| match k {
+        (0..16u8, addr, len, prot, adv, name).prop_map(|(k, a, l, p, v, n)| match k {
             0 => format!("map {n} {l} {p}"),
             1 => format!("map {n} {l} {p} at={a} flags=private,anonymous,fixed"),
             2 => format!("munmap {a} {l}"),
@@ -640,6 +649,8 @@ mod tests {
             10 => format!("exit {n}"),
             11 => "knob only 64K".to_string(),
             12 => "mark m\nexpect VmRSS since m == 0".to_string(),
+            13 => "tunable zap_batch off".to_string(),
+            14 => "tunable fork_batch off".to_string(),
             _ => format!("fails EINVAL: munmap {a} {l}"),
         })
     }

@@ -138,6 +138,12 @@ pub enum Op {
     KnobUseZeroPage {
         on: bool,
     },
+    /// `tunable NAME VALUE`: one of the engine's run-time switches
+    /// (`usermm::tunable`); natively, only the host kernel's own value.
+    Tunable {
+        name: String,
+        value: String,
+    },
     /// `sysctl NAME VALUE`: `/proc/sys/vm/NAME`, one of [`SYSCTLS`].
     Sysctl {
         name: String,
@@ -517,6 +523,23 @@ fn parse_op(w: &mut Words) -> Result<Op, ParseError> {
                 None
             },
         },
+        "tunable" => {
+            let (col, name) = w.next("a tunable's name")?;
+            let (vcol, value) = w.next("a value")?;
+            match usermm::tunable::Tunables::parse(name, value) {
+                Ok(_) => {}
+                Err(e @ usermm::tunable::TunableError::UnknownName(_)) => {
+                    return Err(w.err(col, e.to_string()))
+                }
+                Err(e) => return Err(w.err(vcol, e.to_string())),
+            }
+            let op = Op::Tunable {
+                name: name.to_string(),
+                value: value.to_string(),
+            };
+            w.done()?;
+            op
+        }
         "knob" => {
             let (col, which) = w.next("enabled, only, use_zero_page, or a size")?;
             if which == "use_zero_page" {
@@ -666,6 +689,22 @@ mod tests {
         assert_eq!((e.line, e.col), (1, 6));
         let e = parse("fails NOPE: munmap A\n").unwrap_err();
         assert_eq!((e.line, e.col), (1, 7));
+    }
+
+    #[test]
+    fn tunables_are_checked_when_parsed() {
+        let s = parse("tunable zap_batch off\n").unwrap();
+        assert!(
+            matches!(&s[0].op, Op::Tunable { name, value } if name == "zap_batch" && value == "off")
+        );
+        let e = parse("tunable zap off\n").unwrap_err();
+        assert_eq!((e.line, e.col), (1, 9));
+        assert!(e.to_string().contains("fork_batch, zap_batch"), "{e}");
+        let e = parse("tunable zap_batch maybe\n").unwrap_err();
+        assert_eq!((e.line, e.col), (1, 19));
+        assert!(e.to_string().contains("off, on"), "{e}");
+        assert!(parse("tunable zap_batch\n").is_err());
+        assert!(parse("tunable zap_batch on extra\n").is_err());
     }
 
     #[test]

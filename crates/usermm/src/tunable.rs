@@ -1,0 +1,263 @@
+//! The run-time switches: a registry of named tunables with typed values.
+//!
+//! Each tunable selects between algorithms on the same engine, so that one
+//! process can measure before and after side by side. Every value is some
+//! kernel's algorithm (or a published series' design), said in its
+//! description; the default is what the host kernel (6.18) does.
+//!
+//! A tunable is set by name from the library ([`Tunables::set`]), from a
+//! scenario (`tunable NAME VALUE`) or on the command line
+//! (`--tunable NAME=VALUE`); the engine reads it through a typed accessor,
+//! one relaxed load, on its hot paths. A change takes effect for operations
+//! that start after it: each operation reads a tunable once where it
+//! chooses its path.
+
+use std::fmt;
+
+use crate::sync::{AtomicU8, Ordering};
+
+/// One value a tunable may take.
+#[derive(Clone, Copy, Debug)]
+pub struct TunableValue {
+    pub name: &'static str,
+    /// Which kernel (or series) this value is.
+    pub description: &'static str,
+}
+
+/// A tunable's name, meaning and values.
+#[derive(Clone, Copy, Debug)]
+pub struct TunableInfo {
+    pub name: &'static str,
+    pub description: &'static str,
+    pub values: &'static [TunableValue],
+    /// Index into `values` of the default (the host kernel's algorithm).
+    pub default: u8,
+}
+
+impl TunableInfo {
+    /// The default value's name.
+    pub fn default_name(&self) -> &'static str {
+        self.values[self.default as usize].name
+    }
+}
+
+/// The tunables, by index into [`TUNABLES`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(usize)]
+pub enum Tunable {
+    /// F1: fork's PTE batching for large folios.
+    ForkBatch,
+    /// F2: zap's PTE batching for large folios.
+    ZapBatch,
+}
+
+impl Tunable {
+    /// Every tunable, in registry order.
+    pub const ALL: [Tunable; TUNABLES.len()] = [Tunable::ForkBatch, Tunable::ZapBatch];
+
+    /// Its registry entry.
+    pub fn info(self) -> &'static TunableInfo {
+        &TUNABLES[self as usize]
+    }
+}
+
+const OFF_ON_BATCH: [TunableValue; 2] = [
+    TunableValue {
+        name: "off",
+        description: "one PTE at a time (the kernel before v6.9)",
+    },
+    TunableValue {
+        name: "on",
+        description: "runs of PTEs of one large folio as a batch (v6.9 and later)",
+    },
+];
+
+/// Every tunable, in [`Tunable`] order.
+pub const TUNABLES: [TunableInfo; 2] = [
+    TunableInfo {
+        name: "fork_batch",
+        description: "fork copies a run of PTEs mapping one large folio with one \
+            reference and one rmap duplication (`folio_pte_batch` in \
+            `copy_present_ptes`, v6.9 \"optimize fork() with PTE-mapped THP\")",
+        values: &OFF_ON_BATCH,
+        default: 1,
+    },
+    TunableInfo {
+        name: "zap_batch",
+        description: "munmap, MADV_DONTNEED and exit zap a run of PTEs mapping one \
+            large folio as a unit and gather it as one fragment \
+            (`zap_present_ptes`, v6.9 \"optimize unmap/zap with PTE-mapped THP\")",
+        values: &OFF_ON_BATCH,
+        default: 1,
+    },
+];
+
+/// Why a tunable could not be set.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TunableError {
+    UnknownName(String),
+    UnknownValue { name: &'static str, value: String },
+}
+
+impl fmt::Display for TunableError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TunableError::UnknownName(n) => {
+                let names: Vec<_> = TUNABLES.iter().map(|t| t.name).collect();
+                write!(f, "no tunable {n:?}; there are: {}", names.join(", "))
+            }
+            TunableError::UnknownValue { name, value } => {
+                let info = TUNABLES.iter().find(|t| t.name == *name).expect("named");
+                let values: Vec<_> = info.values.iter().map(|v| v.name).collect();
+                write!(
+                    f,
+                    "tunable {name} has no value {value:?}; it takes: {}",
+                    values.join(", ")
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for TunableError {}
+
+/// The machine's current value of every tunable.
+pub struct Tunables {
+    values: [AtomicU8; TUNABLES.len()],
+}
+
+impl Default for Tunables {
+    /// Every tunable at its default: what the host kernel does.
+    fn default() -> Self {
+        Tunables {
+            values: std::array::from_fn(|i| AtomicU8::new(TUNABLES[i].default)),
+        }
+    }
+}
+
+impl Tunables {
+    /// The registry entry named `name`.
+    pub fn info(name: &str) -> Option<(Tunable, &'static TunableInfo)> {
+        let i = TUNABLES.iter().position(|t| t.name == name)?;
+        Some((Tunable::ALL[i], &TUNABLES[i]))
+    }
+
+    /// Check `name=value` without setting anything.
+    pub fn parse(name: &str, value: &str) -> Result<(Tunable, u8), TunableError> {
+        let (t, info) =
+            Self::info(name).ok_or_else(|| TunableError::UnknownName(name.to_string()))?;
+        let v = info
+            .values
+            .iter()
+            .position(|v| v.name == value)
+            .ok_or_else(|| TunableError::UnknownValue {
+                name: info.name,
+                value: value.to_string(),
+            })?;
+        Ok((t, v as u8))
+    }
+
+    /// Set a tunable by name to a value by name.
+    pub fn set(&self, name: &str, value: &str) -> Result<(), TunableError> {
+        let (t, v) = Self::parse(name, value)?;
+        self.values[t as usize].store(v, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The current value's name.
+    pub fn get(&self, t: Tunable) -> &'static str {
+        TUNABLES[t as usize].values[self.index(t) as usize].name
+    }
+
+    /// Every tunable with its current value, in registry order.
+    pub fn list(&self) -> Vec<(&'static str, &'static str)> {
+        TUNABLES
+            .iter()
+            .enumerate()
+            .map(|(i, info)| {
+                (
+                    info.name,
+                    info.values[self.values[i].load(Ordering::Relaxed) as usize].name,
+                )
+            })
+            .collect()
+    }
+
+    /// The tunables that are not at their default, with their values.
+    pub fn changed(&self) -> Vec<(&'static str, &'static str)> {
+        Tunable::ALL
+            .iter()
+            .filter(|t| self.index(**t) != t.info().default)
+            .map(|&t| (t.info().name, self.get(t)))
+            .collect()
+    }
+
+    #[inline]
+    fn index(&self, t: Tunable) -> u8 {
+        // Relaxed: a tunable orders nothing; an operation reads it once
+        // where it picks its path.
+        self.values[t as usize].load(Ordering::Relaxed)
+    }
+
+    /// Set a two-valued tunable: `off` or `on`.
+    pub fn set_on(&self, t: Tunable, on: bool) {
+        debug_assert_eq!(TUNABLES[t as usize].values.len(), 2);
+        self.values[t as usize].store(on as u8, Ordering::Relaxed);
+    }
+
+    /// `fork_batch`: is fork's PTE batching on?
+    #[inline]
+    pub fn fork_batch(&self) -> bool {
+        self.index(Tunable::ForkBatch) != 0
+    }
+
+    /// `zap_batch`: is zap's PTE batching on?
+    #[inline]
+    pub fn zap_batch(&self) -> bool {
+        self.index(Tunable::ZapBatch) != 0
+    }
+
+    pub fn set_fork_batch(&self, on: bool) {
+        self.set_on(Tunable::ForkBatch, on)
+    }
+
+    pub fn set_zap_batch(&self, on: bool) {
+        self.set_on(Tunable::ZapBatch, on)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registry_order_matches_the_enum() {
+        for (i, info) in TUNABLES.iter().enumerate() {
+            let (t, got) = Tunables::info(info.name).unwrap();
+            assert_eq!(t as usize, i);
+            assert_eq!(got.name, info.name);
+            assert!((info.default as usize) < info.values.len());
+        }
+    }
+
+    #[test]
+    fn set_by_name_and_read_typed() {
+        let t = Tunables::default();
+        assert!(t.fork_batch() && t.zap_batch(), "the host kernel's default");
+        t.set("zap_batch", "off").unwrap();
+        assert!(!t.zap_batch() && t.fork_batch());
+        assert_eq!(t.get(Tunable::ZapBatch), "off");
+        assert_eq!(t.list(), [("fork_batch", "on"), ("zap_batch", "off")]);
+        let e = t.set("zap_batch", "maybe").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "tunable zap_batch has no value \"maybe\"; it takes: off, on"
+        );
+        let e = t.set("zap", "on").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "no tunable \"zap\"; there are: fork_batch, zap_batch"
+        );
+        assert!(!t.zap_batch(), "a refused set changes nothing");
+    }
+}
