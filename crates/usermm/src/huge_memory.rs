@@ -15,6 +15,7 @@
 
 use crate::errno::{Errno, KResult};
 use crate::machine::OnCpu;
+use crate::memory::{VmFault, VmFaultResult};
 use crate::mm::{Mm, MmCounter, Vma};
 use crate::mmu_gather::MmuGather;
 use crate::pgtable::{
@@ -26,30 +27,18 @@ use crate::rmap;
 use crate::sync::{Arc, Ordering};
 use crate::vmstat::{Event, MthpStat};
 
-/// Result of trying the PMD path of a fault.
-pub enum HugeFault {
-    Done,
-    Fallback,
-}
-
 /// `do_huge_pmd_anonymous_page`: a fault on an empty PMD of a THP-eligible
 /// range. A read maps the huge zero page; a write allocates a THP.
-pub fn do_huge_pmd_anonymous_page(
-    oncpu: &OnCpu,
-    mm: &Arc<Mm>,
-    vma: &Arc<Vma>,
-    slot: PmdSlot,
-    addr: u64,
-    write: bool,
-) -> KResult<HugeFault> {
+pub fn do_huge_pmd_anonymous_page(vmf: &mut VmFault<'_>) -> VmFaultResult {
+    let (oncpu, mm, vma) = (vmf.oncpu, vmf.mm, vmf.vma);
     let mem = oncpu.mem();
-    let haddr = addr & PMD_MASK;
+    let haddr = vmf.address & PMD_MASK;
     // vmf_anon_prepare before either branch: a VMA that maps only the huge
     // zero page has an anon_vma too, so fork copies its PMDs
     // (vma_needs_copy) and merges see it.
     rmap::anon_vma_prepare(mm, vma);
-    if !write && oncpu.m.thp.use_zero_page.load(Ordering::Relaxed) {
-        return do_huge_zero_pmd(oncpu, mm, vma, slot);
+    if !vmf.flags.write() && oncpu.m.thp.use_zero_page.load(Ordering::Relaxed) {
+        return do_huge_zero_pmd(vmf);
     }
     let Some(folio) = mem.folio_alloc(oncpu.cpu.node, HPAGE_PMD_ORDER, oncpu.id(), true, false)
     else {
@@ -58,18 +47,18 @@ pub fn do_huge_pmd_anonymous_page(
             .count(oncpu.id(), Event::THP_FAULT_FALLBACK, 1);
         mem.vmstat
             .mod_mthp(HPAGE_PMD_ORDER, MthpStat::ANON_FAULT_FALLBACK, 1);
-        return Ok(HugeFault::Fallback);
+        return VmFaultResult::Fallback;
     };
     let Some(pgtable) = Ptdesc::alloc(mem, oncpu.cpu.node, oncpu.id()) else {
         folio.put(mem, oncpu.id());
-        return Err(Errno::ENOMEM);
+        return VmFaultResult::Oom;
     };
-    let mut ptl = mm.pmd_lock(slot);
+    let mut ptl = mm.pmd_lock(vmf.pmd);
     if !ptl.get().none() {
         drop(ptl);
         pgtable.free(mem, oncpu.id());
         folio.put(mem, oncpu.id());
-        return Ok(HugeFault::Done);
+        return VmFaultResult::Raced;
     }
     rmap::folio_add_new_anon_rmap(mem, folio, vma, haddr, true, true);
     ptl.deposit(pgtable);
@@ -84,7 +73,7 @@ pub fn do_huge_pmd_anonymous_page(
     oncpu.vmstat().count(oncpu.id(), Event::THP_FAULT_ALLOC, 1);
     mem.vmstat
         .mod_mthp(HPAGE_PMD_ORDER, MthpStat::ANON_FAULT_ALLOC, 1);
-    Ok(HugeFault::Done)
+    VmFaultResult::Done
 }
 
 /// The read-fault half of `do_huge_pmd_anonymous_page` (with
@@ -92,24 +81,27 @@ pub fn do_huge_pmd_anonymous_page(
 /// table (`set_huge_zero_folio`). No RSS, no reference: the zero folio
 /// belongs to no one. With it off, a read fault allocates a THP as a write
 /// does.
-fn do_huge_zero_pmd(oncpu: &OnCpu, mm: &Mm, vma: &Vma, slot: PmdSlot) -> KResult<HugeFault> {
+fn do_huge_zero_pmd(vmf: &mut VmFault<'_>) -> VmFaultResult {
+    let (oncpu, mm, vma) = (vmf.oncpu, vmf.mm, vmf.vma);
     let mem = oncpu.mem();
-    let pgtable = Ptdesc::alloc(mem, oncpu.cpu.node, oncpu.id()).ok_or(Errno::ENOMEM)?;
+    let Some(pgtable) = Ptdesc::alloc(mem, oncpu.cpu.node, oncpu.id()) else {
+        return VmFaultResult::Oom;
+    };
     let Some(zero) = oncpu.m.huge_zero_pfn(oncpu.id()) else {
         pgtable.free(mem, oncpu.id());
         oncpu
             .vmstat()
             .count(oncpu.id(), Event::THP_FAULT_FALLBACK, 1);
-        return Ok(HugeFault::Fallback);
+        return VmFaultResult::Fallback;
     };
-    let mut ptl = mm.pmd_lock(slot);
+    let mut ptl = mm.pmd_lock(vmf.pmd);
     if !ptl.get().none() {
         drop(ptl);
         pgtable.free(mem, oncpu.id());
-        return Ok(HugeFault::Done);
+        return VmFaultResult::Raced;
     }
     set_huge_zero_pmd(mm, &mut ptl, pgtable, zero, vma.page_prot());
-    Ok(HugeFault::Done)
+    VmFaultResult::Done
 }
 
 /// `set_huge_zero_folio`.
@@ -132,30 +124,25 @@ pub fn is_huge_zero_pmd(oncpu: &OnCpu, pmd: Pmd) -> bool {
 }
 
 /// `do_huge_zero_wp_pmd` (v6.12): a write to the huge zero page gets a THP
-/// of its own in place, reusing the deposited table; if none can be had,
-/// the caller splits the PMD into zero-page PTEs and retries.
-fn do_huge_zero_wp_pmd(
-    oncpu: &OnCpu,
-    mm: &Arc<Mm>,
-    vma: &Arc<Vma>,
-    slot: PmdSlot,
-    pmd: Pmd,
-    haddr: u64,
-) -> HugeFault {
+/// of its own in place, reusing the deposited table; Fallback if none can
+/// be had (the caller splits the PMD into zero-page PTEs and retries).
+fn do_huge_zero_wp_pmd(vmf: &mut VmFault<'_>) -> VmFaultResult {
+    let (oncpu, mm, vma) = (vmf.oncpu, vmf.mm, vmf.vma);
     let mem = oncpu.mem();
+    let haddr = vmf.address & PMD_MASK;
     crate::rmap::anon_vma_prepare(mm, vma);
     let Some(folio) = mem.folio_alloc(oncpu.cpu.node, HPAGE_PMD_ORDER, oncpu.id(), true, false)
     else {
         oncpu
             .vmstat()
             .count(oncpu.id(), Event::THP_FAULT_FALLBACK, 1);
-        return HugeFault::Fallback;
+        return VmFaultResult::Fallback;
     };
-    let mut ptl = mm.pmd_lock(slot);
-    if ptl.get() != pmd {
+    let mut ptl = mm.pmd_lock(vmf.pmd);
+    if ptl.get() != vmf.orig_pmd {
         drop(ptl);
         folio.put(mem, oncpu.id());
-        return HugeFault::Done;
+        return VmFaultResult::Raced;
     }
     // pmdp_huge_clear_flush: nobody may keep reading zeros through the old
     // translation once the new folio is written.
@@ -172,32 +159,27 @@ fn do_huge_zero_wp_pmd(
     oncpu.vmstat().count(oncpu.id(), Event::THP_FAULT_ALLOC, 1);
     mem.vmstat
         .mod_mthp(HPAGE_PMD_ORDER, MthpStat::ANON_FAULT_ALLOC, 1);
-    HugeFault::Done
+    VmFaultResult::Done
 }
 
 /// `do_huge_pmd_wp_page`: a write to a read-only huge PMD. Reuse the folio
-/// if this mapping is exclusive, else split the PMD and let the PTE-level
-/// COW handle the page (the kernel's fallback).
-pub fn do_huge_pmd_wp_page(
-    oncpu: &OnCpu,
-    mm: &Arc<Mm>,
-    vma: &Arc<Vma>,
-    slot: PmdSlot,
-    addr: u64,
-) -> HugeFault {
+/// if this mapping is exclusive, else split the PMD and return Fallback,
+/// for the PTE-level COW to handle the page (the kernel's fallback).
+pub fn do_huge_pmd_wp_page(vmf: &mut VmFault<'_>) -> VmFaultResult {
+    let (oncpu, mm, vma) = (vmf.oncpu, vmf.mm, vmf.vma);
     let mem = oncpu.mem();
-    let pmd = mm.pmd_get(slot);
-    if is_huge_zero_pmd(oncpu, pmd) {
-        if let HugeFault::Done = do_huge_zero_wp_pmd(oncpu, mm, vma, slot, pmd, addr & PMD_MASK) {
-            return HugeFault::Done;
+    if is_huge_zero_pmd(oncpu, vmf.orig_pmd) {
+        let r = do_huge_zero_wp_pmd(vmf);
+        if r != VmFaultResult::Fallback {
+            return r;
         }
-        split_huge_pmd(oncpu, mm, slot, addr);
-        return HugeFault::Fallback;
+        split_huge_pmd(oncpu, mm, vmf.pmd, vmf.address);
+        return VmFaultResult::Fallback;
     }
-    let mut ptl = mm.pmd_lock(slot);
+    let mut ptl = mm.pmd_lock(vmf.pmd);
     let pmd = ptl.get();
-    if !pmd.trans_huge() || pmd.write() {
-        return HugeFault::Done;
+    if pmd != vmf.orig_pmd {
+        return VmFaultResult::Raced;
     }
     let folio = Folio(pmd.pfn());
     let exclusive = crate::phys::folio::page_anon_exclusive(mem, folio.pfn());
@@ -214,11 +196,11 @@ pub fn do_huge_pmd_wp_page(
         // Permission upgrade: no flush needed (x86 re-walks on the fault).
         ptl.set(pmd.mkyoung().mkdirty().mkwrite());
         oncpu.vmstat().count(oncpu.id(), Event::WP_REUSE, 1);
-        return HugeFault::Done;
+        return VmFaultResult::Done;
     }
     drop(ptl);
-    split_huge_pmd(oncpu, mm, slot, addr);
-    HugeFault::Fallback
+    split_huge_pmd(oncpu, mm, vmf.pmd, vmf.address);
+    VmFaultResult::Fallback
 }
 
 /// `copy_huge_pmd` (fork): share a PMD-mapped THP with the child, both

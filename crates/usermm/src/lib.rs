@@ -8,7 +8,8 @@
 //! 3. [`mm`]: address spaces (mm_struct), VMAs, mmap_lock.
 //! 4. [`rmap`]: anon_vma and the folio rmap counters.
 //! 5. [`cpu`]: CPUs with software TLBs and shootdowns.
-//! 6. Operations: [`memory`] (faults, zap, copy), [`mmu_gather`], [`mmap`], [`fork`],
+//! 6. Operations: [`fault`] (the fault entry), [`memory`] (faults, zap, copy),
+//!    [`mmu_gather`], [`mmap`], [`fork`],
 //!    [`mprotect`], [`madvise`], [`huge_memory`], [`swap`] (lazyfree),
 //!    [`uaccess`] (loads and stores), [`util`] (overcommit accounting).
 //! 7. Statistics: [`vmstat`], [`proc`] (status and smaps), [`inspect`]; and
@@ -32,6 +33,7 @@ pub mod pgtable;
 pub mod rmap;
 pub use machine::{Machine, MachineConfig, OnCpu, ThpMode};
 pub mod check;
+pub mod fault;
 pub mod fork;
 pub mod huge_memory;
 pub mod inspect;

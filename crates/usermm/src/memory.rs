@@ -2,13 +2,15 @@
 //!
 //! # Faults
 //!
-//! [`handle_mm_fault`] runs with mmap_lock held for reading. It allocates
-//! the upper tables, tries the PMD path for a THP-eligible empty PMD, and
-//! otherwise handles the PTE: an empty one gets the zero page (read) or a
-//! new folio whose order the mTHP knobs choose (write, `alloc_anon_folio`);
-//! a present read-only one under a write gets COW or reuse (`do_wp_page`).
-//! Every PTE change is made under the PTE lock after re-reading the entry;
-//! if it changed, the fault returns and the access is retried.
+//! [`handle_mm_fault`] runs under the lock [`crate::fault`] chose (mmap_lock
+//! for reading today). It allocates the upper tables, tries the PMD path for
+//! a THP-eligible empty PMD, and otherwise handles the PTE: an empty one
+//! gets the zero page (read) or a new folio whose order the mTHP knobs
+//! choose (write, `alloc_anon_folio`); a present read-only one under a write
+//! gets COW or reuse (`do_wp_page`). The handlers carry their state in a
+//! [`VmFault`] and say how they ended with a [`VmFaultResult`]. Every PTE
+//! change is made under the PTE lock after re-reading the entry; if it
+//! changed, the handler returns `Raced` and the access is retried.
 //!
 //! # Zapping
 //!
@@ -33,13 +35,13 @@
 //! duplication; off, it is the pre-v6.9 per-PTE `copy_present_pte`.
 
 use crate::errno::{Errno, KResult};
-use crate::huge_memory::{self, HugeFault};
+use crate::huge_memory;
 use crate::machine::{OnCpu, ThpMode};
 use crate::mm::vma::{VM_HUGEPAGE, VM_MAYWRITE, VM_NOHUGEPAGE, VM_SHARED, VM_WRITE};
 use crate::mm::{Mm, MmCounter, Vma, NR_MM_COUNTERS};
 use crate::mmu_gather::MmuGather;
 use crate::pgtable::{
-    self, addr_end, PmdSlot, Ptdesc, Pte, PteLocked, PteRead, PMD_SIZE, PUD_SIZE,
+    self, addr_end, Pmd, PmdSlot, Ptdesc, Pte, PteLocked, PteRead, PMD_SIZE, PUD_SIZE,
 };
 use crate::phys::{folio, Folio, Pfn, HPAGE_PMD_ORDER, PAGE_SHIFT, PAGE_SIZE};
 use crate::rmap;
@@ -47,10 +49,109 @@ use crate::rmap::anon_vma_prepare;
 use crate::sync::Arc;
 use crate::vmstat::{Event, MthpStat};
 
-/// What a fault needs to know about the access (`FAULT_FLAG_*`).
+/// `FAULT_FLAG_*`: what a fault needs to know about the access.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FaultFlags(u32);
+
+impl FaultFlags {
+    /// `FAULT_FLAG_WRITE`: the access was a store.
+    pub const WRITE: FaultFlags = FaultFlags(1 << 0);
+    /// `FAULT_FLAG_USER`: the access came from user mode.
+    pub const USER: FaultFlags = FaultFlags(1 << 6);
+
+    #[inline]
+    pub const fn empty() -> FaultFlags {
+        FaultFlags(0)
+    }
+    #[inline]
+    pub const fn contains(self, other: FaultFlags) -> bool {
+        self.0 & other.0 == other.0
+    }
+    #[inline]
+    pub fn write(self) -> bool {
+        self.contains(FaultFlags::WRITE)
+    }
+}
+
+impl std::ops::BitOr for FaultFlags {
+    type Output = FaultFlags;
+    fn bitor(self, rhs: FaultFlags) -> FaultFlags {
+        FaultFlags(self.0 | rhs.0)
+    }
+}
+
+/// `vm_fault_t`: how a fault handler ended.
+#[must_use]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FaultFlags {
-    pub write: bool,
+pub enum VmFaultResult {
+    /// The fault mapped, upgraded or marked what it was asked to.
+    Done,
+    /// The entry changed under the handler (another CPU faulted it, a zap
+    /// or a split ran): nothing was done and the access is simply retried.
+    /// The kernel returns 0 for these too; the model tells them apart.
+    Raced,
+    /// The huge path declined (`VM_FAULT_FALLBACK`): the caller tries the
+    /// PTE level.
+    Fallback,
+    /// The handler gave up the lock it ran under (`VM_FAULT_RETRY`): the
+    /// fault is taken again with mmap_lock.
+    Retry,
+    /// No memory (`VM_FAULT_OOM`).
+    Oom,
+    /// No mapping allows the access (`VM_FAULT_SIGSEGV`).
+    Sigsegv,
+}
+
+impl VmFaultResult {
+    /// Whether the access may be retried now: done or raced.
+    #[inline]
+    pub fn handled(self) -> bool {
+        matches!(self, VmFaultResult::Done | VmFaultResult::Raced)
+    }
+}
+
+impl From<Errno> for VmFaultResult {
+    /// `vmf_error`: ENOMEM is OOM, anything else SIGSEGV (SIGBUS in the
+    /// kernel for some; there is no such error in the model).
+    fn from(e: Errno) -> Self {
+        if e == Errno::ENOMEM {
+            VmFaultResult::Oom
+        } else {
+            VmFaultResult::Sigsegv
+        }
+    }
+}
+
+/// `struct vm_fault`: the state one fault carries down its handlers.
+pub struct VmFault<'a> {
+    pub oncpu: &'a OnCpu<'a>,
+    pub mm: &'a Arc<Mm>,
+    /// The VMA the fault is in (today under mmap_lock; a snapshot when the
+    /// fault runs without it).
+    pub vma: &'a Arc<Vma>,
+    /// The faulting address, rounded down to its page.
+    pub address: u64,
+    /// The faulting address as the CPU reported it.
+    pub real_address: u64,
+    pub flags: FaultFlags,
+    /// The PMD entry over the address (`vmf->pmd`).
+    pub pmd: PmdSlot,
+    /// The PMD as the handler first saw it (`vmf->orig_pmd`).
+    pub orig_pmd: Pmd,
+    /// The PTE as the handler first saw it (`vmf->orig_pte`), none until
+    /// the PTE level reads it.
+    pub orig_pte: Pte,
+}
+
+impl VmFault<'_> {
+    #[inline]
+    fn write(&self) -> bool {
+        self.flags.write()
+    }
+    #[inline]
+    fn pte_idx(&self) -> usize {
+        pgtable::pte_index(self.address)
+    }
 }
 
 /// `vm_normal_page`: the page behind a present PTE, or None for special
@@ -94,103 +195,117 @@ fn thp_vma_suitable_order(vma: &Vma, addr: u64, order: u32) -> bool {
     start >= vma.start() && start + size <= vma.end()
 }
 
-/// `handle_mm_fault`. mmap_lock held for reading; the VMA contains `addr`
-/// and permits the access.
-pub fn handle_mm_fault(
-    oncpu: &OnCpu,
-    mm: &Arc<Mm>,
-    vma: &Arc<Vma>,
+/// `handle_mm_fault`: the VMA contains `addr` and permits the access; the
+/// caller holds what keeps the VMA stable (mmap_lock for reading today).
+pub fn handle_mm_fault<'a>(
+    oncpu: &'a OnCpu<'a>,
+    mm: &'a Arc<Mm>,
+    vma: &'a Arc<Vma>,
     addr: u64,
     flags: FaultFlags,
-) -> KResult<()> {
-    let slot = mm.pmd_alloc(addr, oncpu.id())?;
-    loop {
-        let pmd = mm.pmd_get(slot);
-        if pmd.none()
-            && thp_vma_allowable_orders(oncpu, vma, 1 << HPAGE_PMD_ORDER) != 0
-            && thp_vma_suitable_order(vma, addr, HPAGE_PMD_ORDER)
-        {
-            if let HugeFault::Done =
-                huge_memory::do_huge_pmd_anonymous_page(oncpu, mm, vma, slot, addr, flags.write)?
-            {
-                return Ok(());
-            }
-        }
-        let pmd = mm.pmd_get(slot);
-        if pmd.trans_huge() {
-            if flags.write && !pmd.write() {
-                if let HugeFault::Fallback =
-                    huge_memory::do_huge_pmd_wp_page(oncpu, mm, vma, slot, addr)
-                {
-                    continue;
-                }
-            } else {
-                huge_pmd_set_accessed(mm, slot, flags);
-            }
-            return Ok(());
-        }
-        if pmd.none() {
-            mm.pte_alloc(slot, oncpu.id())?;
-        }
-        return handle_pte_fault(oncpu, mm, vma, slot, addr, flags);
-    }
+) -> VmFaultResult {
+    oncpu.vmstat().count(oncpu.id(), Event::PGFAULT, 1);
+    let pmd = match mm.pmd_alloc(addr, oncpu.id()) {
+        Ok(slot) => slot,
+        Err(e) => return e.into(),
+    };
+    let mut vmf = VmFault {
+        oncpu,
+        mm,
+        vma,
+        address: addr & !(PAGE_SIZE - 1),
+        real_address: addr,
+        flags,
+        pmd,
+        orig_pmd: Pmd(0),
+        orig_pte: Pte(0),
+    };
+    __handle_mm_fault(&mut vmf)
 }
 
-fn huge_pmd_set_accessed(mm: &Mm, slot: PmdSlot, flags: FaultFlags) {
-    let mut ptl = mm.pmd_lock(slot);
-    let pmd = ptl.get();
-    if pmd.trans_huge() {
-        let new = if flags.write && pmd.write() {
-            pmd.mkyoung().mkdirty()
-        } else {
-            pmd.mkyoung()
-        };
-        ptl.set(new);
+/// `__handle_mm_fault` below the PMD allocation: the huge paths, then the
+/// PTE level.
+fn __handle_mm_fault(vmf: &mut VmFault<'_>) -> VmFaultResult {
+    let (oncpu, vma) = (vmf.oncpu, vmf.vma);
+    vmf.orig_pmd = vmf.mm.pmd_get(vmf.pmd);
+    if vmf.orig_pmd.none()
+        && thp_vma_allowable_orders(oncpu, vma, 1 << HPAGE_PMD_ORDER) != 0
+        && thp_vma_suitable_order(vma, vmf.address, HPAGE_PMD_ORDER)
+    {
+        // create_huge_pmd
+        let r = huge_memory::do_huge_pmd_anonymous_page(vmf);
+        if r != VmFaultResult::Fallback {
+            return r;
+        }
+        vmf.orig_pmd = vmf.mm.pmd_get(vmf.pmd);
     }
+    if vmf.orig_pmd.trans_huge() {
+        if vmf.write() && !vmf.orig_pmd.write() {
+            // wp_huge_pmd
+            let r = huge_memory::do_huge_pmd_wp_page(vmf);
+            if r != VmFaultResult::Fallback {
+                return r;
+            }
+            // Split: the PTE level handles the write.
+        } else {
+            return huge_pmd_set_accessed(vmf);
+        }
+    }
+    if let Err(e) = vmf.mm.pte_alloc(vmf.pmd, oncpu.id()) {
+        return e.into();
+    }
+    handle_pte_fault(vmf)
+}
+
+/// `huge_pmd_set_accessed`: a huge PMD that allows the access was not in
+/// the TLB (or lacked the accessed or dirty bit): mark it.
+fn huge_pmd_set_accessed(vmf: &mut VmFault<'_>) -> VmFaultResult {
+    let mut ptl = vmf.mm.pmd_lock(vmf.pmd);
+    let pmd = ptl.get();
+    if pmd != vmf.orig_pmd {
+        return VmFaultResult::Raced;
+    }
+    let new = if vmf.write() && pmd.write() {
+        pmd.mkyoung().mkdirty()
+    } else {
+        pmd.mkyoung()
+    };
+    ptl.set(new);
+    VmFaultResult::Done
 }
 
 /// `handle_pte_fault`.
-fn handle_pte_fault(
-    oncpu: &OnCpu,
-    mm: &Arc<Mm>,
-    vma: &Arc<Vma>,
-    slot: PmdSlot,
-    addr: u64,
-    flags: FaultFlags,
-) -> KResult<()> {
-    let Some(mut pt) = mm.pte_offset_map_lock(slot) else {
+fn handle_pte_fault(vmf: &mut VmFault<'_>) -> VmFaultResult {
+    let Some(mut pt) = vmf.mm.pte_offset_map_lock(vmf.pmd) else {
         // The table went away or became huge under us: retry the access.
-        return Ok(());
+        return VmFaultResult::Raced;
     };
-    let idx = pgtable::pte_index(addr);
-    let pte = pt.pte(idx);
-    if pte.none() {
+    let idx = vmf.pte_idx();
+    vmf.orig_pte = pt.pte(idx);
+    if vmf.orig_pte.none() {
         drop(pt);
-        return do_anonymous_page(oncpu, mm, vma, slot, addr, flags);
+        return do_anonymous_page(vmf);
     }
-    if flags.write && !pte.write() {
-        return do_wp_page(oncpu, mm, vma, slot, pt, addr, pte);
+    if vmf.write() && !vmf.orig_pte.write() {
+        return do_wp_page(vmf, pt);
     }
     // Spurious fault or A/D update: nothing to flush on x86.
-    let new = if flags.write {
+    let pte = vmf.orig_pte;
+    let new = if vmf.write() {
         pte.mkyoung().mkdirty()
     } else {
         pte.mkyoung()
     };
     pt.set(idx, new);
-    Ok(())
+    VmFaultResult::Done
 }
 
 /// `alloc_anon_folio`: the largest allowed, suitable order whose PTEs are all
 /// empty, falling back order by order; order 0 last. Returns the folio and
-/// the address of its first page.
-fn alloc_anon_folio(
-    oncpu: &OnCpu,
-    mm: &Mm,
-    vma: &Vma,
-    slot: PmdSlot,
-    addr: u64,
-) -> KResult<(Folio, u64)> {
+/// the address of its first page; Raced if the PTE table went away under
+/// the lockless look (the kernel's `-EAGAIN`).
+fn alloc_anon_folio(vmf: &VmFault<'_>) -> Result<(Folio, u64), VmFaultResult> {
+    let (oncpu, vma, addr) = (vmf.oncpu, vmf.vma, vmf.address);
     let mem = oncpu.mem();
     let mut orders = thp_vma_allowable_orders(oncpu, vma, (1 << HPAGE_PMD_ORDER) - 1);
     orders &= (0..HPAGE_PMD_ORDER)
@@ -199,8 +314,8 @@ fn alloc_anon_folio(
     if orders != 0 {
         // Drop orders whose range is not all empty (a lockless look, as the
         // kernel's; rechecked under the PTL when mapping).
-        let Some(pt) = mm.pte_offset_map(slot) else {
-            return Err(Errno::EAGAIN);
+        let Some(pt) = vmf.mm.pte_offset_map(vmf.pmd) else {
+            return Err(VmFaultResult::Raced);
         };
         let mut o = 31 - orders.leading_zeros();
         while orders != 0 {
@@ -216,6 +331,7 @@ fn alloc_anon_folio(
                 31 - orders.leading_zeros()
             };
         }
+        drop(pt);
         while orders != 0 {
             let o = 31 - orders.leading_zeros();
             if let Some(f) = mem.folio_alloc(oncpu.cpu.node, o, oncpu.id(), true, false) {
@@ -228,49 +344,43 @@ fn alloc_anon_folio(
     }
     let f = mem
         .folio_alloc(oncpu.cpu.node, 0, oncpu.id(), true, false)
-        .ok_or(Errno::ENOMEM)?;
-    Ok((f, addr & !(PAGE_SIZE - 1)))
+        .ok_or(VmFaultResult::Oom)?;
+    Ok((f, addr))
 }
 
 /// `do_anonymous_page`.
-fn do_anonymous_page(
-    oncpu: &OnCpu,
-    mm: &Arc<Mm>,
-    vma: &Arc<Vma>,
-    slot: PmdSlot,
-    addr: u64,
-    flags: FaultFlags,
-) -> KResult<()> {
+fn do_anonymous_page(vmf: &mut VmFault<'_>) -> VmFaultResult {
+    let (oncpu, mm, vma) = (vmf.oncpu, vmf.mm, vmf.vma);
     let mem = oncpu.mem();
-    if !flags.write {
+    if !vmf.write() {
         // Map the shared zero page read-only; no RSS, no reference.
         let pte = Pte::new(oncpu.m.zero_pfn, vma.page_prot()).mkspecial();
-        let Some(mut pt) = mm.pte_offset_map_lock(slot) else {
-            return Ok(());
+        let Some(mut pt) = mm.pte_offset_map_lock(vmf.pmd) else {
+            return VmFaultResult::Raced;
         };
-        let idx = pgtable::pte_index(addr);
-        if pt.pte(idx).none() {
-            pt.set(idx, pte);
+        let idx = vmf.pte_idx();
+        if !pt.pte(idx).none() {
+            return VmFaultResult::Raced;
         }
-        return Ok(());
+        pt.set(idx, pte);
+        return VmFaultResult::Done;
     }
     anon_vma_prepare(mm, vma);
-    let (folio, start) = match alloc_anon_folio(oncpu, mm, vma, slot, addr) {
-        // The PTE table went away under the lockless look: retry.
-        Err(Errno::EAGAIN) => return Ok(()),
-        r => r?,
+    let (folio, start) = match alloc_anon_folio(vmf) {
+        Ok(f) => f,
+        Err(r) => return r,
     };
     let nr = folio.nr_pages(mem);
-    let Some(mut pt) = mm.pte_offset_map_lock(slot) else {
+    let Some(mut pt) = mm.pte_offset_map_lock(vmf.pmd) else {
         folio.put(mem, oncpu.id());
-        return Ok(());
+        return VmFaultResult::Raced;
     };
     let i0 = pgtable::pte_index(start);
     if (i0..i0 + nr as usize).any(|i| !pt.pte(i).none()) {
         // Someone else faulted part of the range in: retry.
         drop(pt);
         folio.put(mem, oncpu.id());
-        return Ok(());
+        return VmFaultResult::Raced;
     }
     rmap::folio_add_new_anon_rmap(mem, folio, vma, start, true, false);
     folio.ref_add(mem, nr as i32 - 1);
@@ -280,21 +390,15 @@ fn do_anonymous_page(
         pte = pte.mkwrite();
     }
     pt.set_ptes(i0, pte, nr as usize);
-    Ok(())
+    VmFaultResult::Done
 }
 
-/// `do_wp_page`: a write to a present read-only PTE of a writable VMA.
-fn do_wp_page(
-    oncpu: &OnCpu,
-    mm: &Arc<Mm>,
-    vma: &Arc<Vma>,
-    slot: PmdSlot,
-    mut pt: PteLocked<'_>,
-    addr: u64,
-    orig: Pte,
-) -> KResult<()> {
+/// `do_wp_page`: a write to a present read-only PTE of a writable VMA,
+/// with the PTE lock held.
+fn do_wp_page(vmf: &mut VmFault<'_>, mut pt: PteLocked<'_>) -> VmFaultResult {
+    let oncpu = vmf.oncpu;
     let mem = oncpu.mem();
-    let idx = pgtable::pte_index(addr);
+    let orig = vmf.orig_pte;
     let page = vm_normal_page(orig);
     if let Some(page) = page {
         let f = mem.page_folio(page);
@@ -303,9 +407,9 @@ fn do_wp_page(
         if reuse {
             // wp_page_reuse: an upgrade, no flush needed.
             folio::set_page_anon_exclusive(mem, page);
-            pt.set(idx, orig.mkyoung().mkdirty().mkwrite());
+            pt.set(vmf.pte_idx(), orig.mkyoung().mkdirty().mkwrite());
             oncpu.vmstat().count(oncpu.id(), Event::WP_REUSE, 1);
-            return Ok(());
+            return VmFaultResult::Done;
         }
     }
     // The copy is made outside the PTE lock: hold the old folio (the
@@ -317,40 +421,34 @@ fn do_wp_page(
         f
     });
     drop(pt);
-    let r = wp_page_copy(oncpu, mm, vma, slot, addr, orig, page);
+    let r = wp_page_copy(vmf, page);
     if let Some(f) = held {
         f.put(mem, oncpu.id());
     }
     r
 }
 
-/// `wp_page_copy`: give this mapping its own copy of the page.
-fn wp_page_copy(
-    oncpu: &OnCpu,
-    mm: &Arc<Mm>,
-    vma: &Arc<Vma>,
-    slot: PmdSlot,
-    addr: u64,
-    orig: Pte,
-    old: Option<Pfn>,
-) -> KResult<()> {
+/// `wp_page_copy`: give this mapping its own copy of the page (of zeroes
+/// when it mapped the zero page).
+fn wp_page_copy(vmf: &mut VmFault<'_>, old: Option<Pfn>) -> VmFaultResult {
+    let (oncpu, mm, vma) = (vmf.oncpu, vmf.mm, vmf.vma);
     let mem = oncpu.mem();
     anon_vma_prepare(mm, vma);
-    let new = mem
-        .folio_alloc(oncpu.cpu.node, 0, oncpu.id(), old.is_none(), false)
-        .ok_or(Errno::ENOMEM)?;
+    let Some(new) = mem.folio_alloc(oncpu.cpu.node, 0, oncpu.id(), old.is_none(), false) else {
+        return VmFaultResult::Oom;
+    };
     if let Some(old) = old {
         mem.copy_page(new.pfn(), old);
     }
-    let Some(mut pt) = mm.pte_offset_map_lock(slot) else {
+    let Some(mut pt) = mm.pte_offset_map_lock(vmf.pmd) else {
         new.put(mem, oncpu.id());
-        return Ok(());
+        return VmFaultResult::Raced;
     };
-    let idx = pgtable::pte_index(addr);
-    if pt.pte(idx) != orig {
+    let idx = vmf.pte_idx();
+    if pt.pte(idx) != vmf.orig_pte {
         drop(pt);
         new.put(mem, oncpu.id());
-        return Ok(());
+        return VmFaultResult::Raced;
     }
     let mut pte = Pte::new(new.pfn(), vma.page_prot()).mkdirty();
     if vma.flags() & VM_WRITE != 0 {
@@ -359,7 +457,7 @@ fn wp_page_copy(
     // ptep_clear_flush: no CPU may keep writing... reading the old page
     // through a stale entry once the new one is in place.
     pt.get_and_clear(idx);
-    let page_addr = addr & !(PAGE_SIZE - 1);
+    let page_addr = vmf.address;
     oncpu.flush_tlb_range(mm, page_addr, page_addr + PAGE_SIZE, PAGE_SHIFT);
     rmap::folio_add_new_anon_rmap(mem, new, vma, page_addr, true, false);
     pt.set(idx, pte);
@@ -376,7 +474,7 @@ fn wp_page_copy(
         }
     }
     oncpu.vmstat().count(oncpu.id(), Event::COW_FAULT, 1);
-    Ok(())
+    VmFaultResult::Done
 }
 
 // ---------------------------------------------------------------------------
@@ -952,6 +1050,40 @@ mod tests {
             t.set(100 + i, pte.advance_pfn(i as u64));
         }
         t
+    }
+
+    #[test]
+    fn fault_results_tell_done_from_oom() {
+        use crate::mmap::{MAP_ANONYMOUS, MAP_NORESERVE, MAP_PRIVATE, PROT_READ, PROT_WRITE};
+        let m = Machine::new(MachineConfig::single_node(8 << 20, 1)).unwrap();
+        m.thp.only_order(0);
+        let c = m.bind(0).unwrap();
+        let mm = c.new_mm().unwrap();
+        let flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
+        let a = c.mmap(0, 64 << 20, PROT_READ | PROT_WRITE, flags).unwrap();
+        let vma = {
+            let g = crossbeam_epoch::pin();
+            mm.vma_tree(&g).vma_lookup(a).cloned().unwrap()
+        };
+        let fault = |addr, f| handle_mm_fault(&c, &mm, &vma, addr, f);
+        assert_eq!(fault(a, FaultFlags::WRITE), VmFaultResult::Done);
+        // The entry is there now: a second fault only marks it.
+        assert_eq!(fault(a, FaultFlags::WRITE), VmFaultResult::Done);
+        assert_eq!(
+            fault(a + PAGE_SIZE, FaultFlags::empty()),
+            VmFaultResult::Done
+        );
+        // Use up the machine's memory: the fault that finds none is OOM.
+        let mut addr = a + 2 * PAGE_SIZE;
+        let last = loop {
+            let r = fault(addr, FaultFlags::WRITE);
+            if r != VmFaultResult::Done {
+                break r;
+            }
+            addr += PAGE_SIZE;
+        };
+        assert_eq!(last, VmFaultResult::Oom);
+        assert_eq!(c.store_u8(addr, 1), Err(Errno::ENOMEM));
     }
 
     #[test]

@@ -6,7 +6,7 @@
 
 use crate::errno::{Errno, KResult};
 use crate::machine::OnCpu;
-use crate::memory::{self, FaultFlags};
+use crate::memory::{self, FaultFlags, VmFaultResult};
 use crate::mm::vma::*;
 use crate::mm::{Mm, Vma, VmaTree, MAX_MAP_COUNT, MMAP_BASE, MMAP_MIN_ADDR, TASK_SIZE};
 use crate::mmu_gather::MmuGather;
@@ -412,7 +412,18 @@ pub fn populate_range(
             addr = vma.end();
             continue;
         }
-        memory::handle_mm_fault(oncpu, mm, &vma, addr, FaultFlags { write })?;
+        let flags = if write {
+            FaultFlags::WRITE
+        } else {
+            FaultFlags::empty()
+        };
+        match memory::handle_mm_fault(oncpu, mm, &vma, addr, flags) {
+            VmFaultResult::Oom => return Err(Errno::ENOMEM),
+            VmFaultResult::Sigsegv => return Err(Errno::EFAULT),
+            // A race: fault the same page again.
+            VmFaultResult::Raced => continue,
+            _ => {}
+        }
         addr += PAGE_SIZE;
     }
     Ok(())

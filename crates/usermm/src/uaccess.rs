@@ -3,7 +3,7 @@
 //! An access enters user mode, polls the CPU's mailbox (taking any pending
 //! shootdown), looks the address up in the TLB, walks the page tables on a
 //! miss and caches the result, and on a walk failure raises a page fault
-//! (`exc_page_fault` → `do_user_addr_fault` → [`memory::handle_mm_fault`]).
+//! (`exc_page_fault` → [`crate::fault`]).
 //! A fault the kernel would answer with SIGSEGV returns `EFAULT`.
 //!
 //! Bytes are read and written with relaxed atomics of the access's size, so
@@ -12,8 +12,7 @@
 
 use crate::errno::{Errno, KResult};
 use crate::machine::OnCpu;
-use crate::memory::{self, FaultFlags};
-use crate::mm::vma::{VM_EXEC, VM_READ, VM_WRITE};
+use crate::memory::FaultFlags;
 use crate::pgtable::walk::{hw_walk, WalkFault};
 use crate::phys::{Pfn, PAGE_MASK, PAGE_SIZE};
 use crate::sync::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
@@ -52,45 +51,13 @@ impl OnCpu<'_> {
             }
             faults += 1;
             debug_assert!(faults < 1000, "fault loop at {addr:#x}");
-            self.page_fault(addr, write)?;
-        }
-    }
-
-    /// `do_user_addr_fault`.
-    fn page_fault(&self, addr: u64, write: bool) -> KResult<()> {
-        self.kernel_enter();
-        let r = (|| {
-            let mm = self.mm()?;
-            let _g = mm.mmap_lock.read();
-            let guard = crossbeam_epoch::pin();
-            let vma = mm
-                .vma_tree(&guard)
-                .vma_lookup(addr)
-                .cloned()
-                .ok_or(Errno::EFAULT)?;
-            drop(guard);
-            let flags = vma.flags();
-            let ok = if write {
-                flags & VM_WRITE != 0
+            let flags = if write {
+                FaultFlags::WRITE
             } else {
-                flags & (VM_READ | VM_WRITE | VM_EXEC) != 0
+                FaultFlags::empty()
             };
-            if !ok {
-                return Err(Errno::EFAULT);
-            }
-            memory::handle_mm_fault(self, &mm, &vma, addr, FaultFlags { write })
-        })();
-        if r.is_ok() {
-            self.vmstat().count(self.id(), Event::PGFAULT, 1);
+            self.do_user_addr_fault(addr, flags)?;
         }
-        self.user_enter();
-        r.map_err(|e| {
-            if e == Errno::ENOMEM {
-                Errno::ENOMEM
-            } else {
-                Errno::EFAULT
-            }
-        })
     }
 
     #[inline]
