@@ -15,13 +15,43 @@ pub use std::sync::atomic::{
 };
 pub use std::sync::Arc;
 
-/// The atomics of the protocols that are model-checked (the TLB shootdown
-/// handshake): loom's when built with `--cfg loom`, std's otherwise.
+/// The atomics and locks of the protocols that are model-checked (the TLB
+/// shootdown handshake, with the CPUs' mailboxes, TLBs and loaded mm):
+/// loom's when built with `--cfg loom`, std's and parking_lot's otherwise.
+/// The CPU layer takes all of its shared state from here, so that the loom
+/// tests run the engine's own shootdown code.
 pub mod checked {
     #[cfg(loom)]
     pub use loom::sync::atomic::{fence, AtomicBool, AtomicU64};
     #[cfg(not(loom))]
     pub use std::sync::atomic::{fence, AtomicBool, AtomicU64};
+
+    #[cfg(loom)]
+    type Inner<T> = loom::sync::Mutex<T>;
+    #[cfg(not(loom))]
+    type Inner<T> = parking_lot::Mutex<T>;
+    #[cfg(loom)]
+    pub type MutexGuard<'a, T> = loom::sync::MutexGuard<'a, T>;
+    #[cfg(not(loom))]
+    pub type MutexGuard<'a, T> = parking_lot::MutexGuard<'a, T>;
+
+    /// A mutex whose every acquisition the model checker sees.
+    #[derive(Default)]
+    pub struct Mutex<T>(Inner<T>);
+
+    impl<T> Mutex<T> {
+        pub fn new(t: T) -> Self {
+            Mutex(Inner::new(t))
+        }
+
+        #[inline]
+        pub fn lock(&self) -> MutexGuard<'_, T> {
+            #[cfg(loom)]
+            return self.0.lock().expect("no thread panics holding it");
+            #[cfg(not(loom))]
+            return self.0.lock();
+        }
+    }
 }
 
 pub use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -71,8 +101,25 @@ impl Drop for SpinGuard<'_> {
 
 /// Spin with backoff while `cond` is false; yields the host CPU after a few
 /// rounds, because the thread we wait for may need this very core.
+///
+/// Under loom it yields to the model checker's scheduler at every round,
+/// which must run the thread waited for.
 #[inline]
-pub fn spin_until(mut cond: impl FnMut() -> bool) {
+pub fn spin_until(cond: impl FnMut() -> bool) {
+    #[cfg(loom)]
+    {
+        let mut cond = cond;
+        while !cond() {
+            loom::thread::yield_now();
+        }
+    }
+    #[cfg(not(loom))]
+    spin_until_backoff(cond)
+}
+
+#[cfg(not(loom))]
+#[inline]
+fn spin_until_backoff(mut cond: impl FnMut() -> bool) {
     let backoff = crossbeam_utils::Backoff::new();
     while !cond() {
         if backoff.is_completed() {

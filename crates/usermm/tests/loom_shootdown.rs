@@ -1,152 +1,183 @@
-//! Model-checked TLB shootdown handshake (`usermm::cpu::shootdown`).
+//! Model-checked TLB shootdowns, running the engine's own CPU code.
 //!
 //! Run with `RUSTFLAGS="--cfg loom" cargo test --release -p usermm --test
-//! loom_shootdown` (`.ci/run` does). Loom runs each model under every
-//! interleaving of the two threads and every value the memory model lets a
-//! load return.
+//! loom_shootdown` (`.ci/run` does). Built so, every atomic and lock of the
+//! CPU layer is loom's, and loom runs each model under the interleavings of
+//! its threads (up to a preemption bound) and every value the memory model
+//! lets a load return.
 //!
-//! The model: a CPU runs user accesses through a TLB entry that maps a page;
-//! another CPU clears the PTE, makes a flush request with the protocol's
-//! steps, waits as `flush_tlb_mm_range` does, and then frees the page. The
-//! property: no access may go through the stale entry once the page is free.
+//! The model: CPUs 1 and 2 switch to an address space (`Cpu::switch_mm`),
+//! return to user mode (`Cpu::enter_user`) and make user accesses to one
+//! page as `OnCpu::translate` does: poll the mailbox (`Cpu::poll`, which
+//! runs `flush_tlb_func` on each request), then look the page up in the TLB
+//! and, on a miss, walk (fill the TLB if the PTE is still there). CPU 0
+//! clears the PTE, calls `flush_tlb_mm_range`, and then frees the page. The
+//! property: no access goes through a TLB entry to a page already freed.
+//! The address space is a stand-in that has only what the CPU layer needs
+//! of one ([`TlbMm`]); everything else is the engine's.
 #![cfg(loom)]
 
 use loom::sync::atomic::{AtomicBool, AtomicU64};
-use loom::sync::{Arc, Mutex};
 use loom::thread;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
-use usermm::cpu::shootdown::{next_tlb_gen, target_done, Acks, CpuMode, MailFlag};
+use usermm::cpu::{flush_tlb_mm_range, Cpu, TlbMm};
+use usermm::pgtable::walk::Translation;
+use usermm::phys::{Pfn, PAGE_SHIFT, PAGE_SIZE};
+use usermm::vmstat::VmStat;
 
-const TARGET: usize = 1;
+const ADDR: u64 = 0x7f00_0000_0000;
+const PFN: Pfn = 42;
 
-struct Shared {
-    mm_tlb_gen: AtomicU64,
-    mode: CpuMode,
-    mail: MailFlag,
-    mailbox: Mutex<Option<u64>>,
-    acks: Acks,
+/// An address space as the CPU layer sees it.
+struct ModelMm {
+    tlb_gen: AtomicU64,
+    cpumask: AtomicU64,
+}
+
+impl TlbMm for ModelMm {
+    fn tlb_id(&self) -> u64 {
+        1
+    }
+    fn tlb_gen(&self) -> &AtomicU64 {
+        &self.tlb_gen
+    }
+    fn cpumask(&self) -> &AtomicU64 {
+        &self.cpumask
+    }
+    fn cr3(&self) -> Pfn {
+        7
+    }
+}
+
+struct World {
+    cpus: Vec<Cpu<ModelMm>>,
+    mm: Arc<ModelMm>,
+    vmstat: VmStat,
+    /// The PTE of `ADDR`: nonzero while it maps the page.
     pte: AtomicU64,
+    /// The page went back to the allocator.
     freed: AtomicBool,
 }
 
-/// The target CPU's private state: its TLB entry and its slot's generation.
-struct Tlb {
-    valid: bool,
-    gen: u64,
-}
-
-impl Tlb {
-    fn catch_up(&mut self, gen: u64) {
-        if self.gen < gen {
-            self.valid = false;
-            self.gen = gen;
-        }
+/// One user access to `ADDR` on `cpu`, as `OnCpu::translate` makes it.
+fn access(w: &World, cpu: &Cpu<ModelMm>) {
+    cpu.poll(&w.vmstat);
+    let (_, slot) = cpu.loaded_pgd().expect("an mm is loaded");
+    let mut tlb = cpu.tlb.lock();
+    if let Some(e) = tlb.lookup(slot, ADDR) {
+        assert!(
+            !w.freed.load(Ordering::SeqCst),
+            "CPU {}: an access went through a stale TLB entry to a freed page (pfn {})",
+            cpu.id,
+            e.pfn
+        );
+    } else if w.pte.load(Ordering::Acquire) != 0 {
+        // The walk sees the PTE and fills the TLB, in one step.
+        let t = Translation {
+            pfn: PFN,
+            size: PAGE_SIZE,
+            writable: true,
+            dirty: true,
+        };
+        tlb.insert(slot, ADDR, &t);
     }
 }
 
-/// The target: `rounds` user accesses, each preceded by a return to user
-/// mode if needed and a poll of the mailbox, as `OnCpu::translate` does;
-/// then it leaves user mode as `enter_kernel` does. `broken_return` swaps
-/// the two steps of the return to user mode (reads the generation first).
-fn target(s: &Shared, rounds: usize, leave_between: bool, broken_return: bool) {
-    let mut tlb = Tlb {
-        valid: true,
-        gen: 1,
-    };
-    let handle = |s: &Shared, tlb: &mut Tlb| {
-        if s.mail.is_raised() {
-            let req = {
-                let mut q = s.mailbox.lock().unwrap();
-                s.mail.lower();
-                q.take()
-            };
-            if let Some(gen) = req {
-                tlb.catch_up(gen);
-                s.acks.ack(TARGET);
-            }
-        }
-    };
-    for round in 0..rounds {
-        if !s.mode.in_user() {
-            let gen = if broken_return {
-                let g = s.mm_tlb_gen.load(Ordering::SeqCst);
-                s.mode.return_to_user(None);
-                g
-            } else {
-                s.mode.return_to_user(Some(&s.mm_tlb_gen)).unwrap()
-            };
-            tlb.catch_up(gen);
-        }
-        handle(s, &mut tlb);
-        if tlb.valid {
-            assert!(
-                !s.freed.load(Ordering::SeqCst),
-                "round {round}: an access went through a stale TLB entry to a freed page"
-            );
-        } else if s.pte.load(Ordering::Acquire) != 0 {
-            tlb.valid = true; // the walk refills from a live PTE
-        }
+/// A target CPU: switch to the mm, then `rounds` accesses; with
+/// `leave_between`, it leaves user mode after each (a system call) and
+/// comes back. It ends in the kernel.
+fn target(w: &World, id: usize, rounds: usize, leave_between: bool) {
+    let cpu = &w.cpus[id];
+    cpu.switch_mm(Some(&w.mm));
+    cpu.enter_user(&w.vmstat);
+    for _ in 0..rounds {
+        access(w, cpu);
         if leave_between {
-            handle(s, &mut tlb);
-            s.mode.leave_user();
+            cpu.enter_kernel(&w.vmstat);
+            cpu.enter_user(&w.vmstat);
         }
     }
-    handle(s, &mut tlb);
-    s.mode.leave_user();
+    cpu.enter_kernel(&w.vmstat);
 }
 
-/// The flusher: clear the PTE, then `flush_tlb_mm_range`'s steps, then free.
-fn flusher(s: &Shared) {
-    s.pte.store(0, Ordering::Release);
-    let gen = next_tlb_gen(&s.mm_tlb_gen);
-    if let Some(seen) = s.mode.needs_request() {
-        *s.mailbox.lock().unwrap() = Some(gen);
-        s.mail.raise();
-        while !target_done(&s.mode, seen, &s.acks, TARGET) {
-            thread::yield_now();
+/// The model with `targets` target CPUs; `broken` makes CPU 1 return to
+/// user mode with the handshake's steps swapped.
+fn run(targets: usize, rounds: usize, leave_between: bool, broken: bool, bound: usize) {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(bound);
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = runs.clone();
+    b.check(move || {
+        counted.fetch_add(1, Ordering::Relaxed);
+        let mut cpus: Vec<Cpu<ModelMm>> = (0..=targets).map(|id| Cpu::new(id, 0)).collect();
+        if broken {
+            cpus[1].break_return_to_user();
         }
-    }
-    s.freed.store(true, Ordering::SeqCst);
-}
-
-fn run(target_in_user: bool, rounds: usize, leave_between: bool, broken_return: bool) {
-    loom::model(move || {
-        let s = Arc::new(Shared {
-            mm_tlb_gen: AtomicU64::new(1),
-            mode: CpuMode::new(),
-            mail: MailFlag::default(),
-            mailbox: Mutex::new(None),
-            acks: Acks::default(),
+        let w = Arc::new(World {
+            cpus,
+            mm: Arc::new(ModelMm {
+                tlb_gen: AtomicU64::new(1),
+                cpumask: AtomicU64::new(0),
+            }),
+            vmstat: VmStat::new(targets + 1),
             pte: AtomicU64::new(1),
             freed: AtomicBool::new(false),
         });
-        if target_in_user {
-            s.mode.return_to_user(Some(&s.mm_tlb_gen));
+        // CPU 0 runs the mm too: the flush is local there and remote on
+        // the others.
+        w.cpus[0].switch_mm(Some(&w.mm));
+        let threads: Vec<_> = (1..=targets)
+            .map(|id| {
+                let w = w.clone();
+                thread::spawn(move || target(&w, id, rounds, leave_between))
+            })
+            .collect();
+        w.pte.store(0, Ordering::Release);
+        let me = &w.cpus[0];
+        flush_tlb_mm_range(
+            &w.cpus,
+            me,
+            &w.mm,
+            ADDR,
+            ADDR + PAGE_SIZE,
+            PAGE_SHIFT,
+            &w.vmstat,
+        );
+        w.freed.store(true, Ordering::SeqCst);
+        for t in threads {
+            t.join().unwrap();
         }
-        let t = {
-            let s = s.clone();
-            thread::spawn(move || target(&s, rounds, leave_between, broken_return))
-        };
-        flusher(&s);
-        t.join().unwrap();
     });
+    eprintln!("{} executions", runs.load(Ordering::Relaxed));
 }
 
 #[test]
-fn target_running_user_accesses() {
-    run(true, 2, false, false);
+fn one_target_in_user_mode() {
+    run(1, 2, false, false, 5);
 }
 
 #[test]
-fn target_entering_and_leaving_user_mode() {
-    run(false, 2, true, false);
+fn one_target_entering_and_leaving_user_mode() {
+    run(1, 2, true, false, 5);
 }
 
-/// The checker finds the bug when the target reads the generation before
-/// it announces user mode (the Dekker pair broken).
+#[test]
+fn two_targets() {
+    run(2, 1, false, false, 4);
+}
+
+#[test]
+fn two_targets_entering_and_leaving_user_mode() {
+    run(2, 1, true, false, 4);
+}
+
+/// The checker finds the bug when a CPU reads the generation before it
+/// announces user mode (the Dekker pair broken): the flusher sees it out
+/// of user mode and does not wait, while it keeps the stale entry.
 #[test]
 fn broken_return_to_user_is_caught() {
-    let r = std::panic::catch_unwind(|| run(false, 2, true, true));
+    let r = std::panic::catch_unwind(|| run(1, 2, true, true, 3));
     assert!(r.is_err(), "loom should find a stale access");
 }

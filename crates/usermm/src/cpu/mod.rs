@@ -36,8 +36,13 @@
 //! (SeqCst both, a fence between), and read after `tlb_gen` is bumped by a
 //! flusher, for the same reason.
 //!
-//! The steps of the handshake, with their orderings, are in [`shootdown`],
-//! which is model-checked with loom (`tests/loom_shootdown.rs`).
+//! The steps of the handshake, with their orderings, are in [`shootdown`].
+//! Everything shared here (the mode word, the mailbox and its flag, the TLB,
+//! the loaded mm, `tlb_gen` and `mm_cpumask`) comes from
+//! [`crate::sync::checked`], and the CPU layer needs of an address space only
+//! what [`TlbMm`] gives, so that `tests/loom_shootdown.rs` runs this very
+//! code (`enter_user`, `poll`, `switch_mm`, `flush_tlb_func`,
+//! `flush_tlb_mm_range`) under loom with small stand-in address spaces.
 
 pub mod shootdown;
 pub mod tlb;
@@ -45,7 +50,9 @@ pub mod tlb;
 use std::time::{Duration, Instant};
 
 use crate::mm::Mm;
-use crate::sync::{spin_until, Arc, AtomicBool, AtomicU64, Mutex, Ordering};
+use crate::phys::Pfn;
+use crate::sync::checked::{self, Mutex};
+use crate::sync::{spin_until, Arc, AtomicBool, AtomicU64, Ordering};
 use crate::vmstat::{Event, VmStat};
 use shootdown::{Acks, CpuMode, MailFlag};
 use tlb::Tlb;
@@ -62,9 +69,38 @@ pub const MAX_CPUS: usize = 64;
 /// reported: its thread blocked while in user mode.
 const SHOOTDOWN_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// What the CPU layer needs of an address space: the tag of its TLB
+/// entries, the generation that flushes bump (`context.tlb_gen`), the CPUs
+/// that have it loaded (`mm_cpumask`), and the root its walks start from.
+pub trait TlbMm: Send + Sync + 'static {
+    fn tlb_id(&self) -> u64;
+    fn tlb_gen(&self) -> &checked::AtomicU64;
+    fn cpumask(&self) -> &checked::AtomicU64;
+    fn cr3(&self) -> Pfn;
+}
+
+impl TlbMm for Mm {
+    #[inline]
+    fn tlb_id(&self) -> u64 {
+        self.id
+    }
+    #[inline]
+    fn tlb_gen(&self) -> &checked::AtomicU64 {
+        &self.tlb_gen
+    }
+    #[inline]
+    fn cpumask(&self) -> &checked::AtomicU64 {
+        &self.cpumask
+    }
+    #[inline]
+    fn cr3(&self) -> Pfn {
+        self.pgd.cr3()
+    }
+}
+
 /// `struct flush_tlb_info`, shared by all the CPUs a shootdown targets.
-pub struct FlushRequest {
-    pub mm: Arc<Mm>,
+pub struct FlushRequest<M: TlbMm = Mm> {
+    pub mm: Arc<M>,
     pub start: u64,
     pub end: u64,
     pub stride_shift: u32,
@@ -73,16 +109,16 @@ pub struct FlushRequest {
     acks: Acks,
 }
 
-pub struct Cpu {
+pub struct Cpu<M: TlbMm = Mm> {
     pub id: usize,
     pub node: usize,
     mode: CpuMode,
     bound: AtomicBool,
     mail: MailFlag,
-    mailbox: Mutex<Vec<Arc<FlushRequest>>>,
+    mailbox: Mutex<Vec<Arc<FlushRequest<M>>>>,
     pub tlb: Mutex<Tlb>,
     /// The loaded mm and its ASID slot (`cpu_tlbstate.loaded_mm`).
-    loaded: Mutex<Option<(Arc<Mm>, usize)>>,
+    loaded: Mutex<Option<(Arc<M>, usize)>>,
     /// The loaded mm's PGD ([`NO_PGD`]: none) and ASID slot, for the access path
     /// (CR3, as it were). Only the owning thread writes and reads them, in
     /// `switch_mm` and on every access, so Relaxed suffices and no lock is
@@ -91,8 +127,8 @@ pub struct Cpu {
     cr3_slot: AtomicU64,
 }
 
-impl Cpu {
-    pub fn new(id: usize, node: usize) -> Cpu {
+impl<M: TlbMm> Cpu<M> {
+    pub fn new(id: usize, node: usize) -> Cpu<M> {
         Cpu {
             id,
             node,
@@ -105,6 +141,13 @@ impl Cpu {
             cr3_pgd: AtomicU64::new(NO_PGD),
             cr3_slot: AtomicU64::new(0),
         }
+    }
+
+    /// Model checking only: this CPU returns to user mode with the
+    /// handshake's two steps swapped (see `shootdown::CpuMode`).
+    #[cfg(loom)]
+    pub fn break_return_to_user(&mut self) {
+        self.mode.break_return_to_user();
     }
 
     /// Claim the CPU for the calling thread; false if another thread has it.
@@ -127,7 +170,7 @@ impl Cpu {
         self.mode.in_user()
     }
 
-    pub fn loaded_mm(&self) -> Option<Arc<Mm>> {
+    pub fn loaded_mm(&self) -> Option<Arc<M>> {
         self.loaded.lock().as_ref().map(|(mm, _)| mm.clone())
     }
 
@@ -147,7 +190,7 @@ impl Cpu {
         let loaded = self.loaded.lock();
         let gen = self
             .mode
-            .return_to_user(loaded.as_ref().map(|(mm, _)| &mm.tlb_gen));
+            .return_to_user(loaded.as_ref().map(|(mm, _)| mm.tlb_gen()));
         if let (Some((_, slot)), Some(gen)) = (loaded.as_ref(), gen) {
             let mut tlb = self.tlb.lock();
             if tlb.slots[*slot].tlb_gen < gen {
@@ -194,45 +237,50 @@ impl Cpu {
         }
     }
 
-    fn post(&self, req: Arc<FlushRequest>) {
+    fn post(&self, req: Arc<FlushRequest<M>>) {
         self.mailbox.lock().push(req);
         self.mail.raise();
     }
 
     /// `switch_mm_irqs_off`: load `next` (or nothing). Kernel mode only.
-    pub fn switch_mm(&self, next: Option<&Arc<Mm>>) {
+    pub fn switch_mm(&self, next: Option<&Arc<M>>) {
         debug_assert!(!self.in_user());
         let mut loaded = self.loaded.lock();
         self.cr3_pgd.store(NO_PGD, Ordering::Relaxed);
         if let Some((prev, _)) = loaded.take() {
-            prev.cpumask.fetch_and(!(1 << self.id), Ordering::SeqCst);
+            prev.cpumask().fetch_and(!(1 << self.id), Ordering::SeqCst);
         }
         if let Some(next) = next {
             // SeqCst: the cpumask bit is visible before we read tlb_gen.
-            next.cpumask.fetch_or(1 << self.id, Ordering::SeqCst);
-            crate::sync::checked::fence(Ordering::SeqCst);
-            let gen = next.tlb_gen.load(Ordering::SeqCst);
+            next.cpumask().fetch_or(1 << self.id, Ordering::SeqCst);
+            checked::fence(Ordering::SeqCst);
+            let gen = next.tlb_gen().load(Ordering::SeqCst);
             let mut tlb = self.tlb.lock();
-            let (slot, _new) = tlb.assign_slot(next.id, gen);
+            let (slot, _new) = tlb.assign_slot(next.tlb_id(), gen);
             if tlb.slots[slot].tlb_gen < gen {
                 tlb.flush_slot(slot);
             }
             tlb.slots[slot].tlb_gen = gen;
             *loaded = Some((next.clone(), slot));
             self.cr3_slot.store(slot as u64, Ordering::Relaxed);
-            self.cr3_pgd.store(next.pgd.cr3(), Ordering::Relaxed);
+            self.cr3_pgd.store(next.cr3(), Ordering::Relaxed);
         }
     }
 }
 
 /// `flush_tlb_func`: apply one request to a TLB. `local` is the initiating
 /// CPU's id when this is the local flush (it counts the local events).
-fn flush_tlb_func(tlb: &mut Tlb, req: &FlushRequest, local: Option<usize>, vmstat: &VmStat) {
-    let Some(slot) = tlb.slot_of(req.mm.id) else {
+fn flush_tlb_func<M: TlbMm>(
+    tlb: &mut Tlb,
+    req: &FlushRequest<M>,
+    local: Option<usize>,
+    vmstat: &VmStat,
+) {
+    let Some(slot) = tlb.slot_of(req.mm.tlb_id()) else {
         return;
     };
     let local_gen = tlb.slots[slot].tlb_gen;
-    let mm_gen = req.mm.tlb_gen.load(Ordering::Acquire);
+    let mm_gen = req.mm.tlb_gen().load(Ordering::Acquire);
     if local_gen >= req.new_tlb_gen {
         // An earlier full flush already covered this request.
         return;
@@ -261,10 +309,10 @@ fn flush_tlb_func(tlb: &mut Tlb, req: &FlushRequest, local: Option<usize>, vmsta
 /// `flush_tlb_mm_range`: invalidate `[start, end)` of `mm` on every CPU that
 /// may cache it, and return only when none can use a stale translation.
 /// `me` is the calling CPU (in kernel mode).
-pub fn flush_tlb_mm_range(
-    cpus: &[Cpu],
-    me: &Cpu,
-    mm: &Arc<Mm>,
+pub fn flush_tlb_mm_range<M: TlbMm>(
+    cpus: &[Cpu<M>],
+    me: &Cpu<M>,
+    mm: &Arc<M>,
     start: u64,
     end: u64,
     stride_shift: u32,
@@ -278,7 +326,7 @@ pub fn flush_tlb_mm_range(
         };
     // Ordered before the cpumask and mode loads below (pairs with
     // switch_mm and enter_user).
-    let new_tlb_gen = shootdown::next_tlb_gen(&mm.tlb_gen);
+    let new_tlb_gen = shootdown::next_tlb_gen(mm.tlb_gen());
     let req = Arc::new(FlushRequest {
         mm: mm.clone(),
         start,
@@ -292,12 +340,12 @@ pub fn flush_tlb_mm_range(
         .loaded
         .lock()
         .as_ref()
-        .is_some_and(|(m, _)| m.id == mm.id)
+        .is_some_and(|(m, _)| m.tlb_id() == mm.tlb_id())
     {
         flush_tlb_func(&mut me.tlb.lock(), &req, Some(me.id), vmstat);
     }
 
-    let others = mm.cpumask.load(Ordering::SeqCst) & !(1u64 << me.id);
+    let others = mm.cpumask().load(Ordering::SeqCst) & !(1u64 << me.id);
     if others == 0 {
         return;
     }
@@ -324,7 +372,7 @@ pub fn flush_tlb_mm_range(
 }
 
 /// `flush_tlb_mm`.
-pub fn flush_tlb_mm(cpus: &[Cpu], me: &Cpu, mm: &Arc<Mm>, vmstat: &VmStat) {
+pub fn flush_tlb_mm<M: TlbMm>(cpus: &[Cpu<M>], me: &Cpu<M>, mm: &Arc<M>, vmstat: &VmStat) {
     flush_tlb_mm_range(
         cpus,
         me,

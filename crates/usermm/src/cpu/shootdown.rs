@@ -2,9 +2,9 @@
 //!
 //! These are the steps of the protocol the module doc of [`crate::cpu`]
 //! describes, with their memory orderings; `Cpu` and `flush_tlb_mm_range`
-//! are built from them, and `tests/loom_shootdown.rs` runs them under loom
+//! are built from them, and `tests/loom_shootdown.rs` runs those under loom
 //! (`RUSTFLAGS="--cfg loom" cargo test --release --test loom_shootdown`),
-//! which explores every interleaving and every value the C++ memory model
+//! which explores the interleavings and every value the C++ memory model
 //! allows a load to return.
 //!
 //! Two store-then-load pairs make it work (a Dekker handshake): the
@@ -24,11 +24,21 @@ const USER: u64 = 1;
 
 /// A CPU's mode word: it counts mode changes and has the low bit set while
 /// the CPU runs user accesses. Only the owning CPU writes it.
-pub struct CpuMode(AtomicU64);
+pub struct CpuMode {
+    word: AtomicU64,
+    /// Model checking only: do [`CpuMode::return_to_user`]'s two steps in
+    /// the wrong order, to show that the checker catches it.
+    #[cfg(loom)]
+    broken_return: bool,
+}
 
 impl Default for CpuMode {
     fn default() -> Self {
-        CpuMode(AtomicU64::new(0))
+        CpuMode {
+            word: AtomicU64::new(0),
+            #[cfg(loom)]
+            broken_return: false,
+        }
     }
 }
 
@@ -37,10 +47,17 @@ impl CpuMode {
         Self::default()
     }
 
+    /// Model checking only: read the generation before announcing user
+    /// mode (the Dekker pair broken), for the loom test that must fail.
+    #[cfg(loom)]
+    pub fn break_return_to_user(&mut self) {
+        self.broken_return = true;
+    }
+
     /// The owner asks (no ordering needed: only it writes the word).
     #[inline]
     pub fn in_user(&self) -> bool {
-        self.0.load(Ordering::Relaxed) & USER != 0
+        self.word.load(Ordering::Relaxed) & USER != 0
     }
 
     /// Target, on return to user mode: announce it, then read the loaded
@@ -49,7 +66,13 @@ impl CpuMode {
     #[inline]
     pub fn return_to_user(&self, mm_tlb_gen: Option<&AtomicU64>) -> Option<u64> {
         debug_assert!(!self.in_user());
-        self.0.fetch_add(1, Ordering::SeqCst);
+        #[cfg(loom)]
+        if self.broken_return {
+            let gen = mm_tlb_gen.map(|g| g.load(Ordering::SeqCst));
+            self.word.fetch_add(1, Ordering::SeqCst);
+            return gen;
+        }
+        self.word.fetch_add(1, Ordering::SeqCst);
         fence(Ordering::SeqCst);
         mm_tlb_gen.map(|g| g.load(Ordering::SeqCst))
     }
@@ -58,7 +81,7 @@ impl CpuMode {
     #[inline]
     pub fn leave_user(&self) {
         if self.in_user() {
-            self.0.fetch_add(1, Ordering::SeqCst);
+            self.word.fetch_add(1, Ordering::SeqCst);
         }
     }
 
@@ -66,7 +89,7 @@ impl CpuMode {
     /// must be sent the request; returns the mode word seen, to wait on.
     #[inline]
     pub fn needs_request(&self) -> Option<u64> {
-        let s = self.0.load(Ordering::SeqCst);
+        let s = self.word.load(Ordering::SeqCst);
         (s & USER != 0).then_some(s)
     }
 
@@ -74,7 +97,7 @@ impl CpuMode {
     /// read the new generation before its next user access.
     #[inline]
     pub fn changed_since(&self, seen: u64) -> bool {
-        self.0.load(Ordering::SeqCst) != seen
+        self.word.load(Ordering::SeqCst) != seen
     }
 }
 

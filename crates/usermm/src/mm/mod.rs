@@ -67,7 +67,7 @@ pub struct Mm {
     /// `mm->hiwater_rss`, in pages.
     pub hiwater_rss: AtomicI64,
     /// `mm_cpumask`: CPUs that have this address space loaded.
-    pub cpumask: AtomicU64,
+    pub cpumask: crate::sync::checked::AtomicU64,
     /// `mm->context.tlb_gen`: bumped by every flush request (x86). Part of
     /// the model-checked shootdown handshake.
     pub tlb_gen: crate::sync::checked::AtomicU64,
@@ -133,7 +133,7 @@ impl Mm {
             pgtables_bytes: AtomicI64::new(0),
             rss: std::array::from_fn(|_| AtomicI64::new(0)),
             hiwater_rss: AtomicI64::new(0),
-            cpumask: AtomicU64::new(0),
+            cpumask: crate::sync::checked::AtomicU64::new(0),
             tlb_gen: crate::sync::checked::AtomicU64::new(1),
             tlb_flush_pending: AtomicI32::new(0),
             total_vm: AtomicU64::new(0),
