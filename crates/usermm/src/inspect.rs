@@ -35,8 +35,13 @@ pub struct VmaInfo {
 #[derive(Debug, Clone, Serialize)]
 pub struct PteTableInfo {
     pub addr: u64,
+    /// Entries that are not none: present ones and the others.
     pub present: usize,
     pub zero_page: usize,
+    /// Non-present entries: migration entries.
+    pub migration: usize,
+    /// Non-present entries: PTE markers (guard regions, poisoned pages).
+    pub markers: usize,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -192,6 +197,8 @@ impl MmWalkOps for InspectWalk<'_> {
                 addr,
                 present: 0,
                 zero_page: 0,
+                migration: 0,
+                markers: 0,
             }),
             TableLevel::Deposited => {}
         }
@@ -221,6 +228,14 @@ impl MmWalkOps for InspectWalk<'_> {
         let mem = &self.m.mem;
         let table = self.pt.pte_tables.last_mut().expect("entered its table");
         table.present += 1;
+        if pte.is_swap() {
+            if pte.swp_entry().is_migration() {
+                table.migration += 1;
+            } else {
+                table.markers += 1;
+            }
+            return ControlFlow::Continue(());
+        }
         if pte.special() {
             table.zero_page += 1;
             return ControlFlow::Continue(());
@@ -283,9 +298,16 @@ impl fmt::Display for Inspection {
             )?;
             for t in &p.pte_tables {
                 let bar = "#".repeat(t.present * 32 / PTRS_PER_TABLE);
+                let mut extra = String::new();
+                if t.migration != 0 {
+                    extra += &format!(", {} migrating", t.migration);
+                }
+                if t.markers != 0 {
+                    extra += &format!(", {} markers", t.markers);
+                }
                 writeln!(
                     f,
-                    "  PTE table {:#014x}: {:>3}/512 used ({} zero page) {bar}",
+                    "  PTE table {:#014x}: {:>3}/512 used ({} zero page{extra}) {bar}",
                     t.addr, t.present, t.zero_page
                 )?;
             }

@@ -139,7 +139,9 @@ fn has_hole(vmas: &[Arc<Vma>], start: u64, end: u64) -> bool {
 /// `zap_page_range_single`.
 pub fn zap_page_range_single(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) {
     let mut tlb = MmuGather::new(mm);
-    memory::unmap_page_range(oncpu, &mut tlb, start, end);
+    // No details: PTE markers (guard regions) stay.
+    let details = memory::ZapDetails::default();
+    memory::unmap_page_range(oncpu, &mut tlb, start, end, &details);
     tlb.finish(oncpu);
 }
 
@@ -211,6 +213,17 @@ fn madvise_free_pte_range(
     while a < end {
         let idx = pgtable::pte_index(a);
         let pte = pt.pte(idx);
+        if pte.is_swap() {
+            // A poisoned page's marker goes (its contents were lost
+            // anyway); migration entries and guard markers stay.
+            use crate::pgtable::swapops::{SwpKind, PTE_MARKER_POISONED};
+            if matches!(pte.swp_entry().kind(), SwpKind::Marker(b) if b & PTE_MARKER_POISONED != 0)
+            {
+                pt.get_and_clear(idx);
+            }
+            a += PAGE_SIZE;
+            continue;
+        }
         let Some(page) = vm_normal_page(pte).filter(|_| pte.present()) else {
             a += PAGE_SIZE;
             continue;

@@ -40,6 +40,7 @@ use crate::machine::{OnCpu, ThpMode};
 use crate::mm::vma::{VM_HUGEPAGE, VM_MAYWRITE, VM_NOHUGEPAGE, VM_SHARED, VM_WRITE};
 use crate::mm::{Mm, MmCounter, Vma, NR_MM_COUNTERS};
 use crate::mmu_gather::MmuGather;
+use crate::pgtable::swapops::{Migration, SwpEntry, SwpKind};
 use crate::pgtable::{
     self, addr_end, Pmd, PmdSlot, Ptdesc, Pte, PteLocked, PteRead, PMD_SIZE, PUD_SIZE,
 };
@@ -228,6 +229,11 @@ pub fn handle_mm_fault<'a>(
 fn __handle_mm_fault(vmf: &mut VmFault<'_>) -> VmFaultResult {
     let (oncpu, vma) = (vmf.oncpu, vmf.vma);
     vmf.orig_pmd = vmf.mm.pmd_get(vmf.pmd);
+    if vmf.orig_pmd.is_swap() {
+        // pmd_migration_entry_wait: the access is retried once the
+        // migration has put the new PMD in place.
+        return VmFaultResult::Raced;
+    }
     if vmf.orig_pmd.none()
         && thp_vma_allowable_orders(oncpu, vma, 1 << HPAGE_PMD_ORDER) != 0
         && thp_vma_suitable_order(vma, vmf.address, HPAGE_PMD_ORDER)
@@ -286,6 +292,10 @@ fn handle_pte_fault(vmf: &mut VmFault<'_>) -> VmFaultResult {
         drop(pt);
         return do_anonymous_page(vmf);
     }
+    if !vmf.orig_pte.present() {
+        drop(pt);
+        return do_swap_page(vmf);
+    }
     if vmf.write() && !vmf.orig_pte.write() {
         return do_wp_page(vmf, pt);
     }
@@ -298,6 +308,22 @@ fn handle_pte_fault(vmf: &mut VmFault<'_>) -> VmFaultResult {
     };
     pt.set(idx, new);
     VmFaultResult::Done
+}
+
+/// `do_swap_page`, for the non-present entries the model makes: a
+/// migration entry waits for the migration to end (`migration_entry_wait`:
+/// the access is retried); a guard marker is SIGSEGV, a poisoned one SIGBUS
+/// (SIGSEGV here too: the model has no SIGBUS). (An uffd-wp marker alone
+/// would read as an empty entry; nothing makes one without userfaultfd.)
+fn do_swap_page(vmf: &mut VmFault<'_>) -> VmFaultResult {
+    use pgtable::swapops::{PTE_MARKER_GUARD, PTE_MARKER_POISONED};
+    match vmf.orig_pte.swp_entry().kind() {
+        SwpKind::Migration { .. } => VmFaultResult::Raced,
+        SwpKind::Marker(bits) if bits & (PTE_MARKER_GUARD | PTE_MARKER_POISONED) != 0 => {
+            VmFaultResult::Sigsegv
+        }
+        other => unreachable!("{other:?}: swap, device memory and userfaultfd are not modelled"),
+    }
 }
 
 /// `alloc_anon_folio`: the largest allowed, suitable order whose PTEs are all
@@ -480,25 +506,45 @@ fn wp_page_copy(vmf: &mut VmFault<'_>, old: Option<Pfn>) -> VmFaultResult {
 // ---------------------------------------------------------------------------
 // Zapping
 
-/// `unmap_vmas`: zap every page of `vmas` inside `[start, end)`.
+/// `struct zap_details`: what a zap removes besides the pages mapped.
+///
+/// The kernel's `even_cows` is true on every path the model has (it is
+/// false only when a file's pages are unmapped from under private COW
+/// copies), and `reclaim_pt` comes with PT reclaim.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ZapDetails {
+    /// `ZAP_FLAG_DROP_MARKER`: PTE markers go too. munmap and exit set it;
+    /// MADV_DONTNEED does not, so guard regions survive it.
+    pub drop_markers: bool,
+}
+
+/// `unmap_vmas`: zap every page of `vmas` inside `[start, end)`, markers
+/// included (the range is going away).
 pub fn unmap_vmas(oncpu: &OnCpu, tlb: &mut MmuGather, vmas: &[Arc<Vma>], start: u64, end: u64) {
+    let details = ZapDetails { drop_markers: true };
     for vma in vmas {
         let s = start.max(vma.start());
         let e = end.min(vma.end());
         if s < e {
-            unmap_page_range(oncpu, tlb, s, e);
+            unmap_page_range(oncpu, tlb, s, e, &details);
         }
     }
 }
 
 /// `unmap_page_range` (and `zap_page_range_single` for one VMA's range).
-pub fn unmap_page_range(oncpu: &OnCpu, tlb: &mut MmuGather, start: u64, end: u64) {
+pub fn unmap_page_range(
+    oncpu: &OnCpu,
+    tlb: &mut MmuGather,
+    start: u64,
+    end: u64,
+    details: &ZapDetails,
+) {
     let mm = tlb.mm;
     let mut addr = start;
     while addr < end {
         let next = addr_end(addr, end, PMD_SIZE);
         if let Some(slot) = mm.pmd_lookup(addr) {
-            zap_pmd(oncpu, tlb, slot, addr, next);
+            zap_pmd(oncpu, tlb, slot, addr, next, details);
             addr = next;
         } else {
             // No PUD table here: skip to the next PUD boundary.
@@ -508,7 +554,14 @@ pub fn unmap_page_range(oncpu: &OnCpu, tlb: &mut MmuGather, start: u64, end: u64
 }
 
 /// One step of `zap_pmd_range`.
-fn zap_pmd(oncpu: &OnCpu, tlb: &mut MmuGather, slot: PmdSlot, addr: u64, next: u64) {
+fn zap_pmd(
+    oncpu: &OnCpu,
+    tlb: &mut MmuGather,
+    slot: PmdSlot,
+    addr: u64,
+    next: u64,
+    details: &ZapDetails,
+) {
     let mm = tlb.mm;
     let pmd = mm.pmd_get(slot);
     if pmd.trans_huge() {
@@ -519,25 +572,42 @@ fn zap_pmd(oncpu: &OnCpu, tlb: &mut MmuGather, slot: PmdSlot, addr: u64, next: u
             huge_memory::split_huge_pmd(oncpu, mm, slot, addr);
         }
     }
-    if !mm.pmd_get(slot).none() {
-        zap_pte_range(oncpu, tlb, slot, addr, next);
+    let pmd = mm.pmd_get(slot);
+    debug_assert!(
+        !pmd.is_swap(),
+        "PMD migration entry {pmd:?} at {addr:#x}: PMD-level migration is not modelled"
+    );
+    if !pmd.none() {
+        zap_pte_range(oncpu, tlb, slot, addr, next, details);
     }
 }
 
 /// What `zap_pte_range` carries for the PTE table whose lock it holds (the
-/// kernel keeps it in locals and `struct zap_details`): the gather, the RSS
-/// changes batched per table, and whether the gather filled, so that it
-/// must be flushed before the lock is dropped.
+/// kernel keeps it in locals and `struct zap_details`): the gather, what
+/// to zap, the RSS changes batched per table, whether the gather filled
+/// (so that it must be flushed before the lock is dropped), and whether
+/// some entry was left in place.
 struct ZapPteTable<'a, 'g> {
     oncpu: &'a OnCpu<'a>,
     tlb: &'a mut MmuGather<'g>,
+    details: &'a ZapDetails,
     pt: PteLocked<'a>,
     rss: [i64; NR_MM_COUNTERS],
     force_flush: bool,
+    /// `any_skipped`: an entry of the range stays (a marker this zap may
+    /// not drop), so the table is not empty afterwards.
+    any_skipped: bool,
 }
 
-/// `zap_pte_range`: clear the PTEs of `[addr, end)` in one PTE table.
-pub fn zap_pte_range(oncpu: &OnCpu, tlb: &mut MmuGather, slot: PmdSlot, mut addr: u64, end: u64) {
+/// `zap_pte_range`: clear the entries of `[addr, end)` in one PTE table.
+pub fn zap_pte_range(
+    oncpu: &OnCpu,
+    tlb: &mut MmuGather,
+    slot: PmdSlot,
+    mut addr: u64,
+    end: u64,
+    details: &ZapDetails,
+) {
     let mm = tlb.mm;
     loop {
         let Some(pt) = mm.pte_offset_map_lock(slot) else {
@@ -546,9 +616,11 @@ pub fn zap_pte_range(oncpu: &OnCpu, tlb: &mut MmuGather, slot: PmdSlot, mut addr
         let mut z = ZapPteTable {
             oncpu,
             tlb: &mut *tlb,
+            details,
             pt,
             rss: [0; NR_MM_COUNTERS],
             force_flush: false,
+            any_skipped: false,
         };
         while addr != end {
             let idx = pgtable::pte_index(addr);
@@ -557,10 +629,11 @@ pub fn zap_pte_range(oncpu: &OnCpu, tlb: &mut MmuGather, slot: PmdSlot, mut addr
                 addr += PAGE_SIZE;
                 continue;
             }
-            debug_assert!(
-                pte.present(),
-                "non-present PTE {pte:?} (swap is not modelled)"
-            );
+            if !pte.present() {
+                z.zap_nonpresent_pte(idx, pte);
+                addr += PAGE_SIZE;
+                continue;
+            }
             let max_nr = ((end - addr) >> PAGE_SHIFT) as usize;
             addr += z.zap_present_ptes(idx, pte, max_nr, addr) << PAGE_SHIFT;
             if z.force_flush {
@@ -593,6 +666,29 @@ pub fn zap_pte_range(oncpu: &OnCpu, tlb: &mut MmuGather, slot: PmdSlot, mut addr
 }
 
 impl ZapPteTable<'_, '_> {
+    /// `zap_nonpresent_ptes` for one entry: a migration entry goes (its
+    /// page is counted out of RSS; the migration holds the page), a marker
+    /// only when the zap drops markers. No TLB entry can exist for a
+    /// non-present PTE, so nothing is flushed.
+    fn zap_nonpresent_pte(&mut self, idx: usize, pte: Pte) {
+        match pte.swp_entry().kind() {
+            SwpKind::Migration { .. } => {
+                // mm_counter of an anon folio: the model has no other kind.
+                self.rss[MmCounter::AnonPages as usize] -= 1;
+            }
+            SwpKind::Marker(_) if !self.details.drop_markers => {
+                self.any_skipped = true;
+                return;
+            }
+            SwpKind::Marker(_) => {}
+            other => {
+                unreachable!("{other:?} at index {idx}: swap and device memory are not modelled")
+            }
+        }
+        // clear_not_present_full_ptes
+        self.pt.get_and_clear(idx);
+    }
+
     /// `zap_present_ptes`: zap the present PTE at `idx` and, when zap
     /// batching is on and it maps part of a large folio, the PTEs that
     /// follow it mapping the rest of that folio. Returns the number of PTEs
@@ -857,10 +953,11 @@ impl CopyRange<'_> {
                 addr += PAGE_SIZE;
                 continue;
             }
-            debug_assert!(
-                pte.present(),
-                "non-present PTE {pte:?} (swap is not modelled)"
-            );
+            if !pte.present() {
+                c.copy_nonpresent_pte(idx, pte);
+                addr += PAGE_SIZE;
+                continue;
+            }
             let max_nr = ((end - addr) >> PAGE_SHIFT) as usize;
             let nr = c.copy_present_ptes(idx, pte, max_nr);
             addr += (nr as u64) << PAGE_SHIFT;
@@ -882,6 +979,45 @@ struct CopyPteTable<'a> {
 }
 
 impl CopyPteTable<'_> {
+    /// `copy_nonpresent_pte`: a migration entry is copied and counted in
+    /// the child's RSS (a writable or exclusive one becomes readable in
+    /// both, as a COW page becomes read-only); a marker is copied if it is
+    /// one the child keeps (poisoned, guard: uffd-wp only for a child VMA
+    /// registered with userfaultfd, which the model has none of).
+    fn copy_nonpresent_pte(&mut self, idx: usize, orig: Pte) {
+        let mut pte = orig;
+        match orig.swp_entry().kind() {
+            SwpKind::Migration { kind, .. } => {
+                self.rss[MmCounter::AnonPages as usize] += 1;
+                let cow = is_cow_mapping(self.range.src_vma.flags());
+                if kind != Migration::Read && cow {
+                    let e = SwpEntry::new(
+                        pgtable::swapops::SWP_MIGRATION_READ,
+                        orig.swp_entry().offset(),
+                    );
+                    pte = e.to_pte();
+                    if orig.swp_soft_dirty() {
+                        pte = pte.swp_mksoft_dirty();
+                    }
+                    if orig.swp_uffd_wp() {
+                        pte = Pte(pte.0 | pgtable::swapops::_PAGE_SWP_UFFD_WP);
+                    }
+                    self.src.set(idx, pte);
+                }
+            }
+            SwpKind::Marker(bits) => {
+                use pgtable::swapops::{PTE_MARKER_GUARD, PTE_MARKER_POISONED};
+                let keep = bits & (PTE_MARKER_POISONED | PTE_MARKER_GUARD);
+                if keep != 0 {
+                    self.dst.set(idx, SwpEntry::marker(keep).to_pte());
+                }
+                return;
+            }
+            other => unreachable!("{other:?}: swap and device memory are not modelled"),
+        }
+        self.dst.set(idx, pte.swp_clear_uffd_wp());
+    }
+
     /// `copy_present_ptes`: copy the present PTE at `idx` and, when fork
     /// batching is on and it maps part of a large folio, the PTEs after it
     /// that map the rest of that folio: one reference and one rmap dup for

@@ -18,7 +18,8 @@ use crate::mmap::{
 use crate::mmu_gather::MmuGather;
 use crate::pgtable::entry::_PAGE_PRESENT;
 use crate::pgtable::pagewalk::{walk_page_range, MmWalkOps, WalkAction, WalkLock};
-use crate::pgtable::{self, Pgprot, Pmd, PmdSlot, PteRead, PMD_SIZE};
+use crate::pgtable::swapops::{Migration, SwpEntry, SwpKind, SWP_MIGRATION_READ_EXCLUSIVE};
+use crate::pgtable::{self, Pgprot, Pmd, PmdSlot, Pte, PteLocked, PteRead, PMD_SIZE};
 use crate::phys::{folio, PAGE_MASK, PAGE_SHIFT, PAGE_SIZE};
 use crate::sync::{Arc, Ordering};
 
@@ -184,6 +185,28 @@ impl ChangeProt<'_, '_> {
         self.change_pte_range(slot, addr, next);
     }
 
+    /// `change_pte_range` for a non-present entry: a writable migration
+    /// entry becomes readable (readable-exclusive for an anon page: a
+    /// protection check is difficult, so the kernel just disables write);
+    /// markers stay as they are (any access faults anyway).
+    fn change_nonpresent_pte(&mut self, pt: &mut PteLocked<'_>, idx: usize, old: Pte) {
+        let entry = old.swp_entry();
+        let SwpKind::Migration {
+            kind: Migration::Write,
+            ..
+        } = entry.kind()
+        else {
+            return;
+        };
+        // Every folio of the model is anon.
+        let readable = SwpEntry::new(SWP_MIGRATION_READ_EXCLUSIVE, entry.offset());
+        let mut new = readable.to_pte();
+        if old.swp_soft_dirty() {
+            new = new.swp_mksoft_dirty();
+        }
+        pt.set(idx, new);
+    }
+
     /// `change_pte_range`.
     fn change_pte_range(&mut self, slot: PmdSlot, start: u64, end: u64) {
         let mem = self.oncpu.mem();
@@ -194,7 +217,9 @@ impl ChangeProt<'_, '_> {
         while addr < end {
             let idx = pgtable::pte_index(addr);
             let old = pt.pte(idx);
-            if old.present() {
+            if old.is_swap() {
+                self.change_nonpresent_pte(&mut pt, idx, old);
+            } else if old.present() {
                 let mut new = old.modify(self.newprot);
                 if self.vma.flags() & VM_WRITE != 0
                     && !new.write()

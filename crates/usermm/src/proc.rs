@@ -15,6 +15,7 @@ use serde::Serialize;
 use crate::mm::vma::{VM_EXEC, VM_MAYSHARE, VM_READ, VM_WRITE};
 use crate::mm::{Mm, MmCounter, Vma};
 use crate::pgtable::pagewalk::{walk_page_range, MmWalkOps, WalkAction, WalkLock};
+use crate::pgtable::swapops::SwpKind;
 use crate::pgtable::{Pmd, PmdSlot, Pte};
 use crate::phys::memmap::pg;
 use crate::phys::{folio, Folio, PhysMem, PAGE_SIZE};
@@ -231,9 +232,15 @@ impl MmWalkOps for SmapsWalk<'_> {
         ControlFlow::Continue(WalkAction::Continue)
     }
 
-    /// `smaps_pte_entry`: `vm_normal_page` skips the zero page.
+    /// `smaps_pte_entry`: `vm_normal_page` skips the zero page; a page
+    /// under migration counts where its migration entry is, neither young
+    /// nor dirty; markers count nowhere.
     fn pte_entry(&mut self, pte: Pte, _addr: u64) -> ControlFlow<Self::Break> {
-        if pte.present() && !pte.special() {
+        if pte.is_swap() {
+            if let SwpKind::Migration { pfn, .. } = pte.swp_entry().kind() {
+                self.mss.account(self.mem, pfn, 1, false, false);
+            }
+        } else if !pte.special() {
             self.mss
                 .account(self.mem, pte.pfn(), 1, pte.young(), pte.dirty());
         }

@@ -33,6 +33,9 @@ struct Expect {
     entire: HashMap<Pfn, i64>,
     mapped: HashSet<Pfn>,
     tables: HashSet<Pfn>,
+    /// Folios (heads) that a migration entry stands for: the migration
+    /// holds references of its own, so their refcount exceeds the mappings.
+    migrating: HashSet<Pfn>,
 }
 
 /// A leaf translation in the page tables: (pfn, writable) by 4 KiB address.
@@ -48,10 +51,18 @@ pub fn check_invariants(m: &Machine) -> Result<(), String> {
         check_mm(m, mm, &mut ex, &mut leaves)?;
         leaves_by_mm.insert(mm.id, leaves);
     }
-    for (&head, &refs) in &ex.refs {
+    let heads: HashSet<Pfn> = ex.refs.keys().chain(&ex.migrating).copied().collect();
+    for &head in &heads {
         let f = Folio(head);
+        let refs = ex.refs.get(&head).copied().unwrap_or(0);
         let got = f.ref_count(mem) as i64;
-        if got != refs {
+        if ex.migrating.contains(&head) {
+            if got <= refs {
+                return Err(format!(
+                    "folio {head:#x} under migration: refcount {got}, no more than its {refs} mappings"
+                ));
+            }
+        } else if got != refs {
             return Err(format!(
                 "folio {head:#x}: refcount {got}, page tables hold {refs}"
             ));
@@ -96,6 +107,9 @@ pub fn check_invariants(m: &Machine) -> Result<(), String> {
     if let Some(p) = ex.mapped.iter().find(|p| free.contains(p)) {
         return Err(format!("frame {p:#x} is free but mapped"));
     }
+    if let Some(h) = ex.migrating.iter().find(|h| free.contains(h)) {
+        return Err(format!("folio {h:#x} is free but under migration"));
+    }
     if let Some(p) = ex.tables.iter().find(|p| free.contains(p)) {
         return Err(format!("frame {p:#x} is free but used as a page table"));
     }
@@ -115,7 +129,7 @@ fn check_no_leak(
 ) -> Result<(), String> {
     let mem = &m.mem;
     let mut held: HashSet<Pfn> = ex.tables.clone();
-    for &head in ex.refs.keys() {
+    for &head in ex.refs.keys().chain(&ex.migrating) {
         held.extend(head..head + Folio(head).nr_pages(mem));
     }
     held.insert(m.zero_pfn);
@@ -330,7 +344,35 @@ impl MmWalkOps for CheckWalk<'_> {
 }
 
 impl CheckWalk<'_> {
+    /// A non-present entry: a migration entry counts in RSS and names a
+    /// folio the migration holds; a marker has only known bits.
+    fn check_swap_pte(&mut self, pte: Pte, addr: u64) -> Result<(), String> {
+        use crate::pgtable::swapops::{SwpKind, PTE_MARKER_GUARD, PTE_MARKER_POISONED};
+        let (mm, mem) = (self.mm, &self.m.mem);
+        match pte.swp_entry().kind() {
+            SwpKind::Migration { pfn, .. } => {
+                if !mem.pfn_valid(pfn) {
+                    return Err(format!(
+                        "{mm:?} {addr:#x}: migration entry for invalid pfn {pfn:#x}"
+                    ));
+                }
+                self.ex.migrating.insert(mem.page_folio(pfn).pfn());
+                self.anon += 1;
+                Ok(())
+            }
+            SwpKind::Marker(bits) if bits & !(PTE_MARKER_GUARD | PTE_MARKER_POISONED) == 0 => {
+                Ok(())
+            }
+            other => Err(format!(
+                "{mm:?} {addr:#x}: non-present entry {other:?}, which nothing in the model makes"
+            )),
+        }
+    }
+
     fn check_pte(&mut self, pte: Pte, addr: u64) -> Result<(), String> {
+        if pte.is_swap() {
+            return self.check_swap_pte(pte, addr);
+        }
         let (m, mm, mem) = (self.m, self.mm, &self.m.mem);
         if pte.0 & _PAGE_PRESENT != 0 {
             self.leaves.insert(addr, (pte.pfn(), pte.write()));

@@ -13,6 +13,7 @@ pub mod entry;
 pub mod free;
 pub mod generic;
 pub mod pagewalk;
+pub mod swapops;
 pub mod walk;
 
 pub use entry::{Pgprot, Pmd, Pte};

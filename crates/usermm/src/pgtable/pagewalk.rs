@@ -107,7 +107,8 @@ pub trait MmWalkOps {
         ControlFlow::Continue(WalkAction::Subtree)
     }
 
-    /// A PTE that is not none, at `addr`.
+    /// A PTE that is not none, at `addr`: present, or a non-present entry
+    /// ([`super::swapops`]).
     fn pte_entry(&mut self, _pte: Pte, _addr: u64) -> ControlFlow<Self::Break> {
         ControlFlow::Continue(())
     }
@@ -204,8 +205,8 @@ impl Walk<'_> {
                 return ControlFlow::Continue(());
             }
             let pmd = slot.get(self.mem);
-            if pmd.none() || pmd.trans_huge() {
-                // Huge (or gone): nothing below for pte_entry.
+            if pmd.none() || pmd.trans_huge() || pmd.is_swap() {
+                // Gone, huge, or a PMD migration entry: no PTE table below.
                 return ControlFlow::Continue(());
             }
             let done = match self.lock {
