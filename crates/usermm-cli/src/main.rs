@@ -2,7 +2,6 @@
 
 #[macro_use]
 mod out;
-mod batching;
 mod bench;
 mod host_chain;
 mod machine_args;
@@ -11,7 +10,6 @@ mod plot;
 mod scenario;
 mod stress;
 mod tunable_args;
-mod vma_bench;
 
 use clap::{Parser, Subcommand};
 

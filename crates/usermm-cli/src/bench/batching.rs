@@ -14,8 +14,27 @@ use usermm::tunable::Tunable;
 use usermm::vmstat::{MthpStat, NodeStat};
 use usermm::{Machine, OnCpu};
 
-use crate::bench::{median, BenchArgs};
-use crate::native;
+use super::{median, BenchArgs};
+use crate::{native, plot};
+
+pub const MUNMAP: super::Experiment = super::Experiment {
+    name: "munmap",
+    description: "munmap of a region of folios of one size, with zap_batch off and on (F2, v6.9)",
+    run: |a| experiment(a, Op::Munmap),
+};
+
+pub const DONTNEED: super::Experiment = super::Experiment {
+    name: "dontneed",
+    description:
+        "MADV_DONTNEED of a region of folios of one size, with zap_batch off and on (F2, v6.9)",
+    run: |a| experiment(a, Op::Dontneed),
+};
+
+pub const FORK: super::Experiment = super::Experiment {
+    name: "fork",
+    description: "fork of a process mapping a region of folios of one size, with fork_batch off and on (F1, v6.9)",
+    run: |a| experiment(a, Op::Fork),
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
@@ -157,14 +176,14 @@ impl Row {
 pub fn run(a: &BenchArgs, op: Op) -> anyhow::Result<(Vec<Row>, String)> {
     let len = a.size_mb << 20;
     let runs = a.runs.max(1);
-    let m = crate::bench::experiment_machine(a, crate::bench::region_machine_bytes(a.size_mb))?;
+    let m = super::experiment_machine(a, super::region_machine_bytes(a.size_mb))?;
     m.prefault();
     let mut rows = vec![];
     let ncases = CASES
         .iter()
         .filter(|c| a.sizes.is_empty() || a.sizes.contains(&c.kb))
         .count();
-    let pb = crate::bench::progress(op.name(), (ncases * runs) as u64);
+    let pb = super::progress(op.name(), (ncases * runs) as u64);
     for case in CASES
         .into_iter()
         .filter(|c| a.sizes.is_empty() || a.sizes.contains(&c.kb))
@@ -371,4 +390,52 @@ pub fn print_table(op: Op, rows: &[Row], a: &BenchArgs) {
             r.host_note.clone().unwrap_or_default()
         );
     }
+}
+
+/// One batching experiment: the runs, the table, the plot, the JSON.
+fn experiment(a: &BenchArgs, op: Op) -> anyhow::Result<serde_json::Value> {
+    let name = op.name();
+    let (rows, machine) = run(a, op)?;
+    if !a.json {
+        print_table(op, &rows, a);
+        outln!("machine: {machine}");
+        outln!();
+    }
+    let labels: Vec<String> = rows.iter().map(|r| r.label()).collect();
+    let mut series = vec![plot::Series {
+        label: "usermm: batched vs baseline".into(),
+        points: rows
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (i, (r.ratio - 1.0) * 100.0))
+            .collect(),
+        dashed: false,
+    }];
+    let seed: Vec<(usize, f64)> = rows
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| r.seed_change_pct.map(|c| (i, c)))
+        .collect();
+    if !seed.is_empty() {
+        series.push(plot::Series {
+            label: "seed (v6.9 series, Xeon 4210R)".into(),
+            points: seed,
+            dashed: true,
+        });
+    }
+    plot::change_plot(
+        &a.out.join(format!("{name}.svg")),
+        &format!("{name}: change with PTE batching, {} MiB", a.size_mb),
+        &labels,
+        "change (%)",
+        &series,
+    )?;
+    Ok(serde_json::json!({
+        "experiment": name,
+        "tunable": op.tunable().info().name,
+        "machine": machine,
+        "size_mb": a.size_mb,
+        "runs": a.runs.max(1),
+        "rows": rows,
+    }))
 }

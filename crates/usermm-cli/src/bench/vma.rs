@@ -20,7 +20,7 @@ use serde::Serialize;
 use usermm::mmap::*;
 use usermm::{Machine, OnCpu};
 
-use crate::bench::{median, progress, BenchArgs};
+use super::{median, progress, BenchArgs};
 
 /// VMA counts of the scaling rows.
 const NR_VMAS: [usize; 3] = [1000, 10_000, 65_000];
@@ -216,11 +216,17 @@ fn fork_chain_teardown(m: &Machine, depth: usize) -> anyhow::Result<f64> {
     Ok(secs)
 }
 
-pub fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
+pub const EXPERIMENT: super::Experiment = super::Experiment {
+    name: "vma",
+    description: "mmap, munmap and mprotect among N one-page VMAs, and the teardown of a deep fork chain; engine against the host kernel",
+    run,
+};
+
+fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let runs = a.runs.max(1);
     // Room for the largest chain's page tables and pages (five frames a
     // process) and the VMA loop's tables.
-    let m = crate::bench::experiment_machine(a, 512 << 20)?;
+    let m = super::experiment_machine(a, 512 << 20)?;
     let pb = progress("vma", ((NR_VMAS.len() + CHAIN_DEPTHS.len()) * runs) as u64);
     let ops = ["mmap", "munmap", "mprotect"];
     let mut rows: Vec<Row> = Vec::new();

@@ -1,0 +1,200 @@
+//! Experiments: one file each, listed in [`EXPERIMENTS`]. Each runs in the
+//! engine and natively in the same invocation, prints its table, writes its
+//! plot, and returns its JSON object (with a `rows` array).
+
+mod batching;
+mod fault;
+mod vma;
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+
+use usermm::{Machine, MachineConfig};
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// Experiment: fault, munmap, dontneed, fork or vma (see --list). All
+    /// when omitted.
+    pub name: Option<String>,
+    /// List the experiments with what each measures, and stop.
+    #[arg(long)]
+    pub list: bool,
+    /// Runs per size; medians are reported.
+    #[arg(long, default_value_t = 7)]
+    pub runs: usize,
+    /// Region size in MiB.
+    #[arg(long, default_value_t = 1024)]
+    pub size_mb: u64,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Only these folio sizes, in KiB (comma-separated); all when omitted.
+    #[arg(long, value_delimiter = ',')]
+    pub sizes: Vec<u64>,
+    /// Skip the runs on the host kernel.
+    #[arg(long)]
+    pub no_host: bool,
+    /// Folder for the results (JSON and SVG per experiment).
+    #[arg(long, default_value = "results")]
+    pub out: PathBuf,
+    /// The machine every experiment runs on; by default each gets one DRAM
+    /// node just large enough for it, with two CPUs.
+    #[command(flatten)]
+    pub machine: crate::machine_args::MachineArgs,
+    /// Tunables of every experiment's machine; an experiment sets the one it
+    /// compares itself, arm by arm.
+    #[command(flatten)]
+    pub tunables: crate::tunable_args::TunableArgs,
+}
+
+/// Memory an experiment over `size_mb` needs on node 0: the region, its
+/// page tables (twice, for fork) and slack. Checked by [`validate`] not to
+/// overflow.
+pub fn region_machine_bytes(size_mb: u64) -> u64 {
+    checked_region_machine_bytes(size_mb).expect("validated")
+}
+
+fn checked_region_machine_bytes(size_mb: u64) -> Option<u64> {
+    size_mb.checked_mul(3 << 19)?.checked_add(64 << 20)
+}
+
+/// The machine of an experiment that needs `need` bytes on node 0: the
+/// user's, or the default. Experiments run on CPUs 0 and 1 of node 0.
+pub fn experiment_machine(a: &BenchArgs, need: u64) -> anyhow::Result<std::sync::Arc<Machine>> {
+    let config = a.machine.config(MachineConfig::single_node(need, 2))?;
+    if config.nodes[0].size_bytes < need {
+        anyhow::bail!(
+            "machine: this experiment needs {} MiB on node 0, which has {} MiB",
+            need >> 20,
+            config.nodes[0].size_bytes >> 20
+        );
+    }
+    if config.cpus.iter().take_while(|&&n| n == 0).count() < 2 {
+        anyhow::bail!("machine: experiments run on CPUs 0 and 1, both on node 0");
+    }
+    let m = Machine::new(config).map_err(|e| anyhow::anyhow!("machine: {e}"))?;
+    a.tunables.apply(&m.tunables)?;
+    Ok(m)
+}
+
+const SIZES_KB: [u64; 9] = [4, 16, 32, 64, 128, 256, 512, 1024, 2048];
+
+/// A progress bar on stderr for `n` steps of experiment `name` (hidden when
+/// stderr is not a terminal).
+pub fn progress(name: &str, n: u64) -> indicatif::ProgressBar {
+    let pb = indicatif::ProgressBar::new(n);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("{prefix:>9} [{bar:30}] {pos}/{len} {msg}")
+            .expect("a valid template")
+            .progress_chars("=> "),
+    );
+    pb.set_prefix(name.to_string());
+    pb
+}
+
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+/// One experiment of `usermm bench`.
+pub struct Experiment {
+    pub name: &'static str,
+    pub description: &'static str,
+    /// Run it: print its table (unless `--json`), write its plot, and
+    /// return its JSON object.
+    pub run: fn(&BenchArgs) -> anyhow::Result<serde_json::Value>,
+}
+
+/// Every experiment, in the order `usermm bench` runs them.
+pub const EXPERIMENTS: [Experiment; 5] = [
+    fault::EXPERIMENT,
+    batching::MUNMAP,
+    batching::DONTNEED,
+    batching::FORK,
+    vma::EXPERIMENT,
+];
+
+fn names() -> String {
+    EXPERIMENTS.map(|e| e.name).join(", ")
+}
+
+/// Check the options before anything is allocated: each experiment's
+/// machine holds the region and half as much again, in host memory.
+fn validate(a: &BenchArgs) -> anyhow::Result<()> {
+    if a.runs == 0 {
+        anyhow::bail!("--runs must be at least 1");
+    }
+    a.tunables.parsed()?;
+    if let Some(kb) = a.sizes.iter().find(|k| !SIZES_KB.contains(k)) {
+        anyhow::bail!(
+            "--sizes: {kb} KiB is not a folio size (known: {})",
+            SIZES_KB.map(|k| k.to_string()).join(", ")
+        );
+    }
+    if a.size_mb == 0 {
+        anyhow::bail!("--size-mb must be at least 1");
+    }
+    let need = checked_region_machine_bytes(a.size_mb)
+        .ok_or_else(|| anyhow::anyhow!("--size-mb {} overflows", a.size_mb))?;
+    // The experiments back every frame with host memory before timing.
+    let host = crate::host_memory_bytes();
+    let total = a
+        .machine
+        .config(MachineConfig::single_node(need, 2))?
+        .total_bytes();
+    if host > 0 && need.max(total) > host {
+        anyhow::bail!(
+            "--size-mb {} on this machine needs {} MiB of host memory for the model; this host has {} MiB",
+            a.size_mb,
+            need.max(total) >> 20,
+            host >> 20
+        );
+    }
+    Ok(())
+}
+
+pub fn run(a: BenchArgs) -> anyhow::Result<()> {
+    if a.list {
+        for e in &EXPERIMENTS {
+            outln!("{:<10} {}", e.name, e.description);
+        }
+        return Ok(());
+    }
+    let chosen: Vec<&Experiment> = match a.name.as_deref() {
+        None => EXPERIMENTS.iter().collect(),
+        Some(n) => match EXPERIMENTS.iter().find(|e| e.name == n) {
+            Some(e) => vec![e],
+            None => anyhow::bail!("unknown experiment {n:?} (known: {})", names()),
+        },
+    };
+    validate(&a)?;
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    let mut all = serde_json::Map::new();
+    for e in chosen {
+        if crate::out::closed() {
+            // Nobody reads the tables any more: stop between experiments.
+            return Ok(());
+        }
+        let name = e.name;
+        let v = (e.run)(&a)?;
+        std::fs::write(
+            a.out.join(format!("{name}.json")),
+            serde_json::to_string_pretty(&v)?,
+        )?;
+        all.insert(name.to_string(), v);
+    }
+    if a.json {
+        // One experiment: its object; several: one object keyed by name.
+        let v = if all.len() == 1 {
+            all.into_iter().next().unwrap().1
+        } else {
+            serde_json::Value::Object(all)
+        };
+        outln!("{v}");
+    } else {
+        outln!("results in {}/", a.out.display());
+    }
+    Ok(())
+}
