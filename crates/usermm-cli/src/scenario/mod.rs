@@ -199,19 +199,21 @@ impl Interp<'_> {
         )
     }
 
+    /// One statement: each kind has its method below.
     fn exec_inner(&mut self, op: &Op) -> Result<Res, String> {
         let needs_process = !matches!(
             op,
             Op::Knob { .. }
                 | Op::KnobOnly { .. }
                 | Op::KnobUseZeroPage { .. }
+                | Op::Tunable { .. }
                 | Op::Sysctl { .. }
                 | Op::Fails { .. }
         );
         if needs_process && !self.procs.contains_key(&self.cur) {
             return Err("no process is running (every one exited)".into());
         }
-        Ok(match op {
+        match op {
             Op::Map {
                 name,
                 len,
@@ -219,259 +221,293 @@ impl Interp<'_> {
                 at,
                 align,
                 flags,
-            } => {
-                let hint = match at {
-                    Some(a) => self.addr(a)?.0,
-                    None => 0,
-                };
-                let r = if *align > 0 && at.is_none() {
-                    self.map_aligned(*len, *prot, *flags, *align)
-                } else {
-                    self.b.mmap(hint, *len, *prot, *flags)
-                };
-                match r {
-                    Ok(a) => {
-                        let aligned = *align == 0 || a % align == 0;
-                        self.st().regions.insert(name.clone(), (a, *len));
-                        if !aligned {
-                            return Ok(Res::Fail(
-                                format!("{a:#x} not aligned to {align:#x}"),
-                                None,
-                            ));
-                        }
-                        let shown = format!("{name} at {a:#x}");
-                        // The address is the kernel's choice: comparable only
-                        // when the scenario asked for one.
-                        let cmp = at.as_ref().map(|_| {
-                            if a == hint {
-                                "at hint".to_string()
-                            } else {
-                                "elsewhere".to_string()
-                            }
-                        });
-                        Res::Ok(cmp.or(Some("ok".into())), shown)
-                    }
-                    Err(e) => Self::errno_res(e),
-                }
-            }
-            Op::Munmap { addr, len } => {
-                let (a, _) = self.addr(addr)?;
-                let len = match len {
-                    Some(l) => *l,
-                    None => self
-                        .region_len(addr)
-                        .ok_or("munmap of an address needs a length")?,
-                };
-                match self.b.munmap(a, len) {
-                    Ok(()) => ok("ok"),
-                    Err(e) => Self::errno_res(e),
-                }
-            }
+            } => self.map(name, *len, *prot, at.as_ref(), *align, *flags),
+            Op::Munmap { addr, len } => self.munmap(addr, *len),
             Op::Mprotect { addr, len, prot } => {
                 let (a, _) = self.addr(addr)?;
-                match self.b.mprotect(a, *len, *prot) {
-                    Ok(()) => ok("ok"),
-                    Err(e) => Self::errno_res(e),
-                }
+                Ok(Self::done(self.b.mprotect(a, *len, *prot)))
             }
             Op::Madvise { addr, len, advice } => {
                 let (a, _) = self.addr(addr)?;
-                match self.b.madvise(a, *len, *advice) {
-                    Ok(()) => ok("ok"),
-                    Err(e) => Self::errno_res(e),
-                }
+                Ok(Self::done(self.b.madvise(a, *len, *advice)))
             }
-            Op::Fill { addr, len, seed } => {
-                let (a, base) = self.addr(addr)?;
-                let end = a.checked_add(*len).ok_or("the range wraps around")?;
-                let mut p = a;
-                while p < end {
-                    if let Err(e) = self.b.store(p, pattern(*seed, p.wrapping_sub(base))) {
-                        return Ok(Self::errno_res(e));
-                    }
-                    p = match p.checked_add(4096) {
-                        Some(n) => n,
-                        None => break,
-                    };
-                }
-                ok("ok")
-            }
-            Op::Check {
-                addr,
-                len,
-                pattern: pat,
-            } => {
-                let (a, base) = self.addr(addr)?;
-                let end = a.checked_add(*len).ok_or("the range wraps around")?;
-                let mut p = a;
-                while p < end {
-                    let want = match pat {
-                        Pattern::Zero => 0,
-                        Pattern::Seed(s) => pattern(*s, p.wrapping_sub(base)),
-                    };
-                    match self.b.load(p) {
-                        Ok(got) if got == want => {}
-                        Ok(got) => {
-                            return Ok(Res::Fail(
-                                format!("at +{:#x}: expected {want:#x}, read {got:#x}", p - a),
-                                Some(format!("differs at +{:#x}", p - a)),
-                            ))
-                        }
-                        Err(e) => return Ok(Self::errno_res(e)),
-                    }
-                    p = match p.checked_add(4096) {
-                        Some(n) => n,
-                        None => break,
-                    };
-                }
-                ok("ok")
-            }
+            Op::Fill { addr, len, seed } => self.fill(addr, *len, *seed),
+            Op::Check { addr, len, pattern } => self.check(addr, *len, pattern),
             Op::Write { addr, value } => {
                 let (a, _) = self.addr(addr)?;
-                match self.b.store(a, *value) {
-                    Ok(()) => ok("ok"),
-                    Err(e) => Self::errno_res(e),
-                }
+                Ok(Self::done(self.b.store(a, *value)))
             }
             Op::Read { addr } => {
                 let (a, _) = self.addr(addr)?;
-                match self.b.load(a) {
+                Ok(match self.b.load(a) {
                     Ok(v) => ok(format!("{v:#x}")),
                     Err(e) => Self::errno_res(e),
-                }
+                })
             }
-            Op::ExpectValue { addr, value } => {
-                let (a, _) = self.addr(addr)?;
-                match self.b.load(a) {
-                    Ok(v) if v == *value => ok(format!("{v:#x}")),
-                    Ok(v) => Res::Fail(
-                        format!("expected {value:#x}, read {v:#x}"),
-                        Some(format!("{v:#x}")),
-                    ),
-                    Err(e) => Self::errno_res(e),
-                }
-            }
-            Op::Fork { child } => {
-                if self.procs.contains_key(child) {
-                    return Err(format!("process {child:?} exists"));
-                }
-                match self.b.fork(child) {
-                    Ok(()) => {
-                        let st = self.st().clone();
-                        self.procs.insert(
-                            child.clone(),
-                            ProcState {
-                                marks: HashMap::new(),
-                                ..st
-                            },
-                        );
-                        ok("ok")
-                    }
-                    Err(e) => Self::errno_res(e),
-                }
-            }
-            Op::Switch { proc_name } => {
-                if !self.procs.contains_key(proc_name) {
-                    return Err(format!("no process {proc_name:?}"));
-                }
-                self.b.switch(proc_name)?;
-                self.cur = proc_name.clone();
-                ok("ok")
-            }
-            Op::Exit { proc_name } => {
-                let name = proc_name.clone().unwrap_or_else(|| self.cur.clone());
-                if !self.procs.contains_key(&name) {
-                    return Err(format!("no process {name:?}"));
-                }
-                self.b.exit(&name)?;
-                self.procs.remove(&name);
-                if name == self.cur {
-                    // Back to any process still alive (the interpreter needs
-                    // one to be current; the scenario should switch).
-                    if let Some(n) = self.procs.keys().min().cloned() {
-                        self.b.switch(&n)?;
-                        self.cur = n;
-                    }
-                }
-                ok("ok")
-            }
-            Op::Knob { size_kb, mode } => match self.b.knob(*size_kb, mode) {
-                Ok(()) => ok("ok"),
+            Op::ExpectValue { addr, value } => self.expect_value(addr, *value),
+            Op::Fork { child } => self.fork(child),
+            Op::Switch { proc_name } => self.switch(proc_name),
+            Op::Exit { proc_name } => self.exit(proc_name.as_deref()),
+            Op::Knob { size_kb, mode } => Ok(Self::settable(self.b.knob(*size_kb, mode))),
+            Op::KnobUseZeroPage { on } => Ok(Self::settable(self.b.knob_use_zero_page(*on))),
+            Op::KnobOnly { size_kb } => Ok(self.knob_only(*size_kb)),
+            Op::Tunable { name, value } => Ok(Self::settable(self.b.tunable(name, value))),
+            Op::Sysctl { name, value } => Ok(match self.b.sysctl(name, *value) {
+                Ok(r) => Self::done(r),
                 Err(why) => Res::Skip(why),
-            },
-            Op::KnobUseZeroPage { on } => match self.b.knob_use_zero_page(*on) {
-                Ok(()) => ok("ok"),
-                Err(why) => Res::Skip(why),
-            },
-            Op::KnobOnly { size_kb } => {
-                let mut r = self.b.knob(None, "never");
-                for kb in [16u64, 32, 64, 128, 256, 512, 1024, 2048] {
-                    if r.is_ok() {
-                        let mode = if kb == *size_kb { "always" } else { "never" };
-                        r = self.b.knob(Some(kb), mode);
-                    }
-                }
-                match r {
-                    Ok(()) => ok("ok"),
-                    Err(why) => Res::Skip(why),
-                }
-            }
-            Op::Tunable { name, value } => match self.b.tunable(name, value) {
-                Ok(()) => ok("ok"),
-                Err(why) => Res::Skip(why),
-            },
-            Op::Sysctl { name, value } => match self.b.sysctl(name, *value) {
-                Ok(Ok(())) => ok("ok"),
-                Ok(Err(e)) => Self::errno_res(e),
-                Err(why) => Res::Skip(why),
-            },
+            }),
             Op::Mark { name } => {
                 let f = self.b.figures()?;
                 self.st().marks.insert(name.clone(), f);
-                Res::Ok(None, "ok".into())
+                Ok(Res::Ok(None, "ok".into()))
             }
             Op::Print { fig } => {
                 let f = self.b.figures()?;
-                Res::Ok(None, format!("{} {}", fig.name(), f[fig_index(*fig)]))
+                Ok(Res::Ok(
+                    None,
+                    format!("{} {}", fig.name(), f[fig_index(*fig)]),
+                ))
             }
             Op::ExpectFigure { fig, since, value } => {
-                let f = self.b.figures()?;
-                let i = fig_index(*fig);
-                let (got, what) = match since {
-                    Some(m) => {
-                        let cur = self.cur.clone();
-                        let base = self
-                            .st()
-                            .marks
-                            .get(m)
-                            .ok_or_else(|| format!("no mark {m:?} in process {cur}"))?[i];
-                        (f[i] - base, format!("{} since {m}", fig.name()))
-                    }
-                    None => (f[i], fig.name().to_string()),
-                };
-                // Absolute figures include what the host process itself
-                // uses: only changes are compared between backends.
-                let cmp = since.as_ref().map(|_| format!("{} {:+}", fig.name(), got));
-                let unit = if *fig == Figure::Vmas { "" } else { " kB" };
-                if got == *value {
-                    Res::Ok(cmp, format!("{what} {got:+}{unit}"))
-                } else {
-                    Res::Fail(
-                        format!("{what}: expected {value:+}{unit}, got {got:+}{unit}"),
-                        cmp,
-                    )
-                }
+                self.expect_figure(*fig, since.as_deref(), *value)
             }
-            Op::Fails { errno, op } => match self.exec_inner(op)? {
-                Res::Fail(_, Some(got)) if &got == errno => ok(errno.clone()),
-                Res::Fail(msg, cmp) => Res::Fail(format!("expected {errno}, got: {msg}"), cmp),
-                Res::Ok(..) => Res::Fail(
-                    format!("expected {errno}, but it succeeded"),
-                    Some("ok".into()),
-                ),
-                Res::Skip(w) => Res::Skip(w),
+            Op::Fails { errno, op } => self.fails(errno, op),
+            Op::Dump => Ok(Res::Ok(None, format!("\n{}", self.b.dump()))),
+        }
+    }
+
+    /// An operation that succeeds or fails with an errno.
+    fn done(r: Result<(), Errno>) -> Res {
+        match r {
+            Ok(()) => ok("ok"),
+            Err(e) => Self::errno_res(e),
+        }
+    }
+
+    /// A setting that the backend may be unable to make (the scenario is
+    /// then skipped).
+    fn settable(r: Result<(), String>) -> Res {
+        match r {
+            Ok(()) => ok("ok"),
+            Err(why) => Res::Skip(why),
+        }
+    }
+
+    /// `map NAME LEN PROT [at=A] [align=N] [flags=...]`.
+    fn map(
+        &mut self,
+        name: &str,
+        len: u64,
+        prot: u32,
+        at: Option<&Addr>,
+        align: u64,
+        flags: u32,
+    ) -> Result<Res, String> {
+        let hint = match at {
+            Some(a) => self.addr(a)?.0,
+            None => 0,
+        };
+        let r = if align > 0 && at.is_none() {
+            self.map_aligned(len, prot, flags, align)
+        } else {
+            self.b.mmap(hint, len, prot, flags)
+        };
+        let a = match r {
+            Ok(a) => a,
+            Err(e) => return Ok(Self::errno_res(e)),
+        };
+        self.st().regions.insert(name.to_string(), (a, len));
+        if align != 0 && a % align != 0 {
+            return Ok(Res::Fail(format!("{a:#x} not aligned to {align:#x}"), None));
+        }
+        let shown = format!("{name} at {a:#x}");
+        // The address is the kernel's choice: comparable only when the
+        // scenario asked for one.
+        let cmp = at.map(|_| {
+            if a == hint {
+                "at hint".to_string()
+            } else {
+                "elsewhere".to_string()
+            }
+        });
+        Ok(Res::Ok(cmp.or(Some("ok".into())), shown))
+    }
+
+    /// `munmap ADDR [LEN]` (a region's whole length when omitted).
+    fn munmap(&mut self, addr: &Addr, len: Option<u64>) -> Result<Res, String> {
+        let (a, _) = self.addr(addr)?;
+        let len = match len {
+            Some(l) => l,
+            None => self
+                .region_len(addr)
+                .ok_or("munmap of an address needs a length")?,
+        };
+        Ok(Self::done(self.b.munmap(a, len)))
+    }
+
+    /// `fill ADDR LEN SEED`: one word of the pattern per page.
+    fn fill(&mut self, addr: &Addr, len: u64, seed: u64) -> Result<Res, String> {
+        let (a, base) = self.addr(addr)?;
+        let end = a.checked_add(len).ok_or("the range wraps around")?;
+        let mut p = a;
+        while p < end {
+            if let Err(e) = self.b.store(p, pattern(seed, p.wrapping_sub(base))) {
+                return Ok(Self::errno_res(e));
+            }
+            p = match p.checked_add(4096) {
+                Some(n) => n,
+                None => break,
+            };
+        }
+        Ok(ok("ok"))
+    }
+
+    /// `check ADDR LEN SEED|zero`: the word of each page.
+    fn check(&mut self, addr: &Addr, len: u64, pat: &Pattern) -> Result<Res, String> {
+        let (a, base) = self.addr(addr)?;
+        let end = a.checked_add(len).ok_or("the range wraps around")?;
+        let mut p = a;
+        while p < end {
+            let want = match pat {
+                Pattern::Zero => 0,
+                Pattern::Seed(s) => pattern(*s, p.wrapping_sub(base)),
+            };
+            match self.b.load(p) {
+                Ok(got) if got == want => {}
+                Ok(got) => {
+                    return Ok(Res::Fail(
+                        format!("at +{:#x}: expected {want:#x}, read {got:#x}", p - a),
+                        Some(format!("differs at +{:#x}", p - a)),
+                    ))
+                }
+                Err(e) => return Ok(Self::errno_res(e)),
+            }
+            p = match p.checked_add(4096) {
+                Some(n) => n,
+                None => break,
+            };
+        }
+        Ok(ok("ok"))
+    }
+
+    /// `expect ADDR == VALUE`.
+    fn expect_value(&mut self, addr: &Addr, value: u64) -> Result<Res, String> {
+        let (a, _) = self.addr(addr)?;
+        Ok(match self.b.load(a) {
+            Ok(v) if v == value => ok(format!("{v:#x}")),
+            Ok(v) => Res::Fail(
+                format!("expected {value:#x}, read {v:#x}"),
+                Some(format!("{v:#x}")),
+            ),
+            Err(e) => Self::errno_res(e),
+        })
+    }
+
+    /// `fork CHILD`: the child starts with the parent's regions, no marks.
+    fn fork(&mut self, child: &str) -> Result<Res, String> {
+        if self.procs.contains_key(child) {
+            return Err(format!("process {child:?} exists"));
+        }
+        if let Err(e) = self.b.fork(child) {
+            return Ok(Self::errno_res(e));
+        }
+        let st = self.st().clone();
+        self.procs.insert(
+            child.to_string(),
+            ProcState {
+                marks: HashMap::new(),
+                ..st
             },
-            Op::Dump => Res::Ok(None, format!("\n{}", self.b.dump())),
+        );
+        Ok(ok("ok"))
+    }
+
+    /// `switch NAME`.
+    fn switch(&mut self, name: &str) -> Result<Res, String> {
+        if !self.procs.contains_key(name) {
+            return Err(format!("no process {name:?}"));
+        }
+        self.b.switch(name)?;
+        self.cur = name.to_string();
+        Ok(ok("ok"))
+    }
+
+    /// `exit [NAME]`.
+    fn exit(&mut self, name: Option<&str>) -> Result<Res, String> {
+        let name = name.map_or_else(|| self.cur.clone(), str::to_string);
+        if !self.procs.contains_key(&name) {
+            return Err(format!("no process {name:?}"));
+        }
+        self.b.exit(&name)?;
+        self.procs.remove(&name);
+        if name == self.cur {
+            // Back to any process still alive (the interpreter needs one to
+            // be current; the scenario should switch).
+            if let Some(n) = self.procs.keys().min().cloned() {
+                self.b.switch(&n)?;
+                self.cur = n;
+            }
+        }
+        Ok(ok("ok"))
+    }
+
+    /// `knob only SIZE`.
+    fn knob_only(&mut self, size_kb: u64) -> Res {
+        let mut r = self.b.knob(None, "never");
+        for kb in [16u64, 32, 64, 128, 256, 512, 1024, 2048] {
+            if r.is_ok() {
+                let mode = if kb == size_kb { "always" } else { "never" };
+                r = self.b.knob(Some(kb), mode);
+            }
+        }
+        Self::settable(r)
+    }
+
+    /// `expect FIGURE [since MARK] == VALUE`: only changes are compared
+    /// between backends (absolute figures include what the host process
+    /// itself uses).
+    fn expect_figure(
+        &mut self,
+        fig: Figure,
+        since: Option<&str>,
+        value: i64,
+    ) -> Result<Res, String> {
+        let f = self.b.figures()?;
+        let i = fig_index(fig);
+        let (got, what) = match since {
+            Some(m) => {
+                let cur = self.cur.clone();
+                let base = self
+                    .st()
+                    .marks
+                    .get(m)
+                    .ok_or_else(|| format!("no mark {m:?} in process {cur}"))?[i];
+                (f[i] - base, format!("{} since {m}", fig.name()))
+            }
+            None => (f[i], fig.name().to_string()),
+        };
+        let cmp = since.map(|_| format!("{} {:+}", fig.name(), got));
+        let unit = if fig == Figure::Vmas { "" } else { " kB" };
+        Ok(if got == value {
+            Res::Ok(cmp, format!("{what} {got:+}{unit}"))
+        } else {
+            Res::Fail(
+                format!("{what}: expected {value:+}{unit}, got {got:+}{unit}"),
+                cmp,
+            )
+        })
+    }
+
+    /// `fails ERRNO: STATEMENT`.
+    fn fails(&mut self, errno: &str, op: &Op) -> Result<Res, String> {
+        Ok(match self.exec_inner(op)? {
+            Res::Fail(_, Some(got)) if got == errno => ok(errno),
+            Res::Fail(msg, cmp) => Res::Fail(format!("expected {errno}, got: {msg}"), cmp),
+            Res::Ok(..) => Res::Fail(
+                format!("expected {errno}, but it succeeded"),
+                Some("ok".into()),
+            ),
+            Res::Skip(w) => Res::Skip(w),
         })
     }
 
