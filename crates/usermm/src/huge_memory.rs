@@ -22,8 +22,9 @@ use crate::pgtable::{
     Pmd, PmdLocked, PmdSlot, Ptdesc, Pte, PteLocked, PteRead, PMD_MASK, PMD_SIZE, PTRS_PER_TABLE,
 };
 use crate::phys::memmap::pg;
+use crate::phys::AllocFlags;
 use crate::phys::{Folio, Pfn, PhysMem, HPAGE_PMD_NR, HPAGE_PMD_ORDER};
-use crate::rmap;
+use crate::rmap::{self, RmapFlags};
 use crate::sync::{Arc, Ordering};
 use crate::vmstat::{Event, MthpStat};
 
@@ -40,8 +41,12 @@ pub fn do_huge_pmd_anonymous_page(vmf: &mut VmFault<'_>) -> VmFaultResult {
     if !vmf.flags.write() && oncpu.m.thp.use_zero_page.load(Ordering::Relaxed) {
         return do_huge_zero_pmd(vmf);
     }
-    let Some(folio) = mem.folio_alloc(oncpu.cpu.node, HPAGE_PMD_ORDER, oncpu.id(), true, false)
-    else {
+    let Some(folio) = mem.folio_alloc(
+        oncpu.cpu.node,
+        HPAGE_PMD_ORDER,
+        oncpu.id(),
+        AllocFlags::ZERO,
+    ) else {
         oncpu
             .vmstat()
             .count(oncpu.id(), Event::THP_FAULT_FALLBACK, 1);
@@ -60,7 +65,7 @@ pub fn do_huge_pmd_anonymous_page(vmf: &mut VmFault<'_>) -> VmFaultResult {
         folio.put(mem, oncpu.id());
         return VmFaultResult::Raced;
     }
-    rmap::folio_add_new_anon_rmap(mem, folio, vma, haddr, true, true);
+    rmap::folio_add_new_anon_rmap(mem, folio, vma, haddr, RmapFlags::EXCLUSIVE);
     ptl.deposit(pgtable);
     let mut pmd = Pmd::huge(folio.pfn(), vma.page_prot()).mkdirty();
     if vma.flags() & crate::mm::vma::VM_WRITE != 0 {
@@ -131,8 +136,12 @@ fn do_huge_zero_wp_pmd(vmf: &mut VmFault<'_>) -> VmFaultResult {
     let mem = oncpu.mem();
     let haddr = vmf.address & PMD_MASK;
     crate::rmap::anon_vma_prepare(mm, vma);
-    let Some(folio) = mem.folio_alloc(oncpu.cpu.node, HPAGE_PMD_ORDER, oncpu.id(), true, false)
-    else {
+    let Some(folio) = mem.folio_alloc(
+        oncpu.cpu.node,
+        HPAGE_PMD_ORDER,
+        oncpu.id(),
+        AllocFlags::ZERO,
+    ) else {
         oncpu
             .vmstat()
             .count(oncpu.id(), Event::THP_FAULT_FALLBACK, 1);
@@ -148,7 +157,7 @@ fn do_huge_zero_wp_pmd(vmf: &mut VmFault<'_>) -> VmFaultResult {
     // translation once the new folio is written.
     ptl.get_and_clear();
     oncpu.flush_tlb_range(mm, haddr, haddr + PMD_SIZE, crate::pgtable::PMD_SHIFT);
-    rmap::folio_add_new_anon_rmap(mem, folio, vma, haddr, true, true);
+    rmap::folio_add_new_anon_rmap(mem, folio, vma, haddr, RmapFlags::EXCLUSIVE);
     let mut new = Pmd::huge(folio.pfn(), vma.page_prot()).mkdirty().mkyoung();
     if vma.flags() & crate::mm::vma::VM_WRITE != 0 {
         new = new.mkwrite();

@@ -315,7 +315,10 @@ impl Machine {
     pub fn huge_zero_pfn(&self, cpu: usize) -> Option<Pfn> {
         *self.huge_zero.get_or_init(|| {
             let order = crate::phys::HPAGE_PMD_ORDER;
-            match self.mem.folio_alloc(0, order, cpu, true, false) {
+            match self
+                .mem
+                .folio_alloc(0, order, cpu, crate::phys::AllocFlags::ZERO)
+            {
                 Some(f) => {
                     self.mem.page(f.pfn()).set(pg::ZERO);
                     self.vmstat()

@@ -44,9 +44,10 @@ use crate::pgtable::swapops::{Migration, SwpEntry, SwpKind};
 use crate::pgtable::{
     self, addr_end, Pmd, PmdSlot, Ptdesc, Pte, PteLocked, PteRead, PMD_SIZE, PUD_SIZE,
 };
+use crate::phys::AllocFlags;
 use crate::phys::{folio, Folio, Pfn, HPAGE_PMD_ORDER, PAGE_SHIFT, PAGE_SIZE};
 use crate::rmap;
-use crate::rmap::anon_vma_prepare;
+use crate::rmap::{anon_vma_prepare, RmapFlags};
 use crate::sync::Arc;
 use crate::vmstat::{Event, MthpStat};
 
@@ -360,7 +361,7 @@ fn alloc_anon_folio(vmf: &VmFault<'_>) -> Result<(Folio, u64), VmFaultResult> {
         drop(pt);
         while orders != 0 {
             let o = 31 - orders.leading_zeros();
-            if let Some(f) = mem.folio_alloc(oncpu.cpu.node, o, oncpu.id(), true, false) {
+            if let Some(f) = mem.folio_alloc(oncpu.cpu.node, o, oncpu.id(), AllocFlags::ZERO) {
                 mem.vmstat.mod_mthp(o, MthpStat::ANON_FAULT_ALLOC, 1);
                 return Ok((f, addr & !((PAGE_SIZE << o) - 1)));
             }
@@ -369,7 +370,7 @@ fn alloc_anon_folio(vmf: &VmFault<'_>) -> Result<(Folio, u64), VmFaultResult> {
         }
     }
     let f = mem
-        .folio_alloc(oncpu.cpu.node, 0, oncpu.id(), true, false)
+        .folio_alloc(oncpu.cpu.node, 0, oncpu.id(), AllocFlags::ZERO)
         .ok_or(VmFaultResult::Oom)?;
     Ok((f, addr))
 }
@@ -408,7 +409,7 @@ fn do_anonymous_page(vmf: &mut VmFault<'_>) -> VmFaultResult {
         folio.put(mem, oncpu.id());
         return VmFaultResult::Raced;
     }
-    rmap::folio_add_new_anon_rmap(mem, folio, vma, start, true, false);
+    rmap::folio_add_new_anon_rmap(mem, folio, vma, start, RmapFlags::EXCLUSIVE);
     folio.ref_add(mem, nr as i32 - 1);
     mm.add_rss(MmCounter::AnonPages, nr as i64);
     let mut pte = Pte::new(folio.pfn(), vma.page_prot()).mkdirty();
@@ -460,7 +461,9 @@ fn wp_page_copy(vmf: &mut VmFault<'_>, old: Option<Pfn>) -> VmFaultResult {
     let (oncpu, mm, vma) = (vmf.oncpu, vmf.mm, vmf.vma);
     let mem = oncpu.mem();
     anon_vma_prepare(mm, vma);
-    let Some(new) = mem.folio_alloc(oncpu.cpu.node, 0, oncpu.id(), old.is_none(), false) else {
+    // A copy of the zero page is a zeroed page; any other is overwritten.
+    let gfp = AllocFlags::NONE.zeroed_if(old.is_none());
+    let Some(new) = mem.folio_alloc(oncpu.cpu.node, 0, oncpu.id(), gfp) else {
         return VmFaultResult::Oom;
     };
     if let Some(old) = old {
@@ -485,7 +488,7 @@ fn wp_page_copy(vmf: &mut VmFault<'_>, old: Option<Pfn>) -> VmFaultResult {
     pt.get_and_clear(idx);
     let page_addr = vmf.address;
     oncpu.flush_tlb_range(mm, page_addr, page_addr + PAGE_SIZE, PAGE_SHIFT);
-    rmap::folio_add_new_anon_rmap(mem, new, vma, page_addr, true, false);
+    rmap::folio_add_new_anon_rmap(mem, new, vma, page_addr, RmapFlags::EXCLUSIVE);
     pt.set(idx, pte);
     match old {
         Some(old) => {
@@ -912,6 +915,10 @@ impl CopyRange<'_> {
             src_mm,
             ..
         } = self;
+        debug_assert!(
+            !src_mm.pmd_get(src_slot).is_swap(),
+            "PMD migration entry at {addr:#x}: PMD-level migration is not modelled"
+        );
         if src_mm.pmd_get(src_slot).trans_huge()
             && huge_memory::copy_huge_pmd(oncpu, dst_mm, src_mm, dst_slot, src_slot)?
         {
@@ -1172,7 +1179,7 @@ mod tests {
     /// PTE table map, writable, dirty and young like a fresh fault's.
     fn setup() -> (std::sync::Arc<Machine>, Folio) {
         let m = Machine::new(MachineConfig::single_node(16 << 20, 1)).unwrap();
-        let folio = m.mem.folio_alloc(0, 4, 0, false, false).unwrap();
+        let folio = m.mem.folio_alloc(0, 4, 0, AllocFlags::NONE).unwrap();
         (m, folio)
     }
 

@@ -194,18 +194,35 @@ fn folio_set_anon(mem: &PhysMem, folio: Folio, vma: &Vma, addr: u64) {
     head.set(pg::SWAPBACKED);
 }
 
+/// `rmap_t`: how a folio is being mapped.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RmapFlags(u32);
+
+impl RmapFlags {
+    pub const NONE: RmapFlags = RmapFlags(0);
+    /// `RMAP_EXCLUSIVE`: the pages are PageAnonExclusive to this mapping.
+    pub const EXCLUSIVE: RmapFlags = RmapFlags(1 << 0);
+
+    #[inline]
+    pub const fn contains(self, other: RmapFlags) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
 /// `folio_add_new_anon_rmap`: map a folio just allocated by a fault, all of
-/// it, by `nr` PTEs (a PTE-mapped folio) or by one PMD (`pmd`).
+/// it: by one PMD if it is PMD-sized (`folio_test_pmd_mappable`), else by
+/// one PTE per page.
 pub fn folio_add_new_anon_rmap(
     mem: &PhysMem,
     folio: Folio,
     vma: &Vma,
     addr: u64,
-    exclusive: bool,
-    pmd: bool,
+    flags: RmapFlags,
 ) {
     folio_set_anon(mem, folio, vma, addr);
     let nr = folio.nr_pages(mem) as i32;
+    let pmd = folio.order(mem) == crate::phys::HPAGE_PMD_ORDER;
+    let exclusive = flags.contains(RmapFlags::EXCLUSIVE);
     if !folio.is_large(mem) {
         folio.head(mem).mapcount.store(0, Ordering::Relaxed);
     } else if pmd {
@@ -240,7 +257,8 @@ pub fn folio_add_new_anon_rmap(
 
 /// `folio_add_anon_rmap_ptes`: `nr` more PTE mappings of pages
 /// `page..page+nr` of an anon folio that is already anon.
-pub fn folio_add_anon_rmap_ptes(mem: &PhysMem, folio: Folio, page: Pfn, nr: u64, exclusive: bool) {
+pub fn folio_add_anon_rmap_ptes(mem: &PhysMem, folio: Folio, page: Pfn, nr: u64, flags: RmapFlags) {
+    let exclusive = flags.contains(RmapFlags::EXCLUSIVE);
     debug_assert!(
         page >= folio.pfn() && page + nr <= folio.pfn() + folio.nr_pages(mem),
         "rmap batch leaves its folio"
@@ -340,7 +358,8 @@ pub fn folio_remove_rmap_ptes(mem: &PhysMem, folio: Folio, page: Pfn, nr: u64, c
 /// `folio_add_anon_rmap_pmd`. A PMD mapping's PageAnonExclusive lives on
 /// the head page alone, as the kernel keeps it; splitting the PMD hands it
 /// to every page ([`folio_split_pmd_mapping`]).
-pub fn folio_add_anon_rmap_pmd(mem: &PhysMem, folio: Folio, exclusive: bool) {
+pub fn folio_add_anon_rmap_pmd(mem: &PhysMem, folio: Folio, flags: RmapFlags) {
+    let exclusive = flags.contains(RmapFlags::EXCLUSIVE);
     let head = folio.counters(mem);
     head.large_mapcount.fetch_add(1, Ordering::Relaxed);
     let nr = folio.nr_pages(mem) as i64;
@@ -396,8 +415,12 @@ fn deferred_split_folio(mem: &PhysMem, folio: Folio, cpu: usize) {
 pub fn folio_split_pmd_mapping(mem: &PhysMem, folio: Folio, cpu: usize) {
     // The PMD mapping's PageAnonExclusive (the head's) goes to every page,
     // as __split_huge_pmd_locked maps the PTEs with RMAP_EXCLUSIVE.
-    let exclusive = crate::phys::folio::page_anon_exclusive(mem, folio.pfn());
-    folio_add_anon_rmap_ptes(mem, folio, folio.pfn(), folio.nr_pages(mem), exclusive);
+    let flags = if crate::phys::folio::page_anon_exclusive(mem, folio.pfn()) {
+        RmapFlags::EXCLUSIVE
+    } else {
+        RmapFlags::NONE
+    };
+    folio_add_anon_rmap_ptes(mem, folio, folio.pfn(), folio.nr_pages(mem), flags);
     folio_remove_rmap_pmd(mem, folio, cpu);
 }
 

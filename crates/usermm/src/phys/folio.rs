@@ -187,25 +187,16 @@ pub fn page_mapcount(mem: &PhysMem, pfn: Pfn) -> i32 {
 }
 
 impl PhysMem {
-    /// `folio_alloc`: a folio of `order` on `nid` (or a fallback node).
+    /// `folio_alloc`: a folio of `order` on `nid` (or a fallback node,
+    /// unless `gfp.this_node`); `__GFP_COMP` is implied.
     pub fn folio_alloc(
         &self,
         nid: usize,
         order: u32,
         cpu: usize,
-        zero: bool,
-        this_node: bool,
+        gfp: AllocFlags,
     ) -> Option<Folio> {
-        self.alloc_pages(
-            nid,
-            order,
-            cpu,
-            AllocFlags {
-                zero,
-                this_node,
-                comp: true,
-            },
-        )
-        .map(Folio)
+        let gfp = AllocFlags { comp: true, ..gfp };
+        self.alloc_pages(nid, order, cpu, gfp).map(Folio)
     }
 }

@@ -41,6 +41,28 @@ pub struct AllocFlags {
     pub comp: bool,
 }
 
+impl AllocFlags {
+    /// No flag: whatever memory, from any node.
+    pub const NONE: AllocFlags = AllocFlags {
+        zero: false,
+        this_node: false,
+        comp: false,
+    };
+    /// `__GFP_ZERO`.
+    pub const ZERO: AllocFlags = AllocFlags {
+        zero: true,
+        ..AllocFlags::NONE
+    };
+
+    /// These flags, and `__GFP_ZERO` too if `zero`.
+    pub const fn zeroed_if(self, zero: bool) -> AllocFlags {
+        AllocFlags {
+            zero: self.zero || zero,
+            ..self
+        }
+    }
+}
+
 struct FreeArea {
     head: [u32; NR_ORDERS],
     nr_free: [u64; NR_ORDERS],
