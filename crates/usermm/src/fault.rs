@@ -55,7 +55,7 @@ impl OnCpu<'_> {
         };
         let _g = mm.mmap_lock.read();
         let vma = {
-            let guard = crossbeam_epoch::pin();
+            let guard = crate::sync::epoch::pin();
             mm.vma_tree(&guard).vma_lookup(addr).cloned()
         };
         match vma {

@@ -72,7 +72,7 @@ fn dup_mmap(oncpu: &OnCpu, mm: &Arc<Mm>, oldmm: &Arc<Mm>) -> KResult<()> {
             }
         }
     }
-    mm.vma_tree_publish(&mut VmaTree::from_sorted(vmas), &crossbeam_epoch::pin());
+    mm.vma_tree_publish(&mut VmaTree::from_sorted(vmas), &crate::sync::epoch::pin());
     mm.total_vm.store(total_vm, Ordering::Relaxed);
     // One flush for every write-protect made in the parent, still under its
     // mmap_lock (so that no new writable entry can appear meanwhile).

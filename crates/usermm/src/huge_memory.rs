@@ -544,7 +544,7 @@ fn remap_zero_pages_to_zeropage(
     // The folio may straddle VMAs (an mprotect split it): each page's zero
     // PTE takes its own VMA's protection, as each rmap walk step uses its
     // VMA's vm_page_prot.
-    let guard = crossbeam_epoch::pin();
+    let guard = crate::sync::epoch::pin();
     let tree = at.mm.vma_tree(&guard);
     let mut remapped = 0;
     for (idx, page, old) in cleared {

@@ -138,7 +138,7 @@ pub fn inspect(m: &Machine) -> Inspection {
 fn inspect_mm(m: &Machine, mm: &Mm) -> MmInfo {
     let smaps = proc::smaps(mm);
     let vmas = {
-        let guard = crossbeam_epoch::pin();
+        let guard = crate::sync::epoch::pin();
         mm.vma_tree(&guard)
             .iter()
             .zip(smaps)

@@ -250,8 +250,8 @@ pub struct Machine {
     pub zero_pfn: Pfn,
     /// The huge zero folio, allocated on first use (`get_huge_zero_folio`);
     /// None inside if that allocation failed.
-    huge_zero: std::sync::OnceLock<Option<Pfn>>,
-    mms: Mutex<Vec<std::sync::Weak<Mm>>>,
+    huge_zero: crate::sync::OnceLock<Option<Pfn>>,
+    mms: Mutex<Vec<crate::sync::Weak<Mm>>>,
     pub config: MachineConfig,
 }
 
@@ -287,7 +287,7 @@ impl Machine {
             tunables: Tunables::default(),
             overcommit,
             zero_pfn,
-            huge_zero: std::sync::OnceLock::new(),
+            huge_zero: crate::sync::OnceLock::new(),
             mms: Mutex::new(Vec::new()),
             config,
         }))
@@ -374,7 +374,7 @@ impl Machine {
     /// the allocator (an `rcu_barrier`).
     pub fn rcu_barrier(&self) {
         for _ in 0..256 {
-            let g = crossbeam_epoch::pin();
+            let g = crate::sync::epoch::pin();
             g.flush();
             drop(g);
             if self.mem.rcu_pending() == 0 {

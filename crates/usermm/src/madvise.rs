@@ -64,7 +64,7 @@ pub fn do_madvise(
         MADV_DONTNEED | MADV_FREE => {
             let _g = mm.mmap_lock.read();
             let vmas: Vec<Arc<Vma>> = {
-                let guard = crossbeam_epoch::pin();
+                let guard = crate::sync::epoch::pin();
                 mm.vma_tree(&guard).range(start, end).cloned().collect()
             };
             let unmapped = has_hole(&vmas, start, end);
@@ -119,7 +119,7 @@ pub fn do_madvise(
                 }
                 addr = e;
             }
-            mm.vma_tree_publish(&mut tree, &crossbeam_epoch::pin());
+            mm.vma_tree_publish(&mut tree, &crate::sync::epoch::pin());
             result
         }
     }

@@ -1177,7 +1177,7 @@ mod tests {
 
     /// A machine, and an order-4 folio whose 16 pages entries 100.. of a
     /// PTE table map, writable, dirty and young like a fresh fault's.
-    fn setup() -> (std::sync::Arc<Machine>, Folio) {
+    fn setup() -> (crate::sync::Arc<Machine>, Folio) {
         let m = Machine::new(MachineConfig::single_node(16 << 20, 1)).unwrap();
         let folio = m.mem.folio_alloc(0, 4, 0, AllocFlags::NONE).unwrap();
         (m, folio)
@@ -1205,7 +1205,7 @@ mod tests {
         let flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
         let a = c.mmap(0, 64 << 20, PROT_READ | PROT_WRITE, flags).unwrap();
         let vma = {
-            let g = crossbeam_epoch::pin();
+            let g = crate::sync::epoch::pin();
             mm.vma_tree(&g).vma_lookup(a).cloned().unwrap()
         };
         let fault = |addr, f| handle_mm_fault(&c, &mm, &vma, addr, f);

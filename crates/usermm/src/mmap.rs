@@ -356,7 +356,7 @@ pub fn do_mmap(
     ));
     tree.insert(vma.clone());
     merge_around(&mut tree, vma);
-    mm.vma_tree_publish(&mut tree, &crossbeam_epoch::pin());
+    mm.vma_tree_publish(&mut tree, &crate::sync::epoch::pin());
     mm.total_vm.fetch_add(len >> PAGE_SHIFT, Ordering::Relaxed);
     drop(guard);
     if flags & MAP_POPULATE != 0 {
@@ -400,7 +400,7 @@ pub fn populate_range(
     write: bool,
 ) -> KResult<()> {
     let _g = mm.mmap_lock.read();
-    let guard = crossbeam_epoch::pin();
+    let guard = crate::sync::epoch::pin();
     let mut addr = start;
     while addr < end {
         let Some(vma) = mm.vma_tree(&guard).vma_lookup(addr).cloned() else {
@@ -473,7 +473,7 @@ fn vms_gather_munmap_vmas(
     for v in &vmas {
         v.mark_detached();
     }
-    mm.vma_tree_publish(tree, &crossbeam_epoch::pin());
+    mm.vma_tree_publish(tree, &crate::sync::epoch::pin());
     let pages: u64 = vmas.iter().map(|v| v.pages()).sum();
     mm.total_vm.fetch_sub(pages, Ordering::Relaxed);
     Ok(Some(DetachedVmas {
@@ -546,7 +546,7 @@ pub fn exit_mmap(oncpu: &OnCpu, mm: &Arc<Mm>) {
         .overcommit
         .vm_unacct_memory(vmas_accounted_pages(&vmas));
     tree.remove_all();
-    mm.vma_tree_publish(&mut tree, &crossbeam_epoch::pin());
+    mm.vma_tree_publish(&mut tree, &crate::sync::epoch::pin());
     mm.total_vm.store(0, Ordering::Relaxed);
     debug_assert_eq!(
         mm.pgtables_bytes.load(Ordering::Relaxed),

@@ -55,7 +55,7 @@ pub fn do_mprotect(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, len: u64, prot: u32)
         Some(v) if v.start() <= start => mprotect_walk(oncpu, mm, &mut tree, start, end, prot),
         _ => Err(Errno::ENOMEM),
     };
-    mm.vma_tree_publish(&mut tree, &crossbeam_epoch::pin());
+    mm.vma_tree_publish(&mut tree, &crate::sync::epoch::pin());
     result
 }
 

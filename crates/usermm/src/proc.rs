@@ -158,7 +158,7 @@ fn perms(vma: &Vma) -> String {
 /// `show_smap` for every VMA of `mm`.
 pub fn smaps(mm: &Mm) -> Vec<Smaps> {
     let _g = mm.mmap_lock.read();
-    let guard = crossbeam_epoch::pin();
+    let guard = crate::sync::epoch::pin();
     mm.vma_tree(&guard)
         .iter()
         .map(|vma| smap_vma(mm, vma))

@@ -36,7 +36,7 @@ pub fn anon_vma_prepare<'v>(mm: &Mm, vma: &'v Arc<Vma>) -> &'v Arc<AnonVma> {
 /// `find_mergeable_anon_vma`: the anon_vma of the VMA just after `vma`, or
 /// else of the one just before, if it is compatible and reusable.
 fn find_mergeable_anon_vma(mm: &Mm, vma: &Vma) -> Option<Arc<AnonVma>> {
-    let guard = crossbeam_epoch::pin();
+    let guard = crate::sync::epoch::pin();
     let tree = mm.vma_tree(&guard);
     let next = tree.next_vma(vma.end()).filter(|n| n.start() == vma.end());
     if let Some(av) = next.and_then(|n| reusable_anon_vma(n, vma, n)) {
@@ -185,7 +185,7 @@ fn folio_set_anon(mem: &PhysMem, folio: Folio, vma: &Vma, addr: u64) {
     let anon_vma = vma
         .anon_vma()
         .expect("anon_vma_prepare before mapping anon folios");
-    let ptr = std::sync::Arc::as_ptr(anon_vma) as u64;
+    let ptr = crate::sync::Arc::as_ptr(anon_vma) as u64;
     let head = folio.head(mem);
     head.mapping
         .store(ptr | PAGE_MAPPING_ANON, Ordering::Relaxed);
@@ -432,7 +432,7 @@ pub fn folio_move_anon_rmap(mem: &PhysMem, folio: Folio, vma: &Vma) {
         debug_assert!(false, "{vma:?} maps an anon folio without an anon_vma");
         return;
     };
-    let ptr = std::sync::Arc::as_ptr(anon_vma) as u64;
+    let ptr = crate::sync::Arc::as_ptr(anon_vma) as u64;
     folio
         .head(mem)
         .mapping

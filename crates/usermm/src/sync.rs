@@ -13,7 +13,17 @@ pub use std::sync::atomic::{
     fence, AtomicBool, AtomicI32, AtomicI64, AtomicU16, AtomicU32, AtomicU64, AtomicU8,
     AtomicUsize, Ordering,
 };
-pub use std::sync::Arc;
+pub use std::sync::{Arc, OnceLock, Weak};
+
+/// Epoch-based reclamation, the model's RCU: readers pin an epoch
+/// (`rcu_read_lock`), writers defer frees until every pin taken before them
+/// is gone (`call_rcu` / `kfree_rcu`).
+pub use crossbeam_epoch as epoch;
+
+/// Reader-writer lock guards that own an `Arc` of their lock, for guards
+/// that outlive the borrow they were taken from (the anon_vma lock).
+pub use parking_lot::lock_api::{ArcRwLockReadGuard, ArcRwLockWriteGuard};
+pub use parking_lot::RawRwLock;
 
 /// The atomics and locks of the protocols that are model-checked (the TLB
 /// shootdown handshake, with the CPUs' mailboxes, TLBs and loaded mm):

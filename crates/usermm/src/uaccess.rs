@@ -35,7 +35,7 @@ impl OnCpu<'_> {
                     }
                 }
                 vmstat.count(self.id(), Event::TLB_MISS, 1);
-                let guard = crossbeam_epoch::pin();
+                let guard = crate::sync::epoch::pin();
                 match hw_walk(self.mem(), pgd, addr, write) {
                     Ok(t) => {
                         tlb.insert(slot, addr, &t);

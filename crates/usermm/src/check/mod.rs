@@ -184,7 +184,7 @@ fn check_pmd_exclusive(
 
 /// `vm_committed_as` is the size of every `VM_ACCOUNT` VMA.
 fn check_committed(m: &Machine, mms: &[Arc<Mm>]) -> Result<(), String> {
-    let guard = crossbeam_epoch::pin();
+    let guard = crate::sync::epoch::pin();
     let want =
         crate::mmap::vmas_accounted_pages(mms.iter().flat_map(|mm| mm.vma_tree(&guard).iter()));
     let got = m.overcommit.vm_memory_committed();
@@ -231,7 +231,7 @@ fn check_rmap(m: &Machine, mm: &Mm, tree: &VmaTree, p: Pfn, addr: u64) -> Result
 }
 
 fn check_mm(m: &Machine, mm: &Arc<Mm>, ex: &mut Expect, leaves: &mut Leaves) -> Result<(), String> {
-    let guard = crossbeam_epoch::pin();
+    let guard = crate::sync::epoch::pin();
     let tree = mm.vma_tree(&guard);
     tree.check().map_err(|e| format!("{mm:?}: {e}"))?;
     ex.tables.insert(mm.pgd.cr3());

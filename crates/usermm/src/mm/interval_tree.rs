@@ -32,11 +32,11 @@
 //! the VMA) after unlocking, as the kernel frees its chains and puts its
 //! anon_vmas after `unlock_anon_vma_root`.
 
+use crate::sync::Weak;
 use std::cell::UnsafeCell;
-use std::sync::Weak;
 
-use parking_lot::lock_api::{ArcRwLockReadGuard, ArcRwLockWriteGuard};
-use parking_lot::RawRwLock;
+use crate::sync::RawRwLock;
+use crate::sync::{ArcRwLockReadGuard, ArcRwLockWriteGuard};
 
 use crate::mm::vma::Vma;
 use crate::sync::{Arc, AtomicU64, Ordering, RwLock};

@@ -17,7 +17,7 @@ pub mod interval_tree;
 pub mod pgalloc;
 pub mod vma;
 
-use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned, Shared};
+use crate::sync::epoch::{self, Atomic, Guard, Owned, Shared};
 
 pub use vma::{AnonVma, Vma, VmaTree};
 
@@ -76,7 +76,7 @@ pub struct Mm {
     /// `mm->total_vm`, in pages.
     pub total_vm: AtomicU64,
     /// Set by exit_mmap; no new faults.
-    pub dead: std::sync::atomic::AtomicBool,
+    pub dead: crate::sync::AtomicBool,
 }
 
 impl std::fmt::Debug for Mm {
@@ -137,7 +137,7 @@ impl Mm {
             tlb_gen: crate::sync::checked::AtomicU64::new(1),
             tlb_flush_pending: AtomicI32::new(0),
             total_vm: AtomicU64::new(0),
-            dead: std::sync::atomic::AtomicBool::new(false),
+            dead: crate::sync::AtomicBool::new(false),
         }))
     }
 

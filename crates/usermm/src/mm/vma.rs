@@ -43,8 +43,8 @@
 
 use std::mem::ManuallyDrop;
 
+use crate::sync::OnceLock;
 use smallvec::SmallVec;
-use std::sync::OnceLock;
 
 use crate::pgtable::Pgprot;
 use crate::phys::PAGE_SHIFT;

@@ -34,7 +34,7 @@
 //! before the parent's in fork). `page_table_lock` guards populating the
 //! PGD and PUD levels and nests inside nothing here.
 
-use crossbeam_epoch::{self as epoch, Guard};
+use crate::sync::epoch::{self, Guard};
 
 use super::entry::{Pmd, Pte, _PAGE_PRESENT, _PAGE_PROTNONE, _PAGE_PSE, _PAGE_RW, _PAGE_TABLE};
 use super::{
