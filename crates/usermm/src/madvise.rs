@@ -20,6 +20,7 @@ use crate::pgtable::pagewalk::{walk_page_range, MmWalkOps, WalkAction, WalkLock}
 use crate::pgtable::{self, Pmd, PmdSlot, PteRead};
 use crate::phys::{Folio, PhysMem, PAGE_MASK, PAGE_SIZE};
 use crate::sync::Arc;
+use crate::tunable::PtReclaim;
 
 pub const MADV_NORMAL: i32 = 0;
 pub const MADV_DONTNEED: i32 = 4;
@@ -75,7 +76,7 @@ pub fn do_madvise(
                 let s = start.max(vma.start());
                 let e = end.min(vma.end());
                 if advice == MADV_DONTNEED {
-                    zap_page_range_single(oncpu, mm, s, e);
+                    madvise_dontneed_single_vma(oncpu, mm, s, e);
                 } else {
                     madvise_free_single_vma(oncpu, mm, s, e);
                 }
@@ -136,12 +137,27 @@ fn has_hole(vmas: &[Arc<Vma>], start: u64, end: u64) -> bool {
     at < end
 }
 
+/// `madvise_dontneed_single_vma`: zap `[start, end)` of one VMA. PTE
+/// markers (guard regions) stay; with PT reclaim, the PTE tables the zap
+/// empties over their whole range are freed.
+fn madvise_dontneed_single_vma(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) {
+    let details = memory::ZapDetails {
+        drop_markers: false,
+        reclaim_pt: oncpu.m.tunables.pt_reclaim() == PtReclaim::Upstream,
+    };
+    zap_page_range_single(oncpu, mm, start, end, &details);
+}
+
 /// `zap_page_range_single`.
-pub fn zap_page_range_single(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) {
+pub fn zap_page_range_single(
+    oncpu: &OnCpu,
+    mm: &Arc<Mm>,
+    start: u64,
+    end: u64,
+    details: &memory::ZapDetails,
+) {
     let mut tlb = MmuGather::new(mm);
-    // No details: PTE markers (guard regions) stay.
-    let details = memory::ZapDetails::default();
-    memory::unmap_page_range(oncpu, &mut tlb, start, end, &details);
+    memory::unmap_page_range(oncpu, &mut tlb, start, end, details);
     tlb.finish(oncpu);
 }
 

@@ -513,18 +513,36 @@ fn wp_page_copy(vmf: &mut VmFault<'_>, old: Option<Pfn>) -> VmFaultResult {
 ///
 /// The kernel's `even_cows` is true on every path the model has (it is
 /// false only when a file's pages are unmapped from under private COW
-/// copies), and `reclaim_pt` comes with PT reclaim.
+/// copies).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ZapDetails {
     /// `ZAP_FLAG_DROP_MARKER`: PTE markers go too. munmap and exit set it;
     /// MADV_DONTNEED does not, so guard regions survive it.
     pub drop_markers: bool,
+    /// `reclaim_pt`: free each PTE table that this zap empties over its
+    /// whole range (MADV_DONTNEED, when `pt_reclaim` is `upstream`; the
+    /// kernel sets it there whenever it is built with `CONFIG_PT_RECLAIM`).
+    pub reclaim_pt: bool,
+}
+
+impl ZapDetails {
+    /// `reclaim_pt_is_enabled`: may the zap of `[start, end)`, inside one
+    /// PTE table, free that table? Only when it covers the table's whole
+    /// range: a range cut by a VMA boundary, or zapped in pieces, never
+    /// qualifies.
+    #[inline]
+    fn reclaim_pt_is_enabled(&self, start: u64, end: u64) -> bool {
+        self.reclaim_pt && end - start >= PMD_SIZE
+    }
 }
 
 /// `unmap_vmas`: zap every page of `vmas` inside `[start, end)`, markers
 /// included (the range is going away).
 pub fn unmap_vmas(oncpu: &OnCpu, tlb: &mut MmuGather, vmas: &[Arc<Vma>], start: u64, end: u64) {
-    let details = ZapDetails { drop_markers: true };
+    let details = ZapDetails {
+        drop_markers: true,
+        reclaim_pt: false,
+    };
     for vma in vmas {
         let s = start.max(vma.start());
         let e = end.min(vma.end());
@@ -602,7 +620,20 @@ struct ZapPteTable<'a, 'g> {
     any_skipped: bool,
 }
 
-/// `zap_pte_range`: clear the entries of `[addr, end)` in one PTE table.
+/// `zap_pte_range`: clear the entries of `[addr, end)` in one PTE table,
+/// and with `reclaim_pt` free the table if that empties it (PT reclaim,
+/// v6.14).
+///
+/// PT reclaim takes the fast path, clearing the PMD under the PTE lock
+/// with a trylock of the PMD lock, only when this zap held the PTE lock
+/// from the table's first entry to its last without a break
+/// (`direct_reclaim`): then every entry is known to be none. If the lock
+/// was dropped midway (the gather filled), a fault may have refilled an
+/// entry already zapped, so the slow path (`try_to_free_pte`) looks at all
+/// 512 entries again under both locks. (Taking the fast path after a break
+/// freed mapped tables until the fix of Feb 2025, "mm: pgtable: fix
+/// incorrect reclaim of non-empty PTE pages".) The kernel also breaks for
+/// `need_resched`; the model's CPUs are never preempted in the kernel.
 pub fn zap_pte_range(
     oncpu: &OnCpu,
     tlb: &mut MmuGather,
@@ -612,6 +643,10 @@ pub fn zap_pte_range(
     details: &ZapDetails,
 ) {
     let mm = tlb.mm;
+    let start = addr;
+    let mut can_reclaim_pt = details.reclaim_pt_is_enabled(start, end);
+    let mut direct_reclaim = true;
+    let mut unhooked = None;
     loop {
         let Some(pt) = mm.pte_offset_map_lock(slot) else {
             return;
@@ -640,8 +675,18 @@ pub fn zap_pte_range(
             let max_nr = ((end - addr) >> PAGE_SHIFT) as usize;
             addr += z.zap_present_ptes(idx, pte, max_nr, addr) << PAGE_SHIFT;
             if z.force_flush {
+                // force_break: the PTE lock is dropped before the table
+                // is done.
+                direct_reclaim = false;
                 break;
             }
+        }
+        if z.any_skipped {
+            can_reclaim_pt = false;
+        }
+        if can_reclaim_pt && direct_reclaim && addr == end {
+            unhooked = z.pt.try_unhook_from(slot);
+            direct_reclaim = unhooked.is_some();
         }
         mm.add_rss_vec(&z.rss);
         let force_flush = z.force_flush;
@@ -663,9 +708,38 @@ pub fn zap_pte_range(
             tlb.flush_mmu(oncpu);
         }
         if addr == end {
-            return;
+            break;
         }
     }
+    if can_reclaim_pt {
+        match unhooked {
+            Some(table) => free_pte(oncpu, tlb, table, start),
+            None => try_to_free_pte(oncpu, tlb, slot, start),
+        }
+    }
+}
+
+/// `try_to_free_pte`: PT reclaim's slow path, for a table whose lock the
+/// zap dropped midway or whose PMD lock was busy: free it if it is still
+/// empty, looking at every entry under the PMD lock and the PTE lock.
+fn try_to_free_pte(oncpu: &OnCpu, tlb: &mut MmuGather, slot: PmdSlot, addr: u64) {
+    let table = tlb.mm.pmd_lock(slot).try_unhook_empty_pte_table();
+    if let Some(table) = table {
+        oncpu
+            .vmstat()
+            .count(oncpu.id(), Event::PT_RECLAIM_UPSTREAM_SLOW, 1);
+        free_pte(oncpu, tlb, table, addr);
+    }
+}
+
+/// `free_pte`: a reclaimed PTE table goes to the gather (`pte_free_tlb`,
+/// which sets `freed_tables`), to be freed after the TLB flush and a grace
+/// period, and leaves `pgtables_bytes` (`mm_dec_nr_ptes`).
+fn free_pte(oncpu: &OnCpu, tlb: &mut MmuGather, table: Ptdesc, addr: u64) {
+    oncpu
+        .vmstat()
+        .count(oncpu.id(), Event::PT_RECLAIM_UPSTREAM, 1);
+    pt_free_tlb(oncpu, tlb, table, addr);
 }
 
 impl ZapPteTable<'_, '_> {

@@ -49,11 +49,14 @@ pub enum Tunable {
     ForkBatch,
     /// F2: zap's PTE batching for large folios.
     ZapBatch,
+    /// F4: freeing empty user PTE tables.
+    PtReclaim,
 }
 
 impl Tunable {
     /// Every tunable, in registry order.
-    pub const ALL: [Tunable; TUNABLES.len()] = [Tunable::ForkBatch, Tunable::ZapBatch];
+    pub const ALL: [Tunable; TUNABLES.len()] =
+        [Tunable::ForkBatch, Tunable::ZapBatch, Tunable::PtReclaim];
 
     /// Its registry entry.
     pub fn info(self) -> &'static TunableInfo {
@@ -72,8 +75,20 @@ const OFF_ON_BATCH: [TunableValue; 2] = [
     },
 ];
 
+/// The designs that free emptied user PTE tables, as [`Tunable::PtReclaim`]
+/// selects them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum PtReclaim {
+    /// Tables go only when their range is unmapped (`free_pgtables`).
+    Off = 0,
+    /// `CONFIG_PT_RECLAIM` (v6.14): MADV_DONTNEED frees a table that one
+    /// zap emptied over its whole range.
+    Upstream = 1,
+}
+
 /// Every tunable, in [`Tunable`] order.
-pub const TUNABLES: [TunableInfo; 2] = [
+pub const TUNABLES: [TunableInfo; 3] = [
     TunableInfo {
         name: "fork_batch",
         description: "fork copies a run of PTEs mapping one large folio with one \
@@ -88,6 +103,26 @@ pub const TUNABLES: [TunableInfo; 2] = [
             large folio as a unit and gather it as one fragment \
             (`zap_present_ptes`, v6.9 \"optimize unmap/zap with PTE-mapped THP\")",
         values: &OFF_ON_BATCH,
+        default: 1,
+    },
+    TunableInfo {
+        name: "pt_reclaim",
+        description: "freeing the user PTE tables that MADV_DONTNEED empties \
+            (`CONFIG_PT_RECLAIM`, v6.14 \"synchronously scan and reclaim empty \
+            user PTE pages\")",
+        values: &[
+            TunableValue {
+                name: "off",
+                description: "tables are freed only when their range is unmapped \
+                    (`free_pgtables`; the kernel before v6.14)",
+            },
+            TunableValue {
+                name: "upstream",
+                description: "a MADV_DONTNEED zap that covers a PTE table's whole \
+                    2 MiB range and leaves nothing behind frees the table \
+                    (v6.14 and later, with the Feb 2025 fix)",
+            },
+        ],
         default: 1,
     },
 ];
@@ -217,6 +252,19 @@ impl Tunables {
         self.index(Tunable::ZapBatch) != 0
     }
 
+    /// `pt_reclaim`: which design frees emptied PTE tables.
+    #[inline]
+    pub fn pt_reclaim(&self) -> PtReclaim {
+        match self.index(Tunable::PtReclaim) {
+            0 => PtReclaim::Off,
+            _ => PtReclaim::Upstream,
+        }
+    }
+
+    pub fn set_pt_reclaim(&self, design: PtReclaim) {
+        self.values[Tunable::PtReclaim as usize].store(design as u8, Ordering::Relaxed);
+    }
+
     pub fn set_fork_batch(&self, on: bool) {
         self.set_on(Tunable::ForkBatch, on)
     }
@@ -247,7 +295,14 @@ mod tests {
         t.set("zap_batch", "off").unwrap();
         assert!(!t.zap_batch() && t.fork_batch());
         assert_eq!(t.get(Tunable::ZapBatch), "off");
-        assert_eq!(t.list(), [("fork_batch", "on"), ("zap_batch", "off")]);
+        assert_eq!(
+            t.list(),
+            [
+                ("fork_batch", "on"),
+                ("zap_batch", "off"),
+                ("pt_reclaim", "upstream")
+            ]
+        );
         let e = t.set("zap_batch", "maybe").unwrap_err();
         assert_eq!(
             e.to_string(),
@@ -256,7 +311,7 @@ mod tests {
         let e = t.set("zap", "on").unwrap_err();
         assert_eq!(
             e.to_string(),
-            "no tunable \"zap\"; there are: fork_batch, zap_batch"
+            "no tunable \"zap\"; there are: fork_batch, zap_batch, pt_reclaim"
         );
         assert!(!t.zap_batch(), "a refused set changes nothing");
     }

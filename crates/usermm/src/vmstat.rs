@@ -54,6 +54,8 @@ counters! {
         WP_REUSE => "usermm_wp_reuse",
         GATHER_FORCE_FLUSH => "usermm_gather_force_flush",
         PT_FREED => "usermm_pt_freed",
+        PT_RECLAIM_UPSTREAM => "usermm_pt_reclaim_upstream",
+        PT_RECLAIM_UPSTREAM_SLOW => "usermm_pt_reclaim_upstream_slow",
     }
 }
 

@@ -356,8 +356,8 @@ pub fn print_table(op: Op, rows: &[Row], a: &BenchArgs) {
     outln!(
         "bench {}: {} MiB of folios of one size; tunable {} off (baseline) vs on; medians of {} runs, interleaved",
         op.name(),
-        op.tunable().info().name,
         a.size_mb,
+        op.tunable().info().name,
         a.runs.max(1)
     );
     outln!(

@@ -396,6 +396,25 @@ impl PmdLocked<'_> {
         self.set(Pmd::table(table.0));
     }
 
+    /// The body of `try_to_free_pte`, PT reclaim's slow path: with the PMD
+    /// lock held, lock the PTE table the entry points to (nested: the lock
+    /// order allows it), and if all its entries are none, clear the entry and
+    /// take the table. None if the entry holds no table or the table maps
+    /// something (a fault refilled it after the zap dropped its lock).
+    pub fn try_unhook_empty_pte_table(&mut self) -> Option<Ptdesc> {
+        let pmd = self.get();
+        if !pmd_is_table(pmd) {
+            return None;
+        }
+        let table = pmd.table_pfn();
+        let _ptl = self.mem.page(table).ptl.lock();
+        if (0..PTRS_PER_TABLE).any(|i| !Pte(entry_get(self.mem, table, i)).none()) {
+            return None;
+        }
+        entry_set(self.mem, self.slot.table, self.slot.idx, 0);
+        Some(Ptdesc::unhooked(table))
+    }
+
     /// `pgtable_trans_huge_deposit`: keep a PTE table under a huge PMD, so
     /// that splitting it never needs to allocate. The list hangs off the
     /// PMD table's descriptor (`pmd_huge_pte`), linked through the deposited
@@ -512,6 +531,29 @@ impl PteLocked<'_> {
     /// would be a self-deadlock; this is for assertions).
     pub fn same_table(&self, other: &PteLocked<'_>) -> bool {
         self.table == other.table
+    }
+
+    /// `try_get_and_clear_pmd`, PT reclaim's fast path: with this table's
+    /// lock held, try the PMD lock of `slot` (the entry that points here)
+    /// and, if it is free, clear the entry and take the table. The caller
+    /// must know, without looking, that the table is empty: it zapped every
+    /// entry under this lock, never dropped since.
+    ///
+    /// Only a trylock: the lock order is PMD lock before PTE lock, and this
+    /// holds the PTE lock already. The PMD cannot point elsewhere while this
+    /// lock is held: whoever replaces a PMD that points to a table holds
+    /// that table's lock (PT reclaim) or mmap_lock for writing
+    /// (`free_pgtables`), which a zap's caller excludes.
+    pub fn try_unhook_from(&self, slot: PmdSlot) -> Option<Ptdesc> {
+        let _pml = self.mem.page(slot.table).ptl.try_lock()?;
+        let pmd = slot.get(self.mem);
+        debug_assert!(
+            pmd_is_table(pmd) && pmd.table_pfn() == self.table,
+            "the PMD {pmd:?} moved under the PTE lock of table {:#x}",
+            self.table
+        );
+        entry_set(self.mem, slot.table, slot.idx, 0);
+        Some(Ptdesc::unhooked(self.table))
     }
 }
 
