@@ -11,6 +11,7 @@
 //! 6. Operations: [`fault`] (the fault entry), [`memory`] (faults, zap, copy),
 //!    [`mmu_gather`], [`mmap`], [`fork`],
 //!    [`mprotect`], [`madvise`], [`huge_memory`], [`swap`] (lazyfree),
+//!    [`vmscan`] (discarding lazyfree folios for MADV_PAGEOUT),
 //!    [`uaccess`] (loads and stores), [`util`] (overcommit accounting).
 //! 7. Statistics: [`vmstat`], [`proc`] (status and smaps), [`inspect`]; and
 //!    the oracles in [`check`].
@@ -47,3 +48,4 @@ pub mod swap;
 pub mod syscalls;
 pub mod uaccess;
 pub mod util;
+pub mod vmscan;

@@ -1,8 +1,8 @@
-//! madvise (mm/madvise.c): MADV_DONTNEED, MADV_FREE, MADV_HUGEPAGE and
-//! MADV_NOHUGEPAGE.
+//! madvise (mm/madvise.c): MADV_DONTNEED, MADV_FREE, MADV_PAGEOUT,
+//! MADV_HUGEPAGE and MADV_NOHUGEPAGE.
 //!
-//! DONTNEED and FREE run under mmap_lock for reading, so two of them may run
-//! on one mm at once; their gathers then end in a full flush
+//! DONTNEED, FREE and PAGEOUT run under mmap_lock for reading, so two of
+//! them may run on one mm at once; their gathers then end in a full flush
 //! (`mm_tlb_flush_nested`). HUGEPAGE and NOHUGEPAGE change VMA flags and take
 //! it for writing.
 
@@ -21,12 +21,14 @@ use crate::pgtable::{self, Pmd, PmdSlot, PteRead};
 use crate::phys::{Folio, PhysMem, PAGE_MASK, PAGE_SIZE};
 use crate::sync::Arc;
 use crate::tunable::PtReclaim;
+use crate::vmscan::{shrink_lazyfree_ptes, Discard, FolioPtes};
 
 pub const MADV_NORMAL: i32 = 0;
 pub const MADV_DONTNEED: i32 = 4;
 pub const MADV_FREE: i32 = 8;
 pub const MADV_HUGEPAGE: i32 = 14;
 pub const MADV_NOHUGEPAGE: i32 = 15;
+pub const MADV_PAGEOUT: i32 = 21;
 
 /// `madvise(2)`.
 pub fn do_madvise(
@@ -42,6 +44,7 @@ pub fn do_madvise(
         MADV_FREE,
         MADV_HUGEPAGE,
         MADV_NOHUGEPAGE,
+        MADV_PAGEOUT,
     ]
     .contains(&advice)
     {
@@ -62,7 +65,7 @@ pub fn do_madvise(
         return Ok(());
     }
     match advice {
-        MADV_DONTNEED | MADV_FREE => {
+        MADV_DONTNEED | MADV_FREE | MADV_PAGEOUT => {
             let _g = mm.mmap_lock.read();
             let vmas: Vec<Arc<Vma>> = {
                 let guard = crate::sync::epoch::pin();
@@ -75,10 +78,10 @@ pub fn do_madvise(
                 }
                 let s = start.max(vma.start());
                 let e = end.min(vma.end());
-                if advice == MADV_DONTNEED {
-                    madvise_dontneed_single_vma(oncpu, mm, s, e);
-                } else {
-                    madvise_free_single_vma(oncpu, mm, s, e);
+                match advice {
+                    MADV_DONTNEED => madvise_dontneed_single_vma(oncpu, mm, s, e),
+                    MADV_FREE => madvise_free_single_vma(oncpu, mm, s, e),
+                    _ => madvise_pageout(oncpu, mm, s, e),
                 }
             }
             if unmapped {
@@ -287,4 +290,123 @@ fn madvise_free_pte_range(
 fn folio_maybe_mapped_shared(mem: &PhysMem, folio: Folio, pt: &impl PteRead, at: FolioPte) -> bool {
     folio.entire_mapcount(mem) != 0
         || folio.mapcount(mem) != folio_ptes_in_table(mem, folio, pt, at)
+}
+
+/// `madvise_pageout`: reclaim the folios of `[start, end)` that this
+/// process alone maps, now. Without swap that discards the clean lazyfree
+/// ones (see [`crate::vmscan`]); the rest stay, made old.
+///
+/// The model leaves a PMD-mapped THP alone, where the kernel isolates it
+/// when the range covers it (or splits it when it does not) and reclaim
+/// would discard it if lazyfree.
+fn madvise_pageout(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) {
+    let mut tlb = MmuGather::new(mm);
+    let mut walk = PageoutWalk {
+        oncpu,
+        tlb: &mut tlb,
+    };
+    let flow = walk_page_range(oncpu.mem(), &mm.pgd, start, end, WalkLock::Ptl, &mut walk);
+    debug_assert!(flow.is_continue());
+    tlb.finish(oncpu);
+}
+
+/// `cold_walk_ops` with `pageout` set: all the work is in `pmd_entry`.
+struct PageoutWalk<'a, 'g> {
+    oncpu: &'a OnCpu<'a>,
+    tlb: &'a mut MmuGather<'g>,
+}
+
+impl MmWalkOps for PageoutWalk<'_, '_> {
+    type Break = std::convert::Infallible;
+
+    fn pmd_entry(
+        &mut self,
+        slot: PmdSlot,
+        pmd: Pmd,
+        addr: u64,
+        next: u64,
+    ) -> ControlFlow<Self::Break, WalkAction> {
+        if !pmd.trans_huge() {
+            madvise_pageout_pte_range(self.oncpu, self.tlb, slot, addr, next);
+        }
+        ControlFlow::Continue(WalkAction::Continue)
+    }
+}
+
+/// The PTE half of `madvise_cold_or_pageout_pte_range` for pageout, with
+/// reclaim's step for each folio done in place (the kernel collects them
+/// and calls `reclaim_pages` after the walk). A large folio covered in part
+/// is split first unless maybe shared; one mapped by another process is
+/// left alone. When the gather fills, the lock is dropped, the gather
+/// flushed, and the walk goes on from the next entry.
+fn madvise_pageout_pte_range(
+    oncpu: &OnCpu,
+    tlb: &mut MmuGather,
+    slot: PmdSlot,
+    addr: u64,
+    end: u64,
+) {
+    let (mm, mem) = (tlb.mm, oncpu.mem());
+    let mut a = addr;
+    while a < end {
+        let Some(mut pt) = mm.pte_offset_map_lock(slot) else {
+            return;
+        };
+        let mut full = false;
+        while a < end && !full {
+            let idx = pgtable::pte_index(a);
+            let pte = pt.pte(idx);
+            let Some(page) = vm_normal_page(pte).filter(|_| pte.present()) else {
+                a += PAGE_SIZE;
+                continue;
+            };
+            let folio = mem.page_folio(page);
+            let at = FolioPte { idx, page };
+            let mut nr = 1usize;
+            if folio.is_large(mem) {
+                let max_nr = ((end - a) / PAGE_SIZE) as usize;
+                let flags = memory::FPB_IGNORE_DIRTY | memory::FPB_IGNORE_SOFT_DIRTY;
+                nr = memory::folio_pte_batch(mem, folio, &pt, idx, pte, max_nr, flags).nr;
+                if (nr as u64) < folio.nr_pages(mem) {
+                    let shared = folio_maybe_mapped_shared(mem, folio, &pt, at);
+                    let mut split_at = SplitAt {
+                        mm,
+                        pt: &mut pt,
+                        table_addr: a & crate::pgtable::PMD_MASK,
+                    };
+                    if !shared && split_folio_in_table(oncpu, folio, &mut split_at, at).is_ok() {
+                        continue; // this entry again: its folio is small now
+                    }
+                    a += nr as u64 * PAGE_SIZE;
+                    continue;
+                }
+            }
+            if folio_maybe_mapped_shared(mem, folio, &pt, at) {
+                a += nr as u64 * PAGE_SIZE;
+                continue;
+            }
+            // Made old (`ptep_test_and_clear_young` / `clear_young_dirty_ptes`
+            // with CYD_CLEAR_YOUNG), so that reclaim does not see it as
+            // recently used.
+            if (idx..idx + nr).any(|i| pt.pte(i).young()) {
+                for i in idx..idx + nr {
+                    pt.clear_bits(i, pgtable::entry::_PAGE_ACCESSED);
+                }
+                tlb.remove_tlb_entries(a, nr as u64);
+            }
+            let ptes = FolioPtes {
+                folio,
+                page,
+                idx,
+                nr,
+                addr: a,
+            };
+            full = shrink_lazyfree_ptes(oncpu, tlb, &mut pt, ptes) == Discard::FreedGatherFull;
+            a += nr as u64 * PAGE_SIZE;
+        }
+        drop(pt);
+        if full {
+            tlb.flush_mmu(oncpu);
+        }
+    }
 }

@@ -44,6 +44,7 @@ counters! {
         THP_ZERO_PAGE_ALLOC_FAILED => "thp_zero_page_alloc_failed",
         THP_DEFERRED_SPLIT_PAGE => "thp_deferred_split_page",
         PGLAZYFREE => "pglazyfree",
+        PGLAZYFREED => "pglazyfreed",
         NR_TLB_REMOTE_FLUSH => "nr_tlb_remote_flush",
         NR_TLB_REMOTE_FLUSH_RECEIVED => "nr_tlb_remote_flush_received",
         NR_TLB_LOCAL_FLUSH_ALL => "nr_tlb_local_flush_all",
@@ -57,6 +58,12 @@ counters! {
         PT_RECLAIM_UPSTREAM => "usermm_pt_reclaim_upstream",
         PT_RECLAIM_UPSTREAM_SLOW => "usermm_pt_reclaim_upstream_slow",
     }
+}
+
+impl Event {
+    /// The tables each design of PT reclaim freed, one counter per design
+    /// (the slow-path counters count a subset of these).
+    pub const PT_RECLAIMED_BY_DESIGN: &'static [Event] = &[Event::PT_RECLAIM_UPSTREAM];
 }
 
 counters! {

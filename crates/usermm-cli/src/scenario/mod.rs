@@ -668,7 +668,8 @@ mod tests {
             Just("dontneed"),
             Just("free"),
             Just("hugepage"),
-            Just("nohugepage")
+            Just("nohugepage"),
+            Just("pageout")
         ];
         let name = prop_oneof![Just("A"), Just("B"), Just("main"), Just("c")];
         (0..16u8, addr, len, prot, adv, name).prop_map(|(k, a, l, p, v, n)| match k {

@@ -371,6 +371,7 @@ fn parse_advice(w: &str) -> Option<i32> {
         "free" => 8,
         "hugepage" => 14,
         "nohugepage" => 15,
+        "pageout" => 21,
         _ => return None,
     })
 }
