@@ -4,6 +4,7 @@
 mod out;
 mod bench;
 mod host_chain;
+mod host_pt_reclaim;
 mod machine_args;
 mod native;
 mod plot;
@@ -47,6 +48,13 @@ enum Cmd {
         /// Extra 16-page VMAs each process writes a page of.
         #[arg(long, default_value_t = 0)]
         vmas: usize,
+    },
+    /// Run the seed's PT-reclaim loop on the host and print its figures as
+    /// JSON (`bench pt_reclaim` runs it).
+    #[command(hide = true)]
+    HostPtReclaim {
+        mode: host_pt_reclaim::Mode,
+        iterations: usize,
     },
 }
 
@@ -198,5 +206,6 @@ fn run_command(cmd: Cmd) -> anyhow::Result<i32> {
         Cmd::Inspect(a) => inspect(a),
         Cmd::Stress(a) => stress::run(a),
         Cmd::HostForkChain { depth, vmas } => host_chain::main(depth, vmas),
+        Cmd::HostPtReclaim { mode, iterations } => host_pt_reclaim::main(mode, iterations),
     }
 }

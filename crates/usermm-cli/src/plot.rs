@@ -78,3 +78,69 @@ pub fn change_plot(
     root.present()?;
     Ok(())
 }
+
+/// One set of bars of a grouped bar plot: a label and a value per group
+/// (None: no bar).
+pub struct Bars {
+    pub label: String,
+    pub values: Vec<Option<f64>>,
+}
+
+/// Grouped bars over categorical groups (`groups`), y on a log scale (the
+/// values span orders of magnitude).
+pub fn bar_plot(
+    path: &Path,
+    title: &str,
+    groups: &[String],
+    y_label: &str,
+    bars: &[Bars],
+) -> anyhow::Result<()> {
+    let hi = bars
+        .iter()
+        .flat_map(|b| b.values.iter().flatten())
+        .fold(1.0f64, |a, &v| a.max(v));
+    let root = SVGBackend::new(path, (800, 480)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let n = groups.len();
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(-0.5f64..(n as f64 - 0.5), (1.0f64..hi * 4.0).log_scale())?;
+    let labels = groups.to_vec();
+    chart
+        .configure_mesh()
+        .x_labels(n)
+        .x_label_formatter(&move |x| {
+            let i = x.round();
+            if (x - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < labels.len() {
+                labels[i as usize].clone()
+            } else {
+                String::new()
+            }
+        })
+        .y_desc(y_label)
+        .draw()?;
+    let colors = [BLUE, RED, GREEN, MAGENTA, CYAN, BLACK];
+    let width = 0.8 / bars.len().max(1) as f64;
+    for (i, b) in bars.iter().enumerate() {
+        let color = colors[i % colors.len()];
+        let rects = b.values.iter().enumerate().filter_map(|(g, v)| {
+            let x0 = g as f64 - 0.4 + i as f64 * width;
+            v.map(|v| Rectangle::new([(x0, 1.0), (x0 + width * 0.9, v.max(1.0))], color.filled()))
+        });
+        chart
+            .draw_series(rects)?
+            .label(&b.label)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 15, y + 5)], color.filled()));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}

@@ -4,6 +4,7 @@
 
 mod batching;
 mod fault;
+mod pt_reclaim;
 mod vma;
 
 use std::path::PathBuf;
@@ -14,8 +15,8 @@ use usermm::{Machine, MachineConfig};
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    /// Experiment: fault, munmap, dontneed, fork or vma (see --list). All
-    /// when omitted.
+    /// Experiment: fault, munmap, dontneed, fork, vma or pt_reclaim (see
+    /// --list). All when omitted.
     pub name: Option<String>,
     /// List the experiments with what each measures, and stop.
     #[arg(long)]
@@ -26,6 +27,9 @@ pub struct BenchArgs {
     /// Region size in MiB.
     #[arg(long, default_value_t = 1024)]
     pub size_mb: u64,
+    /// Chunks of the pt_reclaim loop (the seed's: 25 x 1024, 50 GiB).
+    #[arg(long, default_value_t = 25 * 1024)]
+    pub iterations: usize,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -108,12 +112,13 @@ pub struct Experiment {
 }
 
 /// Every experiment, in the order `usermm bench` runs them.
-pub const EXPERIMENTS: [Experiment; 5] = [
+pub const EXPERIMENTS: [Experiment; 6] = [
     fault::EXPERIMENT,
     batching::MUNMAP,
     batching::DONTNEED,
     batching::FORK,
     vma::EXPERIMENT,
+    pt_reclaim::EXPERIMENT,
 ];
 
 fn names() -> String {
@@ -132,6 +137,9 @@ fn validate(a: &BenchArgs) -> anyhow::Result<()> {
             "--sizes: {kb} KiB is not a folio size (known: {})",
             SIZES_KB.map(|k| k.to_string()).join(", ")
         );
+    }
+    if a.iterations == 0 || a.iterations > 1 << 24 {
+        anyhow::bail!("--iterations must be between 1 and {}", 1 << 24);
     }
     if a.size_mb == 0 {
         anyhow::bail!("--size-mb must be at least 1");

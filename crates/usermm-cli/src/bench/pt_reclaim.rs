@@ -1,0 +1,405 @@
+//! `bench pt_reclaim`: F4, freeing emptied user PTE tables. The seed's
+//! loop (mmap 50 GiB MAP_NORESERVE, then for each 2 MiB chunk: write every
+//! page, give the chunk back) in four modes, with every design of the
+//! `pt_reclaim` tunable, VmPTE before and after beside the seed's published
+//! figures and the host kernel's for the same loop run natively; then the
+//! cost on the fault path: 4 KiB write-fault throughput per design, the
+//! designs interleaved round by round.
+
+use std::time::Instant;
+
+use anyhow::anyhow;
+use serde::Serialize;
+use usermm::mmap::{MAP_ANONYMOUS, MAP_NORESERVE, MAP_PRIVATE, PROT_READ, PROT_WRITE};
+use usermm::tunable::Tunable;
+use usermm::Machine;
+
+use super::{experiment_machine, median, progress, region_machine_bytes, BenchArgs};
+use crate::host_pt_reclaim::{self, Figures, LoopResult, Mode, CHUNK, PAGE};
+use crate::{native, plot};
+
+pub const EXPERIMENT: super::Experiment = super::Experiment {
+    name: "pt_reclaim",
+    description: "the seed's loop (50 GiB; per 2 MiB chunk: write it, give it back) in four modes with each pt_reclaim design: VmPTE after, against the seed and the host kernel; and 4 KiB fault throughput per design (F4)",
+    run,
+};
+
+/// The seed's loop: 25 x 1024 chunks of 2 MiB, 50 GiB.
+const SEED_ITERATIONS: usize = 25 * 1024;
+
+/// The seed series' VmPTE after the `whole` loop of [`SEED_ITERATIONS`], in kB: the kernel without
+/// any of them (the cover letters' "before"), the percpu_ref RFC (Apr 2022)
+/// and the merged series' v1 (Oct 2024).
+fn seed_vmpte_after_kb(design: &str, mode: Mode) -> Option<u64> {
+    match (design, mode) {
+        ("off", Mode::Whole) => Some(102_640),
+        ("upstream", Mode::Whole) => Some(240),
+        ("pte_ref", Mode::Whole) => Some(96),
+        _ => None,
+    }
+}
+
+#[derive(Serialize)]
+struct LoopRow {
+    design: &'static str,
+    mode: &'static str,
+    iterations: usize,
+    vmsize_before_kb: u64,
+    vmrss_before_kb: u64,
+    vmpte_before_kb: u64,
+    vmsize_after_kb: u64,
+    vmrss_after_kb: u64,
+    vmpte_after_kb: u64,
+    loop_s: f64,
+    /// Tables the design reclaimed during the loop (the model's counters).
+    tables_reclaimed: u64,
+    seed_vmpte_after_kb: Option<u64>,
+    host_vmpte_after_kb: Option<u64>,
+    host_vmrss_after_kb: Option<u64>,
+    host_loop_s: Option<f64>,
+}
+
+#[derive(Serialize)]
+struct FaultCostRow {
+    op: &'static str,
+    design: &'static str,
+    faults_per_s: f64,
+    faults_per_s_min: f64,
+    faults_per_s_max: f64,
+    /// Median over rounds of this design's throughput over `off`'s in the
+    /// same round.
+    ratio_to_off: f64,
+    ratio_min: f64,
+    ratio_max: f64,
+    runs: usize,
+}
+
+fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
+    let iterations = a.iterations;
+    let designs = Tunable::PtReclaim.info().values;
+    // The loop's own memory: one table per chunk when none is freed, the
+    // chunk being written, and slack; the fault-cost region besides.
+    let loop_need = (iterations as u64 * PAGE as u64 + (64 << 20)).next_multiple_of(1 << 20);
+    let m = experiment_machine(a, loop_need.max(region_machine_bytes(a.size_mb)))?;
+    m.prefault();
+    // 4 KiB folios only, as the seed measured and the host runs below.
+    m.thp.only_order(0);
+    let host_knobs = if a.no_host {
+        Err("not run".to_string())
+    } else {
+        native::HostKnobs::only_size(4).map_err(|e| e.to_string())
+    };
+    let pb = progress(
+        "pt_reclaim",
+        (Mode::ALL.len() * (designs.len() + 1) + a.runs * designs.len()) as u64,
+    );
+    let mut host = vec![];
+    for mode in Mode::ALL {
+        pb.set_message(format!("host {}", mode.name()));
+        let r = match &host_knobs {
+            Ok(_) => host_pt_reclaim::run(mode, iterations).map_err(|e| e.to_string()),
+            Err(e) => Err(e.clone()),
+        };
+        host.push(r);
+        pb.inc(1);
+    }
+    drop(host_knobs);
+    let mut rows = vec![];
+    for (mode, host) in Mode::ALL.into_iter().zip(&host) {
+        for d in designs {
+            pb.set_message(format!("{} {}", d.name, mode.name()));
+            m.tunables.set(Tunable::PtReclaim.info().name, d.name)?;
+            let (r, reclaimed) = engine_loop(&m, mode, iterations)?;
+            let h = host.as_ref().ok();
+            rows.push(LoopRow {
+                design: d.name,
+                mode: mode.name(),
+                iterations,
+                vmsize_before_kb: r.before.vmsize_kb,
+                vmrss_before_kb: r.before.vmrss_kb,
+                vmpte_before_kb: r.before.vmpte_kb,
+                vmsize_after_kb: r.after.vmsize_kb,
+                vmrss_after_kb: r.after.vmrss_kb,
+                vmpte_after_kb: r.after.vmpte_kb,
+                loop_s: r.loop_s,
+                tables_reclaimed: reclaimed,
+                seed_vmpte_after_kb: (iterations == SEED_ITERATIONS)
+                    .then(|| seed_vmpte_after_kb(d.name, mode))
+                    .flatten(),
+                host_vmpte_after_kb: h.map(|h| h.after.vmpte_kb),
+                host_vmrss_after_kb: h.map(|h| h.after.vmrss_kb),
+                host_loop_s: h.map(|h| h.loop_s),
+            });
+            pb.inc(1);
+        }
+    }
+    let costs = fault_cost(a, &m, &pb)?;
+    pb.finish_and_clear();
+    let host_note = host.iter().find_map(|h| h.as_ref().err().cloned());
+    if !a.json {
+        print_tables(a, &m, &rows, &costs, host_note.as_deref());
+    }
+    plot_vmpte(a, &rows)?;
+    let mut json_rows: Vec<serde_json::Value> = rows
+        .iter()
+        .map(serde_json::to_value)
+        .collect::<Result<_, _>>()?;
+    for c in &costs {
+        json_rows.push(serde_json::to_value(c)?);
+    }
+    Ok(serde_json::json!({
+        "experiment": "pt_reclaim",
+        "machine": m.config.to_string(),
+        "iterations": iterations,
+        "fault_region_mb": a.size_mb,
+        "runs": a.runs,
+        "host_note": host_note,
+        "rows": json_rows,
+    }))
+}
+
+/// Tables reclaimed so far, by every design's counter.
+fn tables_reclaimed(m: &Machine) -> u64 {
+    usermm::vmstat::Event::PT_RECLAIMED_BY_DESIGN
+        .iter()
+        .map(|&e| m.vmstat().event(e))
+        .sum()
+}
+
+/// The seed's loop in a fresh process of the engine.
+fn engine_loop(m: &Machine, mode: Mode, iterations: usize) -> anyhow::Result<(LoopResult, u64)> {
+    let err = |what: &'static str| move |e| anyhow!("{what}: {e}");
+    let c = m.bind(0).map_err(err("bind"))?;
+    let mm = c.new_mm().map_err(err("mm"))?;
+    let len = mode.mapping_len(iterations) as u64;
+    let base = c
+        .mmap(
+            0,
+            len,
+            PROT_READ | PROT_WRITE,
+            MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+        )
+        .map_err(err("mmap"))?;
+    let figures = || {
+        m.rcu_barrier();
+        let s = usermm::proc::status(&mm);
+        Figures {
+            vmsize_kb: s.vm_size,
+            vmrss_kb: s.vm_rss,
+            vmpte_kb: s.vm_pte,
+        }
+    };
+    let before = figures();
+    let reclaimed = tables_reclaimed(m);
+    let t = Instant::now();
+    for i in 0..iterations as u64 {
+        let chunk = base + mode.offset() as u64 + i * CHUNK as u64;
+        c.touch_pages(chunk, chunk + CHUNK as u64, 1)
+            .map_err(err("write"))?;
+        for &(at, n, advice) in mode.calls() {
+            c.madvise(chunk + at as u64, n as u64, advice)
+                .map_err(err("madvise"))?;
+        }
+    }
+    let loop_s = t.elapsed().as_secs_f64();
+    let after = figures();
+    let reclaimed = tables_reclaimed(m) - reclaimed;
+    c.munmap(base, len).map_err(err("munmap"))?;
+    c.exit_mm().map_err(err("exit"))?;
+    drop(mm);
+    m.rcu_barrier();
+    Ok((
+        LoopResult {
+            before,
+            after,
+            loop_s,
+            aligned: base.is_multiple_of(CHUNK as u64),
+        },
+        reclaimed,
+    ))
+}
+
+/// 4 KiB write-fault throughput of each design: every round populates a
+/// fresh `--size-mb` region once per design, the designs in turn.
+fn fault_cost(
+    a: &BenchArgs,
+    m: &Machine,
+    pb: &indicatif::ProgressBar,
+) -> anyhow::Result<Vec<FaultCostRow>> {
+    let designs = Tunable::PtReclaim.info().values;
+    let len = a.size_mb << 20;
+    let faults = (len / PAGE as u64) as f64;
+    let mut fps = vec![vec![]; designs.len()];
+    let mut ratios = vec![vec![]; designs.len()];
+    for round in 0..a.runs {
+        pb.set_message(format!("fault cost {}/{}", round + 1, a.runs));
+        for (i, d) in designs.iter().enumerate() {
+            m.tunables.set(Tunable::PtReclaim.info().name, d.name)?;
+            fps[i].push(faults / populate_s(m, len)?);
+            pb.inc(1);
+        }
+        for i in 0..designs.len() {
+            ratios[i].push(fps[i][round] / fps[0][round]);
+        }
+    }
+    let minmax = |v: &[f64]| {
+        v.iter()
+            .fold((f64::MAX, f64::MIN), |(lo, hi), &x| (lo.min(x), hi.max(x)))
+    };
+    Ok(designs
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let (lo, hi) = minmax(&fps[i]);
+            let (rlo, rhi) = minmax(&ratios[i]);
+            FaultCostRow {
+                op: "fault_cost",
+                design: d.name,
+                faults_per_s: median(fps[i].clone()),
+                faults_per_s_min: lo,
+                faults_per_s_max: hi,
+                ratio_to_off: median(ratios[i].clone()),
+                ratio_min: rlo,
+                ratio_max: rhi,
+                runs: a.runs,
+            }
+        })
+        .collect())
+}
+
+/// Seconds to write-fault every page of a fresh `len`-byte region.
+fn populate_s(m: &Machine, len: u64) -> anyhow::Result<f64> {
+    let err = |what: &'static str| move |e| anyhow!("{what}: {e}");
+    let c = m.bind(0).map_err(err("bind"))?;
+    c.new_mm().map_err(err("mm"))?;
+    let addr = c
+        .mmap(0, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS)
+        .map_err(err("mmap"))?;
+    let t = Instant::now();
+    c.touch_pages(addr, addr + len, 1)
+        .map_err(err("populate"))?;
+    let s = t.elapsed().as_secs_f64();
+    c.munmap(addr, len).map_err(err("munmap"))?;
+    c.exit_mm().map_err(err("exit"))?;
+    m.rcu_barrier();
+    Ok(s)
+}
+
+fn kb(v: Option<u64>) -> String {
+    v.map_or("-".into(), |v| v.to_string())
+}
+
+fn print_tables(
+    a: &BenchArgs,
+    m: &Machine,
+    rows: &[LoopRow],
+    costs: &[FaultCostRow],
+    host_note: Option<&str>,
+) {
+    outln!(
+        "bench pt_reclaim: mmap 50 GiB MAP_NORESERVE; {} times write every 4 KiB page of the next 2 MiB and give it back",
+        a.iterations
+    );
+    outln!("  whole: MADV_DONTNEED 2 MiB; halves: two of 1 MiB; offset4k: 2 MiB chunks 4 KiB past a 2 MiB boundary;");
+    outln!("  free: MADV_FREE 2 MiB, then MADV_PAGEOUT discards the clean lazyfree pages. Figures in kB.");
+    outln!(
+        "{:<9} {:<9} {:>10} {:>10} {:>10} {:>9} {:>9} {:>10} {:>10} {:>9}",
+        "design",
+        "mode",
+        "VmPTE bef",
+        "VmPTE aft",
+        "VmRSS aft",
+        "loop(s)",
+        "reclaimed",
+        "seed aft",
+        "host aft",
+        "host(s)"
+    );
+    for r in rows {
+        outln!(
+            "{:<9} {:<9} {:>10} {:>10} {:>10} {:>9.2} {:>9} {:>10} {:>10} {:>9}",
+            r.design,
+            r.mode,
+            r.vmpte_before_kb,
+            r.vmpte_after_kb,
+            r.vmrss_after_kb,
+            r.loop_s,
+            r.tables_reclaimed,
+            kb(r.seed_vmpte_after_kb),
+            kb(r.host_vmpte_after_kb),
+            r.host_loop_s.map_or("-".into(), |s| format!("{s:.2}"))
+        );
+    }
+    if let Some(n) = host_note {
+        outln!("host: {n}");
+    }
+    outln!();
+    outln!(
+        "fault cost: write faults on a fresh {} MiB region, 4 KiB folios; medians of {} rounds, designs interleaved",
+        a.size_mb,
+        a.runs
+    );
+    outln!(
+        "{:<9} {:>12} {:>12} {:>12} {:>8} {:>15}",
+        "design",
+        "faults/s",
+        "min",
+        "max",
+        "vs off",
+        "ratio range"
+    );
+    for c in costs {
+        outln!(
+            "{:<9} {:>12.0} {:>12.0} {:>12.0} {:>8.3} {:>7.3}-{:<7.3}",
+            c.design,
+            c.faults_per_s,
+            c.faults_per_s_min,
+            c.faults_per_s_max,
+            c.ratio_to_off,
+            c.ratio_min,
+            c.ratio_max
+        );
+    }
+    outln!("machine: {}", m.config);
+    outln!();
+}
+
+/// Bars of VmPTE after the loop, per mode, one per design and the host.
+fn plot_vmpte(a: &BenchArgs, rows: &[LoopRow]) -> anyhow::Result<()> {
+    let modes: Vec<String> = Mode::ALL.iter().map(|m| m.name().to_string()).collect();
+    let mut bars: Vec<plot::Bars> = Tunable::PtReclaim
+        .info()
+        .values
+        .iter()
+        .map(|d| plot::Bars {
+            label: format!("usermm, {}", d.name),
+            values: Mode::ALL
+                .iter()
+                .map(|m| {
+                    rows.iter()
+                        .find(|r| r.design == d.name && r.mode == m.name())
+                        .map(|r| r.vmpte_after_kb as f64)
+                })
+                .collect(),
+        })
+        .collect();
+    bars.push(plot::Bars {
+        label: "host kernel".into(),
+        values: Mode::ALL
+            .iter()
+            .map(|m| {
+                rows.iter()
+                    .find(|r| r.mode == m.name())
+                    .and_then(|r| r.host_vmpte_after_kb)
+                    .map(|v| v as f64)
+            })
+            .collect(),
+    });
+    plot::bar_plot(
+        &a.out.join("pt_reclaim.svg"),
+        &format!("VmPTE after {} x (write 2 MiB, give it back)", a.iterations),
+        &modes,
+        "VmPTE after the loop (kB, log scale)",
+        &bars,
+    )
+}
