@@ -83,7 +83,9 @@ impl SpinLock {
     }
 
     pub fn try_lock(&self) -> Option<SpinGuard<'_>> {
-        self.0.try_lock().then_some(SpinGuard(self))
+        // Lazily: a guard made when the trylock failed would unlock the
+        // holder's lock as it drops.
+        self.0.try_lock().then(|| SpinGuard(self))
     }
 
     pub fn is_locked(&self) -> bool {
@@ -137,5 +139,22 @@ fn spin_until_backoff(mut cond: impl FnMut() -> bool) {
         } else {
             backoff.snooze();
         }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::SpinLock;
+
+    /// A failed trylock leaves the holder's lock held.
+    #[test]
+    fn failed_try_lock_keeps_the_lock() {
+        let l = SpinLock::new();
+        let held = l.lock();
+        assert!(l.try_lock().is_none());
+        assert!(l.is_locked(), "the failed trylock unlocked it");
+        drop(held);
+        assert!(l.try_lock().is_some());
+        assert!(!l.is_locked());
     }
 }
