@@ -24,6 +24,7 @@ use crate::pgtable::{
 use crate::phys::memmap::pg;
 use crate::phys::AllocFlags;
 use crate::phys::{Folio, Pfn, PhysMem, HPAGE_PMD_NR, HPAGE_PMD_ORDER};
+use crate::pt_reclaim::new_pte_tracking;
 use crate::rmap::{self, RmapFlags};
 use crate::sync::{Arc, Ordering};
 use crate::vmstat::{Event, MthpStat};
@@ -54,7 +55,8 @@ pub fn do_huge_pmd_anonymous_page(vmf: &mut VmFault<'_>) -> VmFaultResult {
             .mod_mthp(HPAGE_PMD_ORDER, MthpStat::ANON_FAULT_FALLBACK, 1);
         return VmFaultResult::Fallback;
     };
-    let Some(pgtable) = Ptdesc::alloc(mem, oncpu.cpu.node, oncpu.id()) else {
+    let Some(pgtable) = Ptdesc::alloc_pte(mem, oncpu.cpu.node, oncpu.id(), new_pte_tracking(oncpu))
+    else {
         folio.put(mem, oncpu.id());
         return VmFaultResult::Oom;
     };
@@ -89,7 +91,8 @@ pub fn do_huge_pmd_anonymous_page(vmf: &mut VmFault<'_>) -> VmFaultResult {
 fn do_huge_zero_pmd(vmf: &mut VmFault<'_>) -> VmFaultResult {
     let (oncpu, mm, vma) = (vmf.oncpu, vmf.mm, vmf.vma);
     let mem = oncpu.mem();
-    let Some(pgtable) = Ptdesc::alloc(mem, oncpu.cpu.node, oncpu.id()) else {
+    let Some(pgtable) = Ptdesc::alloc_pte(mem, oncpu.cpu.node, oncpu.id(), new_pte_tracking(oncpu))
+    else {
         return VmFaultResult::Oom;
     };
     let Some(zero) = oncpu.m.huge_zero_pfn(oncpu.id()) else {
@@ -224,7 +227,8 @@ pub fn copy_huge_pmd(
     src_slot: PmdSlot,
 ) -> KResult<bool> {
     let mem = oncpu.mem();
-    let pgtable = Ptdesc::alloc(mem, oncpu.cpu.node, oncpu.id()).ok_or(Errno::ENOMEM)?;
+    let pgtable = Ptdesc::alloc_pte(mem, oncpu.cpu.node, oncpu.id(), new_pte_tracking(oncpu))
+        .ok_or(Errno::ENOMEM)?;
     // The kernel's order: the child's PMD lock, then the parent's, nested.
     let mut dst_ptl = dst_mm.pmd_lock(dst_slot);
     let mut src_ptl = src_mm.pmd_lock(src_slot);

@@ -44,6 +44,7 @@ pub mod mmap;
 pub mod mmu_gather;
 pub mod mprotect;
 pub mod proc;
+pub mod pt_reclaim;
 pub mod swap;
 pub mod syscalls;
 pub mod uaccess;

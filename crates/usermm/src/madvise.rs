@@ -19,6 +19,7 @@ use crate::mmu_gather::MmuGather;
 use crate::pgtable::pagewalk::{walk_page_range, MmWalkOps, WalkAction, WalkLock};
 use crate::pgtable::{self, Pmd, PmdSlot, PteRead};
 use crate::phys::{Folio, PhysMem, PAGE_MASK, PAGE_SIZE};
+use crate::pt_reclaim::{self, SwitchBack};
 use crate::sync::Arc;
 use crate::tunable::PtReclaim;
 use crate::vmscan::{shrink_lazyfree_ptes, Discard, FolioPtes};
@@ -141,14 +142,19 @@ fn has_hole(vmas: &[Arc<Vma>], start: u64, end: u64) -> bool {
 }
 
 /// `madvise_dontneed_single_vma`: zap `[start, end)` of one VMA. PTE
-/// markers (guard regions) stay; with PT reclaim, the PTE tables the zap
-/// empties over their whole range are freed.
+/// markers (guard regions) stay. With PT reclaim (`upstream`), the PTE
+/// tables the zap empties over their whole range are freed; with `pte_ref`,
+/// every table of the range that nothing holds any more.
 fn madvise_dontneed_single_vma(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) {
+    let design = oncpu.m.tunables.pt_reclaim();
     let details = memory::ZapDetails {
         drop_markers: false,
-        reclaim_pt: oncpu.m.tunables.pt_reclaim() == PtReclaim::Upstream,
+        reclaim_pt: design == PtReclaim::Upstream,
     };
     zap_page_range_single(oncpu, mm, start, end, &details);
+    if design == PtReclaim::PteRef {
+        pt_reclaim::try_to_free_user_ptes(oncpu, mm, start, end, SwitchBack::Percpu);
+    }
 }
 
 /// `zap_page_range_single`.
@@ -178,6 +184,11 @@ fn madvise_free_single_vma(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) {
     let flow = walk_page_range(oncpu.mem(), &mm.pgd, start, end, WalkLock::Ptl, &mut walk);
     debug_assert!(flow.is_continue());
     tlb.finish(oncpu);
+    if oncpu.m.tunables.pt_reclaim() == PtReclaim::PteRef {
+        // The seed's MADV_FREE leaves the counts atomic: a table dies when
+        // reclaim discards its last lazyfree page.
+        pt_reclaim::try_to_free_user_ptes(oncpu, mm, start, end, SwitchBack::StayAtomic);
+    }
 }
 
 /// `madvise_free_walk_ops`: all the work is in `pmd_entry`, which takes
@@ -308,6 +319,9 @@ fn madvise_pageout(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) {
     let flow = walk_page_range(oncpu.mem(), &mm.pgd, start, end, WalkLock::Ptl, &mut walk);
     debug_assert!(flow.is_continue());
     tlb.finish(oncpu);
+    // With `pte_ref`, a discard may have put the last reference of a table
+    // left atomic by MADV_FREE (the seed frees it in that put's release).
+    pt_reclaim::free_dead_user_ptes(oncpu, mm, start, end);
 }
 
 /// `cold_walk_ops` with `pageout` set: all the work is in `pmd_entry`.

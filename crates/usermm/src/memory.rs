@@ -258,7 +258,11 @@ fn __handle_mm_fault(vmf: &mut VmFault<'_>) -> VmFaultResult {
             return huge_pmd_set_accessed(vmf);
         }
     }
-    if let Err(e) = vmf.mm.pte_alloc(vmf.pmd, oncpu.id()) {
+    if let Err(e) = vmf.mm.pte_alloc(
+        vmf.pmd,
+        oncpu.id(),
+        crate::pt_reclaim::new_pte_tracking(oncpu),
+    ) {
         return e.into();
     }
     handle_pte_fault(vmf)
@@ -285,6 +289,11 @@ fn huge_pmd_set_accessed(vmf: &mut VmFault<'_>) -> VmFaultResult {
 fn handle_pte_fault(vmf: &mut VmFault<'_>) -> VmFaultResult {
     let Some(mut pt) = vmf.mm.pte_offset_map_lock(vmf.pmd) else {
         // The table went away or became huge under us: retry the access.
+        // A dead tracked table (`pte_ref`) is freed first, so that the
+        // retry can allocate a new one.
+        if vmf.pmd.pte_table_is_dead(vmf.oncpu.mem()) {
+            crate::pt_reclaim::free_dead_user_ptes(vmf.oncpu, vmf.mm, vmf.address, vmf.address + 1);
+        }
         return VmFaultResult::Raced;
     };
     let idx = vmf.pte_idx();
@@ -1013,7 +1022,11 @@ impl CopyRange<'_> {
         mut addr: u64,
         end: u64,
     ) -> KResult<()> {
-        self.dst_mm.pte_alloc(dst_slot, self.oncpu.id())?;
+        self.dst_mm.pte_alloc(
+            dst_slot,
+            self.oncpu.id(),
+            crate::pt_reclaim::new_pte_tracking(self.oncpu),
+        )?;
         let dst = self
             .dst_mm
             .pte_offset_map_lock(dst_slot)
@@ -1220,7 +1233,7 @@ pub unsafe fn free_pgd_range(
 }
 
 /// `pte_free_tlb` / `pmd_free_tlb` / `pud_free_tlb`: account and queue.
-fn pt_free_tlb(oncpu: &OnCpu, tlb: &mut MmuGather, table: Ptdesc, addr: u64) {
+pub(crate) fn pt_free_tlb(oncpu: &OnCpu, tlb: &mut MmuGather, table: Ptdesc, addr: u64) {
     tlb.mm.dec_nr_tables();
     tlb.adjust_range(addr, PAGE_SIZE);
     tlb.cleared_pmds = true;

@@ -20,6 +20,48 @@ pub use std::sync::{Arc, OnceLock, Weak};
 /// is gone (`call_rcu` / `kfree_rcu`).
 pub use crossbeam_epoch as epoch;
 
+/// Pads a per-CPU counter to its own cache line.
+pub use crossbeam_utils::CachePadded;
+
+/// `synchronize_rcu`: wait until every epoch pin taken before the call has
+/// been dropped (a grace period). The caller must not hold a pin itself.
+/// A deferred function runs only once the epoch has advanced past every
+/// pin that could have seen the world before it was deferred, so its
+/// running is the end of the grace period.
+pub fn synchronize_rcu() {
+    let done = Arc::new(AtomicBool::new(false));
+    let flag = done.clone();
+    {
+        let g = epoch::pin();
+        // Release: pairs with the Acquire below.
+        g.defer(move || flag.store(true, Ordering::Release));
+        g.flush();
+    }
+    while !done.load(Ordering::Acquire) {
+        epoch::pin().flush();
+        std::thread::yield_now();
+    }
+}
+
+std::thread_local! {
+    static THIS_CPU: std::cell::Cell<usize> = const { std::cell::Cell::new(NO_CPU) };
+}
+
+/// What [`this_cpu`] says on a thread that plays no CPU.
+pub const NO_CPU: usize = usize::MAX;
+
+/// `smp_processor_id`: the CPU the calling thread plays ([`NO_CPU`] for
+/// one bound to none), for per-CPU counters.
+#[inline]
+pub fn this_cpu() -> usize {
+    THIS_CPU.with(|c| c.get())
+}
+
+/// Record the CPU the calling thread now plays ([`NO_CPU`]: none).
+pub fn set_this_cpu(id: usize) {
+    THIS_CPU.with(|c| c.set(id));
+}
+
 /// Reader-writer lock guards that own an `Arc` of their lock, for guards
 /// that outlive the borrow they were taken from (the anon_vma lock).
 pub use parking_lot::lock_api::{ArcRwLockReadGuard, ArcRwLockWriteGuard};

@@ -85,6 +85,10 @@ pub enum PtReclaim {
     /// `CONFIG_PT_RECLAIM` (v6.14): MADV_DONTNEED frees a table that one
     /// zap emptied over its whole range.
     Upstream = 1,
+    /// The seed's `pte_ref` (RFC, April 2022): every PTE table counts its
+    /// entries and walkers; MADV_DONTNEED and MADV_FREE free the tables
+    /// whose count reaches zero.
+    PteRef = 2,
 }
 
 /// Every tunable, in [`Tunable`] order.
@@ -121,6 +125,14 @@ pub const TUNABLES: [TunableInfo; 3] = [
                 description: "a MADV_DONTNEED zap that covers a PTE table's whole \
                     2 MiB range and leaves nothing behind frees the table \
                     (v6.14 and later, with the Feb 2025 fix)",
+            },
+            TunableValue {
+                name: "pte_ref",
+                description: "each PTE table made while selected keeps a count of \
+                    its entries and walkers (a percpu_ref); after MADV_DONTNEED and \
+                    MADV_FREE a table whose count is zero is freed, however it was \
+                    emptied (the F4 seed, \"Try to free user PTE page table pages\", \
+                    RFC 2022, not merged)",
             },
         ],
         default: 1,
@@ -257,7 +269,8 @@ impl Tunables {
     pub fn pt_reclaim(&self) -> PtReclaim {
         match self.index(Tunable::PtReclaim) {
             0 => PtReclaim::Off,
-            _ => PtReclaim::Upstream,
+            1 => PtReclaim::Upstream,
+            _ => PtReclaim::PteRef,
         }
     }
 

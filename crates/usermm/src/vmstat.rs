@@ -57,13 +57,15 @@ counters! {
         PT_FREED => "usermm_pt_freed",
         PT_RECLAIM_UPSTREAM => "usermm_pt_reclaim_upstream",
         PT_RECLAIM_UPSTREAM_SLOW => "usermm_pt_reclaim_upstream_slow",
+        PT_RECLAIM_PTE_REF => "usermm_pt_reclaim_pte_ref",
     }
 }
 
 impl Event {
     /// The tables each design of PT reclaim freed, one counter per design
     /// (the slow-path counters count a subset of these).
-    pub const PT_RECLAIMED_BY_DESIGN: &'static [Event] = &[Event::PT_RECLAIM_UPSTREAM];
+    pub const PT_RECLAIMED_BY_DESIGN: &'static [Event] =
+        &[Event::PT_RECLAIM_UPSTREAM, Event::PT_RECLAIM_PTE_REF];
 }
 
 counters! {

@@ -12,6 +12,9 @@ use usermm::mmap::*;
 use usermm::pgtable::walk::hw_walk;
 use usermm::{Errno, Machine, MachineConfig};
 
+mod common;
+use common::StopOnDrop;
+
 const RW: u32 = PROT_READ | PROT_WRITE;
 const ANON: u32 = MAP_PRIVATE | MAP_ANONYMOUS;
 
@@ -256,16 +259,6 @@ fn fork_and_munmap_while_other_cpus_write() {
         }
         m.rcu_barrier();
         check_invariants(&m).unwrap();
-    }
-}
-
-/// Stops the accessing CPUs when the driving closure ends, returning or
-/// panicking: a failed operation must fail the test, not hang it.
-struct StopOnDrop<'a>(&'a AtomicBool);
-
-impl Drop for StopOnDrop<'_> {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
     }
 }
 

@@ -18,6 +18,9 @@ use usermm::tunable::PtReclaim;
 use usermm::vmstat::Event;
 use usermm::{Errno, Machine, MachineConfig, OnCpu};
 
+mod common;
+use common::StopOnDrop;
+
 const RW: u32 = PROT_READ | PROT_WRITE;
 const ANON: u32 = MAP_PRIVATE | MAP_ANONYMOUS;
 const PAGE: u64 = 4096;
@@ -162,7 +165,23 @@ fn a_zap_that_drops_the_lock_midway_takes_the_slow_path() {
 /// none leaked.
 #[test]
 fn faults_race_with_table_reclaim() {
-    let m = machine(256 << 20, 3, PtReclaim::Upstream);
+    let m = race_faults_with_reclaim(PtReclaim::Upstream);
+    let (freed, slow) = reclaimed(&m);
+    assert!(freed > 10, "tables were reclaimed ({freed})");
+    assert!(slow > 0, "some by the slow path");
+}
+
+/// The same race with the seed's `pte_ref`, which also frees the tables
+/// that two half-table MADV_DONTNEEDs empty.
+#[test]
+fn faults_race_with_pte_ref_reclaim() {
+    let m = race_faults_with_reclaim(PtReclaim::PteRef);
+    let freed = m.vmstat().event(Event::PT_RECLAIM_PTE_REF);
+    assert!(freed > 10, "tables were reclaimed ({freed})");
+}
+
+fn race_faults_with_reclaim(design: PtReclaim) -> Arc<Machine> {
+    let m = machine(256 << 20, 3, design);
     let shadow = Shadow::new();
     let c0 = m.bind(0).unwrap();
     let mm = c0.new_mm().unwrap();
@@ -172,6 +191,7 @@ fn faults_race_with_table_reclaim() {
     let stop = AtomicBool::new(false);
     let accesses = AtomicU64::new(0);
     std::thread::scope(|s| {
+        let _stop = StopOnDrop(&stop);
         for id in 1..3u64 {
             let (m, mm, stop, shadow, accesses) = (&m, mm.clone(), &stop, &shadow, &accesses);
             s.spawn(move || {
@@ -201,13 +221,26 @@ fn faults_race_with_table_reclaim() {
             });
         }
         let mut i = 0u64;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
         while i < 400 || accesses.load(Ordering::Relaxed) < 40_000 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "stalled: {i} rounds, {} accesses",
+                accesses.load(Ordering::Relaxed)
+            );
             i += 1;
             let t = a + (i % TABLES) * PMD_SIZE;
             if i % 4 == 3 {
                 // MADV_FREE keeps the data (no reclaim discards it here).
                 c0.madvise(t + (i % 7) * 64 * PAGE, 64 * PAGE, MADV_FREE)
                     .unwrap();
+            } else if i % 4 == 1 {
+                // Two halves: only pte_ref frees the table they empty.
+                for h in [t, t + PMD_SIZE / 2] {
+                    shadow.zap(&c0, mm.id, h, h + PMD_SIZE / 2, || {
+                        c0.madvise(h, PMD_SIZE / 2, MADV_DONTNEED).unwrap();
+                    });
+                }
             } else if i.is_multiple_of(8) {
                 // Refill most of the range, so that the zap fills the
                 // gather, then zap it all.
@@ -223,13 +256,89 @@ fn faults_race_with_table_reclaim() {
                 });
             }
         }
-        stop.store(true, Ordering::Relaxed);
         c0.idle();
     });
     shadow.verdict().unwrap();
-    let (freed, slow) = reclaimed(&m);
-    assert!(freed > 10, "tables were reclaimed ({freed})");
-    assert!(slow > 0, "some by the slow path");
+    m.rcu_barrier();
+    check_invariants(&m).unwrap();
+    drop(c0);
+    m
+}
+
+/// `pte_ref` frees a table however it was emptied: in one zap or two
+/// halves, by a zap shifted by a page, and by MADV_FREE once MADV_PAGEOUT
+/// discards the lazyfree pages (the count left atomic dies with the last
+/// entry). A table still mapping something, or with a walker on it, stays.
+#[test]
+fn pte_ref_frees_tables_however_emptied() {
+    let m = machine(64 << 20, 1, PtReclaim::PteRef);
+    let c = m.bind(0).unwrap();
+    let mm = c.new_mm().unwrap();
+    let a = mmap_pmd_aligned(&c, 4 * PMD_SIZE);
+    c.touch_pages(a, a + 4 * PMD_SIZE, 1).unwrap();
+    let before = vm_pte_kb(&mm);
+    let freed = || m.vmstat().event(Event::PT_RECLAIM_PTE_REF);
+    c.madvise(a, PMD_SIZE / 2, MADV_DONTNEED).unwrap();
+    assert_eq!(
+        (freed(), vm_pte_kb(&mm)),
+        (0, before),
+        "half a table maps on"
+    );
+    check_invariants(&m).unwrap();
+    c.madvise(a + PMD_SIZE / 2, PMD_SIZE / 2, MADV_DONTNEED)
+        .unwrap();
+    assert_eq!(
+        (freed(), vm_pte_kb(&mm)),
+        (1, before - 4),
+        "the second half"
+    );
+    // Shifted by a page: the second table empties but for its first page.
+    c.madvise(a + PMD_SIZE + PAGE, PMD_SIZE, MADV_DONTNEED)
+        .unwrap();
+    assert_eq!(freed(), 1);
+    c.madvise(a + PMD_SIZE, PAGE, MADV_DONTNEED).unwrap();
+    assert_eq!((freed(), vm_pte_kb(&mm)), (2, before - 8));
+    // MADV_FREE keeps the pages, and so the table, until they are discarded.
+    let t = a + 3 * PMD_SIZE;
+    c.madvise(t, PMD_SIZE, MADV_FREE).unwrap();
+    assert_eq!(freed(), 2);
+    check_invariants(&m).unwrap();
+    c.madvise(t, PMD_SIZE, usermm::madvise::MADV_PAGEOUT)
+        .unwrap();
+    assert_eq!((freed(), vm_pte_kb(&mm)), (3, before - 12));
+    m.rcu_barrier();
+    check_invariants(&m).unwrap();
+    // Every range faults in again through new tables.
+    c.touch_pages(a, a + 4 * PMD_SIZE, 2).unwrap();
+    assert_eq!(vm_pte_kb(&mm), before);
+    check_invariants(&m).unwrap();
+}
+
+/// A table belongs to the design it was made under: tables made before
+/// `pte_ref` was selected have no count and stay; tables made under it are
+/// freed only by their count, whatever is selected later.
+#[test]
+fn tables_keep_the_design_they_were_made_under() {
+    let m = machine(64 << 20, 1, PtReclaim::Off);
+    let c = m.bind(0).unwrap();
+    let mm = c.new_mm().unwrap();
+    let a = mmap_pmd_aligned(&c, 2 * PMD_SIZE);
+    c.touch_pages(a, a + PMD_SIZE, 1).unwrap();
+    m.tunables.set_pt_reclaim(PtReclaim::PteRef);
+    c.touch_pages(a + PMD_SIZE, a + 2 * PMD_SIZE, 1).unwrap();
+    let before = vm_pte_kb(&mm);
+    c.madvise(a, 2 * PMD_SIZE, MADV_DONTNEED).unwrap();
+    assert_eq!(vm_pte_kb(&mm), before - 4, "only the tracked table");
+    c.touch_pages(a + PMD_SIZE, a + 2 * PMD_SIZE, 1).unwrap();
+    m.tunables.set_pt_reclaim(PtReclaim::Upstream);
+    c.madvise(a, 2 * PMD_SIZE, MADV_DONTNEED).unwrap();
+    assert_eq!(
+        vm_pte_kb(&mm),
+        before - 4,
+        "upstream frees the untracked table, not the tracked one"
+    );
+    check_invariants(&m).unwrap();
+    c.munmap(a, 2 * PMD_SIZE).unwrap();
     m.rcu_barrier();
     check_invariants(&m).unwrap();
 }

@@ -287,10 +287,25 @@ impl MmWalkOps for CheckWalk<'_> {
 
     fn table(&mut self, level: TableLevel, table: TableId, _addr: u64) -> ControlFlow<String> {
         self.ex.tables.insert(table.frame());
+        // The walk holds a PTE table it enters (`pte_tryget_map`).
+        let held = i64::from(level == TableLevel::Pte);
+        if let Some(e) = table.pte_ref_mismatch(&self.m.mem, held) {
+            return ControlFlow::Break(format!("{:?}: {e}", self.mm));
+        }
         if matches!(level, TableLevel::Pud | TableLevel::Pmd) {
             self.tables += 1;
         }
         ControlFlow::Continue(())
+    }
+
+    fn dead_pte_table(&mut self, table: TableId, _addr: u64) -> ControlFlow<String> {
+        // Still hooked and counted in pgtables_bytes (by `pmd_entry`); its
+        // count must be exactly zero with no entry left.
+        self.ex.tables.insert(table.frame());
+        match table.pte_ref_mismatch(&self.m.mem, 0) {
+            Some(e) => ControlFlow::Break(format!("{:?}: dead {e}", self.mm)),
+            None => ControlFlow::Continue(()),
+        }
     }
 
     fn pmd_entry(

@@ -12,7 +12,7 @@
 
 use super::Mm;
 use crate::errno::{Errno, KResult};
-use crate::pgtable::{Pmd, PmdLocked, PmdSlot, PteLocked, PteMapped};
+use crate::pgtable::{Pmd, PmdLocked, PmdSlot, PteLocked, PteMapped, Tracking};
 
 impl Mm {
     /// `pmd_alloc`: the PMD entry covering `addr`, allocating tables as
@@ -64,8 +64,11 @@ impl Mm {
 
     /// `__pte_alloc`: give the PMD entry a PTE table unless it has one (or
     /// a huge leaf, which the caller must handle).
-    pub fn pte_alloc(&self, slot: PmdSlot, cpu: usize) -> KResult<()> {
-        if slot.pte_alloc(&self.mem, cpu).ok_or(Errno::ENOMEM)? {
+    pub fn pte_alloc(&self, slot: PmdSlot, cpu: usize, tracking: Tracking) -> KResult<()> {
+        if slot
+            .pte_alloc(&self.mem, cpu, tracking)
+            .ok_or(Errno::ENOMEM)?
+        {
             self.inc_nr_tables();
         }
         Ok(())

@@ -37,9 +37,10 @@
 use crate::sync::epoch::{self, Guard};
 
 use super::entry::{Pmd, Pte, _PAGE_PRESENT, _PAGE_PROTNONE, _PAGE_PSE, _PAGE_RW, _PAGE_TABLE};
+use super::pte_ref::PteRef;
 use super::{
-    entry_clear_bits, entry_get, entry_get_and_clear, entry_set, pgd_index, pmd_index, pud_index,
-    table_alloc, table_free, PTRS_PER_TABLE,
+    entry_clear_bits, entry_get, entry_get_and_clear, entry_set, pgd_index, pmd_index,
+    pte_ref_init, pte_ref_of, pud_index, table_alloc, table_free, Tracking, PTRS_PER_TABLE,
 };
 use crate::phys::{Pfn, PhysMem, PAGE_SHIFT};
 use crate::sync::{Ordering, SpinGuard, SpinLock};
@@ -67,6 +68,16 @@ impl Ptdesc {
         table_alloc(mem, nid, cpu).map(Ptdesc)
     }
 
+    /// `pte_alloc_one`: a zeroed PTE table, with a reference count when
+    /// `tracking` asks for one.
+    pub fn alloc_pte(mem: &PhysMem, nid: usize, cpu: usize, tracking: Tracking) -> Option<Ptdesc> {
+        let pfn = table_alloc(mem, nid, cpu)?;
+        if tracking == Tracking::PteRef {
+            pte_ref_init(mem, pfn);
+        }
+        Some(Ptdesc(pfn))
+    }
+
     /// `pagetable_free`: give back a table that no walker can reach any
     /// more (never installed, or unhooked, flushed and past a grace period).
     pub fn free(self, mem: &PhysMem, cpu: usize) {
@@ -87,7 +98,12 @@ impl Ptdesc {
     /// Set entry `idx` of a table nobody else can see.
     #[inline]
     pub fn set_pte(&mut self, mem: &PhysMem, idx: usize, pte: Pte) {
-        entry_set(mem, self.0, idx, pte.0)
+        let old = Pte(entry_get(mem, self.0, idx));
+        entry_set(mem, self.0, idx, pte.0);
+        // Nobody can see the table, so its count stays per-CPU and the
+        // put cannot be the last.
+        let released = track_pte(pte_ref_of(mem, self.0), old, pte);
+        debug_assert!(!released);
     }
 
     /// The frame, as an identity (for the invariant checker's accounting of
@@ -273,14 +289,24 @@ impl PmdSlot {
 
     /// `pte_offset_map`: map the PTE table this entry points to for a
     /// lockless reader, or None if it holds none (empty, huge, or being
-    /// split). The pin keeps the table from being freed; its entries may
-    /// change under the reader.
+    /// split) or a dead one. The pin keeps the table from being freed; its
+    /// entries may change under the reader. A tracked table is held by a
+    /// reference too (`pte_tryget_map`).
     pub fn pte_offset_map(self, mem: &PhysMem) -> Option<PteMapped<'_>> {
         let guard = epoch::pin();
         let pmd = self.get(mem);
-        pmd_is_table(pmd).then(|| PteMapped {
+        if !pmd_is_table(pmd) {
+            return None;
+        }
+        let table = pmd.table_pfn();
+        let pte_ref = pte_ref_of(mem, table);
+        if pte_ref.is_some_and(|r| !r.tryget()) {
+            return None;
+        }
+        Some(PteMapped {
             mem,
-            table: pmd.table_pfn(),
+            table,
+            pte_ref,
             _pin: guard,
         })
     }
@@ -290,6 +316,9 @@ impl PmdSlot {
     /// table's lock taken, and the PMD read again: if it changed meanwhile
     /// (the table was replaced or freed) the lock is dropped and the walk
     /// retried, as `__pte_offset_map_lock` does.
+    ///
+    /// A tracked table is held by a reference as well (`pte_tryget_map_lock`),
+    /// taken before the lock; a dead one is refused like an empty entry.
     pub fn pte_offset_map_lock(self, mem: &PhysMem) -> Option<PteLocked<'_>> {
         let guard = epoch::pin();
         loop {
@@ -298,26 +327,77 @@ impl PmdSlot {
                 return None;
             }
             let table = pmd.table_pfn();
+            let pte_ref = pte_ref_of(mem, table);
+            if pte_ref.is_some_and(|r| !r.tryget()) {
+                return None;
+            }
             let ptl = mem.page(table).ptl.lock();
             if self.get(mem) == pmd {
                 return Some(PteLocked {
                     mem,
                     table,
-                    _ptl: ptl,
+                    pte_ref,
+                    ptl: Some(ptl),
                     _pin: guard,
                 });
             }
+            drop(ptl);
+            if let Some(r) = pte_ref {
+                // The table was unhooked meanwhile: whoever did it frees
+                // it, dead or not.
+                let _unhooked_anyway = r.put();
+            }
+        }
+    }
+
+    /// Whether this entry points to a dead tracked table: one whose count
+    /// reached zero, which walkers are refused and which is waiting for
+    /// someone to unhook and free it.
+    pub fn pte_table_is_dead(self, mem: &PhysMem) -> bool {
+        self.dead_pte_table(mem).is_some()
+    }
+
+    /// The dead tracked table this entry points to, if it does (see
+    /// [`Self::pte_table_is_dead`]): its frame, as an identity only.
+    pub fn dead_pte_table(self, mem: &PhysMem) -> Option<Pfn> {
+        let _pin = epoch::pin();
+        let pmd = self.get(mem);
+        if !pmd_is_table(pmd) {
+            return None;
+        }
+        let table = pmd.table_pfn();
+        pte_ref_of(mem, table)
+            .is_some_and(|r| r.is_dead())
+            .then_some(table)
+    }
+
+    /// The count of the tracked table this entry points to, held by a
+    /// reference (`pte_tryget`), for `try_to_free_user_pte`; None if the
+    /// entry holds no table, an untracked one or a dead one.
+    pub fn pte_tryget(self, mem: &PhysMem) -> Option<PteRefHeld<'_>> {
+        let _pin = epoch::pin();
+        let pmd = self.get(mem);
+        if !pmd_is_table(pmd) {
+            return None;
+        }
+        let r = pte_ref_of(mem, pmd.table_pfn())?;
+        // Not `then_some`: a held value made on failure would put a
+        // reference it never got when dropped.
+        if r.tryget() {
+            Some(PteRefHeld { pte_ref: r })
+        } else {
+            None
         }
     }
 
     /// `__pte_alloc`: give this entry a PTE table unless it has one (or a
     /// huge leaf, which the caller must handle). Returns whether it
     /// installed one (for `pgtables_bytes`).
-    pub fn pte_alloc(self, mem: &PhysMem, cpu: usize) -> Option<bool> {
+    pub fn pte_alloc(self, mem: &PhysMem, cpu: usize, tracking: Tracking) -> Option<bool> {
         if !self.get(mem).none() {
             return Some(false);
         }
-        let new = Ptdesc::alloc(mem, mem.cpu_to_node(cpu), cpu)?;
+        let new = Ptdesc::alloc_pte(mem, mem.cpu_to_node(cpu), cpu, tracking)?;
         let mut pmd = self.lock(mem);
         if pmd.get().none() {
             pmd.populate(new);
@@ -408,9 +488,33 @@ impl PmdLocked<'_> {
         }
         let table = pmd.table_pfn();
         let _ptl = self.mem.page(table).ptl.lock();
-        if (0..PTRS_PER_TABLE).any(|i| !Pte(entry_get(self.mem, table, i)).none()) {
+        // A tracked table is freed by its count alone (see `try_unhook_from`).
+        if pte_ref_of(self.mem, table).is_some()
+            || (0..PTRS_PER_TABLE).any(|i| !Pte(entry_get(self.mem, table, i)).none())
+        {
             return None;
         }
+        entry_set(self.mem, self.slot.table, self.slot.idx, 0);
+        Some(Ptdesc::unhooked(table))
+    }
+
+    /// The PMD half of the seed's `free_user_pte`: with the PMD lock held,
+    /// if the entry still points to a dead tracked table, clear it and take
+    /// the table (empty: its count, which its entries hold, is zero).
+    pub fn unhook_dead_pte_table(&mut self) -> Option<Ptdesc> {
+        let pmd = self.get();
+        if !pmd_is_table(pmd) {
+            return None;
+        }
+        let table = pmd.table_pfn();
+        let _pin = epoch::pin();
+        if !pte_ref_of(self.mem, table).is_some_and(|r| r.is_dead()) {
+            return None;
+        }
+        debug_assert!(
+            (0..PTRS_PER_TABLE).all(|i| Pte(entry_get(self.mem, table, i)).none()),
+            "a dead table {table:#x} maps something"
+        );
         entry_set(self.mem, self.slot.table, self.slot.idx, 0);
         Some(Ptdesc::unhooked(table))
     }
@@ -450,14 +554,81 @@ pub trait PteRead {
     fn pte(&self, idx: usize) -> Pte;
 }
 
+/// `track_pte_set` / `track_pte_clear`: an entry of a tracked table went
+/// from none to something (a reference) or back (a put). Returns whether
+/// the put was the last.
+#[inline]
+fn track_pte(pte_ref: Option<&PteRef>, old: Pte, new: Pte) -> bool {
+    match pte_ref {
+        Some(r) if old.none() && !new.none() => {
+            r.get();
+            false
+        }
+        Some(r) if !old.none() && new.none() => r.put(),
+        _ => false,
+    }
+}
+
+/// A reference on a tracked PTE table (`pte_tryget`), put when dropped.
+pub struct PteRefHeld<'a> {
+    pte_ref: &'a PteRef,
+}
+
+impl PteRefHeld<'_> {
+    /// `percpu_ref_switch_to_atomic_sync`: make the count exact. The caller
+    /// holds no epoch pin (this waits for a grace period).
+    pub fn switch_to_atomic_sync(&self) {
+        self.pte_ref.switch_to_atomic_sync();
+    }
+
+    /// `percpu_ref_switch_to_percpu`.
+    pub fn switch_to_percpu(&self) {
+        self.pte_ref.switch_to_percpu();
+    }
+
+    /// Put the reference. Returns true if it was the last: the table is
+    /// dead, to be unhooked and freed by the caller.
+    #[must_use = "a released table must be freed"]
+    pub fn put(self) -> bool {
+        let r = self.pte_ref;
+        std::mem::forget(self);
+        // Pinned: a per-CPU put must finish inside the grace period of a
+        // concurrent switch to atomic mode, or the fold would miss it.
+        let _pin = epoch::pin();
+        r.put()
+    }
+}
+
+impl Drop for PteRefHeld<'_> {
+    fn drop(&mut self) {
+        let _pin = epoch::pin();
+        // A dead table is freed by the next walker that meets it.
+        let _dead = self.pte_ref.put();
+    }
+}
+
 /// A PTE table mapped with its lock held (`pte_offset_map_lock`).
 #[must_use = "the PTE lock is released as soon as the guard is dropped"]
 pub struct PteLocked<'a> {
     mem: &'a PhysMem,
     table: Pfn,
-    // Drop order: the lock goes before the pin, as pte_unmap_unlock.
-    _ptl: SpinGuard<'a>,
+    /// The table's count, if it is tracked: held by this guard.
+    pte_ref: Option<&'a PteRef>,
+    /// Taken only in `drop`, to unlock before the put.
+    ptl: Option<SpinGuard<'a>>,
     _pin: Guard,
+}
+
+impl Drop for PteLocked<'_> {
+    /// `pte_unmap_unlock`, then `pte_put`; the pin goes last. A put that
+    /// kills the table leaves it for the next walker that meets it
+    /// (`try_to_free_user_pte` after a madvise, a fault, munmap).
+    fn drop(&mut self) {
+        drop(self.ptl.take());
+        if let Some(r) = self.pte_ref {
+            let _dead = r.put();
+        }
+    }
 }
 
 impl PteRead for PteLocked<'_> {
@@ -473,10 +644,23 @@ impl PteLocked<'_> {
         self.table
     }
 
-    /// `set_pte_at`.
+    /// `set_pte_at`, with `track_pte_set` / `track_pte_clear` on a
+    /// tracked table. Under the lock the entry can change only in its
+    /// accessed and dirty bits, never to or from none, so reading it first
+    /// is exact.
     #[inline]
     pub fn set(&mut self, idx: usize, pte: Pte) {
-        entry_set(self.mem, self.table, idx, pte.0)
+        let old = self.pte(idx);
+        entry_set(self.mem, self.table, idx, pte.0);
+        self.track(old, pte);
+    }
+
+    /// Count a change of entry, on a tracked table. This guard holds a
+    /// reference, so a clear is never the last put.
+    #[inline]
+    fn track(&self, old: Pte, new: Pte) {
+        let released = track_pte(self.pte_ref, old, new);
+        debug_assert!(!released, "an entry held the last reference");
     }
 
     /// `set_ptes`: `nr` entries from `pte`, the PFN advancing by one each.
@@ -491,7 +675,9 @@ impl PteLocked<'_> {
     /// bit set by a racing walker is not lost.
     #[inline]
     pub fn get_and_clear(&mut self, idx: usize) -> Pte {
-        Pte(entry_get_and_clear(self.mem, self.table, idx))
+        let old = Pte(entry_get_and_clear(self.mem, self.table, idx));
+        self.track(old, Pte(0));
+        old
     }
 
     /// `clear_full_ptes`: clear `nr` consecutive entries, one atomic
@@ -544,7 +730,15 @@ impl PteLocked<'_> {
     /// lock is held: whoever replaces a PMD that points to a table holds
     /// that table's lock (PT reclaim) or mmap_lock for writing
     /// (`free_pgtables`), which a zap's caller excludes.
+    ///
+    /// A table tracked by `pte_ref` (made while that design was selected) is
+    /// never taken here: its count may be held by a walker outside any epoch
+    /// pin (`try_to_free_user_pte` waits for grace periods while it holds
+    /// one), so only its count may free it.
     pub fn try_unhook_from(&self, slot: PmdSlot) -> Option<Ptdesc> {
+        if self.pte_ref.is_some() {
+            return None;
+        }
         let _pml = self.mem.page(slot.table).ptl.try_lock()?;
         let pmd = slot.get(self.mem);
         debug_assert!(
@@ -561,7 +755,18 @@ impl PteLocked<'_> {
 pub struct PteMapped<'a> {
     mem: &'a PhysMem,
     table: Pfn,
+    /// The table's count, if it is tracked: held by this guard.
+    pte_ref: Option<&'a PteRef>,
     _pin: Guard,
+}
+
+impl Drop for PteMapped<'_> {
+    /// `pte_unmap` (and `pte_put`), before the pin goes.
+    fn drop(&mut self) {
+        if let Some(r) = self.pte_ref {
+            let _dead = r.put();
+        }
+    }
 }
 
 impl PteRead for PteMapped<'_> {

@@ -13,11 +13,12 @@ pub mod entry;
 pub mod free;
 pub mod generic;
 pub mod pagewalk;
+pub mod pte_ref;
 pub mod swapops;
 pub mod walk;
 
 pub use entry::{Pgprot, Pmd, Pte};
-pub use generic::{Pgd, PmdLocked, PmdSlot, Ptdesc, PteLocked, PteMapped, PteRead};
+pub use generic::{Pgd, PmdLocked, PmdSlot, Ptdesc, PteLocked, PteMapped, PteRead, PteRefHeld};
 
 use crate::phys::{pg, Pfn, PhysMem};
 use crate::sync::{AtomicU64, Ordering};
@@ -123,9 +124,51 @@ fn table_alloc(mem: &PhysMem, nid: usize, cpu: usize) -> Option<Pfn> {
     Some(pfn)
 }
 
+/// Whether a new PTE table keeps a reference count (`pte_ref`, the F4
+/// seed's design) or not (every other design: the kernel's tables).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tracking {
+    Untracked,
+    PteRef,
+}
+
+/// Give a fresh PTE table its count (`pte_ref_init`), in the descriptor
+/// slot that the kernel's `struct page` unions with the mapping for table
+/// pages. Before the table is published.
+fn pte_ref_init(mem: &PhysMem, pfn: Pfn) {
+    let r = Box::new(pte_ref::PteRef::new(mem.nr_cpus()));
+    // Release: a walker that reads the pointer (after the table's
+    // publication) sees the count initialised.
+    mem.page(pfn)
+        .mapping
+        .store(Box::into_raw(r) as u64, Ordering::Release);
+}
+
+/// The count of a tracked PTE table, None for an untracked one.
+///
+/// The caller keeps the table from being freed while it uses the count:
+/// it holds an epoch pin under which it saw a PMD point to the table, or
+/// owns the detached table.
+#[inline]
+fn pte_ref_of(mem: &PhysMem, pfn: Pfn) -> Option<&pte_ref::PteRef> {
+    let p = mem.page(pfn).mapping.load(Ordering::Acquire);
+    // SAFETY: a non-zero `mapping` of a table frame is the Box made by
+    // `pte_ref_init`, freed only by `table_free`, which runs after a grace
+    // period once the table is unreachable; the caller's pin or ownership
+    // keeps that from happening while the reference lives (see above).
+    (p != 0).then(|| unsafe { &*(p as *const pte_ref::PteRef) })
+}
+
 /// Free a table frame that no walker can reach any more (`pagetable_free`).
 /// The caller has waited for the TLB flush and for lockless walkers.
 fn table_free(mem: &PhysMem, pfn: Pfn, cpu: usize) {
+    let r = mem.page(pfn).mapping.swap(0, Ordering::Acquire);
+    if r != 0 {
+        // SAFETY: made by `pte_ref_init` with Box::into_raw, and taken out
+        // of the descriptor just now by the only thread freeing the table
+        // (no walker can reach it any more).
+        drop(unsafe { Box::from_raw(r as *mut pte_ref::PteRef) });
+    }
     debug_assert!(
         table(mem, pfn)
             .iter()

@@ -78,6 +78,25 @@ impl TableId {
     pub fn frame(self) -> Pfn {
         self.0
     }
+
+    /// For the invariant checker, with no other walker running: whether a
+    /// tracked PTE table's count (`pte_ref`) equals its non-none entries
+    /// plus the `held` references of the checker's own walk. None when it
+    /// does, or the table is not tracked.
+    pub fn pte_ref_mismatch(self, mem: &PhysMem, held: i64) -> Option<String> {
+        let r = super::pte_ref_of(mem, self.0)?;
+        let entries = (0..super::PTRS_PER_TABLE)
+            .filter(|&i| super::entry_get(mem, self.0, i) != 0)
+            .count() as i64;
+        let count = r.quiescent_count() - held;
+        (count != entries).then(|| {
+            format!(
+                "PTE table {:#x}: pte_ref {count} (atomic: {}), {entries} entries",
+                self.0,
+                r.is_atomic()
+            )
+        })
+    }
 }
 
 /// The callbacks of a walk (`struct mm_walk_ops`). Each has a default
@@ -105,6 +124,13 @@ pub trait MmWalkOps {
         _next: u64,
     ) -> ControlFlow<Self::Break, WalkAction> {
         ControlFlow::Continue(WalkAction::Subtree)
+    }
+
+    /// A dead PTE table covering from `addr` (`pte_ref`: its count reached
+    /// zero, so walkers are refused it until it is unhooked and freed). It
+    /// maps nothing; only an accounting of tables needs to see it.
+    fn dead_pte_table(&mut self, _table: TableId, _addr: u64) -> ControlFlow<Self::Break> {
+        ControlFlow::Continue(())
     }
 
     /// A PTE that is not none, at `addr`: present, or a non-present entry
@@ -219,6 +245,11 @@ impl Walk<'_> {
             };
             if let Some(flow) = done {
                 return flow;
+            }
+            if let Some(dead) = slot.dead_pte_table(self.mem) {
+                // A dead tracked table (`pte_ref`) maps nothing and is
+                // refused to walkers until it is freed: nothing to visit.
+                return ops.dead_pte_table(TableId(dead), addr);
             }
         }
     }

@@ -247,6 +247,12 @@ impl PhysMem {
         self.rcu_pending.load(crate::sync::Ordering::Acquire)
     }
 
+    /// The number of CPUs (`nr_cpu_ids`).
+    #[inline]
+    pub fn nr_cpus(&self) -> usize {
+        self.cpu_node.len()
+    }
+
     /// `cpu_to_node`: the node CPU `cpu` belongs to, where the default
     /// (local) memory policy allocates for it.
     #[inline]
