@@ -46,6 +46,7 @@ use crate::pgtable::{
 };
 use crate::phys::AllocFlags;
 use crate::phys::{folio, Folio, Pfn, HPAGE_PMD_ORDER, PAGE_SHIFT, PAGE_SIZE};
+use crate::pt_reclaim::{ReclaimPath, ReclaimPt};
 use crate::rmap;
 use crate::rmap::{anon_vma_prepare, RmapFlags};
 use crate::sync::Arc;
@@ -633,16 +634,11 @@ struct ZapPteTable<'a, 'g> {
 /// and with `reclaim_pt` free the table if that empties it (PT reclaim,
 /// v6.14).
 ///
-/// PT reclaim takes the fast path, clearing the PMD under the PTE lock
-/// with a trylock of the PMD lock, only when this zap held the PTE lock
-/// from the table's first entry to its last without a break
-/// (`direct_reclaim`): then every entry is known to be none. If the lock
-/// was dropped midway (the gather filled), a fault may have refilled an
-/// entry already zapped, so the slow path (`try_to_free_pte`) looks at all
-/// 512 entries again under both locks. (Taking the fast path after a break
-/// freed mapped tables until the fix of Feb 2025, "mm: pgtable: fix
-/// incorrect reclaim of non-empty PTE pages".) The kernel also breaks for
-/// `need_resched`; the model's CPUs are never preempted in the kernel.
+/// PT reclaim's state for the table is a [`ReclaimPt`]: the fast path only
+/// when the PTE lock was held from the first entry to the last, else the
+/// slow path that looks at every entry again (see [`crate::pt_reclaim`]).
+/// The kernel also breaks for `need_resched`; the model's CPUs are never
+/// preempted in the kernel.
 pub fn zap_pte_range(
     oncpu: &OnCpu,
     tlb: &mut MmuGather,
@@ -653,9 +649,7 @@ pub fn zap_pte_range(
 ) {
     let mm = tlb.mm;
     let start = addr;
-    let mut can_reclaim_pt = details.reclaim_pt_is_enabled(start, end);
-    let mut direct_reclaim = true;
-    let mut unhooked = None;
+    let mut reclaim = ReclaimPt::new(details.reclaim_pt_is_enabled(start, end));
     loop {
         let Some(pt) = mm.pte_offset_map_lock(slot) else {
             return;
@@ -686,16 +680,15 @@ pub fn zap_pte_range(
             if z.force_flush {
                 // force_break: the PTE lock is dropped before the table
                 // is done.
-                direct_reclaim = false;
+                reclaim.lock_dropped();
                 break;
             }
         }
         if z.any_skipped {
-            can_reclaim_pt = false;
+            reclaim.skipped();
         }
-        if can_reclaim_pt && direct_reclaim && addr == end {
-            unhooked = z.pt.try_unhook_from(slot);
-            direct_reclaim = unhooked.is_some();
+        if addr == end {
+            reclaim.table_done(&z.pt, slot);
         }
         mm.add_rss_vec(&z.rss);
         let force_flush = z.force_flush;
@@ -720,24 +713,13 @@ pub fn zap_pte_range(
             break;
         }
     }
-    if can_reclaim_pt {
-        match unhooked {
-            Some(table) => free_pte(oncpu, tlb, table, start),
-            None => try_to_free_pte(oncpu, tlb, slot, start),
+    if let Some((table, path)) = reclaim.finish(&mm.mem, slot) {
+        if path == ReclaimPath::Slow {
+            oncpu
+                .vmstat()
+                .count(oncpu.id(), Event::PT_RECLAIM_UPSTREAM_SLOW, 1);
         }
-    }
-}
-
-/// `try_to_free_pte`: PT reclaim's slow path, for a table whose lock the
-/// zap dropped midway or whose PMD lock was busy: free it if it is still
-/// empty, looking at every entry under the PMD lock and the PTE lock.
-fn try_to_free_pte(oncpu: &OnCpu, tlb: &mut MmuGather, slot: PmdSlot, addr: u64) {
-    let table = tlb.mm.pmd_lock(slot).try_unhook_empty_pte_table();
-    if let Some(table) = table {
-        oncpu
-            .vmstat()
-            .count(oncpu.id(), Event::PT_RECLAIM_UPSTREAM_SLOW, 1);
-        free_pte(oncpu, tlb, table, addr);
+        free_pte(oncpu, tlb, table, start);
     }
 }
 

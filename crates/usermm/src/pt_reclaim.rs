@@ -1,28 +1,30 @@
-//! Freeing emptied user PTE tables: the seed's `pte_ref` design (mm/pte_ref.c
-//! of the April 2022 RFC). The upstream design (mm/pt_reclaim.c) lives in
-//! `zap_pte_range`, where the kernel puts it.
+//! Freeing emptied user PTE tables: the upstream design's per-table state
+//! ([`ReclaimPt`], mm/pt_reclaim.c's helpers as `zap_pte_range` calls
+//! them) and the seed's `pte_ref` design (mm/pte_ref.c of the April 2022
+//! RFC).
 //!
-//! With `pte_ref`, every PTE table made while it is selected counts its
-//! non-none entries and the walkers that hold it ([`crate::pgtable::pte_ref`]).
-//! After MADV_DONTNEED and MADV_FREE, `try_to_free_user_pte` looks at each
-//! table of the range: it holds the table, makes its count exact (atomic
-//! mode, a grace period), drops its hold, and frees the table if that was
-//! the last reference. MADV_DONTNEED then returns the count to per-CPU
-//! mode; MADV_FREE leaves it atomic, so that the table dies with the put
-//! that clears its last entry when reclaim discards the lazyfree pages.
+//! # Upstream (`pt_reclaim=upstream`, v6.14)
 //!
-//! The seed frees the table in the release callback of that last put. The
-//! model's puts happen when a page-table guard is dropped, in the layer
-//! below; they mark the table dead (walkers are refused it), and the table
-//! is unhooked and freed by the first to meet it with no lock held: the
-//! madvise that emptied it ([`free_dead_user_ptes`] after MADV_PAGEOUT's
-//! discards), a fault on its range, or munmap.
-
+//! A MADV_DONTNEED zap that covers a table's whole PMD range and leaves no
+//! entry behind frees the table. If the zap held the table's lock from the
+//! first entry to the last, every entry is known to be none, and the PMD is
+//! cleared right there, under the PTE lock, if the PMD lock can be had
+//! without waiting (`try_get_and_clear_pmd`: the lock order is PMD lock
+//! first). If the lock was dropped midway (the gather filled and had to be
+//! flushed), a fault may have refilled an entry already zapped, so the slow
+//! path (`try_to_free_pte`) takes the PMD lock and the PTE lock and looks at
+//! all 512 entries again. Taking the fast path after such a break freed
+//! mapped tables until the fix of Feb 2025 ("mm: pgtable: fix incorrect
+//! reclaim of non-empty PTE pages"); `tests/loom_pt_reclaim.rs` checks this
+//! very code against a racing fault, and that the broken rule is caught.
+//!
+//! # The seed (`pt_reclaim=pte_ref`)
+//!
 use crate::machine::OnCpu;
 use crate::mm::Mm;
 use crate::mmu_gather::MmuGather;
-use crate::pgtable::{PmdSlot, Ptdesc, Tracking, PMD_MASK, PMD_SIZE};
-use crate::phys::PAGE_SIZE;
+use crate::pgtable::{PmdSlot, Ptdesc, PteLocked, Tracking, PMD_MASK, PMD_SIZE};
+use crate::phys::{PhysMem, PAGE_SIZE};
 use crate::sync::Arc;
 use crate::tunable::PtReclaim;
 use crate::vmstat::Event;
@@ -140,5 +142,96 @@ fn free_user_pte(oncpu: &OnCpu, tlb: &mut MmuGather, slot: PmdSlot, addr: u64) {
             .count(oncpu.id(), Event::PT_RECLAIM_PTE_REF, 1);
         crate::memory::pt_free_tlb(oncpu, tlb, table, addr & PMD_MASK);
         debug_assert_eq!(addr % PAGE_SIZE, 0);
+    }
+}
+
+/// How a table that [`ReclaimPt`] frees was taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReclaimPath {
+    /// Under the PTE lock held since the first entry (`try_get_and_clear_pmd`).
+    Fast,
+    /// Under the PMD lock and the PTE lock, every entry looked at again
+    /// (`try_to_free_pte`).
+    Slow,
+}
+
+/// Upstream PT reclaim of the one PTE table a `zap_pte_range` call zaps:
+/// its `can_reclaim_pt` and `direct_reclaim`, and the table once unhooked.
+/// The zap reports what happens as it goes; [`ReclaimPt::finish`] says
+/// what, if anything, to free.
+pub struct ReclaimPt {
+    /// `can_reclaim_pt`: the zap covers the table's whole range and has
+    /// left nothing behind so far.
+    can_reclaim: bool,
+    /// `direct_reclaim`: the PTE lock has been held since the first entry
+    /// (and, once the table is done, the fast path unhooked it).
+    direct_reclaim: bool,
+    unhooked: Option<Ptdesc>,
+    /// Model checking only: keep `direct_reclaim` across a dropped lock,
+    /// the rule before the fix of Feb 2025, for the loom test that must
+    /// catch it.
+    #[cfg(loom)]
+    ignore_lock_drops: bool,
+}
+
+impl ReclaimPt {
+    /// For a zap that `reclaim_pt_is_enabled` allows (`enabled`) or not.
+    pub fn new(enabled: bool) -> ReclaimPt {
+        ReclaimPt {
+            can_reclaim: enabled,
+            direct_reclaim: true,
+            unhooked: None,
+            #[cfg(loom)]
+            ignore_lock_drops: false,
+        }
+    }
+
+    /// Model checking only: take the fast path even after the PTE lock was
+    /// dropped midway (the bug of the original series).
+    #[cfg(loom)]
+    pub fn break_lock_drop_rule(&mut self) {
+        self.ignore_lock_drops = true;
+    }
+
+    /// The zap dropped the PTE lock before the table was done
+    /// (`force_break`): entries already zapped may be refilled meanwhile.
+    pub fn lock_dropped(&mut self) {
+        #[cfg(loom)]
+        if self.ignore_lock_drops {
+            return;
+        }
+        self.direct_reclaim = false;
+    }
+
+    /// The zap left an entry behind (`any_skipped`).
+    pub fn skipped(&mut self) {
+        self.can_reclaim = false;
+    }
+
+    /// The zap reached the table's end with `pt`'s lock held: take the fast
+    /// path if it may (`try_get_and_clear_pmd`). On failure (the PMD lock
+    /// was busy), the slow path will run.
+    pub fn table_done(&mut self, pt: &PteLocked<'_>, slot: PmdSlot) {
+        if self.can_reclaim && self.direct_reclaim {
+            self.unhooked = pt.try_unhook_from(slot);
+            self.direct_reclaim = self.unhooked.is_some();
+        }
+    }
+
+    /// After the PTE lock is dropped: the table to free, if any, and how
+    /// it was taken. The slow path runs here, with no page-table lock held.
+    pub fn finish(self, mem: &PhysMem, slot: PmdSlot) -> Option<(Ptdesc, ReclaimPath)> {
+        if !self.can_reclaim {
+            debug_assert!(self.unhooked.is_none());
+            return None;
+        }
+        match self.unhooked {
+            Some(table) => Some((table, ReclaimPath::Fast)),
+            // `try_to_free_pte`.
+            None => slot
+                .lock(mem)
+                .try_unhook_empty_pte_table()
+                .map(|table| (table, ReclaimPath::Slow)),
+        }
     }
 }

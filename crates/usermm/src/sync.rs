@@ -108,12 +108,20 @@ pub mod checked {
 
 pub use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+#[cfg(not(loom))]
 use parking_lot::lock_api::RawMutex as _;
 
 /// A lock without data, as the kernel's `spinlock_t` is used for the split
 /// page-table lock: the data it guards lives elsewhere (in the table frame).
-pub struct SpinLock(parking_lot::RawMutex);
+///
+/// Under loom it is loom's mutex, so that the model checker sees (and
+/// interleaves at) every acquisition of a page-table lock.
+pub struct SpinLock(
+    #[cfg(not(loom))] parking_lot::RawMutex,
+    #[cfg(loom)] loom::sync::Mutex<()>,
+);
 
+#[cfg(not(loom))]
 impl SpinLock {
     pub const fn new() -> Self {
         SpinLock(parking_lot::RawMutex::INIT)
@@ -135,6 +143,27 @@ impl SpinLock {
     }
 }
 
+#[cfg(loom)]
+impl SpinLock {
+    pub fn new() -> Self {
+        SpinLock(loom::sync::Mutex::new(()))
+    }
+
+    pub fn lock(&self) -> SpinGuard<'_> {
+        SpinGuard {
+            _held: self.0.lock().expect("no thread panics holding it"),
+        }
+    }
+
+    pub fn try_lock(&self) -> Option<SpinGuard<'_>> {
+        self.0.try_lock().ok().map(|g| SpinGuard { _held: g })
+    }
+
+    pub fn is_locked(&self) -> bool {
+        self.0.try_lock().is_err()
+    }
+}
+
 impl Default for SpinLock {
     fn default() -> Self {
         Self::new()
@@ -142,9 +171,18 @@ impl Default for SpinLock {
 }
 
 /// Held while the lock is held; unlocks on drop.
+#[cfg(not(loom))]
 #[must_use = "the lock is released as soon as the guard is dropped"]
 pub struct SpinGuard<'a>(&'a SpinLock);
 
+/// Held while the lock is held; unlocks on drop.
+#[cfg(loom)]
+#[must_use = "the lock is released as soon as the guard is dropped"]
+pub struct SpinGuard<'a> {
+    _held: loom::sync::MutexGuard<'a, ()>,
+}
+
+#[cfg(not(loom))]
 impl Drop for SpinGuard<'_> {
     fn drop(&mut self) {
         // SAFETY: a SpinGuard exists only while this thread holds the lock,
