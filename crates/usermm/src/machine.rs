@@ -303,7 +303,7 @@ impl Machine {
         if !cpu.try_bind() {
             return Err(Errno::EBUSY);
         }
-        crate::sync::set_this_cpu(id);
+        crate::sync::set_this_cpu(self.mem.machine_id(), id);
         Ok(OnCpu {
             m: self,
             cpu,
@@ -397,7 +397,7 @@ pub struct OnCpu<'m> {
 impl Drop for OnCpu<'_> {
     fn drop(&mut self) {
         self.cpu.enter_kernel(self.m.vmstat());
-        crate::sync::set_this_cpu(crate::sync::NO_CPU);
+        crate::sync::set_this_cpu(self.m.mem.machine_id(), crate::sync::NO_CPU);
         self.cpu.unbind();
     }
 }

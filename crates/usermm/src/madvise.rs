@@ -73,17 +73,22 @@ pub fn do_madvise(
                 mm.vma_tree(&guard).range(start, end).cloned().collect()
             };
             let unmapped = has_hole(&vmas, start, end);
+            let mut freed_ptes = false;
             for vma in &vmas {
                 if vma.flags() & VM_LOCKED != 0 {
                     return Err(Errno::EINVAL);
                 }
                 let s = start.max(vma.start());
                 let e = end.min(vma.end());
-                match advice {
+                freed_ptes |= match advice {
                     MADV_DONTNEED => madvise_dontneed_single_vma(oncpu, mm, s, e),
                     MADV_FREE => madvise_free_single_vma(oncpu, mm, s, e),
                     _ => madvise_pageout(oncpu, mm, s, e),
-                }
+                };
+            }
+            drop(_g);
+            if freed_ptes && oncpu.m.tunables.pt_reclaim_pmd() {
+                pt_reclaim::try_to_free_pmd_tables(oncpu, mm, start, end);
             }
             if unmapped {
                 Err(Errno::ENOMEM)
@@ -144,30 +149,36 @@ fn has_hole(vmas: &[Arc<Vma>], start: u64, end: u64) -> bool {
 /// `madvise_dontneed_single_vma`: zap `[start, end)` of one VMA. PTE
 /// markers (guard regions) stay. With PT reclaim (`upstream`), the PTE
 /// tables the zap empties over their whole range are freed; with `pte_ref`,
-/// every table of the range that nothing holds any more.
-fn madvise_dontneed_single_vma(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) {
+/// every table of the range that nothing holds any more. Returns whether a
+/// page table was freed.
+fn madvise_dontneed_single_vma(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) -> bool {
     let design = oncpu.m.tunables.pt_reclaim();
     let details = memory::ZapDetails {
         drop_markers: false,
         reclaim_pt: design == PtReclaim::Upstream,
     };
-    zap_page_range_single(oncpu, mm, start, end, &details);
+    let freed = zap_page_range_single(oncpu, mm, start, end, &details);
     if design == PtReclaim::PteRef {
-        pt_reclaim::try_to_free_user_ptes(oncpu, mm, start, end, SwitchBack::Percpu);
+        return pt_reclaim::try_to_free_user_ptes(oncpu, mm, start, end, SwitchBack::Percpu)
+            || freed;
     }
+    freed
 }
 
-/// `zap_page_range_single`.
+/// `zap_page_range_single`. Returns whether a page table was freed (PT
+/// reclaim).
 pub fn zap_page_range_single(
     oncpu: &OnCpu,
     mm: &Arc<Mm>,
     start: u64,
     end: u64,
     details: &memory::ZapDetails,
-) {
+) -> bool {
     let mut tlb = MmuGather::new(mm);
     memory::unmap_page_range(oncpu, &mut tlb, start, end, details);
+    let freed = tlb.freed_tables;
     tlb.finish(oncpu);
+    freed
 }
 
 /// `madvise_free_single_vma`: let the pages of `[start, end)` be discarded
@@ -175,7 +186,7 @@ pub fn zap_page_range_single(
 /// freeable (no longer swap-backed). Reclaim is not modelled, so the pages
 /// are never actually discarded and keep their contents, as on a host with
 /// no memory pressure.
-fn madvise_free_single_vma(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) {
+fn madvise_free_single_vma(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) -> bool {
     let mut tlb = MmuGather::new(mm);
     let mut walk = MadviseFreeWalk {
         oncpu,
@@ -184,11 +195,10 @@ fn madvise_free_single_vma(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) {
     let flow = walk_page_range(oncpu.mem(), &mm.pgd, start, end, WalkLock::Ptl, &mut walk);
     debug_assert!(flow.is_continue());
     tlb.finish(oncpu);
-    if oncpu.m.tunables.pt_reclaim() == PtReclaim::PteRef {
-        // The seed's MADV_FREE leaves the counts atomic: a table dies when
-        // reclaim discards its last lazyfree page.
-        pt_reclaim::try_to_free_user_ptes(oncpu, mm, start, end, SwitchBack::StayAtomic);
-    }
+    // The seed's MADV_FREE leaves the counts atomic: a table dies when
+    // reclaim discards its last lazyfree page.
+    oncpu.m.tunables.pt_reclaim() == PtReclaim::PteRef
+        && pt_reclaim::try_to_free_user_ptes(oncpu, mm, start, end, SwitchBack::StayAtomic)
 }
 
 /// `madvise_free_walk_ops`: all the work is in `pmd_entry`, which takes
@@ -310,7 +320,7 @@ fn folio_maybe_mapped_shared(mem: &PhysMem, folio: Folio, pt: &impl PteRead, at:
 /// The model leaves a PMD-mapped THP alone, where the kernel isolates it
 /// when the range covers it (or splits it when it does not) and reclaim
 /// would discard it if lazyfree.
-fn madvise_pageout(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) {
+fn madvise_pageout(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) -> bool {
     let mut tlb = MmuGather::new(mm);
     let mut walk = PageoutWalk {
         oncpu,
@@ -321,7 +331,7 @@ fn madvise_pageout(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) {
     tlb.finish(oncpu);
     // With `pte_ref`, a discard may have put the last reference of a table
     // left atomic by MADV_FREE (the seed frees it in that put's release).
-    pt_reclaim::free_dead_user_ptes(oncpu, mm, start, end);
+    pt_reclaim::free_dead_user_ptes(oncpu, mm, start, end)
 }
 
 /// `cold_walk_ops` with `pageout` set: all the work is in `pmd_entry`.

@@ -650,10 +650,12 @@ pub fn zap_pte_range(
     let mm = tlb.mm;
     let start = addr;
     let mut reclaim = ReclaimPt::new(details.reclaim_pt_is_enabled(start, end));
+    let mut tracked;
     loop {
         let Some(pt) = mm.pte_offset_map_lock(slot) else {
             return;
         };
+        tracked = pt.is_tracked();
         let mut z = ZapPteTable {
             oncpu,
             tlb: &mut *tlb,
@@ -720,6 +722,11 @@ pub fn zap_pte_range(
                 .count(oncpu.id(), Event::PT_RECLAIM_UPSTREAM_SLOW, 1);
         }
         free_pte(oncpu, tlb, table, start);
+    }
+    if tracked && slot.pte_table_is_dead(&mm.mem) {
+        // pte_ref: the put of this zap's guard was the table's last (MADV_FREE
+        // left its count atomic). The seed frees it in that put's release.
+        crate::pt_reclaim::free_user_pte(oncpu, tlb, slot, start);
     }
 }
 

@@ -18,12 +18,49 @@
 //! reclaim of non-empty PTE pages"); `tests/loom_pt_reclaim.rs` checks this
 //! very code against a racing fault, and that the broken rule is caught.
 //!
+//! # PMD tables too (`pt_reclaim_pmd=on`, usermm's own)
+//!
+//! Neither design frees the PMD table that it empties: a process that gives
+//! back a whole GiB keeps 4 KiB of PMD table for it. With
+//! `pt_reclaim_pmd`, a madvise whose PT reclaim freed a PTE table then
+//! frees every PMD table of its range whose 512 entries are all none
+//! ([`try_to_free_pmd_tables`]). It does so under mmap_lock held for
+//! writing, taken after the madvise dropped its read lock: faults and
+//! software walkers keep a pointer into a PMD table (a
+//! [`PmdSlot`]) with only mmap_lock held for reading and no epoch pin, so,
+//! as `free_pgtables` does for every table above the PTE level, the table
+//! goes only when none of them can be under way. Hardware walkers are kept
+//! safe as for PTE tables: the gather flushes the range with `freed_tables`
+//! and frees the table after a grace period. (Faults without mmap_lock,
+//! when they come, must take the per-VMA or the speculative path's lock
+//! into account here.)
+//!
 //! # The seed (`pt_reclaim=pte_ref`)
 //!
+//! Every PTE table made while `pte_ref` is selected counts its non-none
+//! entries and the walkers that hold it ([`crate::pgtable::pte_ref`]).
+//! After MADV_DONTNEED and MADV_FREE, `try_to_free_user_pte` looks at each
+//! table of the range: it holds the table, makes its count exact (atomic
+//! mode, a grace period), drops its hold, and frees the table if that was
+//! the last reference. MADV_DONTNEED then returns the count to per-CPU
+//! mode; MADV_FREE leaves it atomic, so that the table dies with the put
+//! that clears its last entry when reclaim discards the lazyfree pages.
+//!
+//! The seed frees the table in the release callback of that last put. The
+//! model's puts happen when a page-table guard is dropped, in the layer
+//! below; the table is dead from then on (walkers are refused it), and is
+//! unhooked and freed by the first to meet it with no page-table lock held:
+//! the zap whose guard put last (`zap_pte_range`, for MADV_DONTNEED, munmap
+//! and exit), MADV_PAGEOUT after its discards ([`free_dead_user_ptes`]),
+//! or the next madvise or fault on its range. A lockless reader whose put
+//! is the last (`/proc`, a fault's first look) leaves it to those.
+
 use crate::machine::OnCpu;
 use crate::mm::Mm;
 use crate::mmu_gather::MmuGather;
-use crate::pgtable::{PmdSlot, Ptdesc, PteLocked, Tracking, PMD_MASK, PMD_SIZE};
+use crate::pgtable::{
+    PmdSlot, Ptdesc, PteLocked, Tracking, PMD_MASK, PMD_SIZE, PUD_MASK, PUD_SIZE,
+};
 use crate::phys::{PhysMem, PAGE_SIZE};
 use crate::sync::Arc;
 use crate::tunable::PtReclaim;
@@ -51,31 +88,37 @@ pub enum SwitchBack {
 
 /// `try_to_free_user_pte` for every PTE table of `[start, end)`, their
 /// frees gathered in one mmu_gather. The caller holds mmap_lock (for
-/// reading) and no page-table lock or epoch pin.
+/// reading) and no page-table lock or epoch pin. Returns whether a table
+/// was freed.
 pub fn try_to_free_user_ptes(
     oncpu: &OnCpu,
     mm: &Arc<Mm>,
     start: u64,
     end: u64,
     switch_back: SwitchBack,
-) {
+) -> bool {
     let mut tlb = MmuGather::new(mm);
     for_each_pmd(mm, start, end, |slot, addr| {
         try_to_free_user_pte(oncpu, &mut tlb, slot, addr, switch_back)
     });
+    let freed = tlb.freed_tables;
     tlb.finish(oncpu);
+    freed
 }
 
 /// Free the dead tables of `[start, end)`: those whose last reference went
 /// while a walker of this range (MADV_PAGEOUT's discards) held them.
-pub fn free_dead_user_ptes(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) {
+/// Returns whether a table was freed.
+pub fn free_dead_user_ptes(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) -> bool {
     let mut tlb = MmuGather::new(mm);
     for_each_pmd(mm, start, end, |slot, addr| {
         if slot.pte_table_is_dead(oncpu.mem()) {
             free_user_pte(oncpu, &mut tlb, slot, addr);
         }
     });
+    let freed = tlb.freed_tables;
     tlb.finish(oncpu);
+    freed
 }
 
 /// Each PMD entry that covers part of `[start, end)` and exists.
@@ -134,7 +177,7 @@ fn try_to_free_user_pte(
 /// `free_user_pte`: unhook a dead table under the PMD lock and give it to
 /// the gather, which flushes the TLB for its range (paging-structure caches
 /// included: `freed_tables`) and frees it after a grace period.
-fn free_user_pte(oncpu: &OnCpu, tlb: &mut MmuGather, slot: PmdSlot, addr: u64) {
+pub(crate) fn free_user_pte(oncpu: &OnCpu, tlb: &mut MmuGather, slot: PmdSlot, addr: u64) {
     let table: Option<Ptdesc> = tlb.mm.pmd_lock(slot).unhook_dead_pte_table();
     if let Some(table) = table {
         oncpu
@@ -234,4 +277,30 @@ impl ReclaimPt {
                 .map(|table| (table, ReclaimPath::Slow)),
         }
     }
+}
+
+/// `pt_reclaim_pmd`: free the PMD tables of `[start, end)` that PT reclaim
+/// left with no entry (see the module doc). Takes mmap_lock for writing:
+/// the caller holds no lock of `mm`.
+pub fn try_to_free_pmd_tables(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) {
+    let _g = mm.mmap_lock.write();
+    let mut tlb = MmuGather::new(mm);
+    let mut addr = start & PUD_MASK;
+    while addr < end {
+        // SAFETY: mmap_lock is held for writing, so no fault or software
+        // walker holds an entry of any PMD table of this mm.
+        let table = unsafe {
+            mm.pgd
+                .try_unhook_empty_pmd_table(&mm.mem, &mm.page_table_lock, addr)
+        };
+        if let Some(table) = table {
+            oncpu.vmstat().count(oncpu.id(), Event::PT_RECLAIM_PMD, 1);
+            crate::memory::pt_free_tlb(oncpu, &mut tlb, table, addr);
+        }
+        addr = match addr.checked_add(PUD_SIZE) {
+            Some(a) => a,
+            None => break,
+        };
+    }
+    tlb.finish(oncpu);
 }

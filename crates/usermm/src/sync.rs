@@ -44,22 +44,30 @@ pub fn synchronize_rcu() {
 }
 
 std::thread_local! {
-    static THIS_CPU: std::cell::Cell<usize> = const { std::cell::Cell::new(NO_CPU) };
+    static THIS_CPU: std::cell::Cell<(usize, usize)> = const { std::cell::Cell::new((0, NO_CPU)) };
 }
 
-/// What [`this_cpu`] says on a thread that plays no CPU.
+/// What [`this_cpu`] says on a thread that plays no CPU of the machine
+/// asked about.
 pub const NO_CPU: usize = usize::MAX;
 
-/// `smp_processor_id`: the CPU the calling thread plays ([`NO_CPU`] for
-/// one bound to none), for per-CPU counters.
+/// `smp_processor_id`: the CPU the calling thread plays on the machine
+/// whose identity is `machine` (any value unique to it while it lives),
+/// or [`NO_CPU`]; for per-CPU counters, which only the thread playing a
+/// CPU may write as that CPU. A thread that plays CPUs of two machines is
+/// a CPU of the one it bound last.
 #[inline]
-pub fn this_cpu() -> usize {
-    THIS_CPU.with(|c| c.get())
+pub fn this_cpu(machine: usize) -> usize {
+    match THIS_CPU.with(|c| c.get()) {
+        (m, cpu) if m == machine => cpu,
+        _ => NO_CPU,
+    }
 }
 
-/// Record the CPU the calling thread now plays ([`NO_CPU`]: none).
-pub fn set_this_cpu(id: usize) {
-    THIS_CPU.with(|c| c.set(id));
+/// Record the CPU the calling thread now plays on `machine` ([`NO_CPU`]:
+/// none).
+pub fn set_this_cpu(machine: usize, id: usize) {
+    THIS_CPU.with(|c| c.set((machine, id)));
 }
 
 /// Reader-writer lock guards that own an `Arc` of their lock, for guards

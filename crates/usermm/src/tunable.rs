@@ -51,12 +51,19 @@ pub enum Tunable {
     ZapBatch,
     /// F4: freeing empty user PTE tables.
     PtReclaim,
+    /// F4, beyond both designs: freeing the PMD tables that PT reclaim
+    /// empties.
+    PtReclaimPmd,
 }
 
 impl Tunable {
     /// Every tunable, in registry order.
-    pub const ALL: [Tunable; TUNABLES.len()] =
-        [Tunable::ForkBatch, Tunable::ZapBatch, Tunable::PtReclaim];
+    pub const ALL: [Tunable; TUNABLES.len()] = [
+        Tunable::ForkBatch,
+        Tunable::ZapBatch,
+        Tunable::PtReclaim,
+        Tunable::PtReclaimPmd,
+    ];
 
     /// Its registry entry.
     pub fn info(self) -> &'static TunableInfo {
@@ -92,7 +99,7 @@ pub enum PtReclaim {
 }
 
 /// Every tunable, in [`Tunable`] order.
-pub const TUNABLES: [TunableInfo; 3] = [
+pub const TUNABLES: [TunableInfo; 4] = [
     TunableInfo {
         name: "fork_batch",
         description: "fork copies a run of PTEs mapping one large folio with one \
@@ -136,6 +143,26 @@ pub const TUNABLES: [TunableInfo; 3] = [
             },
         ],
         default: 1,
+    },
+    TunableInfo {
+        name: "pt_reclaim_pmd",
+        description: "also free a PMD table that PT reclaim empties (all 512 \
+            entries none once its PTE tables went), with either design; no \
+            kernel does",
+        values: &[
+            TunableValue {
+                name: "off",
+                description: "PMD tables are freed only when their range is \
+                    unmapped (`free_pgtables`; every kernel)",
+            },
+            TunableValue {
+                name: "on",
+                description: "after `upstream` or `pte_ref` frees a PTE table, its \
+                    PMD table goes too if it maps nothing more (usermm's own \
+                    extension)",
+            },
+        ],
+        default: 0,
     },
 ];
 
@@ -274,6 +301,16 @@ impl Tunables {
         }
     }
 
+    /// `pt_reclaim_pmd`: PT reclaim frees the PMD tables it empties.
+    #[inline]
+    pub fn pt_reclaim_pmd(&self) -> bool {
+        self.index(Tunable::PtReclaimPmd) != 0
+    }
+
+    pub fn set_pt_reclaim_pmd(&self, on: bool) {
+        self.set_on(Tunable::PtReclaimPmd, on)
+    }
+
     pub fn set_pt_reclaim(&self, design: PtReclaim) {
         self.values[Tunable::PtReclaim as usize].store(design as u8, Ordering::Relaxed);
     }
@@ -313,7 +350,8 @@ mod tests {
             [
                 ("fork_batch", "on"),
                 ("zap_batch", "off"),
-                ("pt_reclaim", "upstream")
+                ("pt_reclaim", "upstream"),
+                ("pt_reclaim_pmd", "off")
             ]
         );
         let e = t.set("zap_batch", "maybe").unwrap_err();
@@ -324,7 +362,7 @@ mod tests {
         let e = t.set("zap", "on").unwrap_err();
         assert_eq!(
             e.to_string(),
-            "no tunable \"zap\"; there are: fork_batch, zap_batch, pt_reclaim"
+            "no tunable \"zap\"; there are: fork_batch, zap_batch, pt_reclaim, pt_reclaim_pmd"
         );
         assert!(!t.zap_batch(), "a refused set changes nothing");
     }

@@ -58,6 +58,7 @@ counters! {
         PT_RECLAIM_UPSTREAM => "usermm_pt_reclaim_upstream",
         PT_RECLAIM_UPSTREAM_SLOW => "usermm_pt_reclaim_upstream_slow",
         PT_RECLAIM_PTE_REF => "usermm_pt_reclaim_pte_ref",
+        PT_RECLAIM_PMD => "usermm_pt_reclaim_pmd",
     }
 }
 

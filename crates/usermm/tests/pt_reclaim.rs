@@ -181,25 +181,45 @@ fn faults_race_with_pte_ref_reclaim() {
 }
 
 fn race_faults_with_reclaim(design: PtReclaim) -> Arc<Machine> {
+    race_faults_with_reclaim_at(design, false)
+}
+
+/// The race, with `pt_reclaim_pmd` as given: the range then lies alone in
+/// its PMD table, so that a whole-range zap can empty it.
+fn race_faults_with_reclaim_at(design: PtReclaim, pmd: bool) -> Arc<Machine> {
     let m = machine(256 << 20, 3, design);
+    m.tunables.set_pt_reclaim_pmd(pmd);
     let shadow = Shadow::new();
     let c0 = m.bind(0).unwrap();
     let mm = c0.new_mm().unwrap();
     const TABLES: u64 = 24;
     const LEN: u64 = TABLES * PMD_SIZE;
-    let a = mmap_pmd_aligned(&c0, LEN);
+    let a = if pmd {
+        c0.mmap(PUD_AT, LEN, RW, ANON | MAP_FIXED).unwrap()
+    } else {
+        mmap_pmd_aligned(&c0, LEN)
+    };
     let stop = AtomicBool::new(false);
+    // While set, the accessors stay out of user mode (but keep their TLB
+    // entries), so that a zap of the whole range can empty the PMD table.
+    let quiet = AtomicBool::new(false);
     let accesses = AtomicU64::new(0);
     std::thread::scope(|s| {
         let _stop = StopOnDrop(&stop);
         for id in 1..3u64 {
             let (m, mm, stop, shadow, accesses) = (&m, mm.clone(), &stop, &shadow, &accesses);
+            let quiet = &quiet;
             s.spawn(move || {
                 let c = m.bind(id as usize).unwrap();
                 c.switch_mm(&mm);
                 let mut rng = SmallRng::seed_from_u64(id);
                 let mut seq = 1u64;
                 while !stop.load(Ordering::Relaxed) {
+                    if quiet.load(Ordering::Relaxed) {
+                        c.idle();
+                        std::thread::yield_now();
+                        continue;
+                    }
                     // Mostly the first pages of each table, so that faults
                     // often land in a table being reclaimed.
                     let table = rng.gen_range(0..TABLES);
@@ -241,6 +261,14 @@ fn race_faults_with_reclaim(design: PtReclaim) -> Arc<Machine> {
                         c0.madvise(h, PMD_SIZE / 2, MADV_DONTNEED).unwrap();
                     });
                 }
+            } else if pmd && i % 16 == 2 {
+                // The accessors hold off: the whole range empties, and its
+                // PMD table with it; they fault it all back afterwards.
+                quiet.store(true, Ordering::Relaxed);
+                shadow.zap(&c0, mm.id, a, a + LEN, || {
+                    c0.madvise(a, LEN, MADV_DONTNEED).unwrap();
+                });
+                quiet.store(false, Ordering::Relaxed);
             } else if i.is_multiple_of(8) {
                 // Refill most of the range, so that the zap fills the
                 // gather, then zap it all.
@@ -312,6 +340,83 @@ fn pte_ref_frees_tables_however_emptied() {
     c.touch_pages(a, a + 4 * PMD_SIZE, 2).unwrap();
     assert_eq!(vm_pte_kb(&mm), before);
     check_invariants(&m).unwrap();
+}
+
+/// A table whose count MADV_FREE left atomic dies with the put of the zap
+/// that clears its last entry: here a munmap of half its range, for which
+/// `free_pgtables` keeps the table (the VMA's other half shares it). The
+/// zap frees it, as the seed's release callback does.
+#[test]
+fn pte_ref_zap_frees_the_table_it_kills() {
+    let m = machine(64 << 20, 1, PtReclaim::PteRef);
+    let c = m.bind(0).unwrap();
+    let mm = c.new_mm().unwrap();
+    let a = mmap_pmd_aligned(&c, PMD_SIZE);
+    let half = a + PMD_SIZE / 2;
+    c.touch_pages(half, a + PMD_SIZE, 1).unwrap();
+    c.madvise(a, PMD_SIZE, MADV_FREE).unwrap();
+    let before = vm_pte_kb(&mm);
+    let freed = m.vmstat().event(Event::PT_RECLAIM_PTE_REF);
+    c.munmap(half, PMD_SIZE / 2).unwrap();
+    assert_eq!(m.vmstat().event(Event::PT_RECLAIM_PTE_REF), freed + 1);
+    assert_eq!(vm_pte_kb(&mm), before - 4, "the emptied table went");
+    m.rcu_barrier();
+    check_invariants(&m).unwrap();
+    // The VMA's other half faults in through a new table.
+    c.touch_pages(a, half, 2).unwrap();
+    assert_eq!(vm_pte_kb(&mm), before);
+    check_invariants(&m).unwrap();
+}
+
+/// With `pt_reclaim_pmd`, the PMD table goes with the last PTE table PT
+/// reclaim frees from it, under either design; without it the PMD table
+/// stays. Faults afterwards build both levels again.
+#[test]
+fn pmd_table_goes_with_its_last_pte_table() {
+    for design in [PtReclaim::Upstream, PtReclaim::PteRef] {
+        for pmd in [false, true] {
+            let m = machine(64 << 20, 1, design);
+            m.tunables.set_pt_reclaim_pmd(pmd);
+            let c = m.bind(0).unwrap();
+            let mm = c.new_mm().unwrap();
+            // Alone in its PUD entry's GiB, so its PMD table maps nothing else.
+            let a = c.mmap(PUD_AT, 4 * PMD_SIZE, RW, ANON | MAP_FIXED).unwrap();
+            c.touch_pages(a, a + 4 * PMD_SIZE, 1).unwrap();
+            let before = vm_pte_kb(&mm);
+            let pmd_freed = || m.vmstat().event(Event::PT_RECLAIM_PMD);
+            c.madvise(a, 2 * PMD_SIZE, MADV_DONTNEED).unwrap();
+            assert_eq!(vm_pte_kb(&mm), before - 8, "{design:?}: two PTE tables");
+            assert_eq!(pmd_freed(), 0, "{design:?}: the PMD table maps two more");
+            c.madvise(a + 2 * PMD_SIZE, 2 * PMD_SIZE, MADV_DONTNEED)
+                .unwrap();
+            let want = if pmd { 20 } else { 16 };
+            assert_eq!(vm_pte_kb(&mm), before - want, "{design:?} pmd={pmd}");
+            assert_eq!(pmd_freed(), u64::from(pmd));
+            m.rcu_barrier();
+            check_invariants(&m).unwrap();
+            c.touch_pages(a, a + 4 * PMD_SIZE, 2).unwrap();
+            assert_eq!(vm_pte_kb(&mm), before);
+            assert_eq!(c.load_u8(a + 3 * PMD_SIZE).unwrap(), 2);
+            check_invariants(&m).unwrap();
+            c.munmap(a, 4 * PMD_SIZE).unwrap();
+            m.rcu_barrier();
+            check_invariants(&m).unwrap();
+        }
+    }
+}
+
+/// A PUD-aligned address (1 GiB) in the middle of the user range.
+const PUD_AT: u64 = 0x7e00_0000_0000;
+
+/// The fault race with PMD tables reclaimed too, under both designs: the
+/// whole-range zaps empty the PMD table now and then, and the faults that
+/// follow must build it again.
+#[test]
+fn faults_race_with_pmd_reclaim() {
+    for design in [PtReclaim::Upstream, PtReclaim::PteRef] {
+        let m = race_faults_with_reclaim_at(design, true);
+        assert!(m.vmstat().event(Event::PT_RECLAIM_PMD) > 0, "{design:?}");
+    }
 }
 
 /// A table belongs to the design it was made under: tables made before

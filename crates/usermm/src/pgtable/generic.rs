@@ -166,6 +166,47 @@ impl Pgd {
         })
     }
 
+    /// Unhook the PMD table covering `addr` if all its 512 entries are none
+    /// (`pt_reclaim_pmd`, usermm's own extension of PT reclaim), under the
+    /// PUD lock (`page_table_lock`) and the table's own PMD lock. The
+    /// caller frees the table after a TLB flush of its range (paging-
+    /// structure caches included) and a grace period, for hardware walkers.
+    ///
+    /// # Safety
+    ///
+    /// No software walker may hold an entry of the table (a [`PmdSlot`]):
+    /// the caller holds mmap_lock for writing, as `free_pgtables` does for
+    /// the tables above the PTE level, so no fault or walk is under way.
+    pub unsafe fn try_unhook_empty_pmd_table(
+        &self,
+        mem: &PhysMem,
+        page_table_lock: &SpinLock,
+        addr: u64,
+    ) -> Option<Ptdesc> {
+        let _pud = page_table_lock.lock();
+        let pgde = entry_get(mem, self.0, pgd_index(addr));
+        if pgde & _PAGE_PRESENT == 0 {
+            return None;
+        }
+        let pud_table = next_table(pgde);
+        let pude = entry_get(mem, pud_table, pud_index(addr));
+        if pude & _PAGE_PRESENT == 0 {
+            return None;
+        }
+        let pmd_table = next_table(pude);
+        let _pml = mem.page(pmd_table).ptl.lock();
+        if (0..PTRS_PER_TABLE).any(|i| entry_get(mem, pmd_table, i) != 0) {
+            return None;
+        }
+        debug_assert_eq!(
+            mem.page(pmd_table).private.load(Ordering::Relaxed),
+            0,
+            "an empty PMD table with deposited tables"
+        );
+        entry_set(mem, pud_table, pud_index(addr), 0);
+        Some(Ptdesc::unhooked(pmd_table))
+    }
+
     /// `pud_alloc`: populate the PUD level for `addr`. Returns how many
     /// tables it installed (0 or 1).
     pub fn pud_alloc(
@@ -374,7 +415,11 @@ impl PmdSlot {
     /// The count of the tracked table this entry points to, held by a
     /// reference (`pte_tryget`), for `try_to_free_user_pte`; None if the
     /// entry holds no table, an untracked one or a dead one.
-    pub fn pte_tryget(self, mem: &PhysMem) -> Option<PteRefHeld<'_>> {
+    ///
+    /// The reference keeps the table hooked but not its memory: the caller
+    /// holds mmap_lock and stays inside a VMA, so that `free_pgtables`
+    /// cannot free the table while the reference lives.
+    pub(crate) fn pte_tryget(self, mem: &PhysMem) -> Option<PteRefHeld<'_>> {
         let _pin = epoch::pin();
         let pmd = self.get(mem);
         if !pmd_is_table(pmd) {
@@ -653,6 +698,13 @@ impl PteLocked<'_> {
         let old = self.pte(idx);
         entry_set(self.mem, self.table, idx, pte.0);
         self.track(old, pte);
+    }
+
+    /// Whether the table keeps a `pte_ref` count (it was made while that
+    /// design was selected).
+    #[inline]
+    pub fn is_tracked(&self) -> bool {
+        self.pte_ref.is_some()
     }
 
     /// Count a change of entry, on a tracked table. This guard holds a

@@ -136,7 +136,7 @@ pub enum Tracking {
 /// slot that the kernel's `struct page` unions with the mapping for table
 /// pages. Before the table is published.
 fn pte_ref_init(mem: &PhysMem, pfn: Pfn) {
-    let r = Box::new(pte_ref::PteRef::new(mem.nr_cpus()));
+    let r = Box::new(pte_ref::PteRef::new(mem.machine_id(), mem.nr_cpus()));
     // Release: a walker that reads the pointer (after the table's
     // publication) sees the count initialised.
     mem.page(pfn)

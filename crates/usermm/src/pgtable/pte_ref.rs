@@ -19,7 +19,8 @@
 //!   own counter, touching no shared cache line; the sum is unknown, so the
 //!   count never reaches zero. The atomic counter holds [`BIAS`].
 //! * **atomic**: gets and puts go to the shared counter, which is exact;
-//!   a put that takes it to zero kills the ref, and a try-get of zero fails.
+//!   a put that takes it to zero kills the ref (the table is dead while the
+//!   count is zero in this mode), and a try-get of zero fails.
 //!
 //! Every get and put in per-CPU mode runs inside an epoch pin (the walkers'
 //! guards hold one; `percpu_ref` uses `rcu_read_lock_sched`). The switch to
@@ -37,10 +38,10 @@ use crate::sync::{self, AtomicI64, AtomicU8, CachePadded, Mutex, Ordering};
 
 /// Per-CPU mode: the atomic counter holds the bias.
 const PERCPU: u8 = 0;
-/// Atomic mode: the atomic counter is the count.
+/// Atomic mode: the atomic counter is the count. Zero there is final (the
+/// table is dead): a try-get never raises it, a switch back never revives
+/// it.
 const ATOMIC: u8 = 1;
-/// Reached zero in atomic mode: the table is waiting to be freed.
-const DEAD: u8 = 2;
 
 /// Keeps the atomic counter far from zero in per-CPU mode
 /// (`PERCPU_COUNT_BIAS`).
@@ -48,6 +49,9 @@ const BIAS: i64 = 1 << 62;
 
 /// One table's count (`ptdesc->pte_ref`).
 pub struct PteRef {
+    /// The machine whose CPUs own the per-CPU counters
+    /// ([`crate::phys::PhysMem::machine_id`]).
+    machine: usize,
     mode: AtomicU8,
     count: AtomicI64,
     percpu: Box<[CachePadded<AtomicI64>]>,
@@ -57,8 +61,9 @@ pub struct PteRef {
 impl PteRef {
     /// `pte_ref_init`: per-CPU mode, count zero (a new table is empty and
     /// no walker holds it yet).
-    pub fn new(nr_cpus: usize) -> PteRef {
+    pub fn new(machine: usize, nr_cpus: usize) -> PteRef {
         PteRef {
+            machine,
             mode: AtomicU8::new(PERCPU),
             count: AtomicI64::new(BIAS),
             percpu: (0..nr_cpus.max(1))
@@ -68,13 +73,14 @@ impl PteRef {
         }
     }
 
-    /// `this_cpu_add` in per-CPU mode: only the thread playing a CPU writes
-    /// that CPU's counter, so a plain load and store do (no locked
-    /// instruction, as the kernel's per-CPU add). A thread that plays no
-    /// CPU adds to the shared counter instead, which the sum counts alike.
+    /// `this_cpu_add` in per-CPU mode: only the thread playing a CPU of this
+    /// table's machine writes that CPU's counter, so a plain load and store
+    /// do (no locked instruction, as the kernel's per-CPU add). A thread
+    /// that plays none adds to the shared counter instead, which the sum
+    /// counts alike.
     #[inline]
     fn percpu_add(&self, v: i64) {
-        match self.percpu.get(sync::this_cpu()) {
+        match self.percpu.get(sync::this_cpu(self.machine)) {
             Some(c) => c.store(c.load(Ordering::Relaxed) + v, Ordering::Relaxed),
             None => {
                 self.count.fetch_add(v, Ordering::Relaxed);
@@ -123,25 +129,23 @@ impl PteRef {
             return false;
         }
         // AcqRel: the last put sees every earlier holder's writes to the
-        // table before it is declared dead.
+        // table before it is dead; whoever then sees the zero (Acquire in
+        // is_dead) sees them too.
         let old = self.count.fetch_sub(1, Ordering::AcqRel);
         debug_assert!(old > 0, "pte_ref put below zero");
-        if old == 1 {
-            self.mode.store(DEAD, Ordering::Release);
-            return true;
-        }
-        false
+        old == 1
     }
 
-    /// `percpu_ref_is_zero` after the switch: the table is dead.
+    /// `percpu_ref_is_zero` in atomic mode: the table is dead, from the
+    /// instant of the last put.
     #[inline]
     pub fn is_dead(&self) -> bool {
-        self.mode.load(Ordering::Acquire) == DEAD
+        self.mode.load(Ordering::Acquire) == ATOMIC && self.count.load(Ordering::Acquire) == 0
     }
 
-    /// Whether the count is exact now (atomic mode, or dead).
+    /// Whether the count is exact now (atomic mode).
     pub fn is_atomic(&self) -> bool {
-        self.mode.load(Ordering::Acquire) != PERCPU
+        self.mode.load(Ordering::Acquire) == ATOMIC
     }
 
     /// `percpu_ref_switch_to_atomic_sync`: make the count exact. Waits for
@@ -169,7 +173,7 @@ impl PteRef {
     /// table died meanwhile.
     pub fn switch_to_percpu(&self) {
         let _g = self.switching.lock();
-        if self.mode.load(Ordering::Acquire) != ATOMIC {
+        if self.mode.load(Ordering::Acquire) == PERCPU {
             return;
         }
         let revived = self
@@ -185,9 +189,7 @@ impl PteRef {
     /// The count, for the invariant checker (no walker may run).
     pub fn quiescent_count(&self) -> i64 {
         let percpu: i64 = self.percpu.iter().map(|c| c.load(Ordering::Relaxed)).sum();
-        match self.mode.load(Ordering::Acquire) {
-            PERCPU => self.count.load(Ordering::Relaxed) - BIAS + percpu,
-            _ => self.count.load(Ordering::Relaxed) + percpu,
-        }
+        let bias = if self.is_atomic() { 0 } else { BIAS };
+        self.count.load(Ordering::Relaxed) - bias + percpu
     }
 }

@@ -247,6 +247,13 @@ impl PhysMem {
         self.rcu_pending.load(crate::sync::Ordering::Acquire)
     }
 
+    /// An identity of this machine's memory, unique while it lives (for
+    /// [`crate::sync::this_cpu`]).
+    #[inline]
+    pub fn machine_id(&self) -> usize {
+        self as *const PhysMem as usize
+    }
+
     /// The number of CPUs (`nr_cpu_ids`).
     #[inline]
     pub fn nr_cpus(&self) -> usize {
