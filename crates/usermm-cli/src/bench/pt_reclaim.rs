@@ -1,7 +1,8 @@
 //! `bench pt_reclaim`: F4, freeing emptied user PTE tables. The seed's
 //! loop (mmap 50 GiB MAP_NORESERVE, then for each 2 MiB chunk: write every
 //! page, give the chunk back) in four modes, with every design of the
-//! `pt_reclaim` tunable, VmPTE before and after beside the seed's published
+//! `pt_reclaim` tunable (and each that frees tables again with
+//! `pt_reclaim_pmd`), VmPTE before and after beside the seed's published
 //! figures and the host kernel's for the same loop run natively; then the
 //! cost on the fault path: 4 KiB write-fault throughput per design, the
 //! designs interleaved round by round.
@@ -39,9 +40,52 @@ fn seed_vmpte_after_kb(design: &str, mode: Mode) -> Option<u64> {
     }
 }
 
+/// One arm of the loop: a `pt_reclaim` design, with or without
+/// `pt_reclaim_pmd`.
+#[derive(Clone, Copy)]
+struct Arm {
+    design: &'static str,
+    pmd: bool,
+}
+
+impl Arm {
+    /// Every design without PMD reclaim, then each design that frees PTE
+    /// tables with it.
+    fn all() -> Vec<Arm> {
+        let designs = Tunable::PtReclaim.info().values;
+        let plain = designs.iter().map(|d| Arm {
+            design: d.name,
+            pmd: false,
+        });
+        let pmd = designs.iter().filter(|d| d.name != "off").map(|d| Arm {
+            design: d.name,
+            pmd: true,
+        });
+        plain.chain(pmd).collect()
+    }
+
+    fn label(self) -> String {
+        if self.pmd {
+            format!("{}+pmd", self.design)
+        } else {
+            self.design.to_string()
+        }
+    }
+
+    fn select(self, m: &Machine) -> anyhow::Result<()> {
+        m.tunables
+            .set(Tunable::PtReclaim.info().name, self.design)?;
+        let pmd = if self.pmd { "on" } else { "off" };
+        m.tunables.set(Tunable::PtReclaimPmd.info().name, pmd)?;
+        Ok(())
+    }
+}
+
 #[derive(Serialize)]
 struct LoopRow {
     design: &'static str,
+    /// Whether `pt_reclaim_pmd` freed emptied PMD tables too.
+    pt_reclaim_pmd: bool,
     mode: &'static str,
     iterations: usize,
     vmsize_before_kb: u64,
@@ -51,8 +95,11 @@ struct LoopRow {
     vmrss_after_kb: u64,
     vmpte_after_kb: u64,
     loop_s: f64,
-    /// Tables the design reclaimed during the loop (the model's counters).
+    /// PTE tables the design reclaimed during the loop (the model's
+    /// counters).
     tables_reclaimed: u64,
+    /// PMD tables reclaimed during the loop (`pt_reclaim_pmd`).
+    pmd_tables_reclaimed: u64,
     seed_vmpte_after_kb: Option<u64>,
     host_vmpte_after_kb: Option<u64>,
     host_vmrss_after_kb: Option<u64>,
@@ -77,6 +124,7 @@ struct FaultCostRow {
 fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let iterations = a.iterations;
     let designs = Tunable::PtReclaim.info().values;
+    let arms = Arm::all();
     // The loop's own memory: one table per chunk when none is freed, the
     // chunk being written, and slack; the fault-cost region besides.
     let loop_need = (iterations as u64 * PAGE as u64 + (64 << 20)).next_multiple_of(1 << 20);
@@ -91,7 +139,7 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     };
     let pb = progress(
         "pt_reclaim",
-        (Mode::ALL.len() * (designs.len() + 1) + a.runs * designs.len()) as u64,
+        (Mode::ALL.len() * (arms.len() + 1) + a.runs * designs.len()) as u64,
     );
     let mut host = vec![];
     for mode in Mode::ALL {
@@ -106,13 +154,14 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     drop(host_knobs);
     let mut rows = vec![];
     for (mode, host) in Mode::ALL.into_iter().zip(&host) {
-        for d in designs {
-            pb.set_message(format!("{} {}", d.name, mode.name()));
-            m.tunables.set(Tunable::PtReclaim.info().name, d.name)?;
-            let (r, reclaimed) = engine_loop(&m, mode, iterations)?;
+        for &arm in &arms {
+            pb.set_message(format!("{} {}", arm.label(), mode.name()));
+            arm.select(&m)?;
+            let (r, reclaimed, pmd_reclaimed) = engine_loop(&m, mode, iterations)?;
             let h = host.as_ref().ok();
             rows.push(LoopRow {
-                design: d.name,
+                design: arm.design,
+                pt_reclaim_pmd: arm.pmd,
                 mode: mode.name(),
                 iterations,
                 vmsize_before_kb: r.before.vmsize_kb,
@@ -123,8 +172,9 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
                 vmpte_after_kb: r.after.vmpte_kb,
                 loop_s: r.loop_s,
                 tables_reclaimed: reclaimed,
-                seed_vmpte_after_kb: (iterations == SEED_ITERATIONS)
-                    .then(|| seed_vmpte_after_kb(d.name, mode))
+                pmd_tables_reclaimed: pmd_reclaimed,
+                seed_vmpte_after_kb: (iterations == SEED_ITERATIONS && !arm.pmd)
+                    .then(|| seed_vmpte_after_kb(arm.design, mode))
                     .flatten(),
                 host_vmpte_after_kb: h.map(|h| h.after.vmpte_kb),
                 host_vmrss_after_kb: h.map(|h| h.after.vmrss_kb),
@@ -133,6 +183,11 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
             pb.inc(1);
         }
     }
+    Arm {
+        design: Tunable::PtReclaim.info().default_name(),
+        pmd: false,
+    }
+    .select(&m)?;
     let costs = fault_cost(a, &m, &pb)?;
     pb.finish_and_clear();
     let host_note = host.iter().find_map(|h| h.as_ref().err().cloned());
@@ -166,8 +221,13 @@ fn tables_reclaimed(m: &Machine) -> u64 {
         .sum()
 }
 
-/// The seed's loop in a fresh process of the engine.
-fn engine_loop(m: &Machine, mode: Mode, iterations: usize) -> anyhow::Result<(LoopResult, u64)> {
+/// The seed's loop in a fresh process of the engine. Returns its figures
+/// and the PTE and PMD tables reclaimed meanwhile.
+fn engine_loop(
+    m: &Machine,
+    mode: Mode,
+    iterations: usize,
+) -> anyhow::Result<(LoopResult, u64, u64)> {
     let err = |what: &'static str| move |e| anyhow!("{what}: {e}");
     let c = m.bind(0).map_err(err("bind"))?;
     let mm = c.new_mm().map_err(err("mm"))?;
@@ -191,6 +251,8 @@ fn engine_loop(m: &Machine, mode: Mode, iterations: usize) -> anyhow::Result<(Lo
     };
     let before = figures();
     let reclaimed = tables_reclaimed(m);
+    let pmd_event = usermm::vmstat::Event::PT_RECLAIM_PMD;
+    let pmd_reclaimed = m.vmstat().event(pmd_event);
     let t = Instant::now();
     for i in 0..iterations as u64 {
         let chunk = base + mode.offset() as u64 + i * CHUNK as u64;
@@ -204,6 +266,7 @@ fn engine_loop(m: &Machine, mode: Mode, iterations: usize) -> anyhow::Result<(Lo
     let loop_s = t.elapsed().as_secs_f64();
     let after = figures();
     let reclaimed = tables_reclaimed(m) - reclaimed;
+    let pmd_reclaimed = m.vmstat().event(pmd_event) - pmd_reclaimed;
     c.munmap(base, len).map_err(err("munmap"))?;
     c.exit_mm().map_err(err("exit"))?;
     drop(mm);
@@ -216,6 +279,7 @@ fn engine_loop(m: &Machine, mode: Mode, iterations: usize) -> anyhow::Result<(Lo
             aligned: base.is_multiple_of(CHUNK as u64),
         },
         reclaimed,
+        pmd_reclaimed,
     ))
 }
 
@@ -303,28 +367,34 @@ fn print_tables(
     outln!("  whole: MADV_DONTNEED 2 MiB; halves: two of 1 MiB; offset4k: 2 MiB chunks 4 KiB past a 2 MiB boundary;");
     outln!("  free: MADV_FREE 2 MiB, then MADV_PAGEOUT discards the clean lazyfree pages. Figures in kB.");
     outln!(
-        "{:<9} {:<9} {:>10} {:>10} {:>10} {:>9} {:>9} {:>10} {:>10} {:>9}",
+        "{:<13} {:<9} {:>10} {:>10} {:>10} {:>9} {:>9} {:>7} {:>10} {:>10} {:>9}",
         "design",
         "mode",
         "VmPTE bef",
         "VmPTE aft",
         "VmRSS aft",
         "loop(s)",
-        "reclaimed",
+        "PTE rec",
+        "PMD rec",
         "seed aft",
         "host aft",
         "host(s)"
     );
     for r in rows {
+        let arm = Arm {
+            design: r.design,
+            pmd: r.pt_reclaim_pmd,
+        };
         outln!(
-            "{:<9} {:<9} {:>10} {:>10} {:>10} {:>9.2} {:>9} {:>10} {:>10} {:>9}",
-            r.design,
+            "{:<13} {:<9} {:>10} {:>10} {:>10} {:>9.2} {:>9} {:>7} {:>10} {:>10} {:>9}",
+            arm.label(),
             r.mode,
             r.vmpte_before_kb,
             r.vmpte_after_kb,
             r.vmrss_after_kb,
             r.loop_s,
             r.tables_reclaimed,
+            r.pmd_tables_reclaimed,
             kb(r.seed_vmpte_after_kb),
             kb(r.host_vmpte_after_kb),
             r.host_loop_s.map_or("-".into(), |s| format!("{s:.2}"))
@@ -367,17 +437,19 @@ fn print_tables(
 /// Bars of VmPTE after the loop, per mode, one per design and the host.
 fn plot_vmpte(a: &BenchArgs, rows: &[LoopRow]) -> anyhow::Result<()> {
     let modes: Vec<String> = Mode::ALL.iter().map(|m| m.name().to_string()).collect();
-    let mut bars: Vec<plot::Bars> = Tunable::PtReclaim
-        .info()
-        .values
-        .iter()
-        .map(|d| plot::Bars {
-            label: format!("usermm, {}", d.name),
+    let mut bars: Vec<plot::Bars> = Arm::all()
+        .into_iter()
+        .map(|arm| plot::Bars {
+            label: format!("usermm, {}", arm.label()),
             values: Mode::ALL
                 .iter()
                 .map(|m| {
                     rows.iter()
-                        .find(|r| r.design == d.name && r.mode == m.name())
+                        .find(|r| {
+                            r.design == arm.design
+                                && r.pt_reclaim_pmd == arm.pmd
+                                && r.mode == m.name()
+                        })
                         .map(|r| r.vmpte_after_kb as f64)
                 })
                 .collect(),
