@@ -335,15 +335,7 @@ impl PmdSlot {
     /// reference too (`pte_tryget_map`).
     pub fn pte_offset_map(self, mem: &PhysMem) -> Option<PteMapped<'_>> {
         let guard = epoch::pin();
-        let pmd = self.get(mem);
-        if !pmd_is_table(pmd) {
-            return None;
-        }
-        let table = pmd.table_pfn();
-        let pte_ref = pte_ref_of(mem, table);
-        if pte_ref.is_some_and(|r| !r.tryget()) {
-            return None;
-        }
+        let (_, table, pte_ref) = self.map_pte_table(mem)?;
         Some(PteMapped {
             mem,
             table,
@@ -363,15 +355,7 @@ impl PmdSlot {
     pub fn pte_offset_map_lock(self, mem: &PhysMem) -> Option<PteLocked<'_>> {
         let guard = epoch::pin();
         loop {
-            let pmd = self.get(mem);
-            if !pmd_is_table(pmd) {
-                return None;
-            }
-            let table = pmd.table_pfn();
-            let pte_ref = pte_ref_of(mem, table);
-            if pte_ref.is_some_and(|r| !r.tryget()) {
-                return None;
-            }
+            let (pmd, table, pte_ref) = self.map_pte_table(mem)?;
             let ptl = mem.page(table).ptl.lock();
             if self.get(mem) == pmd {
                 return Some(PteLocked {
@@ -389,6 +373,24 @@ impl PmdSlot {
                 let _unhooked_anyway = r.put();
             }
         }
+    }
+
+    /// `__pte_offset_map`: the PMD value read, the PTE table it points to
+    /// and, for a tracked table, its count with a reference taken
+    /// (`pte_tryget`); None if the entry holds no table (empty, huge, a
+    /// migration entry) or a dead one. The caller holds an epoch pin from
+    /// before this call for as long as it uses the table.
+    fn map_pte_table(self, mem: &PhysMem) -> Option<(Pmd, Pfn, Option<&PteRef>)> {
+        let pmd = self.get(mem);
+        if !pmd_is_table(pmd) {
+            return None;
+        }
+        let table = pmd.table_pfn();
+        let pte_ref = pte_ref_of(mem, table);
+        if pte_ref.is_some_and(|r| !r.tryget()) {
+            return None;
+        }
+        Some((pmd, table, pte_ref))
     }
 
     /// Whether this entry points to a dead tracked table: one whose count
