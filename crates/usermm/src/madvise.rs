@@ -86,8 +86,11 @@ pub fn do_madvise(
                     _ => madvise_pageout(oncpu, mm, s, e),
                 };
             }
+            let free_pmds = freed_ptes
+                && oncpu.m.tunables.pt_reclaim_pmd()
+                && pt_reclaim::any_empty_pmd_table(mm, start, end);
             drop(_g);
-            if freed_ptes && oncpu.m.tunables.pt_reclaim_pmd() {
+            if free_pmds {
                 pt_reclaim::try_to_free_pmd_tables(oncpu, mm, start, end);
             }
             if unmapped {
@@ -176,7 +179,7 @@ pub fn zap_page_range_single(
 ) -> bool {
     let mut tlb = MmuGather::new(mm);
     memory::unmap_page_range(oncpu, &mut tlb, start, end, details);
-    let freed = tlb.freed_tables;
+    let freed = tlb.nr_tables_freed > 0;
     tlb.finish(oncpu);
     freed
 }

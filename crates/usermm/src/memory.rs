@@ -650,9 +650,14 @@ pub fn zap_pte_range(
     let mm = tlb.mm;
     let start = addr;
     let mut reclaim = ReclaimPt::new(details.reclaim_pt_is_enabled(start, end));
-    let mut tracked;
+    let mut tracked = false;
     loop {
         let Some(pt) = mm.pte_offset_map_lock(slot) else {
+            // Gone, or dead: this zap's own put may have killed it when the
+            // gather broke the loop.
+            if tracked {
+                free_killed_pte_table(oncpu, tlb, slot, start);
+            }
             return;
         };
         tracked = pt.is_tracked();
@@ -723,10 +728,16 @@ pub fn zap_pte_range(
         }
         free_pte(oncpu, tlb, table, start);
     }
-    if tracked && slot.pte_table_is_dead(&mm.mem) {
-        // pte_ref: the put of this zap's guard was the table's last (MADV_FREE
-        // left its count atomic). The seed frees it in that put's release.
-        crate::pt_reclaim::free_user_pte(oncpu, tlb, slot, start);
+    if tracked {
+        free_killed_pte_table(oncpu, tlb, slot, start);
+    }
+}
+
+/// `pte_ref`: if the put of the zap's guard was the table's last (MADV_FREE
+/// left its count atomic), free it, as the seed does in that put's release.
+fn free_killed_pte_table(oncpu: &OnCpu, tlb: &mut MmuGather, slot: PmdSlot, addr: u64) {
+    if slot.pte_table_is_dead(&tlb.mm.mem) {
+        crate::pt_reclaim::free_user_pte(oncpu, tlb, slot, addr);
     }
 }
 

@@ -69,6 +69,9 @@ pub struct MmuGather<'a> {
     batches: Vec<Batch>,
     active: usize,
     tables: Vec<Ptdesc>,
+    /// Page tables given to this gather so far (`freed_tables` is reset by
+    /// every flush; this is not): whether the operation freed any.
+    pub nr_tables_freed: usize,
     /// Set by [`MmuGather::finish`]; a gather dropped without it is a bug.
     finished: bool,
 }
@@ -99,6 +102,7 @@ impl<'a> MmuGather<'a> {
             batches: vec![Batch::new(MMU_GATHER_BUNDLE)],
             active: 0,
             tables: Vec::new(),
+            nr_tables_freed: 0,
             finished: false,
         }
     }
@@ -187,6 +191,7 @@ impl<'a> MmuGather<'a> {
     /// unhooked, to be freed after the flush and a grace period.
     pub fn remove_table(&mut self, oncpu: &OnCpu, table: Ptdesc) {
         self.freed_tables = true;
+        self.nr_tables_freed += 1;
         self.tables.push(table);
         if self.tables.len() >= MAX_TABLE_BATCH {
             self.flush_mmu_tlbonly(oncpu);

@@ -101,7 +101,7 @@ pub fn try_to_free_user_ptes(
     for_each_pmd(mm, start, end, |slot, addr| {
         try_to_free_user_pte(oncpu, &mut tlb, slot, addr, switch_back)
     });
-    let freed = tlb.freed_tables;
+    let freed = tlb.nr_tables_freed > 0;
     tlb.finish(oncpu);
     freed
 }
@@ -116,7 +116,7 @@ pub fn free_dead_user_ptes(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) ->
             free_user_pte(oncpu, &mut tlb, slot, addr);
         }
     });
-    let freed = tlb.freed_tables;
+    let freed = tlb.nr_tables_freed > 0;
     tlb.finish(oncpu);
     freed
 }
@@ -277,6 +277,23 @@ impl ReclaimPt {
                 .map(|table| (table, ReclaimPath::Slow)),
         }
     }
+}
+
+/// Whether a PMD table of `[start, end)` maps nothing now (a lockless
+/// look, under the mmap_lock the caller holds): worth taking the write
+/// lock for [`try_to_free_pmd_tables`].
+pub fn any_empty_pmd_table(mm: &Mm, start: u64, end: u64) -> bool {
+    let mut addr = start & PUD_MASK;
+    while addr < end {
+        if mm.pgd.pmd_table_is_empty(&mm.mem, addr) {
+            return true;
+        }
+        addr = match addr.checked_add(PUD_SIZE) {
+            Some(a) => a,
+            None => break,
+        };
+    }
+    false
 }
 
 /// `pt_reclaim_pmd`: free the PMD tables of `[start, end)` that PT reclaim

@@ -20,7 +20,9 @@
 //! dropped. The properties: a table that the zap frees maps nothing, and
 //! the fault's page is mapped afterwards through the table the PMD points
 //! to. The same model with the old rule (the fast path after a dropped
-//! lock) must be caught.
+//! lock) must be caught. The zap's loop is the test's own, in
+//! `zap_pte_range`'s shape; the reclaim decisions and every table access
+//! are the engine's.
 #![cfg(loom)]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -126,14 +128,23 @@ fn fault(mem: &PhysMem, slot: PmdSlot) -> bool {
     }
 }
 
-/// Runs the model; returns how many executions loom explored and which
-/// paths freed the table.
-fn run(break_at: Option<usize>, broken: bool, bound: usize) -> (usize, Vec<ReclaimPath>) {
+/// What loom explored: executions, the paths that freed the table, and
+/// the executions where the fault refilled the table and the zap kept it.
+#[derive(Debug)]
+struct Explored {
+    runs: usize,
+    paths: Vec<ReclaimPath>,
+    kept_refilled: usize,
+}
+
+/// Runs the model.
+fn run(break_at: Option<usize>, broken: bool, bound: usize) -> Explored {
     let mut b = loom::model::Builder::new();
     b.preemption_bound = Some(bound);
     let runs = Arc::new(AtomicUsize::new(0));
+    let kept = Arc::new(AtomicUsize::new(0));
     let paths = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let (counted, seen) = (runs.clone(), paths.clone());
+    let (counted, seen, kept_counted) = (runs.clone(), paths.clone(), kept.clone());
     b.check(move || {
         counted.fetch_add(1, Ordering::Relaxed);
         let (mem, slot) = world();
@@ -141,11 +152,17 @@ fn run(break_at: Option<usize>, broken: bool, bound: usize) -> (usize, Vec<Recla
         let faulter = thread::spawn(move || fault(&m, slot));
         let freed = zap(&mem, slot, break_at, broken);
         let mapped = faulter.join().unwrap();
-        if let Some(path) = freed {
-            let mut seen = seen.lock().unwrap();
-            if !seen.contains(&path) {
-                seen.push(path);
+        match freed {
+            Some(path) => {
+                let mut seen = seen.lock().unwrap();
+                if !seen.contains(&path) {
+                    seen.push(path);
+                }
             }
+            None if mapped => {
+                kept_counted.fetch_add(1, Ordering::Relaxed);
+            }
+            None => {}
         }
         // The zap had cleared the first entry before the fault could map
         // it, so the fault's page stays mapped, through whichever table
@@ -158,16 +175,24 @@ fn run(break_at: Option<usize>, broken: bool, bound: usize) -> (usize, Vec<Recla
         }
     });
     let paths = paths.lock().unwrap().clone();
-    (runs.load(Ordering::Relaxed), paths)
+    Explored {
+        runs: runs.load(Ordering::Relaxed),
+        paths,
+        kept_refilled: kept.load(Ordering::Relaxed),
+    }
 }
 
 /// A zap that keeps the lock frees the table by the fast path whenever
 /// the fault comes before or after it, never with the fault's page in it.
 #[test]
 fn fast_path_against_a_racing_fault() {
-    let (runs, paths) = run(None, false, 3);
-    eprintln!("{runs} executions, paths that freed the table: {paths:?}");
-    assert_eq!(paths, [ReclaimPath::Fast]);
+    let e = run(None, false, 3);
+    eprintln!(
+        "{} executions, paths that freed the table: {:?}",
+        e.runs, e.paths
+    );
+    assert_eq!(e.paths, [ReclaimPath::Fast]);
+    assert_eq!(e.kept_refilled, 0, "nothing refills a table under its lock");
 }
 
 /// A zap that drops the lock midway, as a full gather makes it: the fault
@@ -175,9 +200,16 @@ fn fast_path_against_a_racing_fault() {
 /// every entry again, keeps such a table and frees only an empty one.
 #[test]
 fn dropped_lock_takes_the_slow_path() {
-    let (runs, paths) = run(Some(BREAK_AT), false, 3);
-    eprintln!("{runs} executions, paths that freed the table: {paths:?}");
-    assert_eq!(paths, [ReclaimPath::Slow]);
+    let e = run(Some(BREAK_AT), false, 3);
+    eprintln!(
+        "{} executions, paths that freed the table: {:?}, refilled and kept: {}",
+        e.runs, e.paths, e.kept_refilled
+    );
+    assert_eq!(e.paths, [ReclaimPath::Slow]);
+    assert!(
+        e.kept_refilled > 0,
+        "the race the fix is about was explored"
+    );
 }
 
 /// The rule before the fix of Feb 2025 (the fast path even after the lock

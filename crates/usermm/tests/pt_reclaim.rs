@@ -405,6 +405,32 @@ fn pmd_table_goes_with_its_last_pte_table() {
     }
 }
 
+/// A DONTNEED that frees exactly a table batch's worth of PTE tables (the
+/// gather flushes, and forgets `freed_tables`, as the batch fills) still
+/// frees the PMD table they leave empty.
+#[test]
+fn pmd_table_goes_after_a_full_table_batch() {
+    const TABLES: u64 = 509;
+    let m = machine(64 << 20, 1, PtReclaim::Upstream);
+    m.tunables.set_pt_reclaim_pmd(true);
+    let c = m.bind(0).unwrap();
+    let mm = c.new_mm().unwrap();
+    let len = TABLES * PMD_SIZE;
+    let a = c
+        .mmap(PUD_AT, len, RW, ANON | MAP_FIXED | MAP_NORESERVE)
+        .unwrap();
+    for t in 0..TABLES {
+        c.store_u8(a + t * PMD_SIZE, 1).unwrap();
+    }
+    c.madvise(a, len, MADV_DONTNEED).unwrap();
+    let v = m.vmstat();
+    assert_eq!(v.event(Event::PT_RECLAIM_UPSTREAM), TABLES);
+    assert_eq!(v.event(Event::PT_RECLAIM_PMD), 1);
+    m.rcu_barrier();
+    check_invariants(&m).unwrap();
+    drop(mm);
+}
+
 /// A PUD-aligned address (1 GiB) in the middle of the user range.
 const PUD_AT: u64 = 0x7e00_0000_0000;
 

@@ -195,16 +195,25 @@ impl Pgd {
         }
         let pmd_table = next_table(pude);
         let _pml = mem.page(pmd_table).ptl.lock();
-        if (0..PTRS_PER_TABLE).any(|i| entry_get(mem, pmd_table, i) != 0) {
+        if !pmd_table_is_empty(mem, pmd_table) {
             return None;
         }
-        debug_assert_eq!(
-            mem.page(pmd_table).private.load(Ordering::Relaxed),
-            0,
-            "an empty PMD table with deposited tables"
-        );
+        // Tables are deposited only under huge PMDs, which are entries.
+        let deposits = mem.page(pmd_table).private.load(Ordering::Relaxed);
+        debug_assert_eq!(deposits, 0, "an empty PMD table with deposited tables");
+        if deposits != 0 {
+            return None;
+        }
         entry_set(mem, pud_table, pud_index(addr), 0);
         Some(Ptdesc::unhooked(pmd_table))
+    }
+
+    /// Whether the PMD table covering `addr` exists and maps nothing: a
+    /// lockless look for [`Self::try_unhook_empty_pmd_table`] to confirm.
+    /// The caller holds mmap_lock, which keeps the PMD table from going.
+    pub fn pmd_table_is_empty(&self, mem: &PhysMem, addr: u64) -> bool {
+        self.pmd_lookup(mem, addr)
+            .is_some_and(|slot| pmd_table_is_empty(mem, slot.table))
     }
 
     /// `pud_alloc`: populate the PUD level for `addr`. Returns how many
@@ -291,6 +300,11 @@ fn populate(
     // that sees the pointer.
     entry_set(mem, parent, idx, (new.0 << PAGE_SHIFT) | _PAGE_TABLE);
     Some(new.0)
+}
+
+/// Whether all 512 entries of the PMD table `table` are none.
+fn pmd_table_is_empty(mem: &PhysMem, table: Pfn) -> bool {
+    (0..PTRS_PER_TABLE).all(|i| entry_get(mem, table, i) == 0)
 }
 
 // ---------------------------------------------------------------------------
