@@ -78,6 +78,18 @@ counters! {
     }
 }
 
+impl NodeStat {
+    /// Pages per unit of the figure /proc/vmstat prints: the THP counts are
+    /// kept in pages and printed in PMD-sized THPs
+    /// (`vmstat_item_print_in_thp`).
+    pub fn print_unit(self) -> i64 {
+        match self {
+            NodeStat::NR_ANON_THPS => crate::phys::HPAGE_PMD_NR as i64,
+            _ => 1,
+        }
+    }
+}
+
 counters! {
     /// Per-order mTHP statistics (`enum mthp_stat_item`).
     MthpStat {
@@ -161,7 +173,8 @@ impl VmStat {
         self.mthp[order as usize][item as usize].load(Ordering::Relaxed)
     }
 
-    /// Every counter by its kernel name, for reports.
+    /// Every counter by its kernel name, as /proc/vmstat and the mTHP
+    /// stats print it.
     pub fn snapshot(&self) -> VmStatSnapshot {
         VmStatSnapshot {
             events: Event::ALL
@@ -170,7 +183,7 @@ impl VmStat {
                 .collect(),
             node: NodeStat::ALL
                 .iter()
-                .map(|&s| (s.name().to_string(), self.node(s)))
+                .map(|&s| (s.name().to_string(), self.node(s) / s.print_unit()))
                 .collect(),
             mthp: (2..MTHP_ORDERS as u32)
                 .map(|o| {
@@ -196,7 +209,13 @@ pub struct VmStatSnapshot {
 }
 
 impl VmStatSnapshot {
+    /// A counter by its name: a /proc/vmstat event or node statistic, or
+    /// `hugepages-<size>kB/<stat>` for a per-size mTHP statistic.
     pub fn get(&self, name: &str) -> Option<i64> {
+        if let Some((size, stat)) = name.split_once('/') {
+            let (_, stats) = self.mthp.iter().find(|(s, _)| s == size)?;
+            return stats.iter().find(|(n, _)| n == stat).map(|(_, v)| *v);
+        }
         self.events
             .iter()
             .find(|(n, _)| n == name)

@@ -151,6 +151,14 @@ impl Backend for EngineBackend {
             mm.map_count() as i64,
         ])
     }
+    fn vmstat(&mut self, name: &str) -> Result<i64, String> {
+        // Page tables leave nr_page_table_pages a grace period after their
+        // unhooking.
+        self.m.rcu_barrier();
+        let snap = self.m.vmstat().snapshot();
+        snap.get(name)
+            .ok_or_else(|| format!("usermm keeps no counter {name}"))
+    }
     fn knob(&mut self, size_kb: Option<u64>, mode: &str) -> Result<(), String> {
         let mode = ThpMode::parse(mode).ok_or(format!("bad mode {mode}"))?;
         let r = match size_kb {

@@ -220,6 +220,24 @@ impl Backend for HostBackend {
             .collect();
         v.try_into().map_err(|_| format!("bad figures reply {r:?}"))
     }
+    /// Read from `/proc/vmstat`, or from the mTHP size's `stats` folder,
+    /// by this process (the counters are system-wide).
+    fn vmstat(&mut self, name: &str) -> Result<i64, String> {
+        let text = match name.split_once('/') {
+            Some((size, stat)) => std::fs::read_to_string(format!("{THP}/{size}/stats/{stat}"))
+                .map_err(|e| format!("{THP}/{size}/stats/{stat}: {e}"))?,
+            None => {
+                let all = std::fs::read_to_string("/proc/vmstat")
+                    .map_err(|e| format!("/proc/vmstat: {e}"))?;
+                all.lines()
+                    .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ').map(str::to_string))
+                    .ok_or_else(|| format!("the host kernel has no vmstat counter {name}"))?
+            }
+        };
+        text.trim()
+            .parse()
+            .map_err(|_| format!("{name}: not a number: {text:?}"))
+    }
     fn knob(&mut self, size_kb: Option<u64>, mode: &str) -> Result<(), String> {
         let path = match size_kb {
             None => format!("{THP}/enabled"),

@@ -46,6 +46,10 @@ pub trait Backend {
     /// Write `/proc/sys/vm/NAME`: Ok(Err(errno)) when the value is refused,
     /// Err when it cannot be written here (the scenario is skipped).
     fn sysctl(&mut self, name: &str, value: u64) -> Result<Result<(), Errno>, String>;
+    /// The machine-wide counter `name` (checked when parsed: see
+    /// [`parse::vmstat_name_known`]); Err when this side has no such
+    /// counter (the scenario is skipped).
+    fn vmstat(&mut self, name: &str) -> Result<i64, String>;
     /// A description of the current process's state, for `dump`.
     fn dump(&mut self) -> String;
     /// The machine it runs on, for reports.
@@ -128,13 +132,23 @@ pub fn pattern(seed: u64, rel: u64) -> u64 {
 #[derive(Default, Clone)]
 struct ProcState {
     regions: HashMap<String, (u64, u64)>,
-    marks: HashMap<String, [i64; 5]>,
+    marks: HashMap<String, Mark>,
+}
+
+/// What a mark remembers: the process's figures, and the counters that
+/// the scenario's `expect vmstat` statements name.
+#[derive(Default, Clone)]
+struct Mark {
+    figures: [i64; 5],
+    vmstat: HashMap<String, i64>,
 }
 
 struct Interp<'b> {
     b: &'b mut dyn Backend,
     procs: HashMap<String, ProcState>,
     cur: String,
+    /// The counters the scenario's `expect vmstat` statements name.
+    vmstat_names: Vec<String>,
 }
 
 const MAIN: &str = "main";
@@ -256,11 +270,7 @@ impl Interp<'_> {
                 Ok(r) => Self::done(r),
                 Err(why) => Res::Skip(why),
             }),
-            Op::Mark { name } => {
-                let f = self.b.figures()?;
-                self.st().marks.insert(name.clone(), f);
-                Ok(Res::Ok(None, "ok".into()))
-            }
+            Op::Mark { name } => self.mark(name),
             Op::Print { fig } => {
                 let f = self.b.figures()?;
                 Ok(Res::Ok(
@@ -271,6 +281,7 @@ impl Interp<'_> {
             Op::ExpectFigure { fig, since, value } => {
                 self.expect_figure(*fig, since.as_deref(), *value)
             }
+            Op::ExpectVmstat { name, since, value } => self.expect_vmstat(name, since, *value),
             Op::Fails { errno, op } => self.fails(errno, op),
             Op::Dump => Ok(Res::Ok(None, format!("\n{}", self.b.dump()))),
         }
@@ -481,7 +492,8 @@ impl Interp<'_> {
                     .st()
                     .marks
                     .get(m)
-                    .ok_or_else(|| format!("no mark {m:?} in process {cur}"))?[i];
+                    .ok_or_else(|| format!("no mark {m:?} in process {cur}"))?
+                    .figures[i];
                 (f[i] - base, format!("{} since {m}", fig.name()))
             }
             None => (f[i], fig.name().to_string()),
@@ -493,6 +505,51 @@ impl Interp<'_> {
         } else {
             Res::Fail(
                 format!("{what}: expected {value:+}{unit}, got {got:+}{unit}"),
+                cmp,
+            )
+        })
+    }
+
+    /// `mark NAME`: the figures now, and the counters named anywhere in
+    /// the scenario. A counter this side lacks skips the scenario.
+    fn mark(&mut self, name: &str) -> Result<Res, String> {
+        let figures = self.b.figures()?;
+        let mut vmstat = HashMap::new();
+        for n in &self.vmstat_names {
+            match self.b.vmstat(n) {
+                Ok(v) => {
+                    vmstat.insert(n.clone(), v);
+                }
+                Err(why) => return Ok(Res::Skip(why)),
+            }
+        }
+        self.st()
+            .marks
+            .insert(name.to_string(), Mark { figures, vmstat });
+        Ok(Res::Ok(None, "ok".into()))
+    }
+
+    /// `expect vmstat NAME since MARK == N`: counters are machine-wide
+    /// (system-wide natively), so only their changes are compared.
+    fn expect_vmstat(&mut self, name: &str, since: &str, value: i64) -> Result<Res, String> {
+        let now = match self.b.vmstat(name) {
+            Ok(v) => v,
+            Err(why) => return Ok(Res::Skip(why)),
+        };
+        let cur = self.cur.clone();
+        let mark = self
+            .st()
+            .marks
+            .get(since)
+            .ok_or_else(|| format!("no mark {since:?} in process {cur}"))?;
+        let base = mark.vmstat[name];
+        let got = now - base;
+        let cmp = Some(format!("vmstat {name} {got:+}"));
+        Ok(if got == value {
+            Res::Ok(cmp, format!("{name} since {since} {got:+}"))
+        } else {
+            Res::Fail(
+                format!("{name} since {since}: expected {value:+}, got {got:+}"),
                 cmp,
             )
         })
@@ -532,10 +589,20 @@ fn fig_index(f: Figure) -> usize {
 
 /// Run a parsed scenario on a backend.
 pub fn run(stmts: &[Stmt], b: &mut dyn Backend, backend: &'static str) -> Report {
+    let mut vmstat_names: Vec<String> = stmts
+        .iter()
+        .filter_map(|s| match &s.op {
+            Op::ExpectVmstat { name, .. } => Some(name.clone()),
+            _ => None,
+        })
+        .collect();
+    vmstat_names.sort();
+    vmstat_names.dedup();
     let mut it = Interp {
         b,
         procs: HashMap::from([(MAIN.to_string(), ProcState::default())]),
         cur: MAIN.to_string(),
+        vmstat_names,
     };
     let mut outcomes = vec![];
     let (mut passed, mut failed) = (0, 0);

@@ -161,12 +161,29 @@ pub enum Op {
         since: Option<String>,
         value: i64,
     },
+    /// `expect vmstat NAME since MARK == N`: a machine-wide counter of
+    /// `/proc/vmstat`, or a per-size mTHP statistic
+    /// (`hugepages-64kB/anon_fault_alloc`), changed by N since the mark.
+    ExpectVmstat {
+        name: String,
+        since: String,
+        value: i64,
+    },
     /// `fails ERRNO: STATEMENT`
     Fails {
         errno: String,
         op: Box<Op>,
     },
     Dump,
+}
+
+/// Whether usermm keeps the counter `name`: a /proc/vmstat event or node
+/// statistic, or `hugepages-<size>kB/<stat>` for an mTHP size.
+pub fn vmstat_name_known(name: &str) -> bool {
+    usermm::vmstat::VmStat::new(0)
+        .snapshot()
+        .get(name)
+        .is_some()
 }
 
 #[derive(Debug, Clone)]
@@ -471,7 +488,33 @@ fn parse_op(w: &mut Words) -> Result<Op, ParseError> {
         "read" => Op::Read { addr: w.addr()? },
         "expect" => {
             let (col, first) = w.next("a figure or an address")?;
-            if let Some(fig) = Figure::parse(first) {
+            if first == "vmstat" {
+                let (col, name) = w.next("a counter name")?;
+                if !vmstat_name_known(name) {
+                    return Err(w.err(
+                        col,
+                        format!("no counter {name:?} (a /proc/vmstat name usermm keeps, or hugepages-<size>kB/<stat>)"),
+                    ));
+                }
+                let (col1, kw) = w.next("since")?;
+                if kw != "since" {
+                    return Err(w.err(col1, format!("expected since MARK (counters are compared by their change), found {kw:?}")));
+                }
+                let since = w.name("a mark")?;
+                let (col2, eq) = w.next("==")?;
+                if eq != "==" {
+                    return Err(w.err(col2, format!("expected ==, found {eq:?}")));
+                }
+                let (col3, v) = w.next("a count")?;
+                let value = v
+                    .parse()
+                    .map_err(|_| w.err(col3, format!("expected a count, found {v:?}")))?;
+                Op::ExpectVmstat {
+                    name: name.to_string(),
+                    since,
+                    value,
+                }
+            } else if let Some(fig) = Figure::parse(first) {
                 let mut since = None;
                 if w.peek() == Some("since") {
                     w.next("since")?;
@@ -745,6 +788,32 @@ mod tests {
             "expect VMAs == 3",
         ] {
             assert!(parse(src).is_ok(), "{src:?} refused");
+        }
+    }
+
+    #[test]
+    fn vmstat_counters_by_name_and_change() {
+        for src in [
+            "expect vmstat thp_fault_alloc since m == 1",
+            "expect vmstat hugepages-64kB/split since m == 0",
+            "expect vmstat nr_anon_transparent_hugepages since m == -1",
+        ] {
+            assert!(parse(src).is_ok(), "{src:?} refused");
+        }
+        for (src, why) in [
+            ("expect vmstat no_such_counter since m == 1", "no counter"),
+            (
+                "expect vmstat hugepages-3kB/split since m == 1",
+                "no counter",
+            ),
+            ("expect vmstat thp_fault_alloc == 1", "expected since"),
+            (
+                "expect vmstat thp_fault_alloc since m == 1K",
+                "expected a count",
+            ),
+        ] {
+            let e = parse(src).unwrap_err().to_string();
+            assert!(e.contains(why), "{src:?}: {e}");
         }
     }
 }
