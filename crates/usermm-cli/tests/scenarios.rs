@@ -85,8 +85,19 @@ fn side_by_side(eng: &Value, nat: &Value) -> String {
     s
 }
 
+/// Held by each test that runs scenarios natively, for its whole run: the
+/// host's THP knobs and counters are system-wide, so one test's runs in
+/// usermm (host memory faulted in while the other's scenario has set, say,
+/// every 64K folio size to `always`) would move the other's counters.
+static HOST: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn host_to_ourselves() -> std::sync::MutexGuard<'static, ()> {
+    HOST.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 #[test]
 fn corpus_runs_alike_in_usermm_and_on_the_host() {
+    let _host = host_to_ourselves();
     let files = corpus();
     assert!(
         files.len() >= 20,
@@ -162,4 +173,167 @@ fn malformed_file_exits_2_with_line_and_column() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("expected 0x6, read 0x5"), "{text}");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A small deterministic generator (xorshift64*), so that a failing
+/// scenario is reproduced by its seed alone.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    fn pick<'a>(&mut self, xs: &[&'a str]) -> &'a str {
+        xs[self.below(xs.len() as u64) as usize]
+    }
+}
+
+/// Where region `i` of a random scenario lives: 64 MiB apart in an area
+/// that nothing else of the host's process uses.
+fn slot(i: u64) -> u64 {
+    0x6000_0000_0000 + i * (64 << 20)
+}
+
+/// A random scenario: a THP size, up to three regions at fixed addresses,
+/// then operations on page-aligned (now and then unaligned) parts of them,
+/// forks, switches and exits, and marks with every figure but VmRSS
+/// compared. Every statement's outcome is comparable: the expectations
+/// are arbitrary (they may fail on both sides alike); what must agree is
+/// what each side saw.
+fn random_scenario(seed: u64) -> String {
+    let mut r = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let mut s = format!("# random scenario, seed {seed}\n");
+    s += &format!("knob only {}\n", r.pick(&["4K", "16K", "64K", "2M"]));
+    let lens = [64 << 10, 256 << 10, 2 << 20, 4 << 20];
+    let regions = 1 + r.below(3);
+    let mut len = vec![0u64; regions as usize];
+    for i in 0..regions {
+        len[i as usize] = lens[r.below(4) as usize];
+        let prot = r.pick(&["rw", "rw", "rw", "r", "none"]);
+        s += &format!(
+            "map R{i} {}K {prot} at={:#x}\n",
+            len[i as usize] >> 10,
+            slot(i)
+        );
+    }
+    s += "mark m\n";
+    let mut procs = vec!["main".to_string()];
+    let mut cur = 0usize;
+    let mut children = 0;
+    for _ in 0..8 + r.below(20) {
+        let i = r.below(regions) as usize;
+        let pages = len[i] >> 12;
+        let first = r.below(pages);
+        let n = 1 + r.below(pages - first);
+        let mut off = first << 12;
+        if r.below(16) == 0 {
+            off += 8; // unaligned: EINVAL for the syscalls
+        }
+        let at = format!("R{i}+{off:#x}");
+        let bytes = format!("{}K", n << 2);
+        s += &match r.below(20) {
+            0..=3 => format!("fill {at} {bytes} {}\n", 1 + r.below(9)),
+            4 => format!("check {at} {bytes} {}\n", 1 + r.below(9)),
+            5 => format!("check {at} {bytes} zero\n"),
+            6 => format!("write {at} {}\n", r.below(1000)),
+            7 => format!("read {at}\n"),
+            8 => format!("munmap {at} {bytes}\n"),
+            9 | 10 => format!("mprotect {at} {bytes} {}\n", r.pick(&["rw", "r", "none"])),
+            11..=13 => format!(
+                "madvise {at} {bytes} {}\n",
+                r.pick(&["dontneed", "free", "pageout", "hugepage", "nohugepage"])
+            ),
+            14 => format!(
+                "map R{i} {}K {} at={:#x} flags=private,anonymous,fixed\n",
+                len[i] >> 10,
+                r.pick(&["rw", "r"]),
+                slot(i as u64)
+            ),
+            15 if children < 2 => {
+                children += 1;
+                let c = format!("c{children}");
+                procs.push(c.clone());
+                format!("fork {c}\n")
+            }
+            16 => {
+                cur = r.below(procs.len() as u64) as usize;
+                format!("switch {}\n", procs[cur])
+            }
+            17 if cur != 0 => {
+                let gone = procs.remove(cur);
+                cur = 0;
+                format!("exit {gone}\nswitch main\n")
+            }
+            18 => "mark m\n".to_string(),
+            _ => format!(
+                "expect {} since m == 0\n",
+                r.pick(&["RssAnon", "VmPTE", "AnonHugePages", "VMAs"])
+            ),
+        };
+    }
+    for f in ["RssAnon", "VmPTE", "AnonHugePages", "VMAs"] {
+        s += &format!("expect {f} since m == 0\n");
+    }
+    s
+}
+
+/// Random scenarios run in usermm and natively must see the same thing at
+/// every statement: errno, values read, placement, and the changes of
+/// every figure but VmRSS. `USERMM_RANDOM_SCENARIOS=N` runs N (default 200;
+/// `USERMM_RANDOM_SEED` moves the first seed). Prints how many ran.
+#[test]
+fn random_scenarios_run_alike_in_usermm_and_on_the_host() {
+    let _host = host_to_ourselves();
+    let count: u64 = std::env::var("USERMM_RANDOM_SCENARIOS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
+    let first: u64 = std::env::var("USERMM_RANDOM_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let dir = std::env::temp_dir().join(format!("usermm-random-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (mut ran, mut skipped, mut failures) = (0, 0, vec![]);
+    for seed in first..first + count {
+        let f = dir.join(format!("random_{seed}.scn"));
+        std::fs::write(&f, random_scenario(seed)).unwrap();
+        let (ecode, eng, eerr) = run(&f, false);
+        if ecode > 1 {
+            failures.push(format!("seed {seed}: usermm exited {ecode}\n{eerr}"));
+            continue;
+        }
+        let (ncode, nat, nerr) = run(&f, true);
+        if ncode == 3 {
+            skipped += 1;
+            continue;
+        }
+        ran += 1;
+        let agree = lines(&eng)
+            .iter()
+            .map(|x| &x.2)
+            .eq(lines(&nat).iter().map(|x| &x.2));
+        if ncode > 1 || !agree {
+            failures.push(format!(
+                "seed {seed}: host exited {ncode}\n{nerr}{}",
+                side_by_side(&eng, &nat)
+            ));
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr(),
+        "random differential scenarios: {ran} compared, {skipped} skipped natively, {} disagreed",
+        failures.len()
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

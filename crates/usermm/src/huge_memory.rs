@@ -332,6 +332,35 @@ pub fn madvise_free_huge_pmd(
     true
 }
 
+/// The huge-PMD half of `madvise_cold_or_pageout_pte_range` for pageout
+/// on a machine without swap: a THP this process alone maps is split at
+/// the PMD, for the PTE half to go on with, when the range covers it in
+/// part (`split_folio`) or when it is swap-backed, which reclaim would
+/// split anyway (`add_to_swap` fails for it). Returns whether the PMD was
+/// split. The huge zero page, a THP another process maps, and a lazyfree
+/// one covered whole are left alone: the model does not discard a lazyfree
+/// THP at the PMD (`unmap_huge_pmd_locked`, v6.12), which the kernel does.
+pub fn pageout_huge_pmd(oncpu: &OnCpu, mm: &Arc<Mm>, slot: PmdSlot, addr: u64, next: u64) -> bool {
+    let mem = oncpu.mem();
+    let ptl = mm.pmd_lock(slot);
+    let pmd = ptl.get();
+    if !pmd.trans_huge() || is_huge_zero_pmd(oncpu, pmd) {
+        return false;
+    }
+    let folio = Folio(pmd.pfn());
+    // folio_maybe_mapped_shared, as in madvise_free_huge_pmd.
+    if folio.mapcount(mem) > 1 {
+        return false;
+    }
+    let whole = next - addr == PMD_SIZE;
+    if whole && !folio.head(mem).test(pg::SWAPBACKED) {
+        return false;
+    }
+    drop(ptl);
+    split_huge_pmd(oncpu, mm, slot, addr);
+    true
+}
+
 /// `__split_huge_pmd`: replace a huge PMD by the deposited PTE table filled
 /// with 512 entries mapping the same pages with the same bits.
 pub fn split_huge_pmd(oncpu: &OnCpu, mm: &Arc<Mm>, slot: PmdSlot, addr: u64) {

@@ -18,7 +18,7 @@ use crate::mmap::{merge_around, vma_modify_flags};
 use crate::mmu_gather::MmuGather;
 use crate::pgtable::pagewalk::{walk_page_range, MmWalkOps, WalkAction, WalkLock};
 use crate::pgtable::{self, Pmd, PmdSlot, PteRead};
-use crate::phys::{Folio, PhysMem, PAGE_MASK, PAGE_SIZE};
+use crate::phys::{pg, Folio, PhysMem, PAGE_MASK, PAGE_SIZE};
 use crate::pt_reclaim::{self, SwitchBack};
 use crate::sync::Arc;
 use crate::tunable::PtReclaim;
@@ -320,9 +320,10 @@ fn folio_maybe_mapped_shared(mem: &PhysMem, folio: Folio, pt: &impl PteRead, at:
 /// process alone maps, now. Without swap that discards the clean lazyfree
 /// ones (see [`crate::vmscan`]); the rest stay, made old.
 ///
-/// The model leaves a PMD-mapped THP alone, where the kernel isolates it
-/// when the range covers it (or splits it when it does not) and reclaim
-/// would discard it if lazyfree.
+/// Without swap, reclaim splits a large swap-backed folio it cannot swap
+/// out, which maps its zero-filled pages to the shared zero page; a THP is
+/// split at the PMD first (`pageout_huge_pmd`). A lazyfree THP covered
+/// whole is left alone, where the kernel discards it at the PMD.
 fn madvise_pageout(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) -> bool {
     let mut tlb = MmuGather::new(mm);
     let mut walk = PageoutWalk {
@@ -353,8 +354,9 @@ impl MmWalkOps for PageoutWalk<'_, '_> {
         addr: u64,
         next: u64,
     ) -> ControlFlow<Self::Break, WalkAction> {
-        if !pmd.trans_huge() {
-            madvise_pageout_pte_range(self.oncpu, self.tlb, slot, addr, next);
+        let (oncpu, mm) = (self.oncpu, self.tlb.mm);
+        if !pmd.trans_huge() || crate::huge_memory::pageout_huge_pmd(oncpu, mm, slot, addr, next) {
+            madvise_pageout_pte_range(oncpu, self.tlb, slot, addr, next);
         }
         ControlFlow::Continue(WalkAction::Continue)
     }
@@ -420,6 +422,22 @@ fn madvise_pageout_pte_range(
                     pt.clear_bits(i, pgtable::entry::_PAGE_ACCESSED);
                 }
                 tlb.remove_tlb_entries(a, nr as u64);
+            }
+            if folio.is_large(mem) && folio.head(mem).test(pg::SWAPBACKED) {
+                // shrink_folio_list: with no swap, `add_to_swap` fails for a
+                // large swap-backed folio, and reclaim splits it
+                // (`split_folio_to_list`) to try its pages one by one; the
+                // split maps the pages that hold only zeroes to the shared
+                // zero page and frees them. The small folios fail
+                // `add_to_swap` too and stay.
+                let mut split_at = SplitAt {
+                    mm,
+                    pt: &mut pt,
+                    table_addr: a & crate::pgtable::PMD_MASK,
+                };
+                let _kept_whole = split_folio_in_table(oncpu, folio, &mut split_at, at);
+                a += nr as u64 * PAGE_SIZE;
+                continue;
             }
             let ptes = FolioPtes {
                 folio,
