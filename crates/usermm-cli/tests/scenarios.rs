@@ -288,7 +288,10 @@ fn random_scenario(seed: u64) -> String {
 /// Random scenarios run in usermm and natively must see the same thing at
 /// every statement: errno, values read, placement, and the changes of
 /// every figure but VmRSS. `USERMM_RANDOM_SCENARIOS=N` runs N (default 200;
-/// `USERMM_RANDOM_SEED` moves the first seed). Prints how many ran.
+/// `USERMM_RANDOM_SEED` moves the first seed; `USERMM_RANDOM_KEEP=DIR`
+/// keeps the files). Prints how many ran, and each disagreement with its
+/// scenario's text. A disagreement is run natively twice more: one that
+/// does not repeat is the host's noise, counted and printed apart.
 #[test]
 fn random_scenarios_run_alike_in_usermm_and_on_the_host() {
     let _host = host_to_ourselves();
@@ -300,9 +303,13 @@ fn random_scenarios_run_alike_in_usermm_and_on_the_host() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1);
-    let dir = std::env::temp_dir().join(format!("usermm-random-{}", std::process::id()));
+    // USERMM_RANDOM_KEEP=DIR keeps the generated files there.
+    let keep = std::env::var_os("USERMM_RANDOM_KEEP").map(PathBuf::from);
+    let dir = keep.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("usermm-random-{}", std::process::id()))
+    });
     std::fs::create_dir_all(&dir).unwrap();
-    let (mut ran, mut skipped, mut failures) = (0, 0, vec![]);
+    let (mut ran, mut skipped, mut failures, mut host_noise) = (0, 0, vec![], vec![]);
     for seed in first..first + count {
         let f = dir.join(format!("random_{seed}.scn"));
         std::fs::write(&f, random_scenario(seed)).unwrap();
@@ -317,23 +324,39 @@ fn random_scenarios_run_alike_in_usermm_and_on_the_host() {
             continue;
         }
         ran += 1;
-        let agree = lines(&eng)
-            .iter()
-            .map(|x| &x.2)
-            .eq(lines(&nat).iter().map(|x| &x.2));
+        let agrees = |nat: &Value| {
+            lines(&eng)
+                .iter()
+                .map(|x| &x.2)
+                .eq(lines(nat).iter().map(|x| &x.2))
+        };
+        let mut agree = agrees(&nat);
+        if ncode <= 1 && !agree && (0..2).any(|_| agrees(&run(&f, true).1)) {
+            // The host's own noise, not a divergence: a run of the same
+            // scenario agrees (about 1 in 2,000 gets an extra page table in
+            // the server process between a mark and an expect). A real
+            // divergence of usermm's repeats on every run.
+            host_noise.push(seed);
+            agree = true;
+        }
         if ncode > 1 || !agree {
             failures.push(format!(
-                "seed {seed}: host exited {ncode}\n{nerr}{}",
-                side_by_side(&eng, &nat)
+                "seed {seed}: host exited {ncode}\n{nerr}{}the scenario:\n{}",
+                side_by_side(&eng, &nat),
+                random_scenario(seed)
             ));
         }
     }
-    std::fs::remove_dir_all(&dir).unwrap();
+    if keep.is_none() {
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
     use std::io::Write;
     let _ = writeln!(
         std::io::stderr(),
-        "random differential scenarios: {ran} compared, {skipped} skipped natively, {} disagreed",
-        failures.len()
+        "random differential scenarios: {ran} compared, {skipped} skipped natively, {} disagreed; \
+         {} disagreed once and agreed when run again (host noise; seeds {host_noise:?})",
+        failures.len(),
+        host_noise.len()
     );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -367,6 +367,25 @@ fn read_proc<'b>(path: &str, buf: &'b mut String) -> &'b str {
     buf
 }
 
+/// Keep this server (and the children it forks) on the CPU it runs on:
+/// the kernel batches some work per CPU (the LRU's folio batches, which
+/// MADV_FREE'd folios wait in until drained, and which MADV_PAGEOUT drains
+/// only on its own CPU), so a scenario whose steps ran on different CPUs
+/// could see different figures from run to run.
+fn pin_to_this_cpu() {
+    // SAFETY: sched_getcpu has no arguments; the cpu_set_t is zeroed and
+    // filled by the libc helper before sched_setaffinity reads it.
+    unsafe {
+        let cpu = libc::sched_getcpu();
+        if cpu < 0 {
+            return;
+        }
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu as usize, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
 /// Touch `kb` KiB of stack, so that later requests use pages already
 /// counted in RssAnon.
 #[inline(never)]
@@ -383,7 +402,22 @@ fn serve(mut r: BufReader<File>, mut w: File) -> ! {
     // zombies; the scenario's side waits for them to be gone).
     // SAFETY: setting a signal disposition; the server is single-threaded.
     unsafe { libc::signal(libc::SIGCHLD, libc::SIG_IGN) };
+    pin_to_this_cpu();
     // Settle the server's own footprint before the scenario measures it.
+    // The heap gets 256K of room, written (so that its page tables exist)
+    // and kept (never trimmed), for the requests' small allocations: where
+    // the heap starts is random, and growing it later could cross a 2 MiB
+    // boundary now and then and add a page table (4K of VmPTE) between a
+    // mark and an expect. It stays under 2 MiB, so that a scenario that
+    // sets a THP size to `always` gives khugepaged nothing of the server's
+    // to collapse.
+    // SAFETY: mallopt only sets malloc's parameters; nothing allocates
+    // concurrently (the server is single-threaded).
+    unsafe {
+        libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
+    }
+    drop(std::hint::black_box(vec![1u8; 256 << 10]));
     let mut proc_buf = String::with_capacity(1 << 20);
     proc_buf.extend(std::iter::repeat_n('x', 1 << 20));
     touch_stack(128);
