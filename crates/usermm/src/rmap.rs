@@ -386,9 +386,13 @@ pub fn folio_remove_rmap_pmd(mem: &PhysMem, folio: Folio, cpu: usize) {
             .nr_pages_mapped
             .fetch_sub(ENTIRELY_MAPPED, Ordering::Relaxed)
             - ENTIRELY_MAPPED;
-        mem.vmstat.mod_node(NodeStat::NR_ANON_MAPPED, -(nr - after));
+        let unmapped = nr - after;
+        mem.vmstat.mod_node(NodeStat::NR_ANON_MAPPED, -unmapped);
         mem.vmstat.mod_node(NodeStat::NR_ANON_THPS, -nr);
-        if after > 0 && folio.test_anon(mem) {
+        // Partially mapped: some page is no longer mapped at all, and some
+        // still is (by a PTE). A PMD split that maps every page by a PTE
+        // first unmaps nothing, and queues nothing.
+        if unmapped > 0 && unmapped < nr && folio.test_anon(mem) {
             deferred_split_folio(mem, folio, cpu);
         }
     }
