@@ -332,28 +332,24 @@ pub fn madvise_free_huge_pmd(
     true
 }
 
-/// The huge-PMD half of `madvise_cold_or_pageout_pte_range` for pageout
-/// on a machine without swap: a THP this process alone maps is split at
-/// the PMD, for the PTE half to go on with, when the range covers it in
-/// part (`split_folio`) or when it is swap-backed, which reclaim would
-/// split anyway (`add_to_swap` fails for it). Returns whether the PMD was
-/// split. The huge zero page, a THP another process maps, and a lazyfree
-/// one covered whole are left alone: the model does not discard a lazyfree
-/// THP at the PMD (`unmap_huge_pmd_locked`, v6.12), which the kernel does.
-pub fn pageout_huge_pmd(oncpu: &OnCpu, mm: &Arc<Mm>, slot: PmdSlot, addr: u64, next: u64) -> bool {
+/// The huge-PMD half of `madvise_cold_or_pageout_pte_range` for pageout:
+/// a THP this process alone maps is split at the PMD, for the PTE half to
+/// go on with its folio. When the range covers it in part the kernel
+/// splits it here (`split_folio`); when it covers it whole the kernel
+/// isolates it, and reclaim (`try_to_unmap_one` with `TTU_SPLIT_HUGE_PMD`)
+/// splits the PMD and unmaps the PTEs: a clean lazyfree folio is
+/// discarded, a written one kept and swap-backed again, and, with no swap,
+/// a swap-backed one split. Returns whether the PMD was split; the huge
+/// zero page and a THP another process maps are left alone.
+pub fn pageout_huge_pmd(oncpu: &OnCpu, mm: &Arc<Mm>, slot: PmdSlot, addr: u64) -> bool {
     let mem = oncpu.mem();
     let ptl = mm.pmd_lock(slot);
     let pmd = ptl.get();
     if !pmd.trans_huge() || is_huge_zero_pmd(oncpu, pmd) {
         return false;
     }
-    let folio = Folio(pmd.pfn());
     // folio_maybe_mapped_shared, as in madvise_free_huge_pmd.
-    if folio.mapcount(mem) > 1 {
-        return false;
-    }
-    let whole = next - addr == PMD_SIZE;
-    if whole && !folio.head(mem).test(pg::SWAPBACKED) {
+    if Folio(pmd.pfn()).mapcount(mem) > 1 {
         return false;
     }
     drop(ptl);

@@ -9,7 +9,7 @@
 use std::ops::ControlFlow;
 
 use crate::errno::{Errno, KResult};
-use crate::huge_memory::{folio_ptes_in_table, split_folio_in_table, FolioPte, SplitAt};
+use crate::huge_memory::{self, folio_ptes_in_table, split_folio_in_table, FolioPte, SplitAt};
 use crate::machine::OnCpu;
 use crate::memory::{self, vm_normal_page};
 use crate::mm::vma::*;
@@ -322,8 +322,7 @@ fn folio_maybe_mapped_shared(mem: &PhysMem, folio: Folio, pt: &impl PteRead, at:
 ///
 /// Without swap, reclaim splits a large swap-backed folio it cannot swap
 /// out, which maps its zero-filled pages to the shared zero page; a THP is
-/// split at the PMD first (`pageout_huge_pmd`). A lazyfree THP covered
-/// whole is left alone, where the kernel discards it at the PMD.
+/// split at the PMD first (`pageout_huge_pmd`), as reclaim splits it.
 fn madvise_pageout(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) -> bool {
     let mut tlb = MmuGather::new(mm);
     let mut walk = PageoutWalk {
@@ -355,7 +354,7 @@ impl MmWalkOps for PageoutWalk<'_, '_> {
         next: u64,
     ) -> ControlFlow<Self::Break, WalkAction> {
         let (oncpu, mm) = (self.oncpu, self.tlb.mm);
-        if !pmd.trans_huge() || crate::huge_memory::pageout_huge_pmd(oncpu, mm, slot, addr, next) {
+        if !pmd.trans_huge() || huge_memory::pageout_huge_pmd(oncpu, mm, slot, addr) {
             madvise_pageout_pte_range(oncpu, self.tlb, slot, addr, next);
         }
         ControlFlow::Continue(WalkAction::Continue)
