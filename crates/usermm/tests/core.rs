@@ -451,6 +451,30 @@ fn a_pmd_mappings_exclusive_flag_is_the_heads() {
     c.exit_mm().unwrap();
 }
 
+/// The node statistics agree with the page tables: NR_ANON_MAPPED counts
+/// the mapped pages of anon folios, NR_ANON_THPS those a PMD maps; the
+/// checker catches either off by one page.
+#[test]
+fn node_statistics_match_the_tables() {
+    use usermm::vmstat::NodeStat;
+    let m = machine();
+    m.thp.set_enabled(ThpMode::Always).unwrap();
+    let c = m.bind(0).unwrap();
+    c.new_mm().unwrap();
+    let a = c.mmap(0, 4 << 20, RW, ANON).unwrap();
+    c.touch_pages(a, a + (4 << 20), 1).unwrap();
+    c.munmap(a + (3 << 20), 4096).unwrap();
+    check_invariants(&m).unwrap();
+    for stat in [NodeStat::NR_ANON_MAPPED, NodeStat::NR_ANON_THPS] {
+        m.vmstat().mod_node(stat, 1);
+        let err = check_invariants(&m).unwrap_err();
+        assert!(err.contains(stat.name()), "{err}");
+        m.vmstat().mod_node(stat, -1);
+    }
+    check_invariants(&m).unwrap();
+    c.exit_mm().unwrap();
+}
+
 /// MADV_FREE of a whole PMD-mapped THP marks it lazyfree in place
 /// (madvise_free_huge_pmd): 512 pages counted, the PMD kept; covering it in
 /// part splits it and frees only those pages.

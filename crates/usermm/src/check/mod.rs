@@ -25,6 +25,7 @@ use crate::pgtable::pagewalk::{
 use crate::pgtable::PmdSlot;
 use crate::phys::{Folio, Pfn, PAGE_SIZE};
 use crate::sync::{Arc, Ordering};
+use crate::vmstat::NodeStat;
 
 #[derive(Default)]
 struct Expect {
@@ -52,6 +53,10 @@ pub fn check_invariants(m: &Machine) -> Result<(), String> {
         leaves_by_mm.insert(mm.id, leaves);
     }
     let heads: HashSet<Pfn> = ex.refs.keys().chain(&ex.migrating).copied().collect();
+    // NR_ANON_MAPPED and NR_ANON_THPS as the page tables say them: the
+    // pages of anon folios mapped at least once, and the pages of anon
+    // folios a PMD maps.
+    let (mut anon_mapped, mut anon_thps) = (0i64, 0i64);
     for &head in &heads {
         let f = Folio(head);
         let refs = ex.refs.get(&head).copied().unwrap_or(0);
@@ -70,6 +75,7 @@ pub fn check_invariants(m: &Machine) -> Result<(), String> {
         let nr = f.nr_pages(mem);
         let entire = ex.entire.get(&head).copied().unwrap_or(0);
         let mut total = entire;
+        let mut pages_mapped = 0;
         for p in head..head + nr {
             let want = ex.page_maps.get(&p).copied().unwrap_or(0);
             let got = mem.page(p).mapcount.load(Ordering::Relaxed) as i64 + 1;
@@ -77,6 +83,11 @@ pub fn check_invariants(m: &Machine) -> Result<(), String> {
                 return Err(format!("page {p:#x} (folio {head:#x}): mapcount {got}, page tables map it {want} times"));
             }
             total += want;
+            pages_mapped += i64::from(want > 0);
+        }
+        if f.test_anon(mem) {
+            anon_mapped += if entire > 0 { nr as i64 } else { pages_mapped };
+            anon_thps += if entire > 0 { nr as i64 } else { 0 };
         }
         if f.is_large(mem) {
             let lm = f.counters(mem).large_mapcount.load(Ordering::Relaxed) as i64 + 1;
@@ -91,6 +102,18 @@ pub fn check_invariants(m: &Machine) -> Result<(), String> {
                     "folio {head:#x}: entire_mapcount {em}, PMD mappings {entire}"
                 ));
             }
+        }
+    }
+    for (stat, want) in [
+        (NodeStat::NR_ANON_MAPPED, anon_mapped),
+        (NodeStat::NR_ANON_THPS, anon_thps),
+    ] {
+        let got = mem.vmstat.node(stat);
+        if got != want {
+            return Err(format!(
+                "{}: {got} pages, page tables map {want}",
+                stat.name()
+            ));
         }
     }
     // Frames still waiting for a grace period, counted before the free
