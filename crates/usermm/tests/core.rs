@@ -475,6 +475,33 @@ fn node_statistics_match_the_tables() {
     c.exit_mm().unwrap();
 }
 
+/// A page that fork shares is not PageAnonExclusive; the checker catches
+/// one that says it is while two processes map it.
+#[test]
+fn an_exclusive_page_is_mapped_once() {
+    use usermm::phys::memmap::pg;
+    let m = machine();
+    let c = m.bind(0).unwrap();
+    let parent = c.new_mm().unwrap();
+    let a = c.mmap(0, 4096, RW, ANON).unwrap();
+    c.store_u64(a, 5).unwrap();
+    let page = usermm::pgtable::walk::hw_walk(&m.mem, parent.pgd.cr3(), a, false)
+        .unwrap()
+        .pfn;
+    assert!(m.mem.page(page).test(pg::ANON_EXCLUSIVE));
+    let _child = c.fork().unwrap();
+    assert!(!m.mem.page(page).test(pg::ANON_EXCLUSIVE), "fork shares it");
+    check_invariants(&m).unwrap();
+    m.mem.page(page).set(pg::ANON_EXCLUSIVE);
+    let err = check_invariants(&m).unwrap_err();
+    assert!(
+        err.contains("is PageAnonExclusive but mapped 2 times"),
+        "{err}"
+    );
+    m.mem.page(page).clear(pg::ANON_EXCLUSIVE);
+    check_invariants(&m).unwrap();
+}
+
 /// MADV_FREE of a whole PMD-mapped THP marks it lazyfree in place
 /// (madvise_free_huge_pmd): 512 pages counted, the PMD kept; covering it in
 /// part splits it and frees only those pages.

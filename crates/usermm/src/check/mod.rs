@@ -84,6 +84,15 @@ pub fn check_invariants(m: &Machine) -> Result<(), String> {
             }
             total += want;
             pages_mapped += i64::from(want > 0);
+            // PageAnonExclusive: no other mapping can exist, so a page
+            // flagged is mapped once at most (a PMD mapping's flag is the
+            // head's, counted with the PMD mappings).
+            let maps = want + if p == head { entire } else { 0 };
+            if maps > 1 && crate::phys::folio::page_anon_exclusive(mem, p) {
+                return Err(format!(
+                    "page {p:#x} (folio {head:#x}) is PageAnonExclusive but mapped {maps} times"
+                ));
+            }
         }
         if f.test_anon(mem) {
             anon_mapped += if entire > 0 { nr as i64 } else { pages_mapped };
