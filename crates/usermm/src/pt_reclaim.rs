@@ -58,9 +58,7 @@
 use crate::machine::OnCpu;
 use crate::mm::Mm;
 use crate::mmu_gather::MmuGather;
-use crate::pgtable::{
-    PmdSlot, Ptdesc, PteLocked, Tracking, PMD_MASK, PMD_SIZE, PUD_MASK, PUD_SIZE,
-};
+use crate::pgtable::{PmdSlot, Ptdesc, PteLocked, Tracking, PMD_MASK, PMD_SIZE, PUD_SIZE};
 use crate::phys::{PhysMem, PAGE_SIZE};
 use crate::sync::Arc;
 use crate::tunable::PtReclaim;
@@ -97,41 +95,49 @@ pub fn try_to_free_user_ptes(
     end: u64,
     switch_back: SwitchBack,
 ) -> bool {
-    let mut tlb = MmuGather::new(mm);
-    for_each_pmd(mm, start, end, |slot, addr| {
-        try_to_free_user_pte(oncpu, &mut tlb, slot, addr, switch_back)
-    });
-    let freed = tlb.nr_tables_freed > 0;
-    tlb.finish(oncpu);
-    freed
+    gather_table_frees(oncpu, mm, |tlb| {
+        for_each_pmd(mm, start, end, |slot, addr| {
+            try_to_free_user_pte(oncpu, tlb, slot, addr, switch_back)
+        })
+    })
 }
 
 /// Free the dead tables of `[start, end)`: those whose last reference went
 /// while a walker of this range (MADV_PAGEOUT's discards) held them.
 /// Returns whether a table was freed.
 pub fn free_dead_user_ptes(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) -> bool {
+    gather_table_frees(oncpu, mm, |tlb| {
+        for_each_pmd(mm, start, end, |slot, addr| {
+            if slot.pte_table_is_dead(oncpu.mem()) {
+                free_user_pte(oncpu, tlb, slot, addr);
+            }
+        })
+    })
+}
+
+/// Run `f` with one mmu_gather for the tables it frees; returns whether it
+/// freed any.
+fn gather_table_frees(oncpu: &OnCpu, mm: &Arc<Mm>, f: impl FnOnce(&mut MmuGather)) -> bool {
     let mut tlb = MmuGather::new(mm);
-    for_each_pmd(mm, start, end, |slot, addr| {
-        if slot.pte_table_is_dead(oncpu.mem()) {
-            free_user_pte(oncpu, &mut tlb, slot, addr);
-        }
-    });
+    f(&mut tlb);
     let freed = tlb.nr_tables_freed > 0;
     tlb.finish(oncpu);
     freed
 }
 
+/// The start of each `size`-aligned block (a table's range) that covers
+/// part of `[start, end)`, stopping at the top of the address space.
+fn table_ranges(start: u64, end: u64, size: u64) -> impl Iterator<Item = u64> {
+    std::iter::successors(Some(start & !(size - 1)), move |&a| a.checked_add(size))
+        .take_while(move |&a| a < end)
+}
+
 /// Each PMD entry that covers part of `[start, end)` and exists.
 fn for_each_pmd(mm: &Mm, start: u64, end: u64, mut f: impl FnMut(PmdSlot, u64)) {
-    let mut addr = start & PMD_MASK;
-    while addr < end {
+    for addr in table_ranges(start, end, PMD_SIZE) {
         if let Some(slot) = mm.pmd_lookup(addr) {
             f(slot, addr);
         }
-        addr = match addr.checked_add(PMD_SIZE) {
-            Some(a) => a,
-            None => break,
-        };
     }
 }
 
@@ -283,17 +289,7 @@ impl ReclaimPt {
 /// look, under the mmap_lock the caller holds): worth taking the write
 /// lock for [`try_to_free_pmd_tables`].
 pub fn any_empty_pmd_table(mm: &Mm, start: u64, end: u64) -> bool {
-    let mut addr = start & PUD_MASK;
-    while addr < end {
-        if mm.pgd.pmd_table_is_empty(&mm.mem, addr) {
-            return true;
-        }
-        addr = match addr.checked_add(PUD_SIZE) {
-            Some(a) => a,
-            None => break,
-        };
-    }
-    false
+    table_ranges(start, end, PUD_SIZE).any(|addr| mm.pgd.pmd_table_is_empty(&mm.mem, addr))
 }
 
 /// `pt_reclaim_pmd`: free the PMD tables of `[start, end)` that PT reclaim
@@ -301,23 +297,18 @@ pub fn any_empty_pmd_table(mm: &Mm, start: u64, end: u64) -> bool {
 /// the caller holds no lock of `mm`.
 pub fn try_to_free_pmd_tables(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) {
     let _g = mm.mmap_lock.write();
-    let mut tlb = MmuGather::new(mm);
-    let mut addr = start & PUD_MASK;
-    while addr < end {
-        // SAFETY: mmap_lock is held for writing, so no fault or software
-        // walker holds an entry of any PMD table of this mm.
-        let table = unsafe {
-            mm.pgd
-                .try_unhook_empty_pmd_table(&mm.mem, &mm.page_table_lock, addr)
-        };
-        if let Some(table) = table {
-            oncpu.vmstat().count(oncpu.id(), Event::PT_RECLAIM_PMD, 1);
-            crate::memory::pt_free_tlb(oncpu, &mut tlb, table, addr);
+    gather_table_frees(oncpu, mm, |tlb| {
+        for addr in table_ranges(start, end, PUD_SIZE) {
+            // SAFETY: mmap_lock is held for writing, so no fault or software
+            // walker holds an entry of any PMD table of this mm.
+            let table = unsafe {
+                mm.pgd
+                    .try_unhook_empty_pmd_table(&mm.mem, &mm.page_table_lock, addr)
+            };
+            if let Some(table) = table {
+                oncpu.vmstat().count(oncpu.id(), Event::PT_RECLAIM_PMD, 1);
+                crate::memory::pt_free_tlb(oncpu, tlb, table, addr);
+            }
         }
-        addr = match addr.checked_add(PUD_SIZE) {
-            Some(a) => a,
-            None => break,
-        };
-    }
-    tlb.finish(oncpu);
+    });
 }
