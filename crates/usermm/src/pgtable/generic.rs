@@ -98,11 +98,14 @@ impl Ptdesc {
     /// Set entry `idx` of a table nobody else can see.
     #[inline]
     pub fn set_pte(&mut self, mem: &PhysMem, idx: usize, pte: Pte) {
+        let Some(pte_ref) = pte_ref_of(mem, self.0) else {
+            return entry_set(mem, self.0, idx, pte.0);
+        };
         let old = Pte(entry_get(mem, self.0, idx));
         entry_set(mem, self.0, idx, pte.0);
         // Nobody can see the table, so its count stays per-CPU and the
         // put cannot be the last.
-        let released = track_pte(pte_ref_of(mem, self.0), old, pte);
+        let released = track_pte(Some(pte_ref), old, pte);
         debug_assert!(!released);
     }
 
@@ -711,6 +714,10 @@ impl PteLocked<'_> {
     /// is exact.
     #[inline]
     pub fn set(&mut self, idx: usize, pte: Pte) {
+        // An untracked table (every design but `pte_ref`) pays nothing.
+        if self.pte_ref.is_none() {
+            return entry_set(self.mem, self.table, idx, pte.0);
+        }
         let old = self.pte(idx);
         entry_set(self.mem, self.table, idx, pte.0);
         self.track(old, pte);
