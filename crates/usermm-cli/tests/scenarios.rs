@@ -22,8 +22,17 @@ fn corpus() -> Vec<PathBuf> {
 
 /// Run `usermm run [--native] --json FILE`: (exit status, report).
 fn run(file: &Path, native: bool) -> (i32, Value, String) {
+    run_with(file, native, &[])
+}
+
+/// The values of `fault_lock` the corpus runs under in the engine, each
+/// compared with the one native run: every one must agree with the host.
+const FAULT_LOCKS: [&str; 3] = ["vma_lock", "spf", "mmap_lock"];
+
+/// [`run`] with more arguments (`--tunable` ones).
+fn run_with(file: &Path, native: bool, args: &[String]) -> (i32, Value, String) {
     let mut c = Command::new(env!("CARGO_BIN_EXE_usermm"));
-    c.arg("run").arg("--json");
+    c.arg("run").arg("--json").args(args);
     if native {
         c.arg("--native");
     }
@@ -126,34 +135,51 @@ fn corpus_runs_alike_in_usermm_and_on_the_host() {
     );
     let (mut skipped, mut failures, mut noise) = (vec![], vec![], vec![]);
     for f in &files {
-        let name = f.file_name().unwrap().to_string_lossy().to_string();
-        let (ecode, eng, eerr) = run(f, false);
-        if ecode != 0 {
-            failures.push(format!(
-                "{name}: usermm exited {ecode}\n{eerr}{}",
-                side_by_side(&eng, &Value::Null)
-            ));
+        let base = f.file_name().unwrap().to_string_lossy().to_string();
+        let engines: Vec<(String, (i32, Value, String))> = FAULT_LOCKS
+            .iter()
+            .map(|lock| {
+                let arg = vec!["--tunable".to_string(), format!("fault_lock={lock}")];
+                (
+                    format!("{base} (fault_lock={lock})"),
+                    run_with(f, false, &arg),
+                )
+            })
+            .collect();
+        let mut engine_failed = false;
+        for (name, (ecode, eng, eerr)) in &engines {
+            if *ecode != 0 {
+                failures.push(format!(
+                    "{name}: usermm exited {ecode}\n{eerr}{}",
+                    side_by_side(eng, &Value::Null)
+                ));
+                engine_failed = true;
+            }
+        }
+        if engine_failed {
             continue;
         }
         let (ncode, nat, nerr) = run(f, true);
         if ncode == 3 {
             skipped.push(format!(
-                "{name}: {}",
+                "{base}: {}",
                 nat["skipped"].as_str().unwrap_or("?")
             ));
             continue;
         }
-        let agree = outcomes_agree(&eng, &nat);
-        if (ncode != 0 || !agree) && host_noise(f, &eng, 0) {
-            noise.push(name);
-            continue;
-        }
-        if ncode != 0 || !agree {
-            failures.push(format!(
-                "{name}: host exited {ncode}{}\n{nerr}{}",
-                if agree { "" } else { ", outcomes differ" },
-                side_by_side(&eng, &nat)
-            ));
+        for (name, (_, eng, _)) in &engines {
+            let agree = outcomes_agree(eng, &nat);
+            if (ncode != 0 || !agree) && host_noise(f, eng, 0) {
+                noise.push(name.clone());
+                continue;
+            }
+            if ncode != 0 || !agree {
+                failures.push(format!(
+                    "{name}: host exited {ncode}{}\n{nerr}{}",
+                    if agree { "" } else { ", outcomes differ" },
+                    side_by_side(eng, &nat)
+                ));
+            }
         }
     }
     // Written to stderr directly, so that it shows although the test
@@ -162,7 +188,7 @@ fn corpus_runs_alike_in_usermm_and_on_the_host() {
     let skipped_list: String = skipped.iter().map(|s| format!("\n  {s}")).collect();
     let _ = writeln!(
         std::io::stderr(),
-        "differential corpus: {} scenarios, {} skipped natively, {} disagreed once and \
+        "differential corpus: {} scenarios (each under fault_lock={FAULT_LOCKS:?}), {} skipped natively, {} disagreed once and \
          agreed when run again (host noise: {noise:?}){skipped_list}",
         files.len(),
         skipped.len(),

@@ -38,6 +38,10 @@ fn dup_mmap(oncpu: &OnCpu, mm: &Arc<Mm>, oldmm: &Arc<Mm>) -> KResult<()> {
     let _old = oldmm.mmap_lock.write();
     let _new = mm.mmap_lock.write();
     let src = oldmm.vma_tree_draft();
+    // Every parent VMA is write-locked (`dup_mmap`, since the fix of July
+    // 2023): a fault under a VMA lock must not COW a page fork is
+    // write-protecting, nor give the VMA an anon_vma the child misses.
+    src.start_write_all();
     let mut vmas = Vec::with_capacity(src.len());
     let mut total_vm = 0;
     let mut result = Ok(());

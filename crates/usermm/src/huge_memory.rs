@@ -38,7 +38,9 @@ pub fn do_huge_pmd_anonymous_page(vmf: &mut VmFault<'_>) -> VmFaultResult {
     // vmf_anon_prepare before either branch: a VMA that maps only the huge
     // zero page has an anon_vma too, so fork copies its PMDs
     // (vma_needs_copy) and merges see it.
-    rmap::anon_vma_prepare(mm, vma);
+    if let Err(r) = crate::memory::vmf_anon_prepare(vmf) {
+        return r;
+    }
     if !vmf.flags.write() && oncpu.m.thp.use_zero_page.load(Ordering::Relaxed) {
         return do_huge_zero_pmd(vmf);
     }
@@ -138,7 +140,9 @@ fn do_huge_zero_wp_pmd(vmf: &mut VmFault<'_>) -> VmFaultResult {
     let (oncpu, mm, vma) = (vmf.oncpu, vmf.mm, vmf.vma);
     let mem = oncpu.mem();
     let haddr = vmf.address & PMD_MASK;
-    crate::rmap::anon_vma_prepare(mm, vma);
+    if let Err(r) = crate::memory::vmf_anon_prepare(vmf) {
+        return r;
+    }
     let Some(folio) = mem.folio_alloc(
         oncpu.cpu.node,
         HPAGE_PMD_ORDER,

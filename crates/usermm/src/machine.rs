@@ -372,9 +372,13 @@ impl Machine {
     }
 
     /// Wait until page tables freed by earlier operations have gone back to
-    /// the allocator (an `rcu_barrier`).
+    /// the allocator (an `rcu_barrier`). The grace period ends when every
+    /// thread of the process that holds an epoch pin (a fault holds one
+    /// throughout) has dropped it; the wait gives up after ten seconds, as
+    /// a pin held that long is a bug of its own.
     pub fn rcu_barrier(&self) {
-        for _ in 0..256 {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
             let g = crate::sync::epoch::pin();
             g.flush();
             drop(g);
@@ -419,6 +423,17 @@ impl<'m> OnCpu<'m> {
     /// The address space this CPU runs.
     pub fn mm(&self) -> KResult<Arc<Mm>> {
         self.cpu.loaded_mm().ok_or(Errno::EINVAL)
+    }
+
+    /// The address space this CPU runs, lent to `f` without a count taken
+    /// (for the fault path); None if it runs none. `f` must not switch mm
+    /// (it is not handed this CPU's handle to do so).
+    pub(crate) fn with_mm<R>(&self, f: impl FnOnce(&Arc<Mm>) -> R) -> Option<R> {
+        // SAFETY: an OnCpu lives on the thread that plays its CPU (it is not
+        // Send), and `f` gets no handle through which to switch the mm...
+        // other than one it captured: the fault path, its only caller,
+        // switches none.
+        unsafe { self.cpu.with_loaded_mm(f) }
     }
 
     /// Create a new, empty process and run it here.

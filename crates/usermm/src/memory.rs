@@ -61,6 +61,13 @@ impl FaultFlags {
     pub const WRITE: FaultFlags = FaultFlags(1 << 0);
     /// `FAULT_FLAG_USER`: the access came from user mode.
     pub const USER: FaultFlags = FaultFlags(1 << 6);
+    /// `FAULT_FLAG_VMA_LOCK`: the fault holds its VMA's read lock, not
+    /// mmap_lock (v6.4).
+    pub const VMA_LOCK: FaultFlags = FaultFlags(1 << 12);
+    /// `FAULT_FLAG_SPECULATIVE` (the seed): the fault holds no lock; what
+    /// it read is valid only if `mm_lock_seq` still equals `vmf.seq` once
+    /// the PTE lock is held.
+    pub const SPECULATIVE: FaultFlags = FaultFlags(1 << 13);
 
     #[inline]
     pub const fn empty() -> FaultFlags {
@@ -144,12 +151,57 @@ pub struct VmFault<'a> {
     /// The PTE as the handler first saw it (`vmf->orig_pte`), none until
     /// the PTE level reads it.
     pub orig_pte: Pte,
+    /// `vmf->seq` (the seed): `mm_lock_seq` when a speculative fault began.
+    pub seq: u32,
 }
 
-impl VmFault<'_> {
+impl<'a> VmFault<'a> {
     #[inline]
     fn write(&self) -> bool {
         self.flags.write()
+    }
+    #[inline]
+    pub fn speculative(&self) -> bool {
+        self.flags.contains(FaultFlags::SPECULATIVE)
+    }
+
+    /// Count why a speculative fault gives up, and give up: the fault is
+    /// taken again under mmap_lock.
+    pub(crate) fn spf_abort(&self, why: Event) -> VmFaultResult {
+        self.oncpu.vmstat().count(self.oncpu.id(), why, 1);
+        VmFaultResult::Retry
+    }
+
+    /// `pte_offset_map_lock` for a fault; for a speculative one, the seed's
+    /// `pte_map_lock` (and `pte_spinlock`): commit only if no mmap writer
+    /// began since the fault did (`..._SEQ1`), the PMD is still the one the
+    /// walk read (`..._PMD`, checked again under the lock as
+    /// `__pte_offset_map_lock` does since PT reclaim), and the PTE lock can
+    /// be had without waiting (`..._PTL`: a zap may hold it while it waits
+    /// for this CPU to take a flush), and again no writer (`..._SEQ2`).
+    /// Err(Raced) if the table went (non-speculative), Err(Retry) on abort.
+    pub(crate) fn pte_map_lock(&self) -> Result<PteLocked<'a>, VmFaultResult> {
+        let mm: &'a Arc<Mm> = self.mm;
+        if !self.speculative() {
+            return mm.pte_offset_map_lock(self.pmd).ok_or(VmFaultResult::Raced);
+        }
+        let seq = &mm.mmap_lock.seq;
+        if !seq.read_check(self.seq) {
+            return Err(self.spf_abort(Event::SPF_ABORT_PTE_MAP_LOCK_SEQ1));
+        }
+        let pt = match self.pmd.pte_map_trylock(&mm.mem, self.orig_pmd) {
+            Ok(pt) => pt,
+            Err(pgtable::TrylockFail::PmdChanged) => {
+                return Err(self.spf_abort(Event::SPF_ABORT_PTE_MAP_LOCK_PMD))
+            }
+            Err(pgtable::TrylockFail::Contended) => {
+                return Err(self.spf_abort(Event::SPF_ABORT_PTE_MAP_LOCK_PTL))
+            }
+        };
+        if !seq.read_check(self.seq) {
+            return Err(self.spf_abort(Event::SPF_ABORT_PTE_MAP_LOCK_SEQ2));
+        }
+        Ok(pt)
     }
     #[inline]
     fn pte_idx(&self) -> usize {
@@ -222,8 +274,49 @@ pub fn handle_mm_fault<'a>(
         pmd,
         orig_pmd: Pmd(0),
         orig_pte: Pte(0),
+        seq: 0,
     };
     __handle_mm_fault(&mut vmf)
+}
+
+/// `handle_mm_fault` with `FAULT_FLAG_SPECULATIVE` (the seed): no lock is
+/// held, `vma` was read under the caller's epoch pin in the section `seq`
+/// of `mm_lock_seq`. The walk allocates nothing and reads each level once,
+/// aborting where a table is missing or a PMD is huge; the PTE level runs
+/// the usual handlers, which commit through [`VmFault::pte_map_lock`].
+/// Retry: aborted (the reason counted), redo under mmap_lock.
+pub fn handle_mm_fault_speculative<'a>(
+    oncpu: &'a OnCpu<'a>,
+    mm: &'a Arc<Mm>,
+    vma: &'a Arc<Vma>,
+    addr: u64,
+    flags: FaultFlags,
+    seq: u32,
+) -> VmFaultResult {
+    let mem = oncpu.mem();
+    let Some(pmd) = mm.pgd.pmd_lookup(mem, addr) else {
+        oncpu.vmstat().count(oncpu.id(), Event::SPF_ABORT_PUD, 1);
+        return VmFaultResult::Retry;
+    };
+    let mut vmf = VmFault {
+        oncpu,
+        mm,
+        vma,
+        address: addr & !(PAGE_SIZE - 1),
+        real_address: addr,
+        flags: flags | FaultFlags::SPECULATIVE,
+        pmd,
+        orig_pmd: pmd.get(mem),
+        orig_pte: Pte(0),
+        seq,
+    };
+    // No table allocation, no huge PMD path: a PMD that is not a PTE table
+    // sends the fault the classic way.
+    if !pgtable::pmd_is_table(vmf.orig_pmd) {
+        return vmf.spf_abort(Event::SPF_ABORT_PMD);
+    }
+    oncpu.vmstat().count(oncpu.id(), Event::PGFAULT, 1);
+    handle_pte_fault(&mut vmf)
 }
 
 /// `__handle_mm_fault` below the PMD allocation: the huge paths, then the
@@ -288,7 +381,10 @@ fn huge_pmd_set_accessed(vmf: &mut VmFault<'_>) -> VmFaultResult {
 
 /// `handle_pte_fault`.
 fn handle_pte_fault(vmf: &mut VmFault<'_>) -> VmFaultResult {
-    let Some(mut pt) = vmf.mm.pte_offset_map_lock(vmf.pmd) else {
+    if vmf.speculative() {
+        return handle_pte_fault_speculative(vmf);
+    }
+    let Some(pt) = vmf.mm.pte_offset_map_lock(vmf.pmd) else {
         // The table went away or became huge under us: retry the access.
         // A dead tracked table (`pte_ref`) is freed first, so that the
         // retry can allocate a new one.
@@ -307,6 +403,48 @@ fn handle_pte_fault(vmf: &mut VmFault<'_>) -> VmFaultResult {
         drop(pt);
         return do_swap_page(vmf);
     }
+    handle_present_pte(vmf, pt)
+}
+
+/// `handle_pte_fault` of a speculative fault: the PTE is read without a
+/// lock (the seed's walk), then handled as usual, the lock taken by
+/// [`VmFault::pte_map_lock`]. Non-present entries (migration entries and
+/// markers: the model has no swap) abort.
+fn handle_pte_fault_speculative(vmf: &mut VmFault<'_>) -> VmFaultResult {
+    let vmstat = vmf.oncpu.vmstat();
+    let Some(pt) = vmf.mm.pte_offset_map(vmf.pmd) else {
+        return vmf.spf_abort(Event::SPF_ABORT_PMD);
+    };
+    vmf.orig_pte = pt.pte(vmf.pte_idx());
+    drop(pt);
+    if vmf.orig_pte.none() {
+        vmstat.count(vmf.oncpu.id(), Event::SPF_ATTEMPT_ANON, 1);
+        return do_anonymous_page(vmf);
+    }
+    if !vmf.orig_pte.present() {
+        return vmf.spf_abort(Event::SPF_ABORT_NON_SWAP_ENTRY);
+    }
+    let event = if vmf.write() && !vmf.orig_pte.write() {
+        Event::SPF_ATTEMPT_WP
+    } else {
+        Event::SPF_ATTEMPT_PTE
+    };
+    vmstat.count(vmf.oncpu.id(), event, 1);
+    let pt = match vmf.pte_map_lock() {
+        Ok(pt) => pt,
+        Err(r) => return r,
+    };
+    if pt.pte(vmf.pte_idx()) != vmf.orig_pte {
+        return VmFaultResult::Raced;
+    }
+    handle_present_pte(vmf, pt)
+}
+
+/// The present-PTE end of `handle_pte_fault`, the PTE lock held: COW or
+/// reuse for a write to a read-only entry, else the accessed and dirty
+/// bits.
+fn handle_present_pte(vmf: &mut VmFault<'_>, mut pt: PteLocked<'_>) -> VmFaultResult {
+    let idx = vmf.pte_idx();
     if vmf.write() && !vmf.orig_pte.write() {
         return do_wp_page(vmf, pt);
     }
@@ -335,6 +473,24 @@ fn do_swap_page(vmf: &mut VmFault<'_>) -> VmFaultResult {
         }
         other => unreachable!("{other:?}: swap, device memory and userfaultfd are not modelled"),
     }
+}
+
+/// `vmf_anon_prepare`: the VMA's anon_vma, made if it has none yet. Making
+/// one looks at the neighbouring VMAs, which a fault under a VMA lock has
+/// not locked: it gives up and is taken again under mmap_lock
+/// (`VM_FAULT_RETRY`); a speculative fault aborts (`SPF_ABORT_ANON_VMA`).
+pub(crate) fn vmf_anon_prepare(vmf: &VmFault<'_>) -> Result<(), VmFaultResult> {
+    if vmf.vma.anon_vma().is_some() {
+        return Ok(());
+    }
+    if vmf.speculative() {
+        return Err(vmf.spf_abort(Event::SPF_ABORT_ANON_VMA));
+    }
+    if vmf.flags.contains(FaultFlags::VMA_LOCK) {
+        return Err(VmFaultResult::Retry);
+    }
+    anon_vma_prepare(vmf.mm, vmf.vma);
+    Ok(())
 }
 
 /// `alloc_anon_folio`: the largest allowed, suitable order whose PTEs are all
@@ -392,8 +548,9 @@ fn do_anonymous_page(vmf: &mut VmFault<'_>) -> VmFaultResult {
     if !vmf.write() {
         // Map the shared zero page read-only; no RSS, no reference.
         let pte = Pte::new(oncpu.m.zero_pfn, vma.page_prot()).mkspecial();
-        let Some(mut pt) = mm.pte_offset_map_lock(vmf.pmd) else {
-            return VmFaultResult::Raced;
+        let mut pt = match vmf.pte_map_lock() {
+            Ok(pt) => pt,
+            Err(r) => return r,
         };
         let idx = vmf.pte_idx();
         if !pt.pte(idx).none() {
@@ -402,15 +559,20 @@ fn do_anonymous_page(vmf: &mut VmFault<'_>) -> VmFaultResult {
         pt.set(idx, pte);
         return VmFaultResult::Done;
     }
-    anon_vma_prepare(mm, vma);
+    if let Err(r) = vmf_anon_prepare(vmf) {
+        return r;
+    }
     let (folio, start) = match alloc_anon_folio(vmf) {
         Ok(f) => f,
         Err(r) => return r,
     };
     let nr = folio.nr_pages(mem);
-    let Some(mut pt) = mm.pte_offset_map_lock(vmf.pmd) else {
-        folio.put(mem, oncpu.id());
-        return VmFaultResult::Raced;
+    let mut pt = match vmf.pte_map_lock() {
+        Ok(pt) => pt,
+        Err(r) => {
+            folio.put(mem, oncpu.id());
+            return r;
+        }
     };
     let i0 = pgtable::pte_index(start);
     if (i0..i0 + nr as usize).any(|i| !pt.pte(i).none()) {
@@ -470,7 +632,9 @@ fn do_wp_page(vmf: &mut VmFault<'_>, mut pt: PteLocked<'_>) -> VmFaultResult {
 fn wp_page_copy(vmf: &mut VmFault<'_>, old: Option<Pfn>) -> VmFaultResult {
     let (oncpu, mm, vma) = (vmf.oncpu, vmf.mm, vmf.vma);
     let mem = oncpu.mem();
-    anon_vma_prepare(mm, vma);
+    if let Err(r) = vmf_anon_prepare(vmf) {
+        return r;
+    }
     // A copy of the zero page is a zeroed page; any other is overwritten.
     let gfp = AllocFlags::NONE.zeroed_if(old.is_none());
     let Some(new) = mem.folio_alloc(oncpu.cpu.node, 0, oncpu.id(), gfp) else {
@@ -479,9 +643,12 @@ fn wp_page_copy(vmf: &mut VmFault<'_>, old: Option<Pfn>) -> VmFaultResult {
     if let Some(old) = old {
         mem.copy_page(new.pfn(), old);
     }
-    let Some(mut pt) = mm.pte_offset_map_lock(vmf.pmd) else {
-        new.put(mem, oncpu.id());
-        return VmFaultResult::Raced;
+    let mut pt = match vmf.pte_map_lock() {
+        Ok(pt) => pt,
+        Err(r) => {
+            new.put(mem, oncpu.id());
+            return r;
+        }
     };
     let idx = vmf.pte_idx();
     if pt.pte(idx) != vmf.orig_pte {

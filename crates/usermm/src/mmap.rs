@@ -12,7 +12,7 @@ use crate::mm::{Mm, Vma, VmaTree, MAX_MAP_COUNT, MMAP_BASE, MMAP_MIN_ADDR, TASK_
 use crate::mmu_gather::MmuGather;
 use crate::pgtable::{PMD_MASK, PMD_SIZE};
 use crate::phys::{PAGE_MASK, PAGE_SHIFT, PAGE_SIZE};
-use crate::sync::{Arc, Ordering, RwLockWriteGuard};
+use crate::sync::{Arc, Ordering};
 use crate::util::OvercommitMode;
 
 pub const PROT_NONE: u32 = 0;
@@ -519,7 +519,7 @@ pub fn do_munmap(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, len: u64) -> KResult<(
     drop(tree);
     // mmap_write_downgrade: the VMAs are gone from the tree; faults
     // elsewhere may run while their pages and tables are freed.
-    let _g = RwLockWriteGuard::downgrade(g);
+    let _g = g.downgrade();
     let accounted = detached.complete(oncpu, mm);
     oncpu.m.overcommit.vm_unacct_memory(accounted);
     Ok(())
@@ -529,6 +529,7 @@ pub fn do_munmap(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, len: u64) -> KResult<(
 pub fn exit_mmap(oncpu: &OnCpu, mm: &Arc<Mm>) {
     let _g = mm.mmap_lock.write();
     let mut tree = mm.vma_tree_draft();
+    tree.start_write_all();
     let vmas: Vec<Arc<Vma>> = tree.iter().cloned().collect();
     mm.dead.store(true, Ordering::Relaxed);
     if !vmas.is_empty() {

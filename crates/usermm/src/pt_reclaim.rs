@@ -31,9 +31,10 @@
 //! as `free_pgtables` does for every table above the PTE level, the table
 //! goes only when none of them can be under way. Hardware walkers are kept
 //! safe as for PTE tables: the gather flushes the range with `freed_tables`
-//! and frees the table after a grace period. (Faults without mmap_lock,
-//! when they come, must take the per-VMA or the speculative path's lock
-//! into account here.)
+//! and frees the table after a grace period. Faults under a VMA lock hold
+//! a PMD slot too, so the VMAs over each table looked at are write-locked
+//! first; a speculative fault reads the table under an epoch pin and checks
+//! `mm_lock_seq` before it commits, so it aborts.
 //!
 //! # The seed (`pt_reclaim=pte_ref`)
 //!
@@ -297,10 +298,18 @@ pub fn any_empty_pmd_table(mm: &Mm, start: u64, end: u64) -> bool {
 /// the caller holds no lock of `mm`.
 pub fn try_to_free_pmd_tables(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) {
     let _g = mm.mmap_lock.write();
+    // Faults under a VMA lock hold a PMD slot too: lock the VMAs of every
+    // PMD table looked at, so that none is under way in them.
+    let tree = mm.vma_tree_draft();
     gather_table_frees(oncpu, mm, |tlb| {
         for addr in table_ranges(start, end, PUD_SIZE) {
-            // SAFETY: mmap_lock is held for writing, so no fault or software
-            // walker holds an entry of any PMD table of this mm.
+            let table_start = addr & !(PUD_SIZE - 1);
+            tree.start_write_range(table_start, table_start.saturating_add(PUD_SIZE));
+            // SAFETY: mmap_lock is held for writing and every VMA over the
+            // table is write-locked, so no fault (under either lock) or
+            // software walker holds an entry of it; speculative faults
+            // hold no slot past a check of mm_lock_seq, which this write
+            // section has moved on.
             let table = unsafe {
                 mm.pgd
                     .try_unhook_empty_pmd_table(&mm.mem, &mm.page_table_lock, addr)

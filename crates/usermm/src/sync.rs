@@ -82,9 +82,9 @@ pub use parking_lot::RawRwLock;
 /// tests run the engine's own shootdown code.
 pub mod checked {
     #[cfg(loom)]
-    pub use loom::sync::atomic::{fence, AtomicBool, AtomicU64};
+    pub use loom::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64};
     #[cfg(not(loom))]
-    pub use std::sync::atomic::{fence, AtomicBool, AtomicU64};
+    pub use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64};
 
     #[cfg(loom)]
     type Inner<T> = loom::sync::Mutex<T>;

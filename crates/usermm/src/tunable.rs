@@ -54,6 +54,8 @@ pub enum Tunable {
     /// F4, beyond both designs: freeing the PMD tables that PT reclaim
     /// empties.
     PtReclaimPmd,
+    /// F5: the lock a page fault takes.
+    FaultLock,
 }
 
 impl Tunable {
@@ -63,6 +65,7 @@ impl Tunable {
         Tunable::ZapBatch,
         Tunable::PtReclaim,
         Tunable::PtReclaimPmd,
+        Tunable::FaultLock,
     ];
 
     /// Its registry entry.
@@ -98,8 +101,22 @@ pub enum PtReclaim {
     PteRef = 2,
 }
 
+/// The lock a page fault takes, as [`Tunable::FaultLock`] selects it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum FaultLock {
+    /// mmap_lock for reading, every fault (the kernel before v6.4).
+    MmapLock = 0,
+    /// The seed's speculative faults (2021-2022, not merged): no lock, a
+    /// check of `mm_lock_seq` before the commit, mmap_lock on abort.
+    Spf = 1,
+    /// Per-VMA locks (v6.4; the reference-count form of v6.15): the
+    /// faulting VMA read-locked, mmap_lock where the kernel falls back.
+    VmaLock = 2,
+}
+
 /// Every tunable, in [`Tunable`] order.
-pub const TUNABLES: [TunableInfo; 4] = [
+pub const TUNABLES: [TunableInfo; 5] = [
     TunableInfo {
         name: "fork_batch",
         description: "fork copies a run of PTEs mapping one large folio with one \
@@ -163,6 +180,35 @@ pub const TUNABLES: [TunableInfo; 4] = [
             },
         ],
         default: 0,
+    },
+    TunableInfo {
+        name: "fault_lock",
+        description: "the lock a user page fault takes to keep its VMA stable \
+            (F5: \"Speculative page faults\", 2021, and the per-VMA locks \
+            merged instead in v6.4)",
+        values: &[
+            TunableValue {
+                name: "mmap_lock",
+                description: "mmap_lock for reading, every fault \
+                    (`lock_mm_and_find_vma`; the kernel before v6.4)",
+            },
+            TunableValue {
+                name: "spf",
+                description: "no lock: the VMA is looked up under an epoch pin, \
+                    the page tables walked without allocating, and the PTE \
+                    committed under its lock only if `mm_lock_seq` shows no \
+                    mmap writer ran; else the fault is redone under mmap_lock \
+                    (the seed, RFC 2021 / v2 2022, not merged)",
+            },
+            TunableValue {
+                name: "vma_lock",
+                description: "the faulting VMA read-locked (`lock_vma_under_rcu`, \
+                    the `vm_refcnt` form of v6.15), mmap_lock where the kernel \
+                    falls back: no anon_vma yet, a VMA being changed (v6.4 and \
+                    later)",
+            },
+        ],
+        default: 2,
     },
 ];
 
@@ -307,6 +353,20 @@ impl Tunables {
         self.index(Tunable::PtReclaimPmd) != 0
     }
 
+    /// `fault_lock`: the lock a page fault takes.
+    #[inline]
+    pub fn fault_lock(&self) -> FaultLock {
+        match self.index(Tunable::FaultLock) {
+            0 => FaultLock::MmapLock,
+            1 => FaultLock::Spf,
+            _ => FaultLock::VmaLock,
+        }
+    }
+
+    pub fn set_fault_lock(&self, lock: FaultLock) {
+        self.values[Tunable::FaultLock as usize].store(lock as u8, Ordering::Relaxed);
+    }
+
     pub fn set_pt_reclaim_pmd(&self, on: bool) {
         self.set_on(Tunable::PtReclaimPmd, on)
     }
@@ -351,7 +411,8 @@ mod tests {
                 ("fork_batch", "on"),
                 ("zap_batch", "off"),
                 ("pt_reclaim", "upstream"),
-                ("pt_reclaim_pmd", "off")
+                ("pt_reclaim_pmd", "off"),
+                ("fault_lock", "vma_lock")
             ]
         );
         let e = t.set("zap_batch", "maybe").unwrap_err();
@@ -362,7 +423,7 @@ mod tests {
         let e = t.set("zap", "on").unwrap_err();
         assert_eq!(
             e.to_string(),
-            "no tunable \"zap\"; there are: fork_batch, zap_batch, pt_reclaim, pt_reclaim_pmd"
+            "no tunable \"zap\"; there are: fork_batch, zap_batch, pt_reclaim, pt_reclaim_pmd, fault_lock"
         );
         assert!(!t.zap_batch(), "a refused set changes nothing");
     }

@@ -174,6 +174,22 @@ impl<M: TlbMm> Cpu<M> {
         self.loaded.lock().as_ref().map(|(mm, _)| mm.clone())
     }
 
+    /// The loaded mm, lent to `f` without taking a count (the kernel's
+    /// `current->mm` in a fault, which no fault pins: a shared counter
+    /// bumped twice per fault is the very cost the fault locks avoid).
+    ///
+    /// # Safety
+    ///
+    /// The caller is the thread that plays this CPU, the only one that
+    /// switches its mm, and `f` does not switch it: so the `Arc` lent stays
+    /// in `loaded`, holding its count, until `f` returns.
+    pub unsafe fn with_loaded_mm<R>(&self, f: impl FnOnce(&Arc<M>) -> R) -> Option<R> {
+        let mm: *const Arc<M> = self.loaded.lock().as_ref().map(|(mm, _)| mm as *const _)?;
+        // SAFETY: by the caller's promise, `loaded` is not written while
+        // `f` runs, so the pointer stays valid and the count held.
+        Some(f(unsafe { &*mm }))
+    }
+
     /// The loaded mm's PGD and ASID slot, for the access path. Owner only.
     #[inline]
     pub fn loaded_pgd(&self) -> Option<(crate::phys::Pfn, usize)> {

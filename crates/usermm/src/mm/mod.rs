@@ -2,10 +2,13 @@
 //!
 //! # Locking
 //!
-//! * `mmap_lock` (a reader-writer semaphore) guards the VMA tree's layout and
-//!   the VMAs' fields: written by mmap, munmap, mprotect, taken for reading by
-//!   page faults and madvise. The tree is also readable with no lock at all,
-//!   under an epoch guard (see [`vma`]).
+//! * `mmap_lock` (a reader-writer semaphore, [`mmap_lock`]) guards the VMA
+//!   tree's layout and the VMAs' fields: written by mmap, munmap, mprotect,
+//!   taken for reading by madvise and by faults under `fault_lock=mmap_lock`.
+//!   The tree is also readable with no lock at all, under an epoch guard
+//!   (see [`vma`]); faults under `fault_lock=vma_lock` read-lock just their
+//!   VMA, and those under `fault_lock=spf` lock nothing and validate against
+//!   `mm_lock_seq` ([`mmap_lock`] says how).
 //! * `page_table_lock` guards populating the PGD and PUD levels.
 //! * The PMD lock (in the PMD table frame's descriptor) guards a PMD table's
 //!   entries; the PTE lock (in the PTE table frame's descriptor) guards a PTE
@@ -14,8 +17,11 @@
 //!   changes per PTE table, as the kernel's `add_mm_rss_vec` does.
 
 pub mod interval_tree;
+pub mod mmap_lock;
 pub mod pgalloc;
 pub mod vma;
+
+pub use mmap_lock::MmapLock;
 
 use crate::sync::epoch::{self, Atomic, Guard, Owned, Shared};
 
@@ -23,7 +29,7 @@ pub use vma::{AnonVma, Vma, VmaTree};
 
 use crate::errno::{Errno, KResult};
 use crate::phys::{PhysMem, PAGE_SHIFT, PAGE_SIZE};
-use crate::sync::{Arc, AtomicI32, AtomicI64, AtomicU64, Ordering, RwLock, SpinLock};
+use crate::sync::{Arc, AtomicI32, AtomicI64, AtomicU64, Ordering, SpinLock};
 
 /// `TASK_SIZE` for 47-bit user addresses (the top page is never mapped).
 pub const TASK_SIZE: u64 = (1 << 47) - PAGE_SIZE;
@@ -58,7 +64,7 @@ pub struct Mm {
     /// The node its PGD came from (its creating CPU's). Faults allocate on
     /// the faulting CPU's node instead (the default local policy).
     pub home_node: usize,
-    pub mmap_lock: RwLock<()>,
+    pub mmap_lock: MmapLock,
     tree: Atomic<VmaTree>,
     pub page_table_lock: SpinLock,
     /// `mm->pgtables_bytes`: PTE, PMD and PUD tables (the PGD is not counted).
@@ -99,7 +105,7 @@ impl Drop for Mm {
         if !last.is_null() {
             // SAFETY: the pointer is non-null and still valid: it is freed
             // only below, deferred.
-            let mut all = unsafe { last.deref() }.draft();
+            let mut all = unsafe { last.deref() }.draft(None);
             all.remove_all();
             let (_, garbage) = all.publishable();
             // SAFETY: the tree is unreachable now; readers that found it
@@ -127,7 +133,7 @@ impl Mm {
             mem,
             pgd,
             home_node,
-            mmap_lock: RwLock::new(()),
+            mmap_lock: MmapLock::new(),
             tree: Atomic::new(VmaTree::default()),
             page_table_lock: SpinLock::new(),
             pgtables_bytes: AtomicI64::new(0),
@@ -161,6 +167,10 @@ impl Mm {
         // The full check is O(n) per publish: debug builds make it while the
         // tree is small, so that address spaces grown to max_map_count stay
         // O(n log n) to build (the invariant checker still walks them all).
+        debug_assert!(
+            draft.edits_write_locked(),
+            "{self:?}: a VMA changed without vma_start_write"
+        );
         #[cfg(debug_assertions)]
         if draft.len() <= 4096 {
             if let Err(e) = draft.check() {
@@ -190,7 +200,7 @@ impl Mm {
             "VMA tree drafted without mmap_lock held for writing"
         );
         let guard = epoch::pin();
-        self.vma_tree(&guard).draft()
+        self.vma_tree(&guard).draft(Some(self.mmap_lock.seq.raw()))
     }
 
     pub fn map_count(&self) -> usize {

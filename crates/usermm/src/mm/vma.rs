@@ -14,8 +14,11 @@
 //! makes new VMAs (`vm_area_dup`) and detaches the old ones, which readers
 //! still holding the old tree go on seeing, whole and consistent. The kernel
 //! instead edits a VMA in place after write-locking it (`vma_start_write`),
-//! which makes per-VMA-lock readers fall back to mmap_lock; here a reader
-//! that finds a VMA marked [`Vma::is_detached`] knows it lost such a race.
+//! which makes per-VMA-lock readers fall back to mmap_lock. Here, a draft
+//! write-locks every VMA it takes out or puts in ([`super::mmap_lock`]), so
+//! that a fault under a VMA's lock is never at work in a range a writer is
+//! changing; a reader that finds a VMA marked [`Vma::is_detached`] knows it
+//! lost such a race.
 //!
 //! # Who keeps a VMA alive
 //!
@@ -48,7 +51,9 @@ use smallvec::SmallVec;
 
 use crate::pgtable::Pgprot;
 use crate::phys::PAGE_SHIFT;
-use crate::sync::{Arc, AtomicBool, Mutex, Ordering};
+use crate::sync::{Arc, Mutex};
+
+use super::mmap_lock::VmaLock;
 use crate::tree::{Entry, NodeRef, Retired, Tree};
 
 pub use crate::mm::interval_tree::{AnonVma, AnonVmaChain};
@@ -102,8 +107,9 @@ pub struct Vma {
     /// `anon_vma_chain`: every anon_vma this VMA is chained to (its own and
     /// its ancestors'), so that it can be unlinked from them all.
     pub anon_vma_chain: Mutex<Vec<AnonVmaChain>>,
-    /// `vma_mark_detached`: the VMA left the tree (removed or replaced).
-    detached: AtomicBool,
+    /// `vm_refcnt` and `vm_lock_seq`: the per-VMA lock, whose count is 0
+    /// while the VMA is out of the tree.
+    pub vm_lock: VmaLock,
 }
 
 impl std::fmt::Debug for Vma {
@@ -129,7 +135,7 @@ impl Vma {
             vm_flags: flags,
             anon_vma: OnceLock::new(),
             anon_vma_chain: Mutex::new(Vec::new()),
-            detached: AtomicBool::new(false),
+            vm_lock: VmaLock::new(),
         }
     }
 
@@ -170,16 +176,15 @@ impl Vma {
         self.anon_vma.get()
     }
 
-    /// `vma_mark_detached`: called once, when the VMA leaves the tree.
+    /// `vma_mark_detached`: called once, when the VMA, write-locked, leaves
+    /// the tree; waits for readers that had just found it.
     pub fn mark_detached(&self) {
-        let was = self.detached.swap(true, Ordering::Release);
-        debug_assert!(!was, "{self:?} detached twice");
+        self.vm_lock.mark_detached();
     }
 
-    /// Whether the VMA has left the tree. Acquire: pairs with
-    /// `mark_detached`, for lockless readers that found the VMA earlier.
+    /// Whether the VMA is out of the tree: not yet in it, or left it.
     pub fn is_detached(&self) -> bool {
-        self.detached.load(Ordering::Acquire)
+        self.vm_lock.is_detached()
     }
 
     /// The address of page `pgoff` of this VMA's linear mapping
@@ -292,6 +297,10 @@ pub struct VmaTree {
     inserted: SmallVec<[Arc<Vma>; 4]>,
     /// The VMAs this draft took out, whose counts publishing gives back.
     removed: SmallVec<[TreeVma; 4]>,
+    /// A draft's write section (`mm_lock_seq`, odd): every VMA it takes out
+    /// or puts in is write-locked for it first. None for a published
+    /// version, and for the tree of a new mm that no one can fault in yet.
+    lock_seq: Option<u32>,
 }
 
 /// What a publication leaves to free one grace period later, when no
@@ -338,16 +347,21 @@ impl VmaTree {
     pub fn from_sorted(vmas: Vec<Arc<Vma>>) -> VmaTree {
         // SAFETY: the draft keeps each VMA's count in `inserted`.
         let copies: Vec<TreeVma> = vmas.iter().map(|v| unsafe { TreeVma::lend(v) }).collect();
+        for v in &vmas {
+            v.vm_lock.mark_attached();
+        }
         VmaTree {
             tree: Tree::from_sorted(copies),
             inserted: vmas.into(),
             removed: SmallVec::new(),
+            lock_seq: None,
         }
     }
 
     /// A draft of this version, which must be the published one, for a
-    /// writer holding mmap_lock for writing.
-    pub(crate) fn draft(&self) -> VmaTree {
+    /// writer holding mmap_lock for writing in the section `lock_seq` (None:
+    /// no reader can reach the VMAs).
+    pub(crate) fn draft(&self, lock_seq: Option<u32>) -> VmaTree {
         debug_assert!(
             self.inserted.is_empty() && self.removed.is_empty(),
             "a draft of a draft"
@@ -359,6 +373,7 @@ impl VmaTree {
             tree: unsafe { self.tree.draft() },
             inserted: SmallVec::new(),
             removed: SmallVec::new(),
+            lock_seq,
         }
     }
 
@@ -381,12 +396,49 @@ impl VmaTree {
             tree: view,
             inserted: SmallVec::new(),
             removed: SmallVec::new(),
+            lock_seq: None,
         };
         (version, garbage)
     }
 
+    /// `vma_start_write` for this draft's write section, if it has one.
+    fn start_write(&self, vma: &Vma) {
+        if let Some(seq) = self.lock_seq {
+            vma.vm_lock.start_write(seq);
+        }
+    }
+
+    /// Write-lock every VMA of the tree (fork's parent: `dup_mmap` locks
+    /// each VMA before it copies its page tables).
+    pub fn start_write_all(&self) {
+        for v in self.iter() {
+            self.start_write(v);
+        }
+    }
+
+    /// Write-lock the VMAs that intersect `[start, end)`.
+    pub fn start_write_range(&self, start: u64, end: u64) {
+        for v in self.range(start, end) {
+            self.start_write(v);
+        }
+    }
+
+    /// Whether every VMA this draft took out or put in is write-locked for
+    /// its section (for the publication's assertion).
+    pub(crate) fn edits_write_locked(&self) -> bool {
+        let Some(seq) = self.lock_seq else {
+            return true;
+        };
+        self.inserted
+            .iter()
+            .map(|v| &**v)
+            .chain(self.removed.iter().map(|v| &***v))
+            .all(|v| v.vm_lock.is_write_locked(seq))
+    }
+
     /// Take every VMA out (exit_mmap, and the end of an mm).
     pub fn remove_all(&mut self) {
+        self.start_write_all();
         self.removed.extend(self.tree.iter().cloned());
         self.tree.clear();
     }
@@ -446,6 +498,8 @@ impl VmaTree {
             self.find_vma_intersection(vma.start(), vma.end()).is_none(),
             "overlapping VMA {vma:?}"
         );
+        self.start_write(&vma);
+        vma.vm_lock.mark_attached();
         // SAFETY: the draft keeps the VMA's count in `inserted`.
         self.tree.insert(unsafe { TreeVma::lend(&vma) });
         self.inserted.push(vma);
@@ -459,6 +513,9 @@ impl VmaTree {
         // Removals first, so that the tree never holds overlapping VMAs
         // (its gap summaries assume none).
         let takes_place = |o: &Arc<Vma>| new.iter().any(|n| n.end() == o.end());
+        for o in old {
+            self.start_write(o);
+        }
         for o in old.iter().filter(|o| !takes_place(o)) {
             let gone = self.tree.remove(o.end() - 1);
             debug_assert!(
@@ -473,6 +530,8 @@ impl VmaTree {
             .into_iter()
             .partition(|n| old.iter().any(|o| o.end() == n.end()));
         for n in in_place {
+            self.start_write(&n);
+            n.vm_lock.mark_attached();
             // SAFETY: the draft keeps the VMA's count in `inserted`.
             let gone = self.tree.replace_at(unsafe { TreeVma::lend(&n) });
             debug_assert!(

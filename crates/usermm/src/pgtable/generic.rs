@@ -313,6 +313,15 @@ fn pmd_table_is_empty(mem: &PhysMem, table: Pfn) -> bool {
 // ---------------------------------------------------------------------------
 // PMD entries
 
+/// Why [`PmdSlot::pte_map_trylock`] did not lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TrylockFail {
+    /// The PMD no longer holds the table the walk read.
+    PmdChanged,
+    /// The PTE lock is held by someone else.
+    Contended,
+}
+
 /// Where a PMD entry lives (`pmd_t *`): its table and its index.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PmdSlot {
@@ -390,6 +399,46 @@ impl PmdSlot {
                 let _unhooked_anyway = r.put();
             }
         }
+    }
+
+    /// The locking half of the seed's `pte_map_lock`: lock the PTE table
+    /// this entry points to if the entry still equals `expected` (what a
+    /// lockless walk read), without waiting for the lock, and check the
+    /// entry again under it. The caller checks its sequence count around
+    /// this (see `VmFault::pte_map_lock`).
+    pub fn pte_map_trylock(
+        self,
+        mem: &PhysMem,
+        expected: Pmd,
+    ) -> Result<PteLocked<'_>, TrylockFail> {
+        let guard = epoch::pin();
+        let (pmd, table, pte_ref) = self.map_pte_table(mem).ok_or(TrylockFail::PmdChanged)?;
+        let put = |r: Option<&PteRef>| {
+            if let Some(r) = r {
+                // Whoever unhooked the table frees it, dead or not.
+                let _unhooked_anyway = r.put();
+            }
+        };
+        if pmd != expected {
+            put(pte_ref);
+            return Err(TrylockFail::PmdChanged);
+        }
+        let Some(ptl) = mem.page(table).ptl.try_lock() else {
+            put(pte_ref);
+            return Err(TrylockFail::Contended);
+        };
+        if self.get(mem) != expected {
+            drop(ptl);
+            put(pte_ref);
+            return Err(TrylockFail::PmdChanged);
+        }
+        Ok(PteLocked {
+            mem,
+            table,
+            pte_ref,
+            ptl: Some(ptl),
+            _pin: guard,
+        })
     }
 
     /// `__pte_offset_map`: the PMD value read, the PTE table it points to
@@ -476,7 +525,7 @@ impl PmdSlot {
 /// Does this PMD point to a PTE table (not none, not a huge leaf, not a
 /// non-present entry)?
 #[inline]
-fn pmd_is_table(pmd: Pmd) -> bool {
+pub fn pmd_is_table(pmd: Pmd) -> bool {
     !pmd.none() && pmd.0 & _PAGE_PSE == 0 && pmd.0 & _PAGE_PRESENT != 0
 }
 

@@ -18,7 +18,10 @@ pub mod swapops;
 pub mod walk;
 
 pub use entry::{Pgprot, Pmd, Pte};
-pub use generic::{Pgd, PmdLocked, PmdSlot, Ptdesc, PteLocked, PteMapped, PteRead, PteRefHeld};
+pub use generic::{
+    pmd_is_table, Pgd, PmdLocked, PmdSlot, Ptdesc, PteLocked, PteMapped, PteRead, PteRefHeld,
+    TrylockFail,
+};
 
 use crate::phys::{pg, Pfn, PhysMem};
 use crate::sync::{AtomicU64, Ordering};
