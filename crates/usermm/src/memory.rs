@@ -37,6 +37,7 @@
 use crate::errno::{Errno, KResult};
 use crate::huge_memory;
 use crate::machine::{OnCpu, ThpMode};
+use crate::mm::mmap_lock::MmLockSeq;
 use crate::mm::vma::{VM_HUGEPAGE, VM_MAYWRITE, VM_NOHUGEPAGE, VM_SHARED, VM_WRITE};
 use crate::mm::{Mm, MmCounter, Vma, NR_MM_COUNTERS};
 use crate::mmu_gather::MmuGather;
@@ -45,7 +46,7 @@ use crate::pgtable::{
     self, addr_end, Pmd, PmdSlot, Ptdesc, Pte, PteLocked, PteRead, PMD_SIZE, PUD_SIZE,
 };
 use crate::phys::AllocFlags;
-use crate::phys::{folio, Folio, Pfn, HPAGE_PMD_ORDER, PAGE_SHIFT, PAGE_SIZE};
+use crate::phys::{folio, Folio, Pfn, PhysMem, HPAGE_PMD_ORDER, PAGE_SHIFT, PAGE_SIZE};
 use crate::pt_reclaim::{ReclaimPath, ReclaimPt};
 use crate::rmap;
 use crate::rmap::{anon_vma_prepare, RmapFlags};
@@ -173,39 +174,101 @@ impl<'a> VmFault<'a> {
     }
 
     /// `pte_offset_map_lock` for a fault; for a speculative one, the seed's
-    /// `pte_map_lock` (and `pte_spinlock`): commit only if no mmap writer
-    /// began since the fault did (`..._SEQ1`), the PMD is still the one the
-    /// walk read (`..._PMD`, checked again under the lock as
-    /// `__pte_offset_map_lock` does since PT reclaim), and the PTE lock can
-    /// be had without waiting (`..._PTL`: a zap may hold it while it waits
-    /// for this CPU to take a flush), and again no writer (`..._SEQ2`).
+    /// `pte_map_lock` ([`SpfCommit::pte_map_lock`]), its aborts counted.
     /// Err(Raced) if the table went (non-speculative), Err(Retry) on abort.
     pub(crate) fn pte_map_lock(&self) -> Result<PteLocked<'a>, VmFaultResult> {
         let mm: &'a Arc<Mm> = self.mm;
         if !self.speculative() {
             return mm.pte_offset_map_lock(self.pmd).ok_or(VmFaultResult::Raced);
         }
-        let seq = &mm.mmap_lock.seq;
-        if !seq.read_check(self.seq) {
-            return Err(self.spf_abort(Event::SPF_ABORT_PTE_MAP_LOCK_SEQ1));
-        }
-        let pt = match self.pmd.pte_map_trylock(&mm.mem, self.orig_pmd) {
-            Ok(pt) => pt,
-            Err(pgtable::TrylockFail::PmdChanged) => {
-                return Err(self.spf_abort(Event::SPF_ABORT_PTE_MAP_LOCK_PMD))
-            }
-            Err(pgtable::TrylockFail::Contended) => {
-                return Err(self.spf_abort(Event::SPF_ABORT_PTE_MAP_LOCK_PTL))
-            }
-        };
-        if !seq.read_check(self.seq) {
-            return Err(self.spf_abort(Event::SPF_ABORT_PTE_MAP_LOCK_SEQ2));
-        }
-        Ok(pt)
+        let commit = SpfCommit::new(&mm.mmap_lock.seq, self.seq);
+        commit
+            .pte_map_lock(&mm.mem, self.pmd, self.orig_pmd)
+            .map_err(|why| self.spf_abort(why.event()))
     }
     #[inline]
     fn pte_idx(&self) -> usize {
         pgtable::pte_index(self.address)
+    }
+}
+
+/// Why a speculative fault could not commit (the seed's
+/// `SPF_ABORT_PTE_MAP_LOCK_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpfAbort {
+    /// An mmap writer began before the lock was tried.
+    Seq1,
+    /// The PMD no longer holds the table the walk read.
+    Pmd,
+    /// The PTE lock was held.
+    Ptl,
+    /// An mmap writer began while the lock was being taken.
+    Seq2,
+}
+
+impl SpfAbort {
+    /// Its vmstat counter.
+    pub fn event(self) -> Event {
+        match self {
+            SpfAbort::Seq1 => Event::SPF_ABORT_PTE_MAP_LOCK_SEQ1,
+            SpfAbort::Pmd => Event::SPF_ABORT_PTE_MAP_LOCK_PMD,
+            SpfAbort::Ptl => Event::SPF_ABORT_PTE_MAP_LOCK_PTL,
+            SpfAbort::Seq2 => Event::SPF_ABORT_PTE_MAP_LOCK_SEQ2,
+        }
+    }
+}
+
+/// The commit of a speculative fault: the `mm_lock_seq` section it began
+/// in. Model-checked in `tests/loom_spf.rs`.
+pub struct SpfCommit<'s> {
+    seq: &'s MmLockSeq,
+    start: u32,
+    /// Model checking only: skip the check after the lock is taken, to show
+    /// that the checker catches a commit into a range a writer unmapped.
+    #[cfg(loom)]
+    pub broken_skip_seq2: bool,
+}
+
+impl<'s> SpfCommit<'s> {
+    pub fn new(seq: &'s MmLockSeq, start: u32) -> SpfCommit<'s> {
+        SpfCommit {
+            seq,
+            start,
+            #[cfg(loom)]
+            broken_skip_seq2: false,
+        }
+    }
+
+    /// The seed's `pte_map_lock` (and `pte_spinlock`): lock the PTE table
+    /// under `pmd` only if no mmap writer began since the fault did
+    /// (`..._SEQ1`), the PMD is still `orig_pmd` (`..._PMD`, checked again
+    /// under the lock, as `__pte_offset_map_lock` does since PT reclaim
+    /// frees tables under mmap_lock for reading), the PTE lock can be had
+    /// without waiting (`..._PTL`: a zap may hold it while it waits for
+    /// this CPU to take a flush, and waiting would starve), and again no
+    /// writer (`..._SEQ2`). Once this returns the lock, a writer that
+    /// changes the range must take it too, after the fault is done.
+    pub fn pte_map_lock<'m>(
+        &self,
+        mem: &'m PhysMem,
+        pmd: PmdSlot,
+        orig_pmd: Pmd,
+    ) -> Result<PteLocked<'m>, SpfAbort> {
+        if !self.seq.read_check(self.start) {
+            return Err(SpfAbort::Seq1);
+        }
+        let pt = pmd.pte_map_trylock(mem, orig_pmd).map_err(|e| match e {
+            pgtable::TrylockFail::PmdChanged => SpfAbort::Pmd,
+            pgtable::TrylockFail::Contended => SpfAbort::Ptl,
+        })?;
+        #[cfg(loom)]
+        if self.broken_skip_seq2 {
+            return Ok(pt);
+        }
+        if !self.seq.read_check(self.start) {
+            return Err(SpfAbort::Seq2);
+        }
+        Ok(pt)
     }
 }
 

@@ -192,6 +192,11 @@ const VM_LOCK_SEQ_NONE: u32 = u32::MAX;
 pub struct VmaLock {
     vm_refcnt: AtomicU32,
     vm_lock_seq: AtomicU32,
+    /// Model checking only: take the reference without checking
+    /// `vm_lock_seq` again after it, to show that the checker catches a
+    /// reader inside a write section.
+    #[cfg(loom)]
+    pub broken_no_recheck: bool,
 }
 
 impl Default for VmaLock {
@@ -229,6 +234,8 @@ impl VmaLock {
         VmaLock {
             vm_refcnt: AtomicU32::new(0),
             vm_lock_seq: AtomicU32::new(VM_LOCK_SEQ_NONE),
+            #[cfg(loom)]
+            broken_no_recheck: false,
         }
     }
 
@@ -268,6 +275,10 @@ impl VmaLock {
         }
         self.inc_not_zero_limited()?;
         let guard = VmaReadGuard(self);
+        #[cfg(loom)]
+        if self.broken_no_recheck {
+            return Ok(guard);
+        }
         // With our reference held, a writer cannot lock the VMA unseen:
         // it stored vm_lock_seq before removing its offset, and our
         // increment (acquire) read the count after that removal.
@@ -379,7 +390,6 @@ impl VmaLock {
 /// The VMA is borrowed from the tree version `guard` pins (the kernel's
 /// RCU read section ends here; the model's pin lasts for the fault, so that
 /// no count is taken on the VMA beyond its lock).
-#[cfg(not(loom))]
 pub fn lock_vma_under_rcu<'g>(
     mm: &super::Mm,
     addr: u64,
