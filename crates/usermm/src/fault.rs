@@ -6,23 +6,29 @@
 //! tunable:
 //!
 //! * `vma_lock` (the default, v6.4+): `lock_vma_under_rcu` read-locks the
-//!   faulting VMA alone; a handler that cannot go on under it (no anon_vma
-//!   yet) returns [`VmFaultResult::Retry`] and the fault is taken again
-//!   under mmap_lock (`vma_lock_retry`), as is one whose VMA is being
-//!   changed (`vma_lock_abort`).
+//!   faulting VMA alone; a handler that cannot go on under it (an anon_vma
+//!   to make while mmap_lock cannot be had at once) returns
+//!   [`VmFaultResult::Retry`] and the fault is taken again under mmap_lock
+//!   (`vma_lock_retry`), as is one whose VMA is being changed
+//!   (`vma_lock_abort`).
 //! * `spf` (the seed): no lock at all. The fault reads `mm_lock_seq`, looks
 //!   its VMA up under an epoch pin, checks the count again (the VMA it read
 //!   is then the one a lock would have shown), walks the tables without
 //!   allocating, and commits only through `pte_map_lock`, which checks the
 //!   count once more under the PTE lock. Any abort redoes the fault under
-//!   mmap_lock (`spf_abort`, with the reason).
+//!   mmap_lock (`spf_abort`, with the reason). As in the seed, a writer
+//!   that changes a VMA's flags without touching its PTEs (MADV_HUGEPAGE)
+//!   does not stop a fault already past its last check from committing
+//!   what the old flags chose; every writer that changes PTEs takes their
+//!   lock after making the count odd, so none of its changes is lost.
 //! * `mmap_lock` (before v6.4): every fault takes mmap_lock for reading and
 //!   looks its VMA up under it (`lock_mm_and_find_vma`).
 //!
 //! In every mode the VMA is borrowed from the tree under an epoch pin held
 //! for the fault: no count is taken on it (nor on the mm), as the kernel
 //! takes none, so that the only shared cache lines a fault writes are those
-//! its mode's lock needs.
+//! its mode's lock needs. Those writes are counted per fault
+//! (`usermm_shared_line_writes`, see [`crate::cacheline`]).
 
 use crate::errno::{Errno, KResult};
 use crate::machine::OnCpu;
@@ -50,9 +56,13 @@ impl OnCpu<'_> {
     /// it would handle.
     pub(crate) fn do_user_addr_fault(&self, addr: u64, flags: FaultFlags) -> KResult<()> {
         self.kernel_enter();
+        crate::cacheline::fault_begin();
         let r = self
             .with_mm(|mm| self.handle_user_fault(mm, addr, flags | FaultFlags::USER))
             .unwrap_or(VmFaultResult::Sigsegv);
+        let shared = crate::cacheline::fault_end();
+        self.vmstat()
+            .count(self.id(), Event::SHARED_LINE_WRITES, shared);
         self.user_enter();
         match r {
             VmFaultResult::Done | VmFaultResult::Raced => Ok(()),

@@ -19,6 +19,7 @@
 //! Beside them, [`tunable`]: the named run-time switches that select an
 //! algorithm (the kernel's before and after a series).
 
+pub mod cacheline;
 pub mod errno;
 pub mod phys;
 pub mod sync;

@@ -200,7 +200,10 @@ pub enum SpfAbort {
     Seq1,
     /// The PMD no longer holds the table the walk read.
     Pmd,
-    /// The PTE lock was held.
+    /// The PTE lock was held. (The seed never waits for it: a zap may hold
+    /// it while it waits for a flush the speculating CPU, IRQs off, cannot
+    /// take. A model CPU in a fault takes no flush and makes no flusher wait,
+    /// so the trylock is kept for the seed's behaviour, not for safety.)
     Ptl,
     /// An mmap writer began while the lock was being taken.
     Seq2,
@@ -244,9 +247,7 @@ impl<'s> SpfCommit<'s> {
     /// (`..._SEQ1`), the PMD is still `orig_pmd` (`..._PMD`, checked again
     /// under the lock, as `__pte_offset_map_lock` does since PT reclaim
     /// frees tables under mmap_lock for reading), the PTE lock can be had
-    /// without waiting (`..._PTL`: a zap may hold it while it waits for
-    /// this CPU to take a flush, and waiting would starve), and again no
-    /// writer (`..._SEQ2`). Once this returns the lock, a writer that
+    /// without waiting (`..._PTL`), and again no writer (`..._SEQ2`). Once this returns the lock, a writer that
     /// changes the range must take it too, after the fault is done.
     pub fn pte_map_lock<'m>(
         &self,
@@ -314,7 +315,8 @@ fn thp_vma_suitable_order(vma: &Vma, addr: u64, order: u32) -> bool {
 }
 
 /// `handle_mm_fault`: the VMA contains `addr` and permits the access; the
-/// caller holds what keeps the VMA stable (mmap_lock for reading today).
+/// caller holds what keeps the VMA stable (mmap_lock for reading, or the
+/// VMA's read lock with [`FaultFlags::VMA_LOCK`]).
 pub fn handle_mm_fault<'a>(
     oncpu: &'a OnCpu<'a>,
     mm: &'a Arc<Mm>,
@@ -322,7 +324,6 @@ pub fn handle_mm_fault<'a>(
     addr: u64,
     flags: FaultFlags,
 ) -> VmFaultResult {
-    oncpu.vmstat().count(oncpu.id(), Event::PGFAULT, 1);
     let pmd = match mm.pmd_alloc(addr, oncpu.id()) {
         Ok(slot) => slot,
         Err(e) => return e.into(),
@@ -339,7 +340,16 @@ pub fn handle_mm_fault<'a>(
         orig_pte: Pte(0),
         seq: 0,
     };
-    __handle_mm_fault(&mut vmf)
+    mm_account_fault(oncpu, __handle_mm_fault(&mut vmf))
+}
+
+/// `mm_account_fault`: a fault that completed (not retried, not an error)
+/// counts in `pgfault`, once however many tries it took.
+fn mm_account_fault(oncpu: &OnCpu, r: VmFaultResult) -> VmFaultResult {
+    if r.handled() {
+        oncpu.vmstat().count(oncpu.id(), Event::PGFAULT, 1);
+    }
+    r
 }
 
 /// `handle_mm_fault` with `FAULT_FLAG_SPECULATIVE` (the seed): no lock is
@@ -378,8 +388,7 @@ pub fn handle_mm_fault_speculative<'a>(
     if !pgtable::pmd_is_table(vmf.orig_pmd) {
         return vmf.spf_abort(Event::SPF_ABORT_PMD);
     }
-    oncpu.vmstat().count(oncpu.id(), Event::PGFAULT, 1);
-    handle_pte_fault(&mut vmf)
+    mm_account_fault(oncpu, handle_pte_fault(&mut vmf))
 }
 
 /// `__handle_mm_fault` below the PMD allocation: the huge paths, then the
@@ -540,8 +549,10 @@ fn do_swap_page(vmf: &mut VmFault<'_>) -> VmFaultResult {
 
 /// `vmf_anon_prepare`: the VMA's anon_vma, made if it has none yet. Making
 /// one looks at the neighbouring VMAs, which a fault under a VMA lock has
-/// not locked: it gives up and is taken again under mmap_lock
-/// (`VM_FAULT_RETRY`); a speculative fault aborts (`SPF_ABORT_ANON_VMA`).
+/// not locked: it takes mmap_lock for reading too if it can without
+/// waiting, else it gives up and is taken again under mmap_lock
+/// (`VM_FAULT_RETRY`; v6.10+, before which it always gave up). A
+/// speculative fault aborts (the seed's `SPF_ABORT_ANON_VMA`).
 pub(crate) fn vmf_anon_prepare(vmf: &VmFault<'_>) -> Result<(), VmFaultResult> {
     if vmf.vma.anon_vma().is_some() {
         return Ok(());
@@ -549,9 +560,11 @@ pub(crate) fn vmf_anon_prepare(vmf: &VmFault<'_>) -> Result<(), VmFaultResult> {
     if vmf.speculative() {
         return Err(vmf.spf_abort(Event::SPF_ABORT_ANON_VMA));
     }
-    if vmf.flags.contains(FaultFlags::VMA_LOCK) {
-        return Err(VmFaultResult::Retry);
-    }
+    let _mmap = if vmf.flags.contains(FaultFlags::VMA_LOCK) {
+        Some(vmf.mm.mmap_lock.try_read().ok_or(VmFaultResult::Retry)?)
+    } else {
+        None
+    };
     anon_vma_prepare(vmf.mm, vmf.vma);
     Ok(())
 }

@@ -173,6 +173,9 @@ pub(crate) fn split_vma(
         return Err(Errno::ENOMEM);
     }
     debug_assert!(vma.start() < addr && addr < vma.end());
+    // Locked before the huge PMD across the split point is split
+    // (`__split_vma`: vma_start_write, then vma_adjust_trans_huge).
+    tree.start_write(vma);
     vma_adjust_trans_huge(oncpu, mm, addr);
     let lower = vma_dup(vma, vma.start(), addr, vma.flags());
     let upper = vma_dup(vma, addr, vma.end(), vma.flags());
@@ -247,6 +250,7 @@ pub(crate) fn vma_modify_flags(
         return Err(Errno::ENOMEM);
     }
     let mut pieces = Vec::with_capacity(3);
+    tree.start_write(&vma);
     if lower {
         vma_adjust_trans_huge(oncpu, mm, start);
         pieces.push(vma_dup(&vma, vma.start(), start, vma.flags()));

@@ -88,6 +88,10 @@ impl<'a> MmuGather<'a> {
     }
 
     fn init(mm: &'a Arc<Mm>, fullmm: bool) -> Self {
+        // The kernel calls update_hiwater_rss right after tlb_gather_mmu on
+        // each path that lowers RSS (unmap_region, the madvise zaps,
+        // try_to_unmap); every such path of the model starts here.
+        mm.update_hiwater_rss();
         mm.inc_tlb_flush_pending();
         MmuGather {
             mm,

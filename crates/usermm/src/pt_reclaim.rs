@@ -306,10 +306,13 @@ pub fn try_to_free_pmd_tables(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64)
             let table_start = addr & !(PUD_SIZE - 1);
             tree.start_write_range(table_start, table_start.saturating_add(PUD_SIZE));
             // SAFETY: mmap_lock is held for writing and every VMA over the
-            // table is write-locked, so no fault (under either lock) or
-            // software walker holds an entry of it; speculative faults
-            // hold no slot past a check of mm_lock_seq, which this write
-            // section has moved on.
+            // table is write-locked, so no fault under either lock and no
+            // software walker holds an entry of it. A speculative fault may
+            // still hold a slot into it, but only reads through it (it
+            // never writes a PMD entry), under an epoch pin that keeps the
+            // table's memory until the fault is done, and its commit
+            // rechecks the entry under the lock and mm_lock_seq, which this
+            // write section has moved on: it aborts.
             let table = unsafe {
                 mm.pgd
                     .try_unhook_empty_pmd_table(&mm.mem, &mm.page_table_lock, addr)

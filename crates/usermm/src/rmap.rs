@@ -231,7 +231,7 @@ pub fn folio_add_new_anon_rmap(
         head.large_mapcount.store(0, Ordering::Relaxed);
         head.nr_pages_mapped
             .store(ENTIRELY_MAPPED, Ordering::Relaxed);
-        mem.vmstat.mod_node(NodeStat::NR_ANON_THPS, nr as i64);
+        mem.mod_node_state(NodeStat::NR_ANON_THPS, nr as i64);
     } else {
         for i in 0..nr as u64 {
             mem.page(folio.pfn() + i)
@@ -252,7 +252,7 @@ pub fn folio_add_new_anon_rmap(
     if folio.is_large(mem) {
         mem.vmstat.mod_mthp(folio.order(mem), MthpStat::NR_ANON, 1);
     }
-    mem.vmstat.mod_node(NodeStat::NR_ANON_MAPPED, nr as i64);
+    mem.mod_node_state(NodeStat::NR_ANON_MAPPED, nr as i64);
 }
 
 /// `folio_add_anon_rmap_ptes`: `nr` more PTE mappings of pages
@@ -280,7 +280,7 @@ pub fn folio_add_anon_rmap_ptes(mem: &PhysMem, folio: Folio, page: Pfn, nr: u64,
             first = 0; // already counted as mapped through the PMD
         }
     }
-    mem.vmstat.mod_node(NodeStat::NR_ANON_MAPPED, first);
+    mem.mod_node_state(NodeStat::NR_ANON_MAPPED, first);
 }
 
 /// `folio_try_dup_anon_rmap_ptes` (fork): the child maps `page..page+nr`
@@ -352,7 +352,7 @@ pub fn folio_remove_rmap_ptes(mem: &PhysMem, folio: Folio, page: Pfn, nr: u64, c
             deferred_split_folio(mem, folio, cpu);
         }
     }
-    mem.vmstat.mod_node(NodeStat::NR_ANON_MAPPED, -unmapped);
+    mem.mod_node_state(NodeStat::NR_ANON_MAPPED, -unmapped);
 }
 
 /// `folio_add_anon_rmap_pmd`. A PMD mapping's PageAnonExclusive lives on
@@ -367,9 +367,8 @@ pub fn folio_add_anon_rmap_pmd(mem: &PhysMem, folio: Folio, flags: RmapFlags) {
         let before = head
             .nr_pages_mapped
             .fetch_add(ENTIRELY_MAPPED, Ordering::Relaxed);
-        mem.vmstat
-            .mod_node(NodeStat::NR_ANON_MAPPED, nr - (before & FOLIO_PAGES_MAPPED));
-        mem.vmstat.mod_node(NodeStat::NR_ANON_THPS, nr);
+        mem.mod_node_state(NodeStat::NR_ANON_MAPPED, nr - (before & FOLIO_PAGES_MAPPED));
+        mem.mod_node_state(NodeStat::NR_ANON_THPS, nr);
     }
     if exclusive {
         set_page_anon_exclusive(mem, folio.pfn());
@@ -387,8 +386,8 @@ pub fn folio_remove_rmap_pmd(mem: &PhysMem, folio: Folio, cpu: usize) {
             .fetch_sub(ENTIRELY_MAPPED, Ordering::Relaxed)
             - ENTIRELY_MAPPED;
         let unmapped = nr - after;
-        mem.vmstat.mod_node(NodeStat::NR_ANON_MAPPED, -unmapped);
-        mem.vmstat.mod_node(NodeStat::NR_ANON_THPS, -nr);
+        mem.mod_node_state(NodeStat::NR_ANON_MAPPED, -unmapped);
+        mem.mod_node_state(NodeStat::NR_ANON_THPS, -nr);
         // Partially mapped: some page is no longer mapped at all, and some
         // still is (by a PTE). A PMD split that maps every page by a PTE
         // first unmaps nothing, and queues nothing.

@@ -204,8 +204,8 @@ pub const TUNABLES: [TunableInfo; 5] = [
                 name: "vma_lock",
                 description: "the faulting VMA read-locked (`lock_vma_under_rcu`, \
                     the `vm_refcnt` form of v6.15), mmap_lock where the kernel \
-                    falls back: no anon_vma yet, a VMA being changed (v6.4 and \
-                    later)",
+                    falls back: a VMA being changed, an anon_vma to make while \
+                    mmap_lock is held by another (v6.4 and later)",
             },
         ],
         default: 2,

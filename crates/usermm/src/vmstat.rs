@@ -5,7 +5,11 @@
 //! Events are per-CPU, as in the kernel: each CPU adds to its own slots with
 //! relaxed atomics (no cache line is shared between writers) and a reader sums
 //! them, so a sum taken while CPUs run is a snapshot, not an instant.
-//! Node statistics are machine-wide signed atomics.
+//! Node statistics are per-CPU too (the kernel's per-CPU `vm_node_stat_diff`),
+//! summed on read; the kernel folds each CPU's diff into the node's count
+//! past a threshold and reads the count alone, so its reads are approximate
+//! where the model's are exact, and its writers touch the shared count every
+//! threshold-many changes where the model's never do.
 
 use serde::Serialize;
 
@@ -80,6 +84,7 @@ counters! {
         SPF_ATTEMPT_ANON => "SPF_ATTEMPT_ANON",
         SPF_ATTEMPT_PTE => "SPF_ATTEMPT_PTE",
         SPF_ATTEMPT_WP => "SPF_ATTEMPT_WP",
+        SHARED_LINE_WRITES => "usermm_shared_line_writes",
     }
 }
 
@@ -130,10 +135,15 @@ pub const MTHP_ORDERS: usize = 10;
 #[repr(align(128))]
 struct CpuEvents([AtomicU64; Event::COUNT]);
 
+#[repr(align(128))]
+struct CpuNodeStats([AtomicI64; NodeStat::COUNT]);
+
 pub struct VmStat {
     /// One row per CPU, plus a last row for work done on no CPU.
     events: Box<[CpuEvents]>,
-    node: [AtomicI64; NodeStat::COUNT],
+    /// Likewise for the node statistics; the last row is written with
+    /// atomic adds, by any thread that plays no CPU.
+    node: Box<[CpuNodeStats]>,
     mthp: [[AtomicI64; MthpStat::COUNT]; MTHP_ORDERS],
 }
 
@@ -143,7 +153,9 @@ impl VmStat {
             events: (0..=nr_cpus)
                 .map(|_| CpuEvents(std::array::from_fn(|_| AtomicU64::new(0))))
                 .collect(),
-            node: std::array::from_fn(|_| AtomicI64::new(0)),
+            node: (0..=nr_cpus)
+                .map(|_| CpuNodeStats(std::array::from_fn(|_| AtomicI64::new(0))))
+                .collect(),
             mthp: std::array::from_fn(|_| std::array::from_fn(|_| AtomicI64::new(0))),
         }
     }
@@ -176,13 +188,30 @@ impl VmStat {
         self.events[cpu].0[item as usize].load(Ordering::Relaxed)
     }
 
+    /// A node statistic changes, from work on no CPU.
     #[inline]
     pub fn mod_node(&self, item: NodeStat, delta: i64) {
-        self.node[item as usize].fetch_add(delta, Ordering::Relaxed);
+        self.mod_node_on(usize::MAX, item, delta);
+    }
+
+    /// A node statistic changes on `cpu` (out of range: no CPU).
+    #[inline]
+    pub fn mod_node_on(&self, cpu: usize, item: NodeStat, delta: i64) {
+        let last = self.node.len() - 1;
+        if cpu >= last {
+            self.node[last].0[item as usize].fetch_add(delta, Ordering::Relaxed);
+            return;
+        }
+        // Only the thread playing `cpu` writes its row.
+        let slot = &self.node[cpu].0[item as usize];
+        slot.store(slot.load(Ordering::Relaxed) + delta, Ordering::Relaxed);
     }
 
     pub fn node(&self, item: NodeStat) -> i64 {
-        self.node[item as usize].load(Ordering::Relaxed)
+        self.node
+            .iter()
+            .map(|r| r.0[item as usize].load(Ordering::Relaxed))
+            .sum()
     }
 
     #[inline]

@@ -55,6 +55,7 @@
 //! removal of the offset is a release, so a reader whose increment reads the
 //! value after it sees the `vm_lock_seq` the writer stored.
 
+use crate::cacheline::LineWriters;
 use crate::sync::checked::{fence, AtomicU32};
 use crate::sync::{Ordering, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -64,6 +65,8 @@ use crate::sync::{Ordering, RwLock, RwLockReadGuard, RwLockWriteGuard};
 pub struct MmapLock {
     sem: RwLock<()>,
     pub seq: MmLockSeq,
+    /// Who writes the semaphore's word (every lock and unlock does).
+    line: LineWriters,
 }
 
 impl MmapLock {
@@ -71,14 +74,30 @@ impl MmapLock {
         MmapLock::default()
     }
 
+    /// `mmap_read_trylock`.
+    pub fn try_read(&self) -> Option<MmapReadGuard<'_>> {
+        let held = self.sem.try_read()?;
+        self.line.write();
+        Some(MmapReadGuard {
+            line: &self.line,
+            _held: held,
+        })
+    }
+
     /// `mmap_read_lock`.
-    pub fn read(&self) -> RwLockReadGuard<'_, ()> {
-        self.sem.read()
+    pub fn read(&self) -> MmapReadGuard<'_> {
+        let held = self.sem.read();
+        self.line.write();
+        MmapReadGuard {
+            line: &self.line,
+            _held: held,
+        }
     }
 
     /// `mmap_write_lock`: the lock, then the count made odd.
     pub fn write(&self) -> MmapWriteGuard<'_> {
         let held = self.sem.write();
+        self.line.write();
         self.seq.write_begin();
         MmapWriteGuard {
             lock: self,
@@ -107,10 +126,14 @@ impl<'a> MmapWriteGuard<'a> {
 
     /// `mmap_write_downgrade`: every VMA is unlocked, the lock stays held
     /// for reading.
-    pub fn downgrade(mut self) -> RwLockReadGuard<'a, ()> {
+    pub fn downgrade(mut self) -> MmapReadGuard<'a> {
         let held = self.held.take().expect("held until dropped");
         self.lock.seq.write_end();
-        RwLockWriteGuard::downgrade(held)
+        self.lock.line.write();
+        MmapReadGuard {
+            line: &self.lock.line,
+            _held: RwLockWriteGuard::downgrade(held),
+        }
     }
 }
 
@@ -119,8 +142,22 @@ impl Drop for MmapWriteGuard<'_> {
     fn drop(&mut self) {
         if let Some(held) = self.held.take() {
             self.lock.seq.write_end();
+            self.lock.line.write();
             drop(held);
         }
+    }
+}
+
+/// mmap_lock held for reading; `mmap_read_unlock` when dropped.
+#[must_use = "mmap_lock is released as soon as the guard is dropped"]
+pub struct MmapReadGuard<'a> {
+    line: &'a LineWriters,
+    _held: RwLockReadGuard<'a, ()>,
+}
+
+impl Drop for MmapReadGuard<'_> {
+    fn drop(&mut self) {
+        self.line.write();
     }
 }
 
@@ -192,6 +229,8 @@ const VM_LOCK_SEQ_NONE: u32 = u32::MAX;
 pub struct VmaLock {
     vm_refcnt: AtomicU32,
     vm_lock_seq: AtomicU32,
+    /// Who writes `vm_refcnt` (each reader's lock and unlock do).
+    line: LineWriters,
     /// Model checking only: take the reference without checking
     /// `vm_lock_seq` again after it, to show that the checker catches a
     /// reader inside a write section.
@@ -234,6 +273,7 @@ impl VmaLock {
         VmaLock {
             vm_refcnt: AtomicU32::new(0),
             vm_lock_seq: AtomicU32::new(VM_LOCK_SEQ_NONE),
+            line: LineWriters::new(),
             #[cfg(loom)]
             broken_no_recheck: false,
         }
@@ -306,7 +346,10 @@ impl VmaLock {
                 Ordering::Acquire,
                 Ordering::Relaxed,
             ) {
-                Ok(_) => return Ok(()),
+                Ok(_) => {
+                    self.line.write();
+                    return Ok(());
+                }
                 Err(cur) => old = cur,
             }
         }
@@ -318,6 +361,7 @@ impl VmaLock {
         // Release: what the reader did happens before a writer that sees
         // the count drop.
         let old = self.vm_refcnt.fetch_sub(1, Ordering::Release);
+        self.line.write();
         debug_assert!(old & VMA_REF_LIMIT != 0, "vm_refcnt underflow");
     }
 
@@ -344,6 +388,7 @@ impl VmaLock {
     /// readers that took a reference just before they saw it locked.
     pub fn mark_detached(&self) {
         let old = self.vm_refcnt.fetch_sub(1, Ordering::AcqRel);
+        self.line.write();
         debug_assert!(old != 0, "a VMA detached twice");
         if old != 1 && self.enter_locked(true) {
             let detached = self.exit_locked();
@@ -370,6 +415,7 @@ impl VmaLock {
                 Err(cur) => old = cur,
             }
         }
+        self.line.write();
         // Acquire: pairs with the readers' release in refcount_put.
         crate::sync::spin_until(|| self.vm_refcnt.load(Ordering::Acquire) == target);
         true
@@ -379,7 +425,9 @@ impl VmaLock {
     fn exit_locked(&self) -> bool {
         // Release: a reader whose increment reads the result sees the
         // vm_lock_seq stored before.
-        self.vm_refcnt.fetch_sub(VMA_LOCK_OFFSET, Ordering::AcqRel) == VMA_LOCK_OFFSET
+        let old = self.vm_refcnt.fetch_sub(VMA_LOCK_OFFSET, Ordering::AcqRel);
+        self.line.write();
+        old == VMA_LOCK_OFFSET
     }
 }
 

@@ -13,8 +13,10 @@
 //! * The PMD lock (in the PMD table frame's descriptor) guards a PMD table's
 //!   entries; the PTE lock (in the PTE table frame's descriptor) guards a PTE
 //!   table's entries. Order: mmap_lock, then PMD lock, then PTE lock.
-//! * RSS counters and `pgtables_bytes` are atomics; the walkers batch RSS
-//!   changes per PTE table, as the kernel's `add_mm_rss_vec` does.
+//! * RSS counters are per-CPU counters folded into a global part past a
+//!   batch (`percpu_counter`, v6.2+); `pgtables_bytes` is an atomic; the
+//!   walkers batch RSS changes per PTE table, as the kernel's
+//!   `add_mm_rss_vec` does.
 
 pub mod interval_tree;
 pub mod mmap_lock;
@@ -27,9 +29,10 @@ use crate::sync::epoch::{self, Atomic, Guard, Owned, Shared};
 
 pub use vma::{AnonVma, Vma, VmaTree};
 
+use crate::cacheline::LineWriters;
 use crate::errno::{Errno, KResult};
 use crate::phys::{PhysMem, PAGE_SHIFT, PAGE_SIZE};
-use crate::sync::{Arc, AtomicI32, AtomicI64, AtomicU64, Ordering, SpinLock};
+use crate::sync::{Arc, AtomicI32, AtomicI64, AtomicU64, CachePadded, Ordering, SpinLock};
 
 /// `TASK_SIZE` for 47-bit user addresses (the top page is never mapped).
 pub const TASK_SIZE: u64 = (1 << 47) - PAGE_SIZE;
@@ -54,6 +57,66 @@ pub const NR_MM_COUNTERS: usize = 4;
 
 static MM_ID: AtomicU64 = AtomicU64::new(1);
 
+/// `mm->rss_stat`: one `percpu_counter` per [`MmCounter`] (v6.2+), so that
+/// a fault writes its own CPU's line and touches the shared one only when
+/// its part passes the batch.
+struct RssStat {
+    /// The global parts (`fbc->count`), and who folds into them.
+    global: CachePadded<([AtomicI64; NR_MM_COUNTERS], LineWriters)>,
+    /// Each CPU's part, written only by the thread playing that CPU.
+    pcpu: Box<[CachePadded<[AtomicI64; NR_MM_COUNTERS]>]>,
+    /// `percpu_counter_batch`: max(32, 2 * CPUs).
+    batch: i64,
+}
+
+impl RssStat {
+    fn new(nr_cpus: usize) -> RssStat {
+        RssStat {
+            global: CachePadded::new((
+                std::array::from_fn(|_| AtomicI64::new(0)),
+                LineWriters::new(),
+            )),
+            pcpu: (0..nr_cpus)
+                .map(|_| CachePadded::new(std::array::from_fn(|_| AtomicI64::new(0))))
+                .collect(),
+            batch: (2 * nr_cpus as i64).max(32),
+        }
+    }
+
+    /// `percpu_counter_add_batch` on `cpu` ([`crate::sync::NO_CPU`]: the
+    /// global part at once). The kernel folds under `fbc->lock`; here one
+    /// atomic add does, counted as one write of the shared line.
+    #[inline]
+    fn add(&self, c: MmCounter, delta: i64, cpu: usize) {
+        let (global, line) = &*self.global;
+        let Some(row) = self.pcpu.get(cpu) else {
+            global[c as usize].fetch_add(delta, Ordering::Relaxed);
+            line.write();
+            return;
+        };
+        let slot = &row[c as usize];
+        // Only this CPU writes its part: a load and a store, as this_cpu_add.
+        let v = slot.load(Ordering::Relaxed) + delta;
+        if v.abs() >= self.batch {
+            global[c as usize].fetch_add(v, Ordering::Relaxed);
+            line.write();
+            slot.store(0, Ordering::Relaxed);
+        } else {
+            slot.store(v, Ordering::Relaxed);
+        }
+    }
+
+    /// `percpu_counter_sum`.
+    fn sum(&self, c: MmCounter) -> i64 {
+        self.global.0[c as usize].load(Ordering::Relaxed)
+            + self
+                .pcpu
+                .iter()
+                .map(|r| r[c as usize].load(Ordering::Relaxed))
+                .sum::<i64>()
+    }
+}
+
 /// `struct mm_struct`.
 pub struct Mm {
     /// Identifies the address space in TLB tags (an ASID/PCID stand-in).
@@ -64,12 +127,14 @@ pub struct Mm {
     /// The node its PGD came from (its creating CPU's). Faults allocate on
     /// the faulting CPU's node instead (the default local policy).
     pub home_node: usize,
-    pub mmap_lock: MmapLock,
+    /// On a cache line of its own: every lock and unlock writes it, and
+    /// faults read the fields beside it.
+    pub mmap_lock: CachePadded<MmapLock>,
     tree: Atomic<VmaTree>,
     pub page_table_lock: SpinLock,
     /// `mm->pgtables_bytes`: PTE, PMD and PUD tables (the PGD is not counted).
     pub pgtables_bytes: AtomicI64,
-    rss: [AtomicI64; NR_MM_COUNTERS],
+    rss: RssStat,
     /// `mm->hiwater_rss`, in pages.
     pub hiwater_rss: AtomicI64,
     /// `mm_cpumask`: CPUs that have this address space loaded.
@@ -128,16 +193,17 @@ impl Mm {
     /// `mm_alloc` + `mm_init`: an empty address space with its PGD.
     pub fn new(mem: Arc<PhysMem>, home_node: usize, cpu: usize) -> KResult<Arc<Mm>> {
         let pgd = crate::pgtable::Pgd::alloc(&mem, home_node, cpu).ok_or(Errno::ENOMEM)?;
+        let mem_cpus = mem.vmstat.no_cpu();
         Ok(Arc::new(Mm {
             id: MM_ID.fetch_add(1, Ordering::Relaxed),
             mem,
             pgd,
             home_node,
-            mmap_lock: MmapLock::new(),
+            mmap_lock: CachePadded::new(MmapLock::new()),
             tree: Atomic::new(VmaTree::default()),
             page_table_lock: SpinLock::new(),
             pgtables_bytes: AtomicI64::new(0),
-            rss: std::array::from_fn(|_| AtomicI64::new(0)),
+            rss: RssStat::new(mem_cpus),
             hiwater_rss: AtomicI64::new(0),
             cpumask: crate::sync::checked::AtomicU64::new(0),
             tlb_gen: crate::sync::checked::AtomicU64::new(1),
@@ -207,22 +273,28 @@ impl Mm {
         self.vma_tree(&epoch::pin()).len()
     }
 
+    /// `get_mm_counter_sum`: the exact count (the global part and every
+    /// CPU's); a snapshot while CPUs change it.
     #[inline]
     pub fn get_rss(&self, c: MmCounter) -> i64 {
-        self.rss[c as usize].load(Ordering::Relaxed)
+        self.rss.sum(c)
     }
 
-    /// `add_mm_counter`.
+    /// `add_mm_counter`: on the calling CPU's part of the counter
+    /// (`percpu_counter_add`), folded into the global part past the batch.
     #[inline]
     pub fn add_rss(&self, c: MmCounter, delta: i64) {
         if delta != 0 {
-            let new = self.rss[c as usize].fetch_add(delta, Ordering::Relaxed) + delta;
-            debug_assert!(new >= 0, "{self:?}: rss {c:?} went negative");
-            if delta > 0 {
-                let total = self.rss_pages();
-                self.hiwater_rss.fetch_max(total, Ordering::Relaxed);
-            }
+            let cpu = crate::sync::this_cpu(self.mem.machine_id());
+            self.rss.add(c, delta, cpu);
         }
+    }
+
+    /// `update_hiwater_rss`: raise the high-water mark to the RSS now
+    /// (before RSS is lowered: the mark is not kept on every fault).
+    pub fn update_hiwater_rss(&self) {
+        self.hiwater_rss
+            .fetch_max(self.rss_pages(), Ordering::Relaxed);
     }
 
     /// `add_mm_rss_vec`.

@@ -51,7 +51,7 @@ use smallvec::SmallVec;
 
 use crate::pgtable::Pgprot;
 use crate::phys::PAGE_SHIFT;
-use crate::sync::{Arc, Mutex};
+use crate::sync::{Arc, CachePadded, Mutex};
 
 use super::mmap_lock::VmaLock;
 use crate::tree::{Entry, NodeRef, Retired, Tree};
@@ -108,8 +108,10 @@ pub struct Vma {
     /// its ancestors'), so that it can be unlinked from them all.
     pub anon_vma_chain: Mutex<Vec<AnonVmaChain>>,
     /// `vm_refcnt` and `vm_lock_seq`: the per-VMA lock, whose count is 0
-    /// while the VMA is out of the tree.
-    pub vm_lock: VmaLock,
+    /// while the VMA is out of the tree. On a cache line of its own, as the
+    /// kernel's `vm_refcnt` is (`____cacheline_aligned_in_smp`): faults in
+    /// the VMA write it and read the fields above.
+    pub vm_lock: CachePadded<VmaLock>,
 }
 
 impl std::fmt::Debug for Vma {
@@ -135,7 +137,7 @@ impl Vma {
             vm_flags: flags,
             anon_vma: OnceLock::new(),
             anon_vma_chain: Mutex::new(Vec::new()),
-            vm_lock: VmaLock::new(),
+            vm_lock: CachePadded::new(VmaLock::new()),
         }
     }
 
@@ -402,7 +404,7 @@ impl VmaTree {
     }
 
     /// `vma_start_write` for this draft's write section, if it has one.
-    fn start_write(&self, vma: &Vma) {
+    pub fn start_write(&self, vma: &Vma) {
         if let Some(seq) = self.lock_seq {
             vma.vm_lock.start_write(seq);
         }

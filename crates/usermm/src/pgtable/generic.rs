@@ -415,8 +415,11 @@ impl PmdSlot {
         let (pmd, table, pte_ref) = self.map_pte_table(mem).ok_or(TrylockFail::PmdChanged)?;
         let put = |r: Option<&PteRef>| {
             if let Some(r) = r {
-                // Whoever unhooked the table frees it, dead or not.
-                let _unhooked_anyway = r.put();
+                // If the table was unhooked, whoever did frees it; if it is
+                // still hooked (the lock was contended) and this was its
+                // last reference, it is dead and the next walker of its
+                // range frees it (here, the fault redone under mmap_lock).
+                let _freed_by_another = r.put();
             }
         };
         if pmd != expected {

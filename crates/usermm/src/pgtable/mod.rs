@@ -122,8 +122,7 @@ fn table_alloc(mem: &PhysMem, nid: usize, cpu: usize) -> Option<Pfn> {
         },
     )?;
     mem.page(pfn).set(pg::TABLE);
-    mem.vmstat
-        .mod_node(crate::vmstat::NodeStat::NR_PAGETABLE, 1);
+    mem.mod_node_state(crate::vmstat::NodeStat::NR_PAGETABLE, 1);
     Some(pfn)
 }
 
@@ -184,8 +183,7 @@ fn table_free(mem: &PhysMem, pfn: Pfn, cpu: usize) {
         !page.ptl.is_locked(),
         "freeing table {pfn:#x} with its lock held"
     );
-    mem.vmstat
-        .mod_node(crate::vmstat::NodeStat::NR_PAGETABLE, -1);
+    mem.mod_node_state(crate::vmstat::NodeStat::NR_PAGETABLE, -1);
     crate::phys::Folio(pfn).put(mem, cpu);
 }
 

@@ -247,6 +247,14 @@ impl PhysMem {
         self.rcu_pending.load(crate::sync::Ordering::Acquire)
     }
 
+    /// `mod_node_page_state`: a node statistic changes, on the calling
+    /// CPU's part of it.
+    #[inline]
+    pub fn mod_node_state(&self, item: crate::vmstat::NodeStat, delta: i64) {
+        let cpu = crate::sync::this_cpu(self.machine_id());
+        self.vmstat.mod_node_on(cpu, item, delta);
+    }
+
     /// An identity of this machine's memory, unique while it lives (for
     /// [`crate::sync::this_cpu`]).
     #[inline]

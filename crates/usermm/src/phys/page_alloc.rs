@@ -22,7 +22,8 @@
 
 use super::memmap::{pg, LIST_NONE};
 use super::{Node, Pfn, PhysMem, MAX_PAGE_ORDER, NODE_PFN_SHIFT};
-use crate::sync::{AtomicU64, Mutex, Ordering};
+use crate::cacheline::LineWriters;
+use crate::sync::{AtomicU64, CachePadded, Mutex, Ordering};
 use crate::vmstat::Event;
 
 const NR_ORDERS: usize = MAX_PAGE_ORDER as usize + 1;
@@ -79,9 +80,12 @@ pub struct Zone {
     free_area: Mutex<FreeArea>,
     /// `NR_FREE_PAGES`: pages in the buddy lists (pcp pages excluded).
     nr_free: AtomicU64,
-    /// Pages sitting on pcp lists.
-    nr_pcp: AtomicU64,
-    pcp: Box<[Mutex<PerCpuPages>]>,
+    /// Each CPU's lists, on a cache line of its own (the kernel's are
+    /// per-CPU memory): a fault takes its page from here without touching
+    /// a line another CPU writes, save when a refill takes the zone lock.
+    pcp: Box<[CachePadded<Mutex<PerCpuPages>>]>,
+    /// Who takes the zone lock (the pcp refills and drains do).
+    line: LineWriters,
     /// `_watermark[WMARK_MIN..=WMARK_HIGH]`, in pages.
     pub watermark: [u64; 3],
 }
@@ -110,16 +114,16 @@ impl Zone {
                 nr_free: [0; NR_ORDERS],
             }),
             nr_free: AtomicU64::new(0),
-            nr_pcp: AtomicU64::new(0),
             pcp: (0..=nr_cpus)
-                .map(|_| Mutex::new(PerCpuPages::default()))
+                .map(|_| CachePadded::new(Mutex::new(PerCpuPages::default())))
                 .collect(),
+            line: LineWriters::new(),
             watermark: [min, min + step, min + 2 * step],
         }
     }
 
     pub fn nr_free_pages(&self) -> u64 {
-        self.nr_free.load(Ordering::Relaxed) + self.nr_pcp.load(Ordering::Relaxed)
+        self.nr_free.load(Ordering::Relaxed) + self.pcp.iter().map(|p| p.lock().count).sum::<u64>()
     }
 
     /// Pages in the buddy lists only (`NR_FREE_PAGES`).
@@ -272,6 +276,7 @@ impl PhysMem {
             let mut pcp = zone.pcp[cpu.min(zone.pcp.len() - 1)].lock();
             if pcp.lists[idx].is_empty() {
                 let mut area = zone.free_area.lock();
+                zone.line.write();
                 if !zone.watermark_ok(&area, order, WMARK_MIN) {
                     return None;
                 }
@@ -287,17 +292,20 @@ impl PhysMem {
                     self.page(node.start_pfn() + off as u64).set(pg::PCP);
                     pcp.lists[idx].push(off);
                     pcp.count += 1 << order;
-                    zone.nr_pcp.fetch_add(1 << order, Ordering::Relaxed);
                 }
+                // The unlock, as the guard drops.
+                zone.line.write();
             }
             let off = pcp.lists[idx].pop()?;
             pcp.count -= 1 << order;
-            zone.nr_pcp.fetch_sub(1 << order, Ordering::Relaxed);
             let pfn = node.start_pfn() + off as u64;
             self.page(pfn).clear(pg::PCP);
             return Some(pfn);
         }
         let mut area = zone.free_area.lock();
+        // The lock and, as the guard drops, the unlock.
+        zone.line.write();
+        zone.line.write();
         if !zone.watermark_ok(&area, order, WMARK_MIN) {
             return None;
         }
@@ -384,7 +392,6 @@ impl PhysMem {
             head.set(pg::PCP);
             pcp.lists[idx].push(off);
             pcp.count += 1 << order;
-            zone.nr_pcp.fetch_add(1 << order, Ordering::Relaxed);
             if pcp.count > PCP_HIGH {
                 self.free_pcppages_bulk(node, &mut pcp, PCP_BATCH);
             }
@@ -412,7 +419,6 @@ impl PhysMem {
                 self.page(node.start_pfn() + off as u64).clear(pg::PCP);
                 free_one_page(self, node, &mut area, off, order);
                 pcp.count -= 1 << order;
-                node.zone.nr_pcp.fetch_sub(1 << order, Ordering::Relaxed);
                 freed += 1 << order;
             }
         }

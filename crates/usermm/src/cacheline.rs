@@ -1,0 +1,98 @@
+//! Writes to shared cache lines: a measure of the model's that no kernel
+//! has, for the argument of the speculative-fault seed ("avoiding writing
+//! into any shared cache lines"), counted independently of how many cores
+//! the host has.
+//!
+//! A [`LineWriters`] sits beside a word that several CPUs may write (the
+//! mmap_lock count, a VMA's `vm_refcnt`, the global part of an mm's RSS
+//! counters, the zone lock) and records which threads have written it. Each
+//! write through [`LineWriters::write`] that a fault makes to a line some
+//! other thread has written is one shared-line write; the fault entry
+//! gathers them per fault ([`fault_begin`], [`fault_end`]) into the
+//! `usermm_shared_line_writes` event. A lock taken and released counts two
+//! (the line may move between the two); the stores made while a lock is
+//! held count with the lock.
+//!
+//! What is not counted: lines no fault writes in a way another CPU does
+//! (per-CPU counters and lists, a new page's descriptor, the PTE itself),
+//! and the page-table locks, which in the experiments that use this measure
+//! are each thread's own.
+//!
+//! Threads are told apart by a slot of 64 (a thread's index modulo 64), so
+//! that the writer set is one word; the experiments run far fewer threads.
+
+use crate::sync::{AtomicU64, AtomicUsize, Ordering};
+use std::cell::Cell;
+
+static NEXT_SLOT: AtomicUsize = AtomicUsize::new(0);
+
+std::thread_local! {
+    /// This thread's bit in the writer sets.
+    static SLOT_BIT: u64 = 1 << (NEXT_SLOT.fetch_add(1, Ordering::Relaxed) % 64);
+    /// Shared-line writes of the fault in progress on this thread, if one is.
+    static IN_FAULT: Cell<Option<u64>> = const { Cell::new(None) };
+}
+
+/// The threads that have written one cache line.
+#[derive(Debug, Default)]
+pub struct LineWriters(AtomicU64);
+
+impl LineWriters {
+    pub const fn new() -> LineWriters {
+        LineWriters(AtomicU64::new(0))
+    }
+
+    /// The calling thread writes the line: record it, and count the write
+    /// for the fault in progress if another thread wrote the line before.
+    #[inline]
+    pub fn write(&self) {
+        let bit = SLOT_BIT.with(|b| *b);
+        // Relaxed: the set is a measurement, ordering nothing.
+        let seen = self.0.load(Ordering::Relaxed);
+        if seen & bit == 0 {
+            self.0.fetch_or(bit, Ordering::Relaxed);
+        }
+        if seen & !bit != 0 {
+            IN_FAULT.with(|f| {
+                if let Some(n) = f.get() {
+                    f.set(Some(n + 1));
+                }
+            });
+        }
+    }
+}
+
+/// A fault begins on this thread: count its shared-line writes.
+#[inline]
+pub fn fault_begin() {
+    IN_FAULT.with(|f| f.set(Some(0)));
+}
+
+/// The fault ends: its shared-line writes.
+#[inline]
+pub fn fault_end() -> u64 {
+    IN_FAULT.with(|f| f.replace(None)).unwrap_or(0)
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_lines_another_thread_wrote_count() {
+        let line = LineWriters::new();
+        fault_begin();
+        line.write();
+        line.write();
+        assert_eq!(fault_end(), 0, "this thread's own line");
+        std::thread::scope(|s| {
+            s.spawn(|| line.write());
+        });
+        fault_begin();
+        line.write();
+        assert_eq!(fault_end(), 1);
+        line.write();
+        fault_begin();
+        assert_eq!(fault_end(), 0, "writes outside a fault are not counted");
+    }
+}
