@@ -195,3 +195,15 @@ pub fn smaps_range_kb(start: usize, len: usize, field: &str) -> Option<u64> {
     }
     Some(total)
 }
+
+/// Pin the calling thread to host CPU `cpu` (as the reference programs pin
+/// their fault threads); does nothing if the CPU cannot be had.
+pub fn pin_to_cpu(cpu: usize) {
+    // SAFETY: the cpu_set_t is zeroed and filled by the libc helper before
+    // sched_setaffinity reads it; 0 names the calling thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}

@@ -4,6 +4,7 @@
 
 mod batching;
 mod fault;
+mod pft;
 mod pt_reclaim;
 mod vma;
 
@@ -15,8 +16,8 @@ use usermm::{Machine, MachineConfig};
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    /// Experiment: fault, munmap, dontneed, fork, vma or pt_reclaim (see
-    /// --list). All when omitted.
+    /// Experiment: fault, munmap, dontneed, fork, vma, pt_reclaim or pft
+    /// (see --list). All when omitted.
     pub name: Option<String>,
     /// List the experiments with what each measures, and stop.
     #[arg(long)]
@@ -112,13 +113,14 @@ pub struct Experiment {
 }
 
 /// Every experiment, in the order `usermm bench` runs them.
-pub const EXPERIMENTS: [Experiment; 6] = [
+pub const EXPERIMENTS: [Experiment; 7] = [
     fault::EXPERIMENT,
     batching::MUNMAP,
     batching::DONTNEED,
     batching::FORK,
     vma::EXPERIMENT,
     pt_reclaim::EXPERIMENT,
+    pft::EXPERIMENT,
 ];
 
 fn names() -> String {

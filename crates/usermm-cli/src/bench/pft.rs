@@ -1,0 +1,499 @@
+//! `bench pft`: page-fault scalability under each `fault_lock` mode (F5),
+//! the loop of mmtests' pft as the seed ran it and as
+//! `../reference/pft.c` runs it on the host: fault threads write-fault their
+//! own slices of one mapping page by page (4 KiB folios: MADV_NOHUGEPAGE),
+//! alone or beside a writer thread that loops mmap(64 KiB) / touch one page
+//! / munmap (`touch`), or the same without the touch (`notouch`).
+//!
+//! Per arm: faults/s over the fault threads' wall time, the latency of each
+//! fault (p50, p99, timed around the faulting store), the fraction of
+//! lockless attempts that fell back to mmap_lock, and the writes to shared
+//! cache lines per fault (`usermm_shared_line_writes`, fault threads only).
+//! The host kernel (6.18, per-VMA locks) runs the same loops natively in
+//! the same invocation. Arms are interleaved within each run; medians of the
+//! runs are reported with their spread.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::Instant;
+
+use serde::Serialize;
+use usermm::madvise::MADV_NOHUGEPAGE;
+use usermm::mmap::{MAP_ANONYMOUS, MAP_PRIVATE, PROT_READ, PROT_WRITE};
+use usermm::tunable::FaultLock;
+use usermm::vmstat::Event;
+use usermm::{Machine, MachineConfig};
+
+use super::{median, progress, BenchArgs};
+use crate::plot;
+
+pub const EXPERIMENT: super::Experiment = super::Experiment {
+    name: "pft",
+    description: "page-fault scalability (F5): 1 and 2 threads write-fault their own slices, \
+        with no writer, a writer that mmaps/touches/munmaps, or one that does not touch; \
+        per fault_lock mode and on the host",
+    run,
+};
+
+const PAGE: u64 = 4096;
+const WRITER_LEN: u64 = 64 << 10;
+const MODES: [(&str, FaultLock); 3] = [
+    ("mmap_lock", FaultLock::MmapLock),
+    ("spf", FaultLock::Spf),
+    ("vma_lock", FaultLock::VmaLock),
+];
+const WRITERS: [&str; 3] = ["none", "touch", "notouch"];
+
+/// One arm's result, as the JSON rows carry it.
+#[derive(Serialize, Clone)]
+struct Row {
+    mode: &'static str,
+    threads: usize,
+    writer: &'static str,
+    /// The fault and writer threads outnumber the host's cores.
+    oversubscribed: bool,
+    faults_per_s: f64,
+    /// Smallest and largest of the runs.
+    faults_per_s_min: f64,
+    faults_per_s_max: f64,
+    p50_ns: f64,
+    p99_ns: f64,
+    /// Lockless attempts that fell back to mmap_lock (None on the host).
+    abort_rate: Option<f64>,
+    shared_writes_per_fault: Option<f64>,
+    /// The writer's mmap/munmap rounds per second.
+    writer_ops_per_s: f64,
+    /// Why speculative faults aborted, by the seed's counter (spf rows).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    spf_abort_reasons: Option<std::collections::BTreeMap<&'static str, u64>>,
+    runs: usize,
+}
+
+/// The seed's abort reasons the model can count.
+const SPF_REASONS: [Event; 11] = [
+    Event::SPF_ABORT_ODD,
+    Event::SPF_ABORT_UNMAPPED,
+    Event::SPF_ABORT_VMA_COPY,
+    Event::SPF_ABORT_ACCESS_ERROR,
+    Event::SPF_ABORT_PUD,
+    Event::SPF_ABORT_PMD,
+    Event::SPF_ABORT_ANON_VMA,
+    Event::SPF_ABORT_PTE_MAP_LOCK_SEQ1,
+    Event::SPF_ABORT_PTE_MAP_LOCK_PMD,
+    Event::SPF_ABORT_PTE_MAP_LOCK_PTL,
+    Event::SPF_ABORT_PTE_MAP_LOCK_SEQ2,
+];
+
+/// What one run of one arm measured.
+#[derive(Default)]
+struct Sample {
+    faults_per_s: f64,
+    latencies: Vec<u32>,
+    attempts: u64,
+    fallbacks: u64,
+    shared_writes: u64,
+    faults: u64,
+    writer_ops_per_s: f64,
+    reasons: [u64; SPF_REASONS.len()],
+}
+
+fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
+    let slice = (a.size_mb / 4).clamp(1, 256) << 20;
+    let max_threads = 2;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let runs = a.runs.max(1);
+    let need = max_threads as u64 * slice * 3 / 2 + (64 << 20);
+    let config = a
+        .machine
+        .config(MachineConfig::single_node(need, max_threads + 1))?;
+    if config.cpus.len() < max_threads + 1 {
+        anyhow::bail!("machine: pft runs on CPUs 0..={max_threads}");
+    }
+    let m = Machine::new(config).map_err(|e| anyhow::anyhow!("machine: {e}"))?;
+    a.tunables.apply(&m.tunables)?;
+    m.prefault();
+    let arms: Vec<(usize, &'static str)> = (1..=max_threads)
+        .flat_map(|t| WRITERS.iter().map(move |&w| (t, w)))
+        .collect();
+    let pb = progress("pft", (runs * arms.len()) as u64);
+    let mut engine: Vec<Vec<Sample>> = (0..arms.len() * MODES.len()).map(|_| vec![]).collect();
+    let mut host: Vec<Vec<Sample>> = (0..arms.len()).map(|_| vec![]).collect();
+    for _ in 0..runs {
+        for (i, &(threads, writer)) in arms.iter().enumerate() {
+            pb.inc(1);
+            pb.set_message(format!("{threads} threads, writer {writer}"));
+            for (j, &(_, lock)) in MODES.iter().enumerate() {
+                m.tunables.set_fault_lock(lock);
+                engine[i * MODES.len() + j].push(engine_pft(&m, threads, writer, slice)?);
+            }
+            if !a.no_host {
+                host[i].push(host_pft(threads, writer, slice));
+            }
+        }
+    }
+    pb.finish_and_clear();
+    a.tunables.apply(&m.tunables)?;
+    let mut rows = vec![];
+    for (i, &(threads, writer)) in arms.iter().enumerate() {
+        let oversubscribed = threads + usize::from(writer != "none") > cores;
+        for (j, &(mode, _)) in MODES.iter().enumerate() {
+            rows.push(summarize(
+                mode,
+                threads,
+                writer,
+                oversubscribed,
+                &engine[i * MODES.len() + j],
+                true,
+            ));
+        }
+        if !host[i].is_empty() {
+            rows.push(summarize(
+                "host",
+                threads,
+                writer,
+                oversubscribed,
+                &host[i],
+                false,
+            ));
+        }
+    }
+    if !a.json {
+        print_table(&rows, slice, runs, cores, &m);
+    }
+    plot_rows(a, &rows)?;
+    Ok(serde_json::json!({
+        "experiment": "pft",
+        "machine": m.config.to_string(),
+        "slice_mb": slice >> 20,
+        "runs": runs,
+        "host_cores": cores,
+        "rows": rows,
+    }))
+}
+
+fn summarize(
+    mode: &'static str,
+    threads: usize,
+    writer: &'static str,
+    oversubscribed: bool,
+    samples: &[Sample],
+    engine: bool,
+) -> Row {
+    let rates: Vec<f64> = samples.iter().map(|s| s.faults_per_s).collect();
+    let mut lat: Vec<u32> = samples
+        .iter()
+        .flat_map(|s| s.latencies.iter().copied())
+        .collect();
+    lat.sort_unstable();
+    let pct = |p: f64| {
+        lat.get(((lat.len() as f64 - 1.0) * p) as usize)
+            .map_or(0.0, |&v| v as f64)
+    };
+    let sum = |f: fn(&Sample) -> u64| samples.iter().map(f).sum::<u64>() as f64;
+    let lockless = mode == "spf" || mode == "vma_lock";
+    Row {
+        mode,
+        threads,
+        writer,
+        oversubscribed,
+        faults_per_s: median(rates.clone()),
+        faults_per_s_min: rates.iter().copied().fold(f64::INFINITY, f64::min),
+        faults_per_s_max: rates.iter().copied().fold(0.0, f64::max),
+        p50_ns: pct(0.5),
+        p99_ns: pct(0.99),
+        abort_rate: (engine && lockless)
+            .then(|| sum(|s| s.fallbacks) / sum(|s| s.attempts).max(1.0)),
+        shared_writes_per_fault: engine
+            .then(|| sum(|s| s.shared_writes) / sum(|s| s.faults).max(1.0)),
+        writer_ops_per_s: median(samples.iter().map(|s| s.writer_ops_per_s).collect()),
+        spf_abort_reasons: (engine && mode == "spf").then(|| {
+            SPF_REASONS
+                .iter()
+                .enumerate()
+                .map(|(i, e)| (e.name(), samples.iter().map(|s| s.reasons[i]).sum::<u64>()))
+                .filter(|&(_, n)| n > 0)
+                .collect()
+        }),
+        runs: samples.len(),
+    }
+}
+
+/// One run in the engine: fault threads on CPUs 0..threads, the writer (or
+/// the waiting main thread) on CPU `threads`.
+fn engine_pft(
+    m: &Arc<Machine>,
+    threads: usize,
+    writer: &str,
+    slice: u64,
+) -> anyhow::Result<Sample> {
+    let c = m.bind(threads).map_err(|e| anyhow::anyhow!("bind: {e}"))?;
+    let mm = c.new_mm().map_err(|e| anyhow::anyhow!("mm: {e}"))?;
+    let len = slice * threads as u64;
+    let base = c
+        .mmap(0, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS)
+        .map_err(|e| anyhow::anyhow!("mmap: {e}"))?;
+    c.madvise(base, len, MADV_NOHUGEPAGE)
+        .map_err(|e| anyhow::anyhow!("madvise: {e}"))?;
+    let v = m.vmstat();
+    let counters = |cpus: usize| -> [u64; 7] {
+        let on = |e| (0..cpus).map(|cpu| v.event_on(cpu, e)).sum::<u64>();
+        [
+            on(Event::PGFAULT),
+            on(Event::SHARED_LINE_WRITES),
+            on(Event::SPF_ATTEMPT),
+            on(Event::SPF_ABORT),
+            on(Event::VMA_LOCK_SUCCESS),
+            on(Event::VMA_LOCK_ABORT),
+            on(Event::VMA_LOCK_RETRY),
+        ]
+    };
+    let reasons = |cpus: usize| -> [u64; SPF_REASONS.len()] {
+        SPF_REASONS.map(|e| (0..cpus).map(|cpu| v.event_on(cpu, e)).sum::<u64>())
+    };
+    let before = counters(threads);
+    let reasons_before = reasons(threads);
+    let start = Barrier::new(threads + 1);
+    let done = AtomicUsize::new(0);
+    let stop = AtomicBool::new(false);
+    let (elapsed, latencies, writer_ops) = std::thread::scope(|s| -> anyhow::Result<_> {
+        let handles: Vec<_> = (0..threads)
+            .map(|id| {
+                let (m, mm, start, done) = (&**m, mm.clone(), &start, &done);
+                s.spawn(move || -> anyhow::Result<(Instant, Vec<u32>)> {
+                    let c = m.bind(id).map_err(|e| anyhow::anyhow!("bind: {e}"))?;
+                    c.switch_mm(&mm);
+                    let mine = base + id as u64 * slice;
+                    let mut lat = Vec::with_capacity((slice / PAGE) as usize);
+                    start.wait();
+                    for p in (mine..mine + slice).step_by(PAGE as usize) {
+                        let t = Instant::now();
+                        c.store_u8(p, 1)
+                            .map_err(|e| anyhow::anyhow!("fault: {e}"))?;
+                        lat.push(t.elapsed().as_nanos().min(u32::MAX as u128) as u32);
+                    }
+                    let end = Instant::now();
+                    done.fetch_add(1, Ordering::Release);
+                    c.idle();
+                    Ok((end, lat))
+                })
+            })
+            .collect();
+        start.wait();
+        let t0 = Instant::now();
+        let mut ops = 0u64;
+        if writer != "none" {
+            while done.load(Ordering::Acquire) < threads && !stop.load(Ordering::Relaxed) {
+                let q = c
+                    .mmap(
+                        0,
+                        WRITER_LEN,
+                        PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS,
+                    )
+                    .map_err(|e| anyhow::anyhow!("writer mmap: {e}"))?;
+                if writer == "touch" {
+                    c.store_u8(q, 1)
+                        .map_err(|e| anyhow::anyhow!("writer touch: {e}"))?;
+                }
+                c.munmap(q, WRITER_LEN)
+                    .map_err(|e| anyhow::anyhow!("writer munmap: {e}"))?;
+                ops += 1;
+            }
+        }
+        c.idle();
+        let mut end = t0;
+        let mut lat = vec![];
+        for h in handles {
+            let (e, l) = h.join().expect("fault thread")?;
+            end = end.max(e);
+            lat.extend(l);
+        }
+        stop.store(true, Ordering::Relaxed);
+        let wall = end.duration_since(t0).as_secs_f64();
+        Ok((wall, lat, ops as f64 / wall))
+    })?;
+    let after = counters(threads);
+    let mut why = reasons(threads);
+    for (w, b) in why.iter_mut().zip(reasons_before) {
+        *w -= b;
+    }
+    let d: Vec<u64> = after.iter().zip(before).map(|(a, b)| a - b).collect();
+    c.exit_mm().map_err(|e| anyhow::anyhow!("exit: {e}"))?;
+    drop(c);
+    m.rcu_barrier();
+    let faults = slice / PAGE * threads as u64;
+    Ok(Sample {
+        faults_per_s: faults as f64 / elapsed,
+        latencies,
+        faults: d[0],
+        shared_writes: d[1],
+        attempts: d[2] + d[4] + d[5] + d[6],
+        fallbacks: d[3] + d[5] + d[6],
+        writer_ops_per_s: writer_ops,
+        reasons: why,
+    })
+}
+
+/// One run on the host kernel: the same loops, fault threads pinned to
+/// CPUs 0..threads (as the reference program pins them), the writer not.
+fn host_pft(threads: usize, writer: &str, slice: u64) -> Sample {
+    let len = (slice * threads as u64) as usize;
+    let region = crate::native::HostRegion::map(len);
+    // SAFETY: the region is ours, mapped above.
+    unsafe { libc::madvise(region.ptr, len, libc::MADV_NOHUGEPAGE) };
+    let base = region.ptr as usize;
+    let start = Barrier::new(threads + 1);
+    let done = AtomicUsize::new(0);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let (elapsed, latencies, ops) = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|id| {
+                let (start, done) = (&start, &done);
+                s.spawn(move || {
+                    crate::native::pin_to_cpu(id % cores);
+                    let mine = base + id * slice as usize;
+                    let mut lat = Vec::with_capacity((slice / PAGE) as usize);
+                    start.wait();
+                    for p in (mine..mine + slice as usize).step_by(PAGE as usize) {
+                        let t = Instant::now();
+                        // SAFETY: inside this thread's slice of the region.
+                        unsafe { std::ptr::write_volatile(p as *mut u8, 1) };
+                        lat.push(t.elapsed().as_nanos().min(u32::MAX as u128) as u32);
+                    }
+                    let end = Instant::now();
+                    done.fetch_add(1, Ordering::Release);
+                    (end, lat)
+                })
+            })
+            .collect();
+        start.wait();
+        let t0 = Instant::now();
+        let mut ops = 0u64;
+        if writer != "none" {
+            while done.load(Ordering::Acquire) < threads {
+                let q = crate::native::HostRegion::map(WRITER_LEN as usize);
+                if writer == "touch" {
+                    // SAFETY: the first byte of the region just mapped.
+                    unsafe { std::ptr::write_volatile(q.ptr as *mut u8, 1) };
+                }
+                drop(q);
+                ops += 1;
+            }
+        }
+        let mut end = t0;
+        let mut lat = vec![];
+        for h in handles {
+            let (e, l) = h.join().expect("host fault thread");
+            end = end.max(e);
+            lat.extend(l);
+        }
+        let wall = end.duration_since(t0).as_secs_f64();
+        (wall, lat, ops as f64 / wall)
+    });
+    drop(region);
+    Sample {
+        faults_per_s: (slice / PAGE * threads as u64) as f64 / elapsed,
+        latencies,
+        writer_ops_per_s: ops,
+        ..Sample::default()
+    }
+}
+
+fn print_table(rows: &[Row], slice: u64, runs: usize, cores: usize, m: &Machine) {
+    outln!(
+        "bench pft: each fault thread write-faults its own {} MiB, 4 KiB folios; medians of {runs} runs (min-max), arms interleaved; this host has {cores} cores",
+        slice >> 20
+    );
+    outln!(
+        "{:>7} {:<8} {:<10} {:>12} {:>19} {:>9} {:>8} {:>8} {:>8} {:>9}",
+        "threads",
+        "writer",
+        "mode",
+        "faults/s",
+        "(min-max)",
+        "vs mmap",
+        "p50 ns",
+        "p99 ns",
+        "abort %",
+        "shared/f"
+    );
+    for r in rows {
+        let base = rows
+            .iter()
+            .find(|b| b.threads == r.threads && b.writer == r.writer && b.mode == "mmap_lock")
+            .map_or(f64::NAN, |b| b.faults_per_s);
+        outln!(
+            "{:>7} {:<8} {:<10} {:>12.0} {:>19} {:>9.2} {:>8.0} {:>8.0} {:>8} {:>9}{}",
+            r.threads,
+            r.writer,
+            r.mode,
+            r.faults_per_s,
+            format!("({:.0}-{:.0})", r.faults_per_s_min, r.faults_per_s_max),
+            r.faults_per_s / base,
+            r.p50_ns,
+            r.p99_ns,
+            r.abort_rate
+                .map_or("-".into(), |x| format!("{:.2}", x * 100.0)),
+            r.shared_writes_per_fault
+                .map_or("-".into(), |x| format!("{x:.3}")),
+            if r.oversubscribed {
+                "  (oversubscribed)"
+            } else {
+                ""
+            }
+        );
+    }
+    for r in rows
+        .iter()
+        .filter(|r| r.spf_abort_reasons.as_ref().is_some_and(|x| !x.is_empty()))
+    {
+        outln!(
+            "spf aborts, {} threads, writer {}: {:?}",
+            r.threads,
+            r.writer,
+            r.spf_abort_reasons.as_ref().expect("filtered")
+        );
+    }
+    outln!("machine: {}", m.config);
+    outln!();
+}
+
+fn plot_rows(a: &BenchArgs, rows: &[Row]) -> anyhow::Result<()> {
+    let mut labels: Vec<String> = vec![];
+    for r in rows {
+        let l = format!("{}t {}", r.threads, r.writer);
+        if !labels.contains(&l) {
+            labels.push(l);
+        }
+    }
+    let series: Vec<plot::Series> = ["mmap_lock", "spf", "vma_lock", "host"]
+        .iter()
+        .map(|mode| plot::Series {
+            label: if *mode == "host" {
+                "host kernel (6.18, per-VMA locks)".into()
+            } else {
+                format!("usermm, fault_lock={mode}")
+            },
+            points: rows
+                .iter()
+                .filter(|r| r.mode == *mode)
+                .filter_map(|r| {
+                    let l = format!("{}t {}", r.threads, r.writer);
+                    labels
+                        .iter()
+                        .position(|x| *x == l)
+                        .map(|i| (i, r.faults_per_s / 1000.0))
+                })
+                .collect(),
+            dashed: *mode == "host",
+        })
+        .filter(|s| !s.points.is_empty())
+        .collect();
+    plot::change_plot(
+        &a.out.join("pft.svg"),
+        "pft: 4 KiB write faults per second (thousands), per fault_lock",
+        &labels,
+        "k faults/s",
+        &series,
+    )
+}
