@@ -561,6 +561,13 @@ impl<T: Entry> Drop for Tree<T> {
             // that reached it is going away.
             unsafe { p.free() };
         }
+        // A published view owns no node, and must not even read one: its
+        // nodes may be freed already, by the garbage of the publication that
+        // replaced it, which a grace period frees in a deferred function of
+        // its own that another thread may run before this drop.
+        if self.gen == 0 {
+            return;
+        }
         if let Some(r) = self.root {
             free_own(r, self.gen);
         }
