@@ -5,7 +5,8 @@
 //!
 //! A [`LineWriters`] sits beside a word that several CPUs may write (the
 //! mmap_lock count, a VMA's `vm_refcnt`, the global part of an mm's RSS
-//! counters, the zone lock) and records which threads have written it. Each
+//! counters, the zone lock; a page-table frame keeps the set of its split
+//! lock in its descriptor) and records which threads have written it. Each
 //! write through [`LineWriters::write`] that a fault makes to a line some
 //! other thread has written is one shared-line write; the fault entry
 //! gathers them per fault ([`fault_begin`], [`fault_end`]) into the
@@ -14,9 +15,9 @@
 //! held count with the lock.
 //!
 //! What is not counted: lines no fault writes in a way another CPU does
-//! (per-CPU counters and lists, a new page's descriptor, the PTE itself),
-//! and the page-table locks, which in the experiments that use this measure
-//! are each thread's own.
+//! (per-CPU counters and lists, a new page's descriptor), and the entries
+//! of the page tables themselves (written under the table's lock, which is
+//! counted).
 //!
 //! Threads are told apart by a slot of 64 (a thread's index modulo 64), so
 //! that the writer set is one word; the experiments run far fewer threads.
@@ -46,19 +47,26 @@ impl LineWriters {
     /// for the fault in progress if another thread wrote the line before.
     #[inline]
     pub fn write(&self) {
-        let bit = SLOT_BIT.with(|b| *b);
-        // Relaxed: the set is a measurement, ordering nothing.
-        let seen = self.0.load(Ordering::Relaxed);
-        if seen & bit == 0 {
-            self.0.fetch_or(bit, Ordering::Relaxed);
-        }
-        if seen & !bit != 0 {
-            IN_FAULT.with(|f| {
-                if let Some(n) = f.get() {
-                    f.set(Some(n + 1));
-                }
-            });
-        }
+        note_write(&self.0);
+    }
+}
+
+/// [`LineWriters::write`] for a writer set kept in a word of its owner's
+/// (a page-table frame's descriptor keeps its lock's).
+#[inline]
+pub fn note_write(writers: &AtomicU64) {
+    let bit = SLOT_BIT.with(|b| *b);
+    // Relaxed: the set is a measurement, ordering nothing.
+    let seen = writers.load(Ordering::Relaxed);
+    if seen & bit == 0 {
+        writers.fetch_or(bit, Ordering::Relaxed);
+    }
+    if seen & !bit != 0 {
+        IN_FAULT.with(|f| {
+            if let Some(n) = f.get() {
+                f.set(Some(n + 1));
+            }
+        });
     }
 }
 

@@ -197,7 +197,7 @@ impl Pgd {
             return None;
         }
         let pmd_table = next_table(pude);
-        let _pml = mem.page(pmd_table).ptl.lock();
+        let _pml = ptl_lock(mem, pmd_table);
         if !pmd_table_is_empty(mem, pmd_table) {
             return None;
         }
@@ -311,6 +311,46 @@ fn pmd_table_is_empty(mem: &PhysMem, table: Pfn) -> bool {
 }
 
 // ---------------------------------------------------------------------------
+// Split page-table locks
+
+/// A table frame's split lock held. Taking it and dropping it each write
+/// the lock's cache line, which every CPU that takes it shares: both are
+/// noted for the shared-line measure ([`crate::cacheline`]), in the set the
+/// frame's descriptor keeps in `index` (unused by table frames).
+pub(crate) struct PtlGuard<'a> {
+    _held: SpinGuard<'a>,
+    writers: &'a crate::sync::AtomicU64,
+}
+
+impl Drop for PtlGuard<'_> {
+    fn drop(&mut self) {
+        crate::cacheline::note_write(self.writers);
+    }
+}
+
+/// `ptlock_ptr` + `spin_lock`.
+fn ptl_lock(mem: &PhysMem, table: Pfn) -> PtlGuard<'_> {
+    let page = mem.page(table);
+    let held = page.ptl.lock();
+    crate::cacheline::note_write(&page.index);
+    PtlGuard {
+        _held: held,
+        writers: &page.index,
+    }
+}
+
+/// `spin_trylock` of a table's split lock.
+fn ptl_try_lock(mem: &PhysMem, table: Pfn) -> Option<PtlGuard<'_>> {
+    let page = mem.page(table);
+    let held = page.ptl.try_lock()?;
+    crate::cacheline::note_write(&page.index);
+    Some(PtlGuard {
+        _held: held,
+        writers: &page.index,
+    })
+}
+
+// ---------------------------------------------------------------------------
 // PMD entries
 
 /// Why [`PmdSlot::pte_map_trylock`] did not lock.
@@ -346,7 +386,7 @@ impl PmdSlot {
     /// `pmd_lock`: the split PMD lock of the table holding this entry.
     #[inline]
     pub fn lock(self, mem: &PhysMem) -> PmdLocked<'_> {
-        let ptl = mem.page(self.table).ptl.lock();
+        let ptl = ptl_lock(mem, self.table);
         PmdLocked {
             mem,
             slot: self,
@@ -382,7 +422,7 @@ impl PmdSlot {
         let guard = epoch::pin();
         loop {
             let (pmd, table, pte_ref) = self.map_pte_table(mem)?;
-            let ptl = mem.page(table).ptl.lock();
+            let ptl = ptl_lock(mem, table);
             if self.get(mem) == pmd {
                 return Some(PteLocked {
                     mem,
@@ -426,7 +466,7 @@ impl PmdSlot {
             put(pte_ref);
             return Err(TrylockFail::PmdChanged);
         }
-        let Some(ptl) = mem.page(table).ptl.try_lock() else {
+        let Some(ptl) = ptl_try_lock(mem, table) else {
             put(pte_ref);
             return Err(TrylockFail::Contended);
         };
@@ -537,7 +577,7 @@ pub fn pmd_is_table(pmd: Pmd) -> bool {
 pub struct PmdLocked<'a> {
     mem: &'a PhysMem,
     slot: PmdSlot,
-    _ptl: SpinGuard<'a>,
+    _ptl: PtlGuard<'a>,
 }
 
 impl PmdLocked<'_> {
@@ -603,7 +643,7 @@ impl PmdLocked<'_> {
             return None;
         }
         let table = pmd.table_pfn();
-        let _ptl = self.mem.page(table).ptl.lock();
+        let _ptl = ptl_lock(self.mem, table);
         // A tracked table is freed by its count alone (see `try_unhook_from`).
         if pte_ref_of(self.mem, table).is_some()
             || (0..PTRS_PER_TABLE).any(|i| !Pte(entry_get(self.mem, table, i)).none())
@@ -731,7 +771,7 @@ pub struct PteLocked<'a> {
     /// The table's count, if it is tracked: held by this guard.
     pte_ref: Option<&'a PteRef>,
     /// Taken only in `drop`, to unlock before the put.
-    ptl: Option<SpinGuard<'a>>,
+    ptl: Option<PtlGuard<'a>>,
     _pin: Guard,
 }
 
@@ -866,7 +906,7 @@ impl PteLocked<'_> {
         if self.pte_ref.is_some() {
             return None;
         }
-        let _pml = self.mem.page(slot.table).ptl.try_lock()?;
+        let _pml = ptl_try_lock(self.mem, slot.table)?;
         let pmd = slot.get(self.mem);
         debug_assert!(
             pmd_is_table(pmd) && pmd.table_pfn() == self.table,

@@ -122,6 +122,8 @@ fn table_alloc(mem: &PhysMem, nid: usize, cpu: usize) -> Option<Pfn> {
         },
     )?;
     mem.page(pfn).set(pg::TABLE);
+    // `index` of a table frame holds who took its lock (crate::cacheline).
+    mem.page(pfn).index.store(0, Ordering::Relaxed);
     mem.mod_node_state(crate::vmstat::NodeStat::NR_PAGETABLE, 1);
     Some(pfn)
 }
