@@ -157,6 +157,30 @@ pub struct VmFault<'a> {
 }
 
 impl<'a> VmFault<'a> {
+    /// A fault at `addr` in `vma`, under the PMD entry `pmd`; the levels
+    /// below fill in what they read.
+    fn new(
+        oncpu: &'a OnCpu<'a>,
+        mm: &'a Arc<Mm>,
+        vma: &'a Arc<Vma>,
+        addr: u64,
+        flags: FaultFlags,
+        pmd: PmdSlot,
+    ) -> VmFault<'a> {
+        VmFault {
+            oncpu,
+            mm,
+            vma,
+            address: addr & !(PAGE_SIZE - 1),
+            real_address: addr,
+            flags,
+            pmd,
+            orig_pmd: Pmd(0),
+            orig_pte: Pte(0),
+            seq: 0,
+        }
+    }
+
     #[inline]
     fn write(&self) -> bool {
         self.flags.write()
@@ -328,18 +352,7 @@ pub fn handle_mm_fault<'a>(
         Ok(slot) => slot,
         Err(e) => return e.into(),
     };
-    let mut vmf = VmFault {
-        oncpu,
-        mm,
-        vma,
-        address: addr & !(PAGE_SIZE - 1),
-        real_address: addr,
-        flags,
-        pmd,
-        orig_pmd: Pmd(0),
-        orig_pte: Pte(0),
-        seq: 0,
-    };
+    let mut vmf = VmFault::new(oncpu, mm, vma, addr, flags, pmd);
     mm_account_fault(oncpu, __handle_mm_fault(&mut vmf))
 }
 
@@ -371,18 +384,9 @@ pub fn handle_mm_fault_speculative<'a>(
         oncpu.vmstat().count(oncpu.id(), Event::SPF_ABORT_PUD, 1);
         return VmFaultResult::Retry;
     };
-    let mut vmf = VmFault {
-        oncpu,
-        mm,
-        vma,
-        address: addr & !(PAGE_SIZE - 1),
-        real_address: addr,
-        flags: flags | FaultFlags::SPECULATIVE,
-        pmd,
-        orig_pmd: pmd.get(mem),
-        orig_pte: Pte(0),
-        seq,
-    };
+    let mut vmf = VmFault::new(oncpu, mm, vma, addr, flags | FaultFlags::SPECULATIVE, pmd);
+    vmf.orig_pmd = pmd.get(mem);
+    vmf.seq = seq;
     // No table allocation, no huge PMD path: a PMD that is not a PTE table
     // sends the fault the classic way.
     if !pgtable::pmd_is_table(vmf.orig_pmd) {

@@ -533,8 +533,10 @@ pub fn do_munmap(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, len: u64) -> KResult<(
 pub fn exit_mmap(oncpu: &OnCpu, mm: &Arc<Mm>) {
     let _g = mm.mmap_lock.write();
     let mut tree = mm.vma_tree_draft();
-    tree.start_write_all();
     let vmas: Vec<Arc<Vma>> = tree.iter().cloned().collect();
+    // Out of the draft (write-locked) first; the published tree keeps them
+    // until the end.
+    tree.remove_all();
     mm.dead.store(true, Ordering::Relaxed);
     if !vmas.is_empty() {
         let mut tlb = MmuGather::new_fullmm(mm);
@@ -550,7 +552,6 @@ pub fn exit_mmap(oncpu: &OnCpu, mm: &Arc<Mm>) {
         .m
         .overcommit
         .vm_unacct_memory(vmas_accounted_pages(&vmas));
-    tree.remove_all();
     mm.vma_tree_publish(&mut tree, &crate::sync::epoch::pin());
     mm.total_vm.store(0, Ordering::Relaxed);
     debug_assert_eq!(

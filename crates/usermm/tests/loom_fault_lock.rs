@@ -20,9 +20,12 @@ use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use loom::thread;
 use usermm::memory::SpfCommit;
 use usermm::mm::mmap_lock::{MmLockSeq, StartReadError, VmaLock};
-use usermm::pgtable::{Pgd, Pgprot, PmdSlot, Pte, PteRead, Tracking};
-use usermm::phys::{NodeConfig, PhysMem, Tier};
-use usermm::sync::SpinLock;
+use usermm::pgtable::{Pgprot, PmdSlot, Pte, PteRead};
+use usermm::phys::PhysMem;
+
+#[path = "common/one_table.rs"]
+mod one_table;
+use one_table::one_pte_table;
 
 /// The VMA tree reduced to what the protocol needs: two VMAs, and which of
 /// them the tree holds; flags that say who is inside its critical section.
@@ -141,20 +144,6 @@ fn broken_reader_without_recheck_is_caught() {
 const ADDR: u64 = 0x7f00_0000_0000;
 const FAULT_PFN: u64 = 900;
 
-/// Memory with one empty PTE table at `ADDR`.
-fn pt_world() -> (Arc<PhysMem>, PmdSlot) {
-    let node = NodeConfig {
-        size_bytes: 4 << 20,
-        tier: Tier::Dram,
-        has_cpus: true,
-    };
-    let mem = Arc::new(PhysMem::new(&[node], &[0, 0]).expect("memory"));
-    let pgd = Pgd::alloc(&mem, 0, 0).expect("pgd");
-    let (slot, _) = pgd.pmd_alloc(&mem, &SpinLock::new(), ADDR, 0).expect("pmd");
-    slot.pte_alloc(&mem, 0, Tracking::Untracked).expect("pte");
-    (mem, slot)
-}
-
 /// The seed's fault: sequence read, lookup (is the VMA there?), the copy's
 /// check, the walk (the PMD once), then `pte_map_lock` and the commit of a
 /// new page into the empty entry. Returns whether it committed.
@@ -205,7 +194,7 @@ fn run_spf(broken: bool, bound: usize) -> (usize, usize) {
     let (r2, c2) = (runs.clone(), committed.clone());
     b.check(move || {
         r2.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let (mem, slot) = pt_world();
+        let (mem, slot) = one_pte_table(ADDR);
         let seq = loom::sync::Arc::new(MmLockSeq::new());
         let mapped = loom::sync::Arc::new(AtomicBool::new(true));
         let f = {

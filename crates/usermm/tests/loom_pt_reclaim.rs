@@ -29,10 +29,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use loom::thread;
-use usermm::pgtable::{Pgd, Pgprot, PmdSlot, Pte, PteRead, Tracking, PTRS_PER_TABLE};
-use usermm::phys::{NodeConfig, PhysMem, Tier};
+use usermm::pgtable::{Pgprot, PmdSlot, Pte, PteRead, Tracking, PTRS_PER_TABLE};
+use usermm::phys::PhysMem;
 use usermm::pt_reclaim::{ReclaimPath, ReclaimPt};
-use usermm::sync::SpinLock;
+
+#[path = "common/one_table.rs"]
+mod one_table;
+use one_table::one_pte_table;
 
 const ADDR: u64 = 0x7f00_0000_0000;
 /// Entries the table maps before the zap.
@@ -48,15 +51,7 @@ fn mapped_pte(pfn: u64) -> Pte {
 
 /// A machine's memory with one PTE table mapping `MAPPED` pages at `ADDR`.
 fn world() -> (Arc<PhysMem>, PmdSlot) {
-    let node = NodeConfig {
-        size_bytes: 4 << 20,
-        tier: Tier::Dram,
-        has_cpus: true,
-    };
-    let mem = Arc::new(PhysMem::new(&[node], &[0, 0]).expect("memory"));
-    let pgd = Pgd::alloc(&mem, 0, 0).expect("pgd");
-    let (slot, _) = pgd.pmd_alloc(&mem, &SpinLock::new(), ADDR, 0).expect("pmd");
-    slot.pte_alloc(&mem, 0, Tracking::Untracked).expect("pte");
+    let (mem, slot) = one_pte_table(ADDR);
     {
         let mut pt = slot.pte_offset_map_lock(&mem).expect("table");
         for i in 0..MAPPED {

@@ -13,7 +13,7 @@
 //! the same invocation. Arms are interleaved within each run; medians of the
 //! runs are reported with their spread.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
@@ -132,7 +132,6 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         }
     }
     pb.finish_and_clear();
-    a.tunables.apply(&m.tunables)?;
     let mut rows = vec![];
     for (i, &(threads, writer)) in arms.iter().enumerate() {
         let oversubscribed = threads + usize::from(writer != "none") > cores;
@@ -254,7 +253,6 @@ fn engine_pft(
     let reasons_before = reasons(threads);
     let start = Barrier::new(threads + 1);
     let done = AtomicUsize::new(0);
-    let stop = AtomicBool::new(false);
     let (elapsed, latencies, writer_ops) = std::thread::scope(|s| -> anyhow::Result<_> {
         let handles: Vec<_> = (0..threads)
             .map(|id| {
@@ -282,7 +280,7 @@ fn engine_pft(
         let t0 = Instant::now();
         let mut ops = 0u64;
         if writer != "none" {
-            while done.load(Ordering::Acquire) < threads && !stop.load(Ordering::Relaxed) {
+            while done.load(Ordering::Acquire) < threads {
                 let q = c
                     .mmap(
                         0,
@@ -308,7 +306,6 @@ fn engine_pft(
             end = end.max(e);
             lat.extend(l);
         }
-        stop.store(true, Ordering::Relaxed);
         let wall = end.duration_since(t0).as_secs_f64();
         Ok((wall, lat, ops as f64 / wall))
     })?;

@@ -76,17 +76,17 @@ impl MmapLock {
 
     /// `mmap_read_trylock`.
     pub fn try_read(&self) -> Option<MmapReadGuard<'_>> {
-        let held = self.sem.try_read()?;
-        self.line.write();
-        Some(MmapReadGuard {
-            line: &self.line,
-            _held: held,
-        })
+        self.sem.try_read().map(|held| self.read_held(held))
     }
 
     /// `mmap_read_lock`.
     pub fn read(&self) -> MmapReadGuard<'_> {
-        let held = self.sem.read();
+        self.read_held(self.sem.read())
+    }
+
+    /// The guard of a read lock just taken (its write of the lock's line
+    /// noted).
+    fn read_held<'a>(&'a self, held: RwLockReadGuard<'a, ()>) -> MmapReadGuard<'a> {
         self.line.write();
         MmapReadGuard {
             line: &self.line,
