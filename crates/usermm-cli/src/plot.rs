@@ -19,6 +19,17 @@ pub fn change_plot(
     y_label: &str,
     series: &[Series],
 ) -> anyhow::Result<()> {
+    // A value that is not finite (a rate over no time) cannot be placed:
+    // it would make the axis infinite.
+    if let Some(s) = series
+        .iter()
+        .find(|s| s.points.iter().any(|&(_, y)| !y.is_finite()))
+    {
+        anyhow::bail!(
+            "plot {title}: series {} has a value that is not finite",
+            s.label
+        );
+    }
     let (mut lo, mut hi) = (0f64, 0f64);
     for s in series {
         for &(_, y) in &s.points {

@@ -171,6 +171,9 @@ pub fn run(a: StressArgs) -> anyhow::Result<i32> {
         }
         sum.invariant_checks += 1;
     }
+    // What the CPUs' LRU batches still hold goes first (folios whose
+    // last mapping is gone wait there for their batch to drain).
+    usermm::swap::lru_add_drain_all(&m.mem, m.mem.vmstat.no_cpu());
     // The huge zero folio stays allocated once made, as in the kernel.
     let huge_zero = m
         .huge_zero_pfn_if_allocated()

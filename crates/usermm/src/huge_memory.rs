@@ -70,6 +70,7 @@ pub fn do_huge_pmd_anonymous_page(vmf: &mut VmFault<'_>) -> VmFaultResult {
         return VmFaultResult::Raced;
     }
     rmap::folio_add_new_anon_rmap(mem, folio, vma, haddr, RmapFlags::EXCLUSIVE);
+    crate::swap::folio_add_lru_vma(mem, folio, vma, oncpu.id());
     ptl.deposit(pgtable);
     let mut pmd = Pmd::huge(folio.pfn(), vma.page_prot()).mkdirty();
     if vma.flags() & crate::mm::vma::VM_WRITE != 0 {
@@ -165,6 +166,7 @@ fn do_huge_zero_wp_pmd(vmf: &mut VmFault<'_>) -> VmFaultResult {
     ptl.get_and_clear();
     oncpu.flush_tlb_range(mm, haddr, haddr + PMD_SIZE, crate::pgtable::PMD_SHIFT);
     rmap::folio_add_new_anon_rmap(mem, folio, vma, haddr, RmapFlags::EXCLUSIVE);
+    crate::swap::folio_add_lru_vma(mem, folio, vma, oncpu.id());
     let mut new = Pmd::huge(folio.pfn(), vma.page_prot()).mkdirty().mkyoung();
     if vma.flags() & crate::mm::vma::VM_WRITE != 0 {
         new = new.mkwrite();
@@ -332,7 +334,7 @@ pub fn madvise_free_huge_pmd(
         ptl.set(old.mkold().mkclean());
         tlb.remove_pmd_tlb_entry(addr);
     }
-    crate::swap::folio_mark_lazyfree(oncpu, folio);
+    crate::swap::folio_mark_lazyfree(mem, folio, oncpu.id());
     true
 }
 
@@ -498,8 +500,13 @@ pub fn split_folio_in_table(
         return Err(Errno::EAGAIN);
     }
     let head = folio.head(mem);
+    // The split pages stay on the folio's LRU list, each just after the
+    // one before (`lru_add_split_folio`), under the lruvec lock that
+    // `__split_huge_page` holds; the list's size does not change.
+    let mut lruvec = head.test(pg::LRU).then(|| mem.folio_lruvec_lock(folio));
     let flags = head.flags.load(Ordering::Relaxed);
-    let keep = flags & (pg::SWAPBACKED | pg::LAZYFREE | pg::DIRTY);
+    let keep =
+        flags & (pg::SWAPBACKED | pg::LAZYFREE | pg::DIRTY | pg::LRU | pg::ACTIVE | pg::REFERENCED);
     let mapping = head.mapping.load(Ordering::Relaxed);
     let index = head.index.load(Ordering::Relaxed);
     if flags & pg::PARTIALLY_MAPPED != 0 {
@@ -530,14 +537,21 @@ pub fn split_folio_in_table(
         if maps == 0 {
             unmapped.push(folio.pfn() + i as u64);
         }
+        if let (Some(l), true) = (lruvec.as_mut(), i > 0) {
+            let pfn = folio.pfn() + i as u64;
+            l.add_folio_after(Folio(pfn - 1), Folio(pfn));
+        }
     }
+    drop(lruvec);
     mem.vmstat.mod_mthp(order, MthpStat::SPLIT, 1);
     if order == HPAGE_PMD_ORDER {
         oncpu.vmstat().count(oncpu.id(), Event::THP_SPLIT_PAGE, 1);
     }
+    // Pages no PTE maps go (`folio_put` of each: off the LRU, freed).
     for pfn in unmapped {
         mem.page(pfn).mapping.store(0, Ordering::Relaxed);
-        mem.free_pages(pfn, 0, oncpu.id());
+        mem.page(pfn).refcount.store(1, Ordering::Relaxed);
+        Folio(pfn).put(mem, oncpu.id());
     }
     let first = at.idx as i64 - (at.page - folio.pfn()) as i64;
     remap_zero_pages_to_zeropage(oncpu, where_, folio.pfn(), nr, first);

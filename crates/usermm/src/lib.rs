@@ -2,7 +2,8 @@
 //!
 //! Layers, bottom up; each uses only those beneath it:
 //!
-//! 1. [`phys`]: nodes, frames with real bytes, page descriptors, folios, buddy.
+//! 1. [`phys`]: nodes, frames with real bytes, page descriptors, folios, buddy,
+//!    the LRU lists of each node.
 //! 2. [`pgtable`]: x86-64 four-level page tables held in frames, the guards
 //!    that reach their entries, and the page walker.
 //! 3. [`mm`]: address spaces (mm_struct), VMAs, mmap_lock.
@@ -10,7 +11,8 @@
 //! 5. [`cpu`]: CPUs with software TLBs and shootdowns.
 //! 6. Operations: [`fault`] (the fault entry), [`memory`] (faults, zap, copy),
 //!    [`mmu_gather`], [`mmap`], [`fork`],
-//!    [`mprotect`], [`madvise`], [`huge_memory`], [`swap`] (lazyfree),
+//!    [`mprotect`], [`madvise`], [`huge_memory`], [`swap`] (the LRU batches,
+//!    lazyfree, isolation),
 //!    [`vmscan`] (discarding lazyfree folios for MADV_PAGEOUT),
 //!    [`uaccess`] (loads and stores), [`util`] (overcommit accounting).
 //! 7. Statistics: [`vmstat`], [`proc`] (status and smaps), [`inspect`]; and

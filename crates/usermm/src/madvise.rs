@@ -177,6 +177,7 @@ pub fn zap_page_range_single(
     end: u64,
     details: &memory::ZapDetails,
 ) -> bool {
+    crate::swap::lru_add_drain(oncpu.mem(), oncpu.id());
     let mut tlb = MmuGather::new(mm);
     memory::unmap_page_range(oncpu, &mut tlb, start, end, details);
     let freed = tlb.nr_tables_freed > 0;
@@ -190,6 +191,7 @@ pub fn zap_page_range_single(
 /// are never actually discarded and keep their contents, as on a host with
 /// no memory pressure.
 fn madvise_free_single_vma(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) -> bool {
+    crate::swap::lru_add_drain(oncpu.mem(), oncpu.id());
     let mut tlb = MmuGather::new(mm);
     let mut walk = MadviseFreeWalk {
         oncpu,
@@ -303,7 +305,7 @@ fn madvise_free_pte_range(
             pt.clear_young_dirty_ptes(idx, nr);
             tlb.remove_tlb_entries(a, nr as u64);
         }
-        crate::swap::folio_mark_lazyfree(oncpu, folio);
+        crate::swap::folio_mark_lazyfree(oncpu.mem(), folio, oncpu.id());
         a += nr as u64 * PAGE_SIZE;
     }
 }
@@ -324,6 +326,7 @@ fn folio_maybe_mapped_shared(mem: &PhysMem, folio: Folio, pt: &impl PteRead, at:
 /// out, which maps its zero-filled pages to the shared zero page; a THP is
 /// split at the PMD first (`pageout_huge_pmd`), as reclaim splits it.
 fn madvise_pageout(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) -> bool {
+    crate::swap::lru_add_drain(oncpu.mem(), oncpu.id());
     let mut tlb = MmuGather::new(mm);
     let mut walk = PageoutWalk {
         oncpu,

@@ -662,6 +662,7 @@ fn do_anonymous_page(vmf: &mut VmFault<'_>) -> VmFaultResult {
         return VmFaultResult::Raced;
     }
     rmap::folio_add_new_anon_rmap(mem, folio, vma, start, RmapFlags::EXCLUSIVE);
+    crate::swap::folio_add_lru_vma(mem, folio, vma, oncpu.id());
     folio.ref_add(mem, nr as i32 - 1);
     mm.add_rss(MmCounter::AnonPages, nr as i64);
     let mut pte = Pte::new(folio.pfn(), vma.page_prot()).mkdirty();
@@ -681,8 +682,7 @@ fn do_wp_page(vmf: &mut VmFault<'_>, mut pt: PteLocked<'_>) -> VmFaultResult {
     let page = vm_normal_page(orig);
     if let Some(page) = page {
         let f = mem.page_folio(page);
-        let reuse = folio::page_anon_exclusive(mem, page)
-            || (!f.is_large(mem) && f.ref_count(mem) == 1 && f.mapcount(mem) == 1);
+        let reuse = folio::page_anon_exclusive(mem, page) || wp_can_reuse_anon_folio(oncpu, f);
         if reuse {
             // wp_page_reuse: an upgrade, no flush needed.
             folio::set_page_anon_exclusive(mem, page);
@@ -705,6 +705,21 @@ fn do_wp_page(vmf: &mut VmFault<'_>, mut pt: PteLocked<'_>) -> VmFaultResult {
         f.put(mem, oncpu.id());
     }
     r
+}
+
+/// `wp_can_reuse_anon_folio`: a small folio that this mapping alone
+/// holds may be written in place. A folio not yet on the LRU may sit in
+/// this CPU's batch, whose reference is not a user's: drain it first (a
+/// remote CPU's batch still counts, as in the kernel).
+fn wp_can_reuse_anon_folio(oncpu: &OnCpu, f: Folio) -> bool {
+    let mem = oncpu.mem();
+    if f.is_large(mem) || f.ref_count(mem) > 3 {
+        return false;
+    }
+    if !f.head(mem).test(crate::phys::pg::LRU) {
+        crate::swap::lru_add_drain(mem, oncpu.id());
+    }
+    f.ref_count(mem) == 1 && f.mapcount(mem) == 1
 }
 
 /// `wp_page_copy`: give this mapping its own copy of the page (of zeroes
@@ -746,6 +761,7 @@ fn wp_page_copy(vmf: &mut VmFault<'_>, old: Option<Pfn>) -> VmFaultResult {
     let page_addr = vmf.address;
     oncpu.flush_tlb_range(mm, page_addr, page_addr + PAGE_SIZE, PAGE_SHIFT);
     rmap::folio_add_new_anon_rmap(mem, new, vma, page_addr, RmapFlags::EXCLUSIVE);
+    crate::swap::folio_add_lru_vma(mem, new, vma, oncpu.id());
     pt.set(idx, pte);
     match old {
         Some(old) => {

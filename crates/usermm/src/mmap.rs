@@ -499,6 +499,7 @@ impl DetachedVmas {
 
 /// `unmap_region`.
 fn unmap_region(oncpu: &OnCpu, mm: &Arc<Mm>, vmas: &[Arc<Vma>], floor: u64, ceiling: u64) {
+    crate::swap::lru_add_drain(oncpu.mem(), oncpu.id());
     let mut tlb = MmuGather::new(mm);
     let (start, end) = (vmas[0].start(), vmas[vmas.len() - 1].end());
     memory::unmap_vmas(oncpu, &mut tlb, vmas, start, end);
@@ -539,6 +540,7 @@ pub fn exit_mmap(oncpu: &OnCpu, mm: &Arc<Mm>) {
     tree.remove_all();
     mm.dead.store(true, Ordering::Relaxed);
     if !vmas.is_empty() {
+        crate::swap::lru_add_drain(oncpu.mem(), oncpu.id());
         let mut tlb = MmuGather::new_fullmm(mm);
         memory::unmap_vmas(oncpu, &mut tlb, &vmas, 0, u64::MAX);
         memory::free_pgtables(oncpu, &mut tlb, &vmas, 0, 0);

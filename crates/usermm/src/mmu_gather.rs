@@ -280,16 +280,21 @@ impl<'a> MmuGather<'a> {
         for b in self.batches.iter_mut().take(self.active + 1) {
             // Chunks of MAX_NR_FOLIOS_PER_FREE entries (never splitting a
             // page/count pair) mark where the kernel would cond_resched().
+            // `free_pages_and_swap_cache`: the references go in batches,
+            // each under one lruvec lock (`folios_put_refs`).
             let mut i = 0;
-            while i < b.entries.len() {
-                let (page, nr, step) = decode(&b.entries, i);
-                debug_assert!(
-                    b.entries[i] & ENCODED_PAGE_BIT_DELAY_RMAP == 0,
-                    "freeing a page whose rmap removal was delayed"
-                );
-                mem.page_folio(page).put_refs(mem, nr as i32, oncpu.id());
-                i += step;
-            }
+            let entries = std::iter::from_fn(|| {
+                (i < b.entries.len()).then(|| {
+                    let (page, nr, step) = decode(&b.entries, i);
+                    debug_assert!(
+                        b.entries[i] & ENCODED_PAGE_BIT_DELAY_RMAP == 0,
+                        "freeing a page whose rmap removal was delayed"
+                    );
+                    i += step;
+                    (mem.page_folio(page), nr as i32)
+                })
+            });
+            crate::swap::folios_put_refs(mem, entries, oncpu.id());
             b.entries.clear();
         }
         self.active = 0;

@@ -66,6 +66,14 @@ pub fn shrink_lazyfree_ptes(
     if !folio.test_anon(mem) || head.test(pg::SWAPBACKED) {
         return Discard::Kept;
     }
+    // Isolation (`folio_isolate_lru`): a folio on no list (still in a
+    // CPU's batch, or taken by someone else) is left alone. The model
+    // takes no isolation reference: the folio goes from here to the
+    // gather's free, or back onto a list, under the page-table lock.
+    if !head.test_and_clear(pg::LRU) {
+        return Discard::Kept;
+    }
+    mem.folio_lruvec_lock(folio).del_folio(folio);
     // Clear the PTEs first and read their dirty bits from the values
     // cleared (`folio_mark_dirty` in try_to_unmap_one): once an entry is
     // clear no CPU can set its dirty bit any more, so a write that lands
@@ -73,13 +81,22 @@ pub fn shrink_lazyfree_ptes(
     let old: Vec<_> = (idx..idx + nr).map(|i| pt.get_and_clear(i)).collect();
     let dirty = old.iter().any(|p| p.dirty());
     // The references are the mappings alone (the kernel counts one more,
-    // its isolation reference).
+    // its isolation reference; an LRU batch holding the folio is one
+    // more, and keeps it).
     if dirty || folio.ref_count(mem) != folio.mapcount(mem) {
         for (i, p) in (idx..).zip(old) {
             pt.set(i, p);
         }
         head.clear(pg::LAZYFREE);
         head.set(pg::SWAPBACKED);
+        // activate_locked, then back onto the (active anon) list
+        // (`move_folios_to_lru`).
+        head.set(pg::ACTIVE);
+        oncpu
+            .vmstat()
+            .count(oncpu.id(), Event::PGACTIVATE, nr as u64);
+        mem.folio_lruvec_lock(folio).add_folio(folio);
+        head.set(pg::LRU);
         return Discard::Kept;
     }
     tlb.remove_tlb_entries(addr, nr as u64);

@@ -49,6 +49,7 @@ counters! {
         THP_DEFERRED_SPLIT_PAGE => "thp_deferred_split_page",
         PGLAZYFREE => "pglazyfree",
         PGLAZYFREED => "pglazyfreed",
+        PGACTIVATE => "pgactivate",
         NR_TLB_REMOTE_FLUSH => "nr_tlb_remote_flush",
         NR_TLB_REMOTE_FLUSH_RECEIVED => "nr_tlb_remote_flush_received",
         NR_TLB_LOCAL_FLUSH_ALL => "nr_tlb_local_flush_all",
@@ -101,6 +102,11 @@ counters! {
         NR_ANON_MAPPED => "nr_anon_pages",
         NR_ANON_THPS => "nr_anon_transparent_hugepages",
         NR_PAGETABLE => "nr_page_table_pages",
+        NR_INACTIVE_ANON => "nr_inactive_anon",
+        NR_ACTIVE_ANON => "nr_active_anon",
+        NR_INACTIVE_FILE => "nr_inactive_file",
+        NR_ACTIVE_FILE => "nr_active_file",
+        NR_UNEVICTABLE => "nr_unevictable",
     }
 }
 

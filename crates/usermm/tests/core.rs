@@ -246,6 +246,10 @@ fn madv_free_splits_partly_covered_exclusive_folios() {
     // Folio 0 whole, and half of folio 1.
     c.madvise(a, 96 << 10, MADV_FREE).unwrap();
     assert_eq!(m.vmstat().mthp(4, MthpStat::SPLIT), 1);
+    // The split's small folios wait in this CPU's lazyfree batch until it
+    // drains; the whole folio, large, went at once.
+    assert_eq!(smaps_rollup(&mm).lazy_free, 64);
+    usermm::swap::lru_add_drain(&m.mem, c.id());
     assert_eq!(smaps_rollup(&mm).lazy_free, 96);
     check_invariants(&m).unwrap();
     for p in (a..a + (256 << 10)).step_by(4096) {
@@ -520,6 +524,10 @@ fn madv_free_of_a_whole_thp_keeps_the_pmd() {
     assert_eq!(m.vmstat().event(Event::PGLAZYFREE), 512);
     assert_eq!(thps(), 4096, "the PMD stays");
     c.madvise(a + (2 << 20), 1 << 20, MADV_FREE).unwrap();
+    // The split's 256 small folios are counted as this CPU's lazyfree
+    // batch fills (31 at a time): 8 full batches, and 8 waiting.
+    assert_eq!(m.vmstat().event(Event::PGLAZYFREE), 512 + 248);
+    usermm::swap::lru_add_drain(&m.mem, c.id());
     assert_eq!(m.vmstat().event(Event::PGLAZYFREE), 512 + 256);
     assert_eq!(thps(), 2048, "the part-covered THP is split");
     assert_eq!(c.load_u8(a + (3 << 20)).unwrap(), 1);

@@ -257,12 +257,15 @@ fn engine_pft(
         let handles: Vec<_> = (0..threads)
             .map(|id| {
                 let (m, mm, start, done) = (&**m, mm.clone(), &start, &done);
-                s.spawn(move || -> anyhow::Result<(Instant, Vec<u32>)> {
+                s.spawn(move || -> anyhow::Result<(Instant, Instant, Vec<u32>)> {
                     let c = m.bind(id).map_err(|e| anyhow::anyhow!("bind: {e}"))?;
                     c.switch_mm(&mm);
                     let mine = base + id as u64 * slice;
                     let mut lat = Vec::with_capacity((slice / PAGE) as usize);
                     start.wait();
+                    // Each thread times itself from the barrier: the main
+                    // thread may not run again until they have finished.
+                    let begin = Instant::now();
                     for p in (mine..mine + slice).step_by(PAGE as usize) {
                         let t = Instant::now();
                         c.store_u8(p, 1)
@@ -272,7 +275,7 @@ fn engine_pft(
                     let end = Instant::now();
                     done.fetch_add(1, Ordering::Release);
                     c.idle();
-                    Ok((end, lat))
+                    Ok((begin, end, lat))
                 })
             })
             .collect();
@@ -298,16 +301,21 @@ fn engine_pft(
                 ops += 1;
             }
         }
+        let writer_wall = t0.elapsed().as_secs_f64();
         c.idle();
-        let mut end = t0;
+        let (mut begin, mut end) = (None::<Instant>, None::<Instant>);
         let mut lat = vec![];
         for h in handles {
-            let (e, l) = h.join().expect("fault thread")?;
-            end = end.max(e);
+            let (b, e, l) = h.join().expect("fault thread")?;
+            begin = Some(begin.map_or(b, |x| x.min(b)));
+            end = Some(end.map_or(e, |x| x.max(e)));
             lat.extend(l);
         }
-        let wall = end.duration_since(t0).as_secs_f64();
-        Ok((wall, lat, ops as f64 / wall))
+        let (Some(begin), Some(end)) = (begin, end) else {
+            anyhow::bail!("no fault thread ran");
+        };
+        let wall = end.duration_since(begin).as_secs_f64();
+        Ok((wall, lat, ops as f64 / writer_wall))
     })?;
     let after = counters(threads);
     let mut why = reasons(threads);
@@ -351,6 +359,7 @@ fn host_pft(threads: usize, writer: &str, slice: u64) -> Sample {
                     let mine = base + id * slice as usize;
                     let mut lat = Vec::with_capacity((slice / PAGE) as usize);
                     start.wait();
+                    let begin = Instant::now();
                     for p in (mine..mine + slice as usize).step_by(PAGE as usize) {
                         let t = Instant::now();
                         // SAFETY: inside this thread's slice of the region.
@@ -359,7 +368,7 @@ fn host_pft(threads: usize, writer: &str, slice: u64) -> Sample {
                     }
                     let end = Instant::now();
                     done.fetch_add(1, Ordering::Release);
-                    (end, lat)
+                    (begin, end, lat)
                 })
             })
             .collect();
@@ -377,15 +386,19 @@ fn host_pft(threads: usize, writer: &str, slice: u64) -> Sample {
                 ops += 1;
             }
         }
-        let mut end = t0;
-        let mut lat = vec![];
-        for h in handles {
-            let (e, l) = h.join().expect("host fault thread");
-            end = end.max(e);
-            lat.extend(l);
-        }
-        let wall = end.duration_since(t0).as_secs_f64();
-        (wall, lat, ops as f64 / wall)
+        let writer_wall = t0.elapsed().as_secs_f64();
+        let joined: Vec<_> = handles
+            .into_iter()
+            .map(|h| h.join().expect("host fault thread"))
+            .collect();
+        let begin = joined.iter().map(|j| j.0).min().expect("a fault thread");
+        let end = joined.iter().map(|j| j.1).max().expect("a fault thread");
+        let lat = joined.into_iter().flat_map(|j| j.2).collect();
+        (
+            end.duration_since(begin).as_secs_f64(),
+            lat,
+            ops as f64 / writer_wall,
+        )
     });
     drop(region);
     Sample {

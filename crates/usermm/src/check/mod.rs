@@ -7,7 +7,8 @@
 //! every TLB entry whose address space has no flush pending agrees with the
 //! page tables, the reverse map finds every mapping of an anon page
 //! (its folio's anon_vma chains the VMA that maps it, at that address), and
-//! the overcommit commitment is the size of the charged VMAs, and every
+//! the overcommit commitment is the size of the charged VMAs, the LRU
+//! lists hold exactly the folios flagged PG_lru and count them, and every
 //! frame is free or held by something named (no leak). It
 //! needs a quiescent machine: no operation in flight.
 
@@ -37,6 +38,8 @@ struct Expect {
     /// Folios (heads) that a migration entry stands for: the migration
     /// holds references of its own, so their refcount exceeds the mappings.
     migrating: HashSet<Pfn>,
+    /// References the CPUs' LRU batches hold, per folio.
+    batched: HashMap<Pfn, i64>,
 }
 
 /// A leaf translation in the page tables: (pfn, writable) by 4 KiB address.
@@ -52,14 +55,22 @@ pub fn check_invariants(m: &Machine) -> Result<(), String> {
         check_mm(m, mm, &mut ex, &mut leaves)?;
         leaves_by_mm.insert(mm.id, leaves);
     }
-    let heads: HashSet<Pfn> = ex.refs.keys().chain(&ex.migrating).copied().collect();
+    ex.batched = crate::swap::lru_batch_refs(mem);
+    let heads: HashSet<Pfn> = ex
+        .refs
+        .keys()
+        .chain(&ex.migrating)
+        .chain(ex.batched.keys())
+        .copied()
+        .collect();
     // NR_ANON_MAPPED and NR_ANON_THPS as the page tables say them: the
     // pages of anon folios mapped at least once, and the pages of anon
     // folios a PMD maps.
     let (mut anon_mapped, mut anon_thps) = (0i64, 0i64);
     for &head in &heads {
         let f = Folio(head);
-        let refs = ex.refs.get(&head).copied().unwrap_or(0);
+        let refs =
+            ex.refs.get(&head).copied().unwrap_or(0) + ex.batched.get(&head).copied().unwrap_or(0);
         let got = f.ref_count(mem) as i64;
         if ex.migrating.contains(&head) {
             if got <= refs {
@@ -69,7 +80,7 @@ pub fn check_invariants(m: &Machine) -> Result<(), String> {
             }
         } else if got != refs {
             return Err(format!(
-                "folio {head:#x}: refcount {got}, page tables hold {refs}"
+                "folio {head:#x}: refcount {got}, page tables and LRU batches hold {refs}"
             ));
         }
         let nr = f.nr_pages(mem);
@@ -145,6 +156,7 @@ pub fn check_invariants(m: &Machine) -> Result<(), String> {
     if let Some(p) = ex.tables.iter().find(|p| free.contains(p)) {
         return Err(format!("frame {p:#x} is free but used as a page table"));
     }
+    check_lru(m, &ex, &free)?;
     check_no_leak(m, &ex, &free, waiting)?;
     check_tlbs(m, &mms, &leaves_by_mm, &free)?;
     check_committed(m, &mms)
@@ -161,7 +173,7 @@ fn check_no_leak(
 ) -> Result<(), String> {
     let mem = &m.mem;
     let mut held: HashSet<Pfn> = ex.tables.clone();
-    for &head in ex.refs.keys().chain(&ex.migrating) {
+    for &head in ex.refs.keys().chain(&ex.migrating).chain(ex.batched.keys()) {
         held.extend(head..head + Folio(head).nr_pages(mem));
     }
     held.insert(m.zero_pfn);
@@ -184,6 +196,74 @@ fn check_no_leak(
             leaked.len(),
             leaked[0]
         ));
+    }
+    Ok(())
+}
+
+/// The LRU lists: each folio on a list is an allocated folio's head with
+/// PG_lru, on the list its flags name; the lists' sizes are their folios'
+/// pages and the node statistics say the same; every folio with PG_lru is
+/// on a list; and every mapped anon folio is on a list or in a CPU's
+/// batch on its way to one (the model isolates nothing between
+/// operations).
+fn check_lru(m: &Machine, ex: &Expect, free: &HashSet<Pfn>) -> Result<(), String> {
+    use crate::phys::mm_inline::{folio_lru_list, LruList, NR_LRU_LISTS};
+    let mem = &m.mem;
+    let mut on_lru = HashSet::new();
+    let mut sizes = [0u64; NR_LRU_LISTS];
+    let mut bad = None;
+    mem.for_each_lru_folio(|f, lru| {
+        if bad.is_some() {
+            return;
+        }
+        let head = f.head(mem);
+        if free.contains(&f.pfn()) || head.is_tail() {
+            bad = Some(format!(
+                "{:#x} is on LRU list {lru:?} but is no folio",
+                f.pfn()
+            ));
+        } else if !head.test(crate::phys::pg::LRU) {
+            bad = Some(format!("folio {:#x} is on {lru:?} without PG_lru", f.pfn()));
+        } else if folio_lru_list(mem, f) != lru {
+            bad = Some(format!(
+                "folio {:#x} is on {lru:?}, its flags say {:?}",
+                f.pfn(),
+                folio_lru_list(mem, f)
+            ));
+        } else if !on_lru.insert(f.pfn()) {
+            bad = Some(format!("folio {:#x} is on the LRU twice", f.pfn()));
+        }
+        sizes[lru as usize] += f.nr_pages(mem);
+    });
+    if let Some(e) = bad {
+        return Err(e);
+    }
+    let counted = mem.lru_sizes();
+    for lru in LruList::ALL {
+        let (want, listed) = (sizes[lru as usize], counted[lru as usize]);
+        let stat = mem.vmstat.node(lru.stat());
+        if listed != want || stat != want as i64 {
+            return Err(format!(
+                "{lru:?}: {want} pages on the list, its size says {listed}, {} says {stat}",
+                lru.stat().name()
+            ));
+        }
+    }
+    for &head in ex.refs.keys() {
+        let f = Folio(head);
+        let lru = f.head(mem).test(crate::phys::pg::LRU);
+        if lru && !on_lru.contains(&head) {
+            return Err(format!("folio {head:#x} has PG_lru but is on no list"));
+        }
+        if f.test_anon(mem)
+            && !lru
+            && !ex.batched.contains_key(&head)
+            && !ex.migrating.contains(&head)
+        {
+            return Err(format!(
+                "mapped anon folio {head:#x} is neither on an LRU list nor in a batch"
+            ));
+        }
     }
     Ok(())
 }

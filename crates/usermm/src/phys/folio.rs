@@ -90,6 +90,15 @@ impl Folio {
     /// `folio_put_refs`: drop `nr` references at once and free the folio when
     /// they were the last ones.
     pub fn put_refs(self, mem: &PhysMem, nr: i32, cpu: usize) {
+        if self.ref_sub_and_test(mem, nr) {
+            self.free(mem, cpu);
+        }
+    }
+
+    /// `folio_ref_sub_and_test`: drop `nr` references; true if they were
+    /// the last (the caller frees the folio).
+    #[inline]
+    pub fn ref_sub_and_test(self, mem: &PhysMem, nr: i32) -> bool {
         // Release: our earlier accesses to the folio happen before whoever
         // frees it; Acquire on the last drop: we see everyone else's.
         let old = self.head(mem).refcount.fetch_sub(nr, Ordering::AcqRel);
@@ -98,16 +107,30 @@ impl Folio {
             "folio {:#x}: refcount {old} dropped by {nr}",
             self.0
         );
-        if old == nr {
-            self.free(mem, cpu);
-        }
+        old == nr
     }
 
-    /// `__folio_put`: the last reference is gone.
+    /// `__folio_put`: the last reference is gone. Off the LRU, then back to
+    /// the allocator.
     fn free(self, mem: &PhysMem, cpu: usize) {
+        let mut lruvec = None;
+        mem.page_cache_release(&mut lruvec, self);
+        drop(lruvec);
+        self.free_frozen(mem, cpu);
+    }
+
+    /// `free_frozen_pages` of a folio with no references left and off the
+    /// LRU (`folios_put_refs` releases a batch of them under one lruvec
+    /// lock first).
+    pub fn free_frozen(self, mem: &PhysMem, cpu: usize) {
         let order = self.order(mem);
         let head = self.head(mem);
         debug_assert!(!head.test(pg::ZERO), "freeing the zero page");
+        debug_assert!(
+            !head.test(pg::LRU),
+            "folio {:#x} freed while on an LRU list",
+            self.0
+        );
         if self.test_anon(mem) && order > 1 {
             mem.vmstat.mod_mthp(order, MthpStat::NR_ANON, -1);
             if head.test(pg::PARTIALLY_MAPPED) {

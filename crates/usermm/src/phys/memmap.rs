@@ -12,8 +12,16 @@ use crate::sync::{AtomicI32, AtomicU32, AtomicU64, Ordering, SpinLock};
 /// Page flags (`enum pageflags`), only those the model uses.
 pub mod pg {
     pub const LOCKED: u64 = 1 << 0;
+    /// Referenced once since reclaim last looked (`PG_referenced`).
+    pub const REFERENCED: u64 = 1 << 2;
     pub const DIRTY: u64 = 1 << 4;
+    /// On an LRU list (`PG_lru`).
+    pub const LRU: u64 = 1 << 5;
     pub const HEAD: u64 = 1 << 6;
+    /// On an active LRU list (`PG_active`).
+    pub const ACTIVE: u64 = 1 << 8;
+    /// On the unevictable list (`PG_unevictable`).
+    pub const UNEVICTABLE: u64 = 1 << 18;
     pub const SWAPBACKED: u64 = 1 << 19;
     /// `PG_anon_exclusive` (aliases `PG_mappedtodisk` in the kernel).
     pub const ANON_EXCLUSIVE: u64 = 1 << 20;
@@ -105,6 +113,15 @@ impl Page {
     #[inline]
     pub fn clear(&self, flag: u64) {
         self.flags.fetch_and(!flag, Ordering::Relaxed);
+    }
+
+    /// `folio_test_clear_*`: clear `flag` and say whether it was set; of
+    /// several CPUs clearing it at once, exactly one sees it set.
+    #[inline]
+    pub fn test_and_clear(&self, flag: u64) -> bool {
+        // AcqRel, as the kernel's test_and_clear_bit is fully ordered: the
+        // winner sees what was done to the folio before the flag was set.
+        self.flags.fetch_and(!flag, Ordering::AcqRel) & flag != 0
     }
 
     /// Order of the folio this page heads (0 for a small folio).

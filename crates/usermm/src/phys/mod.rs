@@ -13,6 +13,7 @@
 pub mod arena;
 pub mod folio;
 pub mod memmap;
+pub mod mm_inline;
 pub mod page_alloc;
 
 use serde::{Deserialize, Serialize};
@@ -64,6 +65,8 @@ pub struct Node {
     arena: arena::Arena,
     memmap: Box<[Page]>,
     pub zone: Zone,
+    /// The node's LRU lists (`pgdat->__lruvec`).
+    pub lruvec: mm_inline::Lruvec,
 }
 
 impl Node {
@@ -88,6 +91,11 @@ pub struct PhysMem {
     rcu_pending: crate::sync::AtomicU64,
     /// The node of each CPU (`cpu_to_node`).
     cpu_node: Box<[usize]>,
+    /// Each CPU's folio batches (`cpu_fbatches`), on lines of their own.
+    pub cpu_fbatches: Box<[crate::sync::CachePadded<crate::sync::Mutex<mm_inline::CpuFbatches>>]>,
+    /// `lru_disable_count`: while above zero, folios go onto the LRU at
+    /// once instead of through the batches (`lru_cache_disable`).
+    pub lru_disable_count: crate::sync::AtomicU32,
 }
 
 impl PhysMem {
@@ -112,6 +120,7 @@ impl PhysMem {
                 arena,
                 memmap,
                 zone,
+                lruvec: mm_inline::Lruvec::default(),
             });
         }
         let mem = PhysMem {
@@ -119,6 +128,8 @@ impl PhysMem {
             vmstat: crate::vmstat::VmStat::new(nr_cpus),
             rcu_pending: crate::sync::AtomicU64::new(0),
             cpu_node: cpu_node.into(),
+            cpu_fbatches: (0..nr_cpus).map(|_| Default::default()).collect(),
+            lru_disable_count: crate::sync::AtomicU32::new(0),
         };
         for node in &mem.nodes {
             page_alloc::init_free_area(&mem, node);

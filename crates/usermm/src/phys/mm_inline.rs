@@ -1,0 +1,401 @@
+//! The LRU lists of a node (`struct lruvec`, and the helpers of
+//! include/linux/mm_inline.h that put folios on them and take them off).
+//!
+//! The model has no memory cgroups, so each node has one lruvec, the
+//! node's own (`mem_cgroup_lruvec` with memcg disabled). Its lists link
+//! folios through their head page's `lru_next`/`lru_prev`, as offsets in
+//! the node, the fields the free lists use: a folio is never free and on
+//! an LRU list at once. PG_lru says that a folio is on a list; PG_active
+//! and PG_swapbacked say which ([`folio_lru_list`]).
+//!
+//! The per-CPU folio batches of mm/swap.c (`cpu_fbatches`) are kept here
+//! too, beside the lists they feed, so that the invariant checker sees the
+//! references they hold; [`crate::swap`] fills and drains them.
+//!
+//! # Locking
+//!
+//! `lru_lock` guards a lruvec's lists and their sizes. Whoever puts a
+//! folio on a list sets PG_lru with the lock held. Whoever takes a live
+//! folio off clears PG_lru first, atomically, and only then takes the
+//! lock (`folio_test_clear_lru` is the claim: of an isolation and a batch
+//! move racing for one folio, exactly one wins, and only the winner may
+//! unlink it). A folio whose last reference goes with PG_lru still set is
+//! unlinked by whoever frees it (`__page_cache_release`), as nobody else
+//! can reach it then. Lock order: a CPU's folio batches, then `lru_lock`,
+//! then the zone and pcp locks (a batch move frees folios).
+
+use super::memmap::{pg, LIST_NONE};
+use super::{Folio, Node, Pfn, PhysMem};
+use crate::cacheline::LineWriters;
+use crate::sync::{Mutex, MutexGuard, Ordering};
+use crate::vmstat::NodeStat;
+
+/// `enum lru_list`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(usize)]
+pub enum LruList {
+    InactiveAnon,
+    ActiveAnon,
+    InactiveFile,
+    ActiveFile,
+    Unevictable,
+}
+
+/// `NR_LRU_LISTS`.
+pub const NR_LRU_LISTS: usize = 5;
+
+impl LruList {
+    pub const ALL: [LruList; NR_LRU_LISTS] = [
+        LruList::InactiveAnon,
+        LruList::ActiveAnon,
+        LruList::InactiveFile,
+        LruList::ActiveFile,
+        LruList::Unevictable,
+    ];
+
+    /// The node statistic that counts this list's pages
+    /// (`NR_LRU_BASE + lru`).
+    pub fn stat(self) -> NodeStat {
+        match self {
+            LruList::InactiveAnon => NodeStat::NR_INACTIVE_ANON,
+            LruList::ActiveAnon => NodeStat::NR_ACTIVE_ANON,
+            LruList::InactiveFile => NodeStat::NR_INACTIVE_FILE,
+            LruList::ActiveFile => NodeStat::NR_ACTIVE_FILE,
+            LruList::Unevictable => NodeStat::NR_UNEVICTABLE,
+        }
+    }
+}
+
+/// `folio_lru_list`: the list a folio belongs on. A folio that is not
+/// swap-backed (a lazyfree anon folio) is reclaimed as file pages are,
+/// without swap, so it sits on the file lists (`folio_is_file_lru`).
+pub fn folio_lru_list(mem: &PhysMem, folio: Folio) -> LruList {
+    let flags = folio.head(mem).flags.load(Ordering::Relaxed);
+    if flags & pg::UNEVICTABLE != 0 {
+        return LruList::Unevictable;
+    }
+    let active = flags & pg::ACTIVE != 0;
+    match (flags & pg::SWAPBACKED != 0, active) {
+        (true, false) => LruList::InactiveAnon,
+        (true, true) => LruList::ActiveAnon,
+        (false, false) => LruList::InactiveFile,
+        (false, true) => LruList::ActiveFile,
+    }
+}
+
+/// One lruvec's lists: heads and tails as node offsets, and their sizes
+/// in pages (`lruvec->lists`, and the `lru_zone_size` the kernel keeps).
+struct LruLists {
+    head: [u32; NR_LRU_LISTS],
+    tail: [u32; NR_LRU_LISTS],
+    nr_pages: [u64; NR_LRU_LISTS],
+}
+
+/// `struct lruvec`.
+pub struct Lruvec {
+    lru_lock: Mutex<LruLists>,
+    /// Who takes `lru_lock` (a fault does, every batch of new folios).
+    line: LineWriters,
+}
+
+impl Default for Lruvec {
+    fn default() -> Self {
+        Lruvec {
+            lru_lock: Mutex::new(LruLists {
+                head: [LIST_NONE; NR_LRU_LISTS],
+                tail: [LIST_NONE; NR_LRU_LISTS],
+                nr_pages: [0; NR_LRU_LISTS],
+            }),
+            line: LineWriters::new(),
+        }
+    }
+}
+
+/// A node's lruvec, locked (`folio_lruvec_lock`); the proof that its lists
+/// may be changed.
+pub struct LruvecGuard<'a> {
+    mem: &'a PhysMem,
+    node: &'a Node,
+    lists: MutexGuard<'a, LruLists>,
+}
+
+impl Drop for LruvecGuard<'_> {
+    fn drop(&mut self) {
+        // The unlock (the lock was counted when taken).
+        self.node.lruvec.line.write();
+    }
+}
+
+impl PhysMem {
+    /// `folio_lruvec_lock`: the lruvec of the folio's node, locked.
+    pub fn folio_lruvec_lock(&self, folio: Folio) -> LruvecGuard<'_> {
+        self.node_lruvec_lock(PhysMem::nid(folio.pfn()))
+    }
+
+    /// `mem_cgroup_lruvec(NULL, pgdat)`, locked.
+    pub fn node_lruvec_lock(&self, nid: usize) -> LruvecGuard<'_> {
+        let node = &self.nodes[nid];
+        let lists = node.lruvec.lru_lock.lock();
+        node.lruvec.line.write();
+        LruvecGuard {
+            mem: self,
+            node,
+            lists,
+        }
+    }
+
+    /// `folio_lruvec_relock_irqsave`: hold the lock of the folio's lruvec,
+    /// keeping the one `held` if it is that one (a batch of folios of one
+    /// node takes the lock once).
+    pub fn folio_lruvec_relock<'a, 'g>(
+        &'a self,
+        held: &'g mut Option<LruvecGuard<'a>>,
+        folio: Folio,
+    ) -> &'g mut LruvecGuard<'a> {
+        let nid = PhysMem::nid(folio.pfn());
+        if held.as_ref().is_none_or(|g| g.node.id != nid) {
+            *held = None;
+            *held = Some(self.node_lruvec_lock(nid));
+        }
+        held.get_or_insert_with(|| unreachable!("locked above"))
+    }
+
+    /// `__page_cache_release`, for a folio whose last reference is gone:
+    /// if it is on an LRU list, take it off (locking its lruvec, or keeping
+    /// the lock `held` across a batch).
+    pub fn page_cache_release<'a>(&'a self, held: &mut Option<LruvecGuard<'a>>, folio: Folio) {
+        let head = folio.head(self);
+        if head.test(pg::LRU) {
+            let lruvec = self.folio_lruvec_relock(held, folio);
+            lruvec.del_folio(folio);
+            head.clear(pg::LRU | pg::ACTIVE | pg::UNEVICTABLE);
+        }
+    }
+
+    /// Pages on the LRU lists of every node, per list, as the lists count
+    /// them (for the invariant checker).
+    pub fn lru_sizes(&self) -> [u64; NR_LRU_LISTS] {
+        let mut sizes = [0; NR_LRU_LISTS];
+        for n in &self.nodes {
+            let lists = n.lruvec.lru_lock.lock();
+            for (s, n) in sizes.iter_mut().zip(lists.nr_pages) {
+                *s += n;
+            }
+        }
+        sizes
+    }
+
+    /// Call `f(folio, list)` for every folio on an LRU list, walking each
+    /// list from its head (for the invariant checker; takes each lruvec's
+    /// lock in turn).
+    pub fn for_each_lru_folio(&self, mut f: impl FnMut(Folio, LruList)) {
+        for node in &self.nodes {
+            let lists = node.lruvec.lru_lock.lock();
+            for lru in LruList::ALL {
+                let mut off = lists.head[lru as usize];
+                while off != LIST_NONE {
+                    let pfn = node.start_pfn() + off as u64;
+                    f(Folio(pfn), lru);
+                    off = self.page(pfn).lru_next.load(Ordering::Relaxed);
+                }
+            }
+        }
+    }
+}
+
+impl<'a> LruvecGuard<'a> {
+    fn off(&self, folio: Folio) -> u32 {
+        debug_assert!(self.node.contains(folio.pfn()));
+        (folio.pfn() - self.node.start_pfn()) as u32
+    }
+
+    fn pfn(&self, off: u32) -> Pfn {
+        self.node.start_pfn() + off as u64
+    }
+
+    /// `update_lru_size`.
+    fn update_lru_size(&mut self, lru: LruList, nr: i64) {
+        let n = &mut self.lists.nr_pages[lru as usize];
+        *n = n.checked_add_signed(nr).expect("LRU list size underflow");
+        self.mem.mod_node_state(lru.stat(), nr);
+    }
+
+    /// `lruvec_add_folio`: at the head of its list (the youngest end).
+    pub fn add_folio(&mut self, folio: Folio) {
+        let lru = folio_lru_list(self.mem, folio);
+        let off = self.off(folio);
+        let head = folio.head(self.mem);
+        let old = self.lists.head[lru as usize];
+        head.lru_prev.store(LIST_NONE, Ordering::Relaxed);
+        head.lru_next.store(old, Ordering::Relaxed);
+        if old == LIST_NONE {
+            self.lists.tail[lru as usize] = off;
+        } else {
+            self.mem
+                .page(self.pfn(old))
+                .lru_prev
+                .store(off, Ordering::Relaxed);
+        }
+        self.lists.head[lru as usize] = off;
+        self.update_lru_size(lru, folio.nr_pages(self.mem) as i64);
+    }
+
+    /// `lruvec_add_folio_tail`: at the tail (the oldest end, reclaimed
+    /// first).
+    pub fn add_folio_tail(&mut self, folio: Folio) {
+        let lru = folio_lru_list(self.mem, folio);
+        let off = self.off(folio);
+        let old = self.lists.tail[lru as usize];
+        self.link_after(lru, old, off);
+        self.update_lru_size(lru, folio.nr_pages(self.mem) as i64);
+    }
+
+    /// `list_add_tail(&new->lru, &folio->lru)` of a split: `new` goes just
+    /// after `prev` (older than it), on `prev`'s list. The list's size is
+    /// left alone: a split keeps the pages on the list they were on.
+    pub fn add_folio_after(&mut self, prev: Folio, new: Folio) {
+        let lru = folio_lru_list(self.mem, prev);
+        let (p, n) = (self.off(prev), self.off(new));
+        self.link_after(lru, p, n);
+    }
+
+    /// Link `off` after `prev` (LIST_NONE: at the head) on `lru`.
+    fn link_after(&mut self, lru: LruList, prev: u32, off: u32) {
+        let page = self.mem.page(self.pfn(off));
+        let next = if prev == LIST_NONE {
+            self.lists.head[lru as usize]
+        } else {
+            self.mem
+                .page(self.pfn(prev))
+                .lru_next
+                .load(Ordering::Relaxed)
+        };
+        page.lru_prev.store(prev, Ordering::Relaxed);
+        page.lru_next.store(next, Ordering::Relaxed);
+        if prev == LIST_NONE {
+            self.lists.head[lru as usize] = off;
+        } else {
+            self.mem
+                .page(self.pfn(prev))
+                .lru_next
+                .store(off, Ordering::Relaxed);
+        }
+        if next == LIST_NONE {
+            self.lists.tail[lru as usize] = off;
+        } else {
+            self.mem
+                .page(self.pfn(next))
+                .lru_prev
+                .store(off, Ordering::Relaxed);
+        }
+    }
+
+    /// `lruvec_del_folio`.
+    pub fn del_folio(&mut self, folio: Folio) {
+        let lru = folio_lru_list(self.mem, folio);
+        let head = folio.head(self.mem);
+        let next = head.lru_next.load(Ordering::Relaxed);
+        let prev = head.lru_prev.load(Ordering::Relaxed);
+        if prev == LIST_NONE {
+            debug_assert_eq!(self.lists.head[lru as usize], self.off(folio));
+            self.lists.head[lru as usize] = next;
+        } else {
+            self.mem
+                .page(self.pfn(prev))
+                .lru_next
+                .store(next, Ordering::Relaxed);
+        }
+        if next == LIST_NONE {
+            debug_assert_eq!(self.lists.tail[lru as usize], self.off(folio));
+            self.lists.tail[lru as usize] = prev;
+        } else {
+            self.mem
+                .page(self.pfn(next))
+                .lru_prev
+                .store(prev, Ordering::Relaxed);
+        }
+        head.lru_next.store(LIST_NONE, Ordering::Relaxed);
+        head.lru_prev.store(LIST_NONE, Ordering::Relaxed);
+        self.update_lru_size(lru, -(folio.nr_pages(self.mem) as i64));
+    }
+
+    /// The size of one list, in pages.
+    pub fn size(&self, lru: LruList) -> u64 {
+        self.lists.nr_pages[lru as usize]
+    }
+
+    /// The oldest folio on a list (its tail), if any.
+    pub fn tail(&self, lru: LruList) -> Option<Folio> {
+        let off = self.lists.tail[lru as usize];
+        (off != LIST_NONE).then(|| Folio(self.pfn(off)))
+    }
+
+    /// The node whose lruvec this is.
+    pub fn node_id(&self) -> usize {
+        self.node.id
+    }
+}
+
+/// `FOLIO_BATCH_SIZE` (`PAGEVEC_SIZE`).
+pub const FOLIO_BATCH_SIZE: usize = 31;
+
+/// `struct folio_batch`: up to [`FOLIO_BATCH_SIZE`] folios.
+#[derive(Clone, Copy)]
+pub struct FolioBatch {
+    nr: u8,
+    folios: [Pfn; FOLIO_BATCH_SIZE],
+}
+
+impl Default for FolioBatch {
+    fn default() -> Self {
+        FolioBatch {
+            nr: 0,
+            folios: [0; FOLIO_BATCH_SIZE],
+        }
+    }
+}
+
+impl FolioBatch {
+    /// `folio_batch_add`: returns the room left (0: full, drain it).
+    pub fn add(&mut self, folio: Folio) -> usize {
+        debug_assert!((self.nr as usize) < FOLIO_BATCH_SIZE);
+        self.folios[self.nr as usize] = folio.pfn();
+        self.nr += 1;
+        FOLIO_BATCH_SIZE - self.nr as usize
+    }
+
+    pub fn len(&self) -> usize {
+        self.nr as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nr == 0
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = Folio> + '_ {
+        self.folios[..self.nr as usize].iter().map(|&p| Folio(p))
+    }
+
+    /// Take the folios out, leaving the batch empty (`folio_batch_reinit`).
+    pub fn take(&mut self) -> FolioBatch {
+        std::mem::take(self)
+    }
+}
+
+/// `struct cpu_fbatches`: one CPU's batches of folios on their way to or
+/// between LRU lists. Each folio in a batch holds a reference.
+#[derive(Default)]
+pub struct CpuFbatches {
+    /// New folios on their way onto an LRU list (`lru_add`).
+    pub lru_add: FolioBatch,
+    /// Folios to move to the inactive file list as lazyfree
+    /// (`lru_lazyfree`).
+    pub lru_lazyfree: FolioBatch,
+}
+
+impl CpuFbatches {
+    /// Every folio the batches hold.
+    pub fn iter(&self) -> impl Iterator<Item = Folio> + '_ {
+        self.lru_add.iter().chain(self.lru_lazyfree.iter())
+    }
+}
