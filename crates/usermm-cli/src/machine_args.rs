@@ -28,7 +28,9 @@ use usermm::MachineConfig;
 
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct MachineArgs {
-    /// The machine, from a TOML or JSON file (see the README).
+    /// The machine, from a TOML or JSON file (see the README), or the
+    /// preset `tiered` (512 MiB of DRAM with 4 CPUs, 2 GiB of slow memory
+    /// without).
     #[arg(long, value_name = "FILE", conflicts_with_all = ["mem", "cpus"])]
     pub machine: Option<PathBuf>,
     /// One DRAM node of this size (K, M, G or T).
@@ -135,6 +137,7 @@ impl MachineArgs {
     /// could have been told.
     pub fn config(&self, default: MachineConfig) -> anyhow::Result<MachineConfig> {
         let config = match &self.machine {
+            Some(path) if path.as_os_str() == "tiered" && !path.exists() => MachineConfig::tiered(),
             Some(path) => read_machine_file(path)?,
             None => {
                 let mem = match &self.mem {

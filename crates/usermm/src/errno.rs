@@ -9,6 +9,7 @@ pub struct Errno(pub i32);
 
 impl Errno {
     pub const EPERM: Errno = Errno(1);
+    pub const ENOENT: Errno = Errno(2);
     pub const EBADF: Errno = Errno(9);
     pub const EINTR: Errno = Errno(4);
     pub const EIO: Errno = Errno(5);
@@ -26,6 +27,7 @@ impl Errno {
     pub fn name(self) -> &'static str {
         match self.0 {
             1 => "EPERM",
+            2 => "ENOENT",
             9 => "EBADF",
             4 => "EINTR",
             5 => "EIO",
@@ -46,6 +48,7 @@ impl Errno {
     pub fn from_name(name: &str) -> Option<Errno> {
         [
             Errno::EPERM,
+            Errno::ENOENT,
             Errno::EBADF,
             Errno::EINTR,
             Errno::EIO,

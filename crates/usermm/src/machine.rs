@@ -41,6 +41,28 @@ impl MachineConfig {
         }
     }
 
+    /// The tiered machine (`--machine tiered`): node 0, 512 MiB of DRAM
+    /// with four CPUs; node 1, 2 GiB of slow (CXL-like) memory without
+    /// CPUs. The experiments' default region (1 GiB) overflows the fast
+    /// tier.
+    pub fn tiered() -> MachineConfig {
+        MachineConfig {
+            nodes: vec![
+                NodeConfig {
+                    size_bytes: 512 << 20,
+                    tier: Tier::Dram,
+                    has_cpus: true,
+                },
+                NodeConfig {
+                    size_bytes: 2 << 30,
+                    tier: Tier::Slow,
+                    has_cpus: false,
+                },
+            ],
+            cpus: vec![0; 4],
+        }
+    }
+
     /// Whether the model can build this machine; the error says what is
     /// wrong, for people.
     pub fn validate(&self) -> Result<(), String> {
@@ -359,6 +381,13 @@ impl Machine {
         let mut v = self.mms.lock();
         v.retain(|w| w.strong_count() > 0);
         v.iter().filter_map(|w| w.upgrade()).collect()
+    }
+
+    /// The address space with id `id`, if it is still referenced (`vma->vm_mm`
+    /// for an rmap walk, which finds VMAs by their anon_vma).
+    pub fn mm_by_id(&self, id: u64) -> Option<Arc<Mm>> {
+        let v = self.mms.lock();
+        v.iter().filter_map(|w| w.upgrade()).find(|m| m.id == id)
     }
 
     pub(crate) fn register_mm(&self, mm: &Arc<Mm>) {

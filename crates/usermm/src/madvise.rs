@@ -254,6 +254,7 @@ fn madvise_free_pte_range(
     let Some(mut pt) = mm.pte_offset_map_lock(slot) else {
         return;
     };
+    crate::tlbbatch::flush_tlb_batched_pending(oncpu, mm);
     let mut a = addr;
     while a < end {
         let idx = pgtable::pte_index(a);
@@ -383,6 +384,7 @@ fn madvise_pageout_pte_range(
         let Some(mut pt) = mm.pte_offset_map_lock(slot) else {
             return;
         };
+        crate::tlbbatch::flush_tlb_batched_pending(oncpu, mm);
         let mut full = false;
         while a < end && !full {
             let idx = pgtable::pte_index(a);

@@ -543,11 +543,31 @@ fn handle_present_pte(vmf: &mut VmFault<'_>, mut pt: PteLocked<'_>) -> VmFaultRe
 fn do_swap_page(vmf: &mut VmFault<'_>) -> VmFaultResult {
     use pgtable::swapops::{PTE_MARKER_GUARD, PTE_MARKER_POISONED};
     match vmf.orig_pte.swp_entry().kind() {
-        SwpKind::Migration { .. } => VmFaultResult::Raced,
+        SwpKind::Migration { .. } => {
+            migration_entry_wait(vmf);
+            VmFaultResult::Raced
+        }
         SwpKind::Marker(bits) if bits & (PTE_MARKER_GUARD | PTE_MARKER_POISONED) != 0 => {
             VmFaultResult::Sigsegv
         }
         other => unreachable!("{other:?}: swap, device memory and userfaultfd are not modelled"),
+    }
+}
+
+/// `migration_entry_wait`: the kernel sleeps on the folio's lock, which
+/// the migration holds until the entry is replaced; the model yields until
+/// the entry has changed (or its table has gone), then the access is
+/// retried.
+fn migration_entry_wait(vmf: &VmFault<'_>) {
+    let idx = vmf.pte_idx();
+    loop {
+        std::thread::yield_now();
+        let Some(pt) = vmf.mm.pte_offset_map(vmf.pmd) else {
+            return;
+        };
+        if pt.pte(idx) != vmf.orig_pte {
+            return;
+        }
     }
 }
 
@@ -923,6 +943,7 @@ pub fn zap_pte_range(
             }
             return;
         };
+        crate::tlbbatch::flush_tlb_batched_pending(oncpu, mm);
         tracked = pt.is_tracked();
         let mut z = ZapPteTable {
             oncpu,

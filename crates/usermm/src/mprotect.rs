@@ -213,6 +213,7 @@ impl ChangeProt<'_, '_> {
         let Some(mut pt) = self.tlb.mm.pte_offset_map_lock(slot) else {
             return;
         };
+        crate::tlbbatch::flush_tlb_batched_pending(self.oncpu, self.tlb.mm);
         let mut addr = start;
         while addr < end {
             let idx = pgtable::pte_index(addr);

@@ -171,6 +171,29 @@ pub fn folio_anon_vma(mem: &PhysMem, folio: Folio) -> Option<&AnonVma> {
     Some(unsafe { &*((mapping & !PAGE_MAPPING_ANON) as *const AnonVma) })
 }
 
+/// `folio_get_anon_vma`: a reference to an anon folio's anon_vma, which
+/// keeps it (and the rmap walk it allows) valid after the folio's last
+/// mapping is gone: migration holds one from unmap to remap.
+///
+/// # Safety
+///
+/// The caller holds the lock of a page table in which an entry maps the
+/// folio: its VMA is then still chained to the anon_vma (a zap clears the
+/// entry under that lock before the VMA can be unlinked), so the anon_vma
+/// is alive while the reference is taken. (The kernel takes it under RCU,
+/// with `atomic_inc_not_zero` and a recheck; the model's anon_vmas are
+/// not freed under RCU.)
+pub unsafe fn folio_get_anon_vma(mem: &PhysMem, folio: Folio) -> Option<Arc<AnonVma>> {
+    let av = folio_anon_vma(mem, folio)? as *const AnonVma;
+    // SAFETY: `av` came from `Arc::as_ptr` of a live Arc (folio_set_anon,
+    // folio_move_anon_rmap), alive now by the caller's promise; one more
+    // strong count, then an Arc owning it.
+    unsafe {
+        Arc::increment_strong_count(av);
+        Some(Arc::from_raw(av))
+    }
+}
+
 /// The linear index of page `pfn` of an anon folio (`page_pgoff`).
 pub fn folio_page_pgoff(mem: &PhysMem, folio: Folio, pfn: Pfn) -> u64 {
     folio.head(mem).index.load(Ordering::Relaxed) + (pfn - folio.pfn())

@@ -37,6 +37,18 @@ impl OnCpu<'_> {
         crate::fork::dup_mm(self, &self.mm()?)
     }
 
+    /// `move_pages(2)` for this process: see
+    /// [`crate::migrate::kernel_move_pages`].
+    pub fn move_pages(
+        &self,
+        pages: &[u64],
+        nodes: Option<&[i32]>,
+        status: &mut [i32],
+    ) -> KResult<usize> {
+        self.kernel_enter();
+        crate::migrate::kernel_move_pages(self, pages, nodes, status)
+    }
+
     /// The process exits: its address space is torn down and this CPU is left
     /// running no mm.
     pub fn exit_mm(&self) -> KResult<()> {

@@ -56,6 +56,8 @@ pub enum Tunable {
     PtReclaimPmd,
     /// F5: the lock a page fault takes.
     FaultLock,
+    /// F3's baseline: migration's batched unmap flush.
+    MigrateBatchFlush,
 }
 
 impl Tunable {
@@ -66,6 +68,7 @@ impl Tunable {
         Tunable::PtReclaim,
         Tunable::PtReclaimPmd,
         Tunable::FaultLock,
+        Tunable::MigrateBatchFlush,
     ];
 
     /// Its registry entry.
@@ -116,7 +119,7 @@ pub enum FaultLock {
 }
 
 /// Every tunable, in [`Tunable`] order.
-pub const TUNABLES: [TunableInfo; 5] = [
+pub const TUNABLES: [TunableInfo; 6] = [
     TunableInfo {
         name: "fork_batch",
         description: "fork copies a run of PTEs mapping one large folio with one \
@@ -209,6 +212,24 @@ pub const TUNABLES: [TunableInfo; 5] = [
             },
         ],
         default: 2,
+    },
+    TunableInfo {
+        name: "migrate_batch_flush",
+        description: "migration unmaps a batch of folios and flushes the TLBs once \
+            for all of them (`try_to_migrate` with `TTU_BATCH_FLUSH`, then \
+            `try_to_unmap_flush`; v6.3 \"migrate_pages: batch flushing TLB\")",
+        values: &[
+            TunableValue {
+                name: "off",
+                description: "each PTE cleared is flushed at once \
+                    (`ptep_clear_flush`; the kernel before v6.3)",
+            },
+            TunableValue {
+                name: "on",
+                description: "one flush per batch of up to 512 pages (v6.3+)",
+            },
+        ],
+        default: 1,
     },
 ];
 
@@ -382,6 +403,16 @@ impl Tunables {
     pub fn set_zap_batch(&self, on: bool) {
         self.set_on(Tunable::ZapBatch, on)
     }
+
+    /// `migrate_batch_flush`: does migration batch its TLB flushes?
+    #[inline]
+    pub fn migrate_batch_flush(&self) -> bool {
+        self.index(Tunable::MigrateBatchFlush) != 0
+    }
+
+    pub fn set_migrate_batch_flush(&self, on: bool) {
+        self.set_on(Tunable::MigrateBatchFlush, on)
+    }
 }
 
 #[cfg(test)]
@@ -412,7 +443,8 @@ mod tests {
                 ("zap_batch", "off"),
                 ("pt_reclaim", "upstream"),
                 ("pt_reclaim_pmd", "off"),
-                ("fault_lock", "vma_lock")
+                ("fault_lock", "vma_lock"),
+                ("migrate_batch_flush", "on")
             ]
         );
         let e = t.set("zap_batch", "maybe").unwrap_err();
@@ -423,7 +455,7 @@ mod tests {
         let e = t.set("zap", "on").unwrap_err();
         assert_eq!(
             e.to_string(),
-            "no tunable \"zap\"; there are: fork_batch, zap_batch, pt_reclaim, pt_reclaim_pmd, fault_lock"
+            "no tunable \"zap\"; there are: fork_batch, zap_batch, pt_reclaim, pt_reclaim_pmd, fault_lock, migrate_batch_flush"
         );
         assert!(!t.zap_batch(), "a refused set changes nothing");
     }

@@ -50,6 +50,11 @@ counters! {
         PGLAZYFREE => "pglazyfree",
         PGLAZYFREED => "pglazyfreed",
         PGACTIVATE => "pgactivate",
+        PGMIGRATE_SUCCESS => "pgmigrate_success",
+        PGMIGRATE_FAIL => "pgmigrate_fail",
+        THP_MIGRATION_SUCCESS => "thp_migration_success",
+        THP_MIGRATION_FAIL => "thp_migration_fail",
+        THP_MIGRATION_SPLIT => "thp_migration_split",
         NR_TLB_REMOTE_FLUSH => "nr_tlb_remote_flush",
         NR_TLB_REMOTE_FLUSH_RECEIVED => "nr_tlb_remote_flush_received",
         NR_TLB_LOCAL_FLUSH_ALL => "nr_tlb_local_flush_all",
@@ -107,6 +112,7 @@ counters! {
         NR_INACTIVE_FILE => "nr_inactive_file",
         NR_ACTIVE_FILE => "nr_active_file",
         NR_UNEVICTABLE => "nr_unevictable",
+        NR_ISOLATED_ANON => "nr_isolated_anon",
     }
 }
 

@@ -181,6 +181,21 @@ impl Backend for EngineBackend {
     fn sysctl(&mut self, name: &str, value: u64) -> Result<Result<(), Errno>, String> {
         Ok(self.m.overcommit.set_sysctl(name, value))
     }
+    fn move_pages(
+        &mut self,
+        start: u64,
+        len: u64,
+        node: Option<i32>,
+    ) -> Result<(usize, Vec<i32>), Errno> {
+        let pages: Vec<u64> = (0..len.div_ceil(4096)).map(|i| start + i * 4096).collect();
+        let nodes = node.map(|n| vec![n; pages.len()]);
+        let mut status = vec![0; pages.len()];
+        let n = self.on(|c| c.move_pages(&pages, nodes.as_deref(), &mut status))?;
+        Ok((n, status))
+    }
+    fn nr_nodes(&mut self) -> usize {
+        self.m.mem.nodes.len()
+    }
     fn machine(&self) -> String {
         let changed = self.m.tunables.changed();
         if changed.is_empty() {

@@ -40,6 +40,52 @@ pub struct HostBackend {
     _lock: File,
 }
 
+/// `move_pages(2)` on this process for the pages of `[start, start+len)`:
+/// to `node`, or (node -1) only where they are. The reply is `ok N
+/// STATUS...` or `err ERRNO`.
+fn move_pages_here(start: u64, len: u64, node: i32) -> String {
+    let pages: Vec<*mut libc::c_void> = (0..len.div_ceil(4096))
+        .map(|i| (start + i * 4096) as *mut libc::c_void)
+        .collect();
+    let nodes = vec![node; pages.len()];
+    let mut status = vec![0i32; pages.len()];
+    const MPOL_MF_MOVE: libc::c_int = 1 << 1;
+    // SAFETY: move_pages on this process (pid 0) with arrays of
+    // `pages.len()` entries each, alive for the call; the kernel checks
+    // the addresses.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_move_pages,
+            0,
+            pages.len() as libc::c_ulong,
+            pages.as_ptr(),
+            if node < 0 {
+                std::ptr::null()
+            } else {
+                nodes.as_ptr()
+            },
+            status.as_mut_ptr(),
+            MPOL_MF_MOVE,
+        )
+    };
+    if r < 0 {
+        return format!("err {}", errno_now().0);
+    }
+    let s: Vec<String> = status.iter().map(|s| s.to_string()).collect();
+    format!("ok {r} {}", s.join(" "))
+}
+
+/// How many CPUs or nodes a list such as `0-1,4` names.
+fn count_cpulist(s: &str) -> usize {
+    s.split(',')
+        .filter(|p| !p.is_empty())
+        .map(|p| match p.split_once('-') {
+            Some((a, b)) => b.parse::<usize>().unwrap_or(0) + 1 - a.parse::<usize>().unwrap_or(0),
+            None => 1,
+        })
+        .sum()
+}
+
 fn errno_now() -> Errno {
     Errno(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
 }
@@ -300,6 +346,32 @@ impl Backend for HostBackend {
             .to_string();
         format!("this host, Linux {release}")
     }
+    fn move_pages(
+        &mut self,
+        start: u64,
+        len: u64,
+        node: Option<i32>,
+    ) -> Result<(usize, Vec<i32>), Errno> {
+        let r = self
+            .call(&format!("move_pages {start} {len} {}", node.unwrap_or(-1)))
+            .map_err(|_| Errno::EIO)?;
+        let mut w = r.split_whitespace();
+        match w.next() {
+            Some("ok") => {
+                let n = w.next().and_then(|v| v.parse().ok()).ok_or(Errno::EIO)?;
+                let status = w.map(|v| v.parse().unwrap_or(i32::MIN)).collect();
+                Ok((n, status))
+            }
+            Some("err") => Err(Errno(w.next().and_then(|e| e.parse().ok()).unwrap_or(0))),
+            _ => Err(Errno::EIO),
+        }
+    }
+    fn nr_nodes(&mut self) -> usize {
+        // Nodes with memory, as /sys lists them (N_MEMORY).
+        std::fs::read_to_string("/sys/devices/system/node/has_memory")
+            .ok()
+            .map_or(1, |s| count_cpulist(s.trim()))
+    }
     fn dump(&mut self) -> String {
         self.call("dump")
             .map(|s| s.trim_start_matches("ok ").replace('\u{1f}', "\n"))
@@ -467,6 +539,13 @@ fn serve(mut r: BufReader<File>, mut w: File) -> ! {
             Some("madvise") => {
                 // SAFETY: as for munmap.
                 rc(unsafe { libc::madvise(n(1) as *mut _, n(2) as usize, n(3) as i32) })
+            }
+            Some("move_pages") => {
+                let node = words
+                    .get(3)
+                    .and_then(|s| s.parse::<i32>().ok())
+                    .unwrap_or(-1);
+                move_pages_here(n(1), n(2), node)
             }
             Some("store") => {
                 if accessible(n(1), true, &mut proc_buf) {

@@ -52,6 +52,16 @@ pub trait Backend {
     fn vmstat(&mut self, name: &str) -> Result<i64, String>;
     /// A description of the current process's state, for `dump`.
     fn dump(&mut self) -> String;
+    /// `move_pages(2)` of the pages of `[start, start+len)` to `node`, or
+    /// (None) where they are: the pages not moved, and each page's status.
+    fn move_pages(
+        &mut self,
+        start: u64,
+        len: u64,
+        node: Option<i32>,
+    ) -> Result<(usize, Vec<i32>), Errno>;
+    /// The memory nodes this side has.
+    fn nr_nodes(&mut self) -> usize;
     /// The machine it runs on, for reports.
     fn machine(&self) -> String;
 }
@@ -284,6 +294,41 @@ impl Interp<'_> {
             Op::ExpectVmstat { name, since, value } => self.expect_vmstat(name, since, *value),
             Op::Fails { errno, op } => self.fails(errno, op),
             Op::Dump => Ok(Res::Ok(None, format!("\n{}", self.b.dump()))),
+            Op::Migrate { addr, len, node } => {
+                let (a, _) = self.addr(addr)?;
+                let node = i32::try_from(*node).unwrap_or(i32::MAX);
+                Ok(match self.b.move_pages(a, *len, Some(node)) {
+                    // A page that did not move fails the statement with its
+                    // status's errno.
+                    Ok((_, status)) => match status.iter().find(|&&s| s < 0) {
+                        Some(&s) => Self::errno_res(Errno(-s)),
+                        None => ok("ok"),
+                    },
+                    Err(e) => Self::errno_res(e),
+                })
+            }
+            Op::ExpectNode { addr, node } => {
+                let (a, _) = self.addr(addr)?;
+                Ok(match self.b.move_pages(a, 1, None) {
+                    Ok((_, s)) if s.first().is_some_and(|&s| s < 0) => {
+                        Self::errno_res(Errno(-s[0]))
+                    }
+                    Ok((_, s)) if s.first() == Some(&(*node as i32)) => ok(format!("node {node}")),
+                    Ok((_, s)) => Res::Fail(
+                        format!("expected node {node}, the page is on {:?}", s.first()),
+                        s.first().map(|n| format!("node {n}")),
+                    ),
+                    Err(e) => Self::errno_res(e),
+                })
+            }
+            Op::RequireNodes { n } => {
+                let have = self.b.nr_nodes();
+                Ok(if (have as u64) < *n {
+                    Res::Skip(format!("needs {n} memory nodes; this machine has {have}"))
+                } else {
+                    ok("ok")
+                })
+            }
         }
     }
 

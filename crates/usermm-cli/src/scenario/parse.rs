@@ -175,6 +175,24 @@ pub enum Op {
         op: Box<Op>,
     },
     Dump,
+    /// `migrate ADDR LEN NODE`: `move_pages(2)` of every page of the range
+    /// to the node.
+    Migrate {
+        addr: Addr,
+        len: u64,
+        node: u64,
+    },
+    /// `expect node ADDR == N`: `move_pages(2)` without nodes says where
+    /// the page is.
+    ExpectNode {
+        addr: Addr,
+        node: u64,
+    },
+    /// `require nodes N`: a machine with fewer memory nodes skips the
+    /// scenario.
+    RequireNodes {
+        n: u64,
+    },
 }
 
 /// Whether usermm keeps the counter `name`: a /proc/vmstat event or node
@@ -488,7 +506,17 @@ fn parse_op(w: &mut Words) -> Result<Op, ParseError> {
         "read" => Op::Read { addr: w.addr()? },
         "expect" => {
             let (col, first) = w.next("a figure or an address")?;
-            if first == "vmstat" {
+            if first == "node" {
+                let addr = w.addr()?;
+                let (col2, eq) = w.next("==")?;
+                if eq != "==" {
+                    return Err(w.err(col2, format!("expected ==, found {eq:?}")));
+                }
+                Op::ExpectNode {
+                    addr,
+                    node: w.number("a node")?,
+                }
+            } else if first == "vmstat" {
                 let (col, name) = w.next("a counter name")?;
                 if !vmstat_name_known(name) {
                     return Err(w.err(
@@ -669,6 +697,20 @@ fn parse_op(w: &mut Words) -> Result<Op, ParseError> {
             });
         }
         "dump" => Op::Dump,
+        "migrate" => Op::Migrate {
+            addr: w.addr()?,
+            len: w.number("a length")?,
+            node: w.number("a node")?,
+        },
+        "require" => {
+            let (col, what) = w.next("nodes")?;
+            if what != "nodes" {
+                return Err(w.err(col, format!("expected require nodes N, found {what:?}")));
+            }
+            Op::RequireNodes {
+                n: w.number("a number of nodes")?,
+            }
+        }
         other => return Err(w.err(c, format!("unknown statement {other:?}"))),
     };
     w.done()?;

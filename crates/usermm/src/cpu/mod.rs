@@ -100,7 +100,10 @@ impl TlbMm for Mm {
 
 /// `struct flush_tlb_info`, shared by all the CPUs a shootdown targets.
 pub struct FlushRequest<M: TlbMm = Mm> {
-    pub mm: Arc<M>,
+    /// The address space to flush; None for a batched flush
+    /// (`arch_tlbbatch_flush`), which flushes whatever each CPU runs, in
+    /// full, if it is behind its generation.
+    pub mm: Option<Arc<M>>,
     pub start: u64,
     pub end: u64,
     pub stride_shift: u32,
@@ -245,10 +248,11 @@ impl<M: TlbMm> Cpu<M> {
         if reqs.is_empty() {
             return;
         }
+        let loaded = self.loaded.lock();
         let mut tlb = self.tlb.lock();
         for req in reqs {
             vmstat.count(self.id, Event::NR_TLB_REMOTE_FLUSH_RECEIVED, 1);
-            flush_tlb_func(&mut tlb, &req, None, vmstat);
+            flush_tlb_func(&mut tlb, &req, loaded.as_ref(), None, vmstat);
             req.acks.ack(self.id);
         }
     }
@@ -284,19 +288,39 @@ impl<M: TlbMm> Cpu<M> {
     }
 }
 
-/// `flush_tlb_func`: apply one request to a TLB. `local` is the initiating
-/// CPU's id when this is the local flush (it counts the local events).
+/// `flush_tlb_func`: apply one request to a TLB, on a CPU that runs
+/// `loaded` (mm, ASID slot). `local` is the initiating CPU's id when this
+/// is the local flush (it counts the local events).
 fn flush_tlb_func<M: TlbMm>(
     tlb: &mut Tlb,
     req: &FlushRequest<M>,
+    loaded: Option<&(Arc<M>, usize)>,
     local: Option<usize>,
     vmstat: &VmStat,
 ) {
-    let Some(slot) = tlb.slot_of(req.mm.tlb_id()) else {
+    let Some(mm) = &req.mm else {
+        // A batched flush: the loaded mm's TLB, in full, unless it is up
+        // to date already (its generation was bumped when the work was
+        // queued, so a CPU that ran it since has caught up).
+        let Some((mm, slot)) = loaded else {
+            return;
+        };
+        let mm_gen = mm.tlb_gen().load(Ordering::Acquire);
+        if tlb.slots[*slot].tlb_gen >= mm_gen {
+            return;
+        }
+        tlb.flush_slot(*slot);
+        tlb.slots[*slot].tlb_gen = mm_gen;
+        if let Some(cpu) = local {
+            vmstat.count(cpu, Event::NR_TLB_LOCAL_FLUSH_ALL, 1);
+        }
+        return;
+    };
+    let Some(slot) = tlb.slot_of(mm.tlb_id()) else {
         return;
     };
     let local_gen = tlb.slots[slot].tlb_gen;
-    let mm_gen = req.mm.tlb_gen().load(Ordering::Acquire);
+    let mm_gen = mm.tlb_gen().load(Ordering::Acquire);
     if local_gen >= req.new_tlb_gen {
         // An earlier full flush already covered this request.
         return;
@@ -344,7 +368,7 @@ pub fn flush_tlb_mm_range<M: TlbMm>(
     // switch_mm and enter_user).
     let new_tlb_gen = shootdown::next_tlb_gen(mm.tlb_gen());
     let req = Arc::new(FlushRequest {
-        mm: mm.clone(),
+        mm: Some(mm.clone()),
         start,
         end,
         stride_shift,
@@ -352,16 +376,35 @@ pub fn flush_tlb_mm_range<M: TlbMm>(
         acks: Acks::default(),
     });
 
-    if me
-        .loaded
-        .lock()
-        .as_ref()
-        .is_some_and(|(m, _)| m.tlb_id() == mm.tlb_id())
     {
-        flush_tlb_func(&mut me.tlb.lock(), &req, Some(me.id), vmstat);
+        let loaded = me.loaded.lock();
+        if loaded
+            .as_ref()
+            .is_some_and(|(m, _)| m.tlb_id() == mm.tlb_id())
+        {
+            flush_tlb_func(
+                &mut me.tlb.lock(),
+                &req,
+                loaded.as_ref(),
+                Some(me.id),
+                vmstat,
+            );
+        }
     }
 
     let others = mm.cpumask().load(Ordering::SeqCst) & !(1u64 << me.id);
+    flush_tlb_multi(cpus, me, others, &req, vmstat);
+}
+
+/// `flush_tlb_multi`: post `req` to the CPUs of `others` that are in user
+/// mode, and wait until each has handled it or left user mode.
+fn flush_tlb_multi<M: TlbMm>(
+    cpus: &[Cpu<M>],
+    me: &Cpu<M>,
+    others: u64,
+    req: &Arc<FlushRequest<M>>,
+    vmstat: &VmStat,
+) {
     if others == 0 {
         return;
     }
@@ -385,6 +428,47 @@ pub fn flush_tlb_mm_range<M: TlbMm>(
             done
         });
     }
+}
+
+/// `arch_tlbbatch_add_pending`: queue a flush of `mm` on `batch`, the
+/// CPUs that may cache it. The mm's generation is bumped first (SeqCst,
+/// before the cpumask is read, as a range flush does), so that a CPU that
+/// runs it again before the batch is flushed catches up by itself.
+pub fn arch_tlbbatch_add_pending<M: TlbMm>(batch: &mut u64, mm: &M) {
+    shootdown::next_tlb_gen(mm.tlb_gen());
+    *batch |= mm.cpumask().load(Ordering::SeqCst);
+}
+
+/// `arch_tlbbatch_should_defer`: whether a CPU other than `me` may cache
+/// `mm` (flushing locally at once is cheaper than batching otherwise).
+pub fn arch_tlbbatch_should_defer<M: TlbMm>(me: &Cpu<M>, mm: &M) -> bool {
+    mm.cpumask().load(Ordering::SeqCst) & !(1u64 << me.id) != 0
+}
+
+/// `arch_tlbbatch_flush`: a full flush on every CPU of `batch` that runs
+/// an mm behind its generation: one shootdown for all of them (counted
+/// once in `nr_tlb_remote_flush`), or only the local flush if the batch
+/// holds this CPU alone.
+pub fn arch_tlbbatch_flush<M: TlbMm>(cpus: &[Cpu<M>], me: &Cpu<M>, batch: u64, vmstat: &VmStat) {
+    let req = Arc::new(FlushRequest {
+        mm: None,
+        start: 0,
+        end: TLB_FLUSH_ALL,
+        stride_shift: crate::phys::PAGE_SHIFT,
+        new_tlb_gen: 0,
+        acks: Acks::default(),
+    });
+    if batch & (1u64 << me.id) != 0 {
+        let loaded = me.loaded.lock();
+        flush_tlb_func(
+            &mut me.tlb.lock(),
+            &req,
+            loaded.as_ref(),
+            Some(me.id),
+            vmstat,
+        );
+    }
+    flush_tlb_multi(cpus, me, batch & !(1u64 << me.id), &req, vmstat);
 }
 
 /// `flush_tlb_mm`.

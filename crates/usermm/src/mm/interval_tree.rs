@@ -278,7 +278,14 @@ impl AnonVma {
     /// whose page-offset range meets it.
     pub fn vmas_in(&self, first: u64, last: u64) -> Vec<Arc<Vma>> {
         let g = self.lock_read();
-        let t = self.tree(&g);
+        self.vmas_in_locked(&g, first, last)
+    }
+
+    /// [`AnonVma::vmas_in`] with the family's lock already held (an rmap
+    /// walk holds it throughout, so that no VMA it finds can be unlinked
+    /// and have its page tables freed under it).
+    pub fn vmas_in_locked(&self, g: &AnonVmaReadGuard, first: u64, last: u64) -> Vec<Arc<Vma>> {
+        let t = self.tree(g);
         let mut out = Vec::new();
         if let Some(root) = t.root() {
             overlapping(root, first, last, &mut out);

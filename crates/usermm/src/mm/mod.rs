@@ -144,6 +144,9 @@ pub struct Mm {
     pub tlb_gen: crate::sync::checked::AtomicU64,
     /// `mm->tlb_flush_pending`: mmu_gathers in progress.
     pub tlb_flush_pending: AtomicI32,
+    /// `mm->tlb_flush_batched`: batched unmap flushes queued for this mm
+    /// (low half) and completed (high half); see [`crate::tlbbatch`].
+    pub tlb_flush_batched: crate::sync::AtomicU32,
     /// `mm->total_vm`, in pages.
     pub total_vm: AtomicU64,
     /// Set by exit_mmap; no new faults.
@@ -208,6 +211,7 @@ impl Mm {
             cpumask: crate::sync::checked::AtomicU64::new(0),
             tlb_gen: crate::sync::checked::AtomicU64::new(1),
             tlb_flush_pending: AtomicI32::new(0),
+            tlb_flush_batched: crate::sync::AtomicU32::new(0),
             total_vm: AtomicU64::new(0),
             dead: crate::sync::AtomicBool::new(false),
         }))

@@ -64,6 +64,30 @@ impl Folio {
         self.head(mem).refcount.load(Ordering::Relaxed)
     }
 
+    /// `folio_trylock`: take PG_locked if no one holds it.
+    #[inline]
+    pub fn trylock(self, mem: &PhysMem) -> bool {
+        // Acquire: what the last holder did under the lock is seen.
+        self.head(mem).flags.fetch_or(pg::LOCKED, Ordering::Acquire) & pg::LOCKED == 0
+    }
+
+    /// `folio_unlock`.
+    #[inline]
+    pub fn unlock(self, mem: &PhysMem) {
+        // Release: what was done under the lock is seen by the next holder.
+        let old = self
+            .head(mem)
+            .flags
+            .fetch_and(!pg::LOCKED, Ordering::Release);
+        debug_assert!(old & pg::LOCKED != 0, "folio {:#x} unlocked twice", self.0);
+    }
+
+    /// `folio_nid`: the node the folio's memory is on.
+    #[inline]
+    pub fn nid(self) -> usize {
+        PhysMem::nid(self.0)
+    }
+
     /// `folio_get`.
     #[inline]
     pub fn get(self, mem: &PhysMem) {

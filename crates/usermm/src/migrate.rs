@@ -1,0 +1,847 @@
+//! Page migration (mm/migrate.c), with the two rmap walks it is made of
+//! (mm/rmap.c's `try_to_migrate_one`, and `remove_migration_pte`), and
+//! `move_pages(2)`.
+//!
+//! `migrate_pages` moves isolated folios to a target node in batches of up
+//! to 512 pages, as v6.3+ does (`migrate_pages_batch`):
+//!
+//! 1. *Unmap* every folio of the batch: lock it, allocate its destination,
+//!    and replace each PTE that maps it by a migration entry
+//!    (`try_to_migrate`). In the batch's first, asynchronous pass, the TLB
+//!    flush of each cleared PTE is queued on a [`TlbflushUnmapBatch`]
+//!    (`TTU_BATCH_FLUSH`) rather than done.
+//! 2. *Flush* once for the batch (`try_to_unmap_flush`): from here no CPU
+//!    can reach a source page.
+//! 3. *Move* each folio: copy it, check that only the isolation still
+//!    holds it, give the destination its identity, and put PTEs to the
+//!    destination where the migration entries stand
+//!    (`remove_migration_ptes`); the source is freed.
+//!
+//! A folio that cannot be unmapped or moved is retried in later passes and
+//! finally given back, its migration entries restored to it. A synchronous
+//! migration (move_pages) tries the whole batch asynchronously first and
+//! then each folio that failed on its own, without batching its flushes
+//! (`migrate_pages_sync`). With the tunable `migrate_batch_flush` off, no
+//! pass batches: each cleared PTE is flushed at once (`ptep_clear_flush`),
+//! as before v6.3.
+//!
+//! A fault on a migration entry waits until the entry is gone
+//! (`migration_entry_wait`). The rmap walks hold the anon_vma's lock for
+//! reading throughout, so that no VMA they find can be unlinked and have
+//! its page tables freed under them, and the migration holds a reference
+//! to the anon_vma from isolation to the end, so that the walk that puts
+//! the PTEs back still can run after the process has unmapped or exited.
+//!
+//! What the model does differently: a PMD-mapped THP has its PMD split
+//! first and migrates as a PTE-mapped folio (the kernel installs a PMD
+//! migration entry and remaps it by a PMD: `thp_migration_success` counts
+//! it all the same, but the destination is mapped by PTEs here); a large
+//! folio whose destination cannot be allocated fails instead of being split
+//! and retried (`thp_migration_split`); the destination is not locked (no
+//! one else can reach it before its PTEs are in place).
+
+use crate::errno::{Errno, KResult};
+use crate::huge_memory::split_huge_pmd;
+use crate::machine::OnCpu;
+use crate::mm::{AnonVma, Mm, Vma};
+use crate::pgtable::swapops::{Migration, SwpEntry, SwpKind};
+use crate::pgtable::{self, Pte, PteRead};
+use crate::phys::folio::{clear_page_anon_exclusive, page_anon_exclusive};
+use crate::phys::memmap::pg;
+use crate::phys::{
+    AllocFlags, Folio, PhysMem, HPAGE_PMD_NR, HPAGE_PMD_ORDER, PAGE_SHIFT, PAGE_SIZE,
+};
+use crate::rmap::{self, RmapFlags};
+use crate::sync::{Arc, Ordering};
+use crate::tlbbatch::{pte_accessible, should_defer_flush, TlbflushUnmapBatch, TtuFlags};
+use crate::vmstat::{Event, MthpStat, NodeStat};
+
+/// `NR_MAX_BATCHED_MIGRATION`: pages unmapped before one flush.
+pub const NR_MAX_BATCHED_MIGRATION: u64 = HPAGE_PMD_NR;
+/// `NR_MAX_MIGRATE_PAGES_RETRY`: passes of an asynchronous migration.
+const NR_MAX_MIGRATE_PAGES_RETRY: usize = 10;
+/// `NR_MAX_MIGRATE_ASYNC_RETRY`: passes of a synchronous migration's
+/// batched try.
+const NR_MAX_MIGRATE_ASYNC_RETRY: usize = 3;
+/// `NR_MAX_MIGRATE_SYNC_RETRY`: passes for each folio it then retries.
+const NR_MAX_MIGRATE_SYNC_RETRY: usize = 7;
+
+/// `enum migrate_mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MigrateMode {
+    /// `MIGRATE_ASYNC`: give up on a folio someone else has locked.
+    Async,
+    /// `MIGRATE_SYNC`: wait for it.
+    Sync,
+}
+
+/// `enum migrate_reason`, those the model has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MigrateReason {
+    /// `MR_SYSCALL`: move_pages, mbind.
+    Syscall,
+    /// `MR_DEMOTION`: reclaim moves a cold folio to a slower tier.
+    Demotion,
+    /// `MR_NUMA_MISPLACED`: NUMA balancing moves a hot folio closer.
+    NumaMisplaced,
+}
+
+/// `struct migration_target_control`: where destinations are allocated.
+#[derive(Clone, Copy, Debug)]
+pub struct MigrationTarget {
+    pub nid: usize,
+    /// `__GFP_THISNODE`: that node or nothing.
+    pub this_node: bool,
+}
+
+/// A folio isolated for migration: off the LRU, with the isolation's
+/// reference, and a reference to its anon_vma.
+pub struct Isolated {
+    pub folio: Folio,
+    anon_vma: Arc<AnonVma>,
+}
+
+/// `struct migrate_pages_stats`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MigrateStats {
+    /// Pages migrated.
+    pub nr_succeeded: u64,
+    /// Pages that could not be.
+    pub nr_failed_pages: u64,
+    pub nr_thp_succeeded: u64,
+    pub nr_thp_failed: u64,
+}
+
+/// What [`migrate_pages`] did: its counts, and the folios it could not
+/// migrate (still isolated: the caller puts them back).
+pub struct MigrateOutcome {
+    pub stats: MigrateStats,
+    pub failed: Vec<Isolated>,
+}
+
+/// A folio unmapped, with its destination (`__migrate_folio_record`).
+struct Unmapped {
+    src: Isolated,
+    dst: Folio,
+    was_mapped: bool,
+}
+
+/// Isolate `folio` for migration (`folio_isolate_lru` with the anon_vma
+/// reference the migration holds); None if it is on no LRU list (someone
+/// else has it, or it waits in a batch).
+///
+/// # Safety
+///
+/// The caller holds the lock of a page table in which an entry maps
+/// `folio` (see [`rmap::folio_get_anon_vma`]).
+pub unsafe fn isolate_for_migration(mem: &PhysMem, folio: Folio) -> Option<Isolated> {
+    // SAFETY: the caller's promise, passed on.
+    let anon_vma = unsafe { rmap::folio_get_anon_vma(mem, folio) }?;
+    if !crate::swap::folio_isolate_lru(mem, folio) {
+        return None;
+    }
+    mem.mod_node_state(NodeStat::NR_ISOLATED_ANON, folio.nr_pages(mem) as i64);
+    Some(Isolated { folio, anon_vma })
+}
+
+/// `putback_movable_pages`: folios that were not migrated go back onto the
+/// LRU, their isolation over.
+pub fn putback_movable_pages(oncpu: &OnCpu, folios: Vec<Isolated>) {
+    let mem = oncpu.mem();
+    for iso in folios {
+        let f = iso.folio;
+        mem.mod_node_state(NodeStat::NR_ISOLATED_ANON, -(f.nr_pages(mem) as i64));
+        drop(iso.anon_vma);
+        crate::swap::folio_putback_lru(mem, f, oncpu.id());
+    }
+}
+
+/// `migrate_pages`: migrate isolated folios to `target`.
+pub fn migrate_pages(
+    oncpu: &OnCpu,
+    mut from: Vec<Isolated>,
+    target: MigrationTarget,
+    mode: MigrateMode,
+    reason: MigrateReason,
+) -> MigrateOutcome {
+    let mem = oncpu.mem();
+    let mut stats = MigrateStats::default();
+    let mut failed = Vec::new();
+    from.reverse();
+    while !from.is_empty() {
+        // Up to NR_MAX_BATCHED_MIGRATION pages, and at least one folio.
+        let mut batch = Vec::new();
+        let mut pages = 0;
+        while let Some(iso) = from.pop() {
+            pages += iso.folio.nr_pages(mem);
+            batch.push(iso);
+            if pages >= NR_MAX_BATCHED_MIGRATION {
+                break;
+            }
+        }
+        let left = match mode {
+            MigrateMode::Async => migrate_pages_batch(
+                oncpu,
+                batch,
+                target,
+                MigrateMode::Async,
+                NR_MAX_MIGRATE_PAGES_RETRY,
+                &mut stats,
+            ),
+            MigrateMode::Sync => migrate_pages_sync(oncpu, batch, target, mode, &mut stats),
+        };
+        failed.extend(left);
+    }
+    let _ = reason;
+    let v = oncpu.vmstat();
+    v.count(oncpu.id(), Event::PGMIGRATE_SUCCESS, stats.nr_succeeded);
+    v.count(oncpu.id(), Event::PGMIGRATE_FAIL, stats.nr_failed_pages);
+    v.count(
+        oncpu.id(),
+        Event::THP_MIGRATION_SUCCESS,
+        stats.nr_thp_succeeded,
+    );
+    v.count(oncpu.id(), Event::THP_MIGRATION_FAIL, stats.nr_thp_failed);
+    MigrateOutcome { stats, failed }
+}
+
+/// `migrate_pages_sync`: the batch asynchronously first (its flushes
+/// batched), then each folio that failed alone, synchronously.
+fn migrate_pages_sync(
+    oncpu: &OnCpu,
+    batch: Vec<Isolated>,
+    target: MigrationTarget,
+    mode: MigrateMode,
+    stats: &mut MigrateStats,
+) -> Vec<Isolated> {
+    let mut astats = MigrateStats::default();
+    let left = migrate_pages_batch(
+        oncpu,
+        batch,
+        target,
+        MigrateMode::Async,
+        NR_MAX_MIGRATE_ASYNC_RETRY,
+        &mut astats,
+    );
+    stats.nr_succeeded += astats.nr_succeeded;
+    stats.nr_thp_succeeded += astats.nr_thp_succeeded;
+    let mut failed = Vec::new();
+    for iso in left {
+        failed.extend(migrate_pages_batch(
+            oncpu,
+            vec![iso],
+            target,
+            mode,
+            NR_MAX_MIGRATE_SYNC_RETRY,
+            stats,
+        ));
+    }
+    failed
+}
+
+/// `migrate_pages_batch`: unmap the batch, flush once, move each folio;
+/// returns the folios that could not be migrated.
+fn migrate_pages_batch(
+    oncpu: &OnCpu,
+    mut from: Vec<Isolated>,
+    target: MigrationTarget,
+    mode: MigrateMode,
+    nr_pass: usize,
+    stats: &mut MigrateStats,
+) -> Vec<Isolated> {
+    let mem = oncpu.mem();
+    let flags = TtuFlags {
+        batch_flush: mode == MigrateMode::Async && oncpu.m.tunables.migrate_batch_flush(),
+    };
+    let mut ubc = TlbflushUnmapBatch::new();
+    let mut failed = Vec::new();
+    let mut unmapped = Vec::new();
+    'unmap: for _ in 0..nr_pass {
+        let mut retry = Vec::new();
+        let mut todo = std::mem::take(&mut from).into_iter();
+        while let Some(iso) = todo.next() {
+            match migrate_folio_unmap(oncpu, iso, target, mode, flags, &mut ubc) {
+                Unmap::Unmapped(u) => unmapped.push(u),
+                Unmap::Done(nr) => stats.nr_succeeded += nr,
+                Unmap::Again(iso) => retry.push(iso),
+                Unmap::NoMem(iso) => {
+                    // No destination: this one and the rest fail; move
+                    // what is unmapped already.
+                    failed.push(iso);
+                    failed.extend(todo);
+                    failed.append(&mut retry);
+                    break 'unmap;
+                }
+            }
+        }
+        from = retry;
+        if from.is_empty() {
+            break;
+        }
+    }
+    failed.append(&mut from);
+    // One flush for every PTE the batch cleared: no CPU may write a source
+    // page once its copy has begun.
+    ubc.flush(oncpu);
+    for _ in 0..nr_pass {
+        let mut retry = Vec::new();
+        for u in unmapped {
+            let nr = u.src.folio.nr_pages(mem);
+            let thp = u.src.folio.order(mem) == HPAGE_PMD_ORDER;
+            match migrate_folio_move(oncpu, u) {
+                Ok(()) => {
+                    stats.nr_succeeded += nr;
+                    stats.nr_thp_succeeded += thp as u64;
+                }
+                Err(u) => retry.push(u),
+            }
+        }
+        unmapped = retry;
+        if unmapped.is_empty() {
+            break;
+        }
+    }
+    for u in unmapped {
+        failed.push(migrate_folio_undo(oncpu, u));
+    }
+    for iso in &failed {
+        stats.nr_failed_pages += iso.folio.nr_pages(mem);
+        stats.nr_thp_failed += (iso.folio.order(mem) == HPAGE_PMD_ORDER) as u64;
+    }
+    failed
+}
+
+/// What unmapping one folio came to.
+enum Unmap {
+    Unmapped(Unmapped),
+    /// Freed from under the migration (its pages count as migrated).
+    Done(u64),
+    /// Locked by someone else, or still mapped somewhere: try again.
+    Again(Isolated),
+    /// No destination could be allocated.
+    NoMem(Isolated),
+}
+
+/// `migrate_folio_unmap`.
+fn migrate_folio_unmap(
+    oncpu: &OnCpu,
+    iso: Isolated,
+    target: MigrationTarget,
+    mode: MigrateMode,
+    flags: TtuFlags,
+    ubc: &mut TlbflushUnmapBatch,
+) -> Unmap {
+    let mem = oncpu.mem();
+    let src = iso.folio;
+    let nr = src.nr_pages(mem);
+    if src.ref_count(mem) == 1 {
+        // Only the isolation holds it: it was unmapped meanwhile.
+        src.head(mem).clear(pg::ACTIVE);
+        migrate_folio_done(oncpu, iso);
+        return Unmap::Done(nr);
+    }
+    let gfp = AllocFlags {
+        this_node: target.this_node,
+        ..AllocFlags::NONE
+    };
+    let Some(dst) = mem.folio_alloc(target.nid, src.order(mem), oncpu.id(), gfp) else {
+        return Unmap::NoMem(iso);
+    };
+    if !src.trylock(mem) {
+        if mode == MigrateMode::Async {
+            dst.put(mem, oncpu.id());
+            return Unmap::Again(iso);
+        }
+        while !src.trylock(mem) {
+            std::thread::yield_now();
+        }
+    }
+    let was_mapped = src.mapped(mem);
+    if was_mapped {
+        try_to_migrate(oncpu, &iso, flags, ubc);
+    }
+    if !src.mapped(mem) {
+        return Unmap::Unmapped(Unmapped {
+            src: iso,
+            dst,
+            was_mapped,
+        });
+    }
+    // Some mapping could not be replaced: put back what was.
+    if was_mapped {
+        // The queued flushes of the PTEs restored stay queued: a stale
+        // translation to the same page is harmless.
+        remove_migration_ptes(oncpu, &iso, src);
+    }
+    src.unlock(mem);
+    dst.put(mem, oncpu.id());
+    Unmap::Again(iso)
+}
+
+/// `migrate_folio_move`: copy, hand over, remap; the source is freed. On
+/// failure (someone still holds a reference to the source) the folio stays
+/// unmapped for another pass.
+fn migrate_folio_move(oncpu: &OnCpu, u: Unmapped) -> Result<(), Unmapped> {
+    let mem = oncpu.mem();
+    let (src, dst) = (u.src.folio, u.dst);
+    if move_to_new_folio(mem, dst, src).is_err() {
+        return Err(u);
+    }
+    crate::swap::folio_add_lru(mem, dst, oncpu.id());
+    if u.was_mapped {
+        remove_migration_ptes(oncpu, &u.src, dst);
+    }
+    // The allocation's reference: the PTEs hold their own.
+    dst.put(mem, oncpu.id());
+    src.unlock(mem);
+    migrate_folio_done(oncpu, u.src);
+    Ok(())
+}
+
+/// A folio unmapped but never moved: its migration entries point to it
+/// again, and its destination goes.
+fn migrate_folio_undo(oncpu: &OnCpu, u: Unmapped) -> Isolated {
+    let mem = oncpu.mem();
+    if u.was_mapped {
+        remove_migration_ptes(oncpu, &u.src, u.src.folio);
+    }
+    u.src.folio.unlock(mem);
+    u.dst.put(mem, oncpu.id());
+    u.src
+}
+
+/// `migrate_folio_done`: the isolation is over; its reference is the
+/// source's last.
+fn migrate_folio_done(oncpu: &OnCpu, iso: Isolated) {
+    let mem = oncpu.mem();
+    let f = iso.folio;
+    mem.mod_node_state(NodeStat::NR_ISOLATED_ANON, -(f.nr_pages(mem) as i64));
+    drop(iso.anon_vma);
+    f.put(mem, oncpu.id());
+}
+
+/// `move_to_new_folio` for an anonymous folio (`migrate_folio`): copy the
+/// pages, then check that only the isolation holds the source (the
+/// kernel's `__folio_migrate_mapping` with no mapping: no freeze, as
+/// nothing can take a new reference to an unmapped, isolated anon folio),
+/// then give the destination the source's identity and flags.
+fn move_to_new_folio(mem: &PhysMem, dst: Folio, src: Folio) -> KResult<()> {
+    let nr = src.nr_pages(mem);
+    for i in 0..nr {
+        mem.copy_page(dst.pfn() + i, src.pfn() + i);
+    }
+    if src.ref_count(mem) != 1 {
+        return Err(Errno::EAGAIN);
+    }
+    let (s, d) = (src.head(mem), dst.head(mem));
+    d.mapping
+        .store(s.mapping.load(Ordering::Relaxed), Ordering::Relaxed);
+    d.index
+        .store(s.index.load(Ordering::Relaxed), Ordering::Relaxed);
+    // folio_migrate_flags.
+    let kept = s.flags.load(Ordering::Relaxed)
+        & (pg::SWAPBACKED | pg::LAZYFREE | pg::DIRTY | pg::REFERENCED);
+    d.set(kept);
+    if s.test_and_clear(pg::ACTIVE) {
+        d.set(pg::ACTIVE);
+    }
+    if src.test_anon(mem) && src.order(mem) > 1 {
+        mem.vmstat.mod_mthp(src.order(mem), MthpStat::NR_ANON, 1);
+    }
+    Ok(())
+}
+
+/// The VMAs the rmap finds for every page of `iso`'s folio, with their mm,
+/// under the anon_vma's read lock (`rmap_walk_anon`): `f` is called for
+/// each, the lock held.
+fn rmap_walk_anon(oncpu: &OnCpu, iso: &Isolated, mut f: impl FnMut(&Arc<Mm>, &Vma) -> bool) {
+    let mem = oncpu.mem();
+    let folio = iso.folio;
+    let first = rmap::folio_page_pgoff(mem, folio, folio.pfn());
+    let last = first + folio.nr_pages(mem) - 1;
+    let g = iso.anon_vma.lock_read();
+    for vma in iso.anon_vma.vmas_in_locked(&g, first, last) {
+        let Some(mm) = oncpu.m.mm_by_id(vma.mm_id) else {
+            continue;
+        };
+        if !f(&mm, &vma) {
+            break;
+        }
+    }
+}
+
+/// The pages of `folio` that `vma` may map: (page number in the folio,
+/// address).
+fn folio_addresses<'a>(
+    mem: &'a PhysMem,
+    folio: Folio,
+    vma: &'a Vma,
+) -> impl Iterator<Item = (u64, u64)> + 'a {
+    let first = rmap::folio_page_pgoff(mem, folio, folio.pfn());
+    (0..folio.nr_pages(mem)).filter_map(move |i| vma.address_of(first + i).map(|a| (i, a)))
+}
+
+/// `try_to_migrate`: replace every PTE that maps the folio by a migration
+/// entry. Any that cannot be reached (a table being freed) stays, and the
+/// caller sees the folio still mapped.
+fn try_to_migrate(oncpu: &OnCpu, iso: &Isolated, flags: TtuFlags, ubc: &mut TlbflushUnmapBatch) {
+    let mem = oncpu.mem();
+    let folio = iso.folio;
+    rmap_walk_anon(oncpu, iso, |mm, vma| {
+        for (i, addr) in folio_addresses(mem, folio, vma) {
+            try_to_migrate_one(oncpu, mm, vma, folio, i, addr, flags, ubc);
+        }
+        folio.mapped(mem)
+    });
+}
+
+/// `try_to_migrate_one` for page `i` of `folio`, which `vma` of `mm` may
+/// map at `addr`.
+#[allow(clippy::too_many_arguments)]
+fn try_to_migrate_one(
+    oncpu: &OnCpu,
+    mm: &Arc<Mm>,
+    vma: &Vma,
+    folio: Folio,
+    i: u64,
+    addr: u64,
+    flags: TtuFlags,
+    ubc: &mut TlbflushUnmapBatch,
+) {
+    let mem = oncpu.mem();
+    let page = folio.pfn() + i;
+    let Some(slot) = mm.pmd_lookup(addr) else {
+        return;
+    };
+    let pmd = mm.pmd_get(slot);
+    if pmd.trans_huge() && mem.page_folio(pmd.pfn()) == folio {
+        // The model migrates PMD-mapped folios by their PTEs (module doc).
+        split_huge_pmd(oncpu, mm, slot, addr);
+    }
+    let Some(mut pt) = mm.pte_offset_map_lock(slot) else {
+        return;
+    };
+    let idx = pgtable::pte_index(addr);
+    let pte = pt.pte(idx);
+    if !pte.present() || pte.special() || pte.pfn() != page {
+        return;
+    }
+    debug_assert!(vma.contains(addr));
+    // Nuke the entry: queue its flush, or flush it now.
+    let pteval = pt.get_and_clear(idx);
+    if should_defer_flush(oncpu, mm, flags) {
+        ubc.set_flush_pending(mm, pteval);
+    } else if pte_accessible(mm, pteval) {
+        oncpu.flush_tlb_range(mm, addr, addr + PAGE_SIZE, PAGE_SHIFT);
+    }
+    if pteval.dirty() {
+        folio.head(mem).set(pg::DIRTY);
+    }
+    mm.update_hiwater_rss();
+    // folio_try_share_anon_rmap_pte: the model has no GUP pins, so an
+    // exclusive page can always be shared (its exclusivity moves into the
+    // entry's type).
+    let exclusive = page_anon_exclusive(mem, page);
+    if exclusive {
+        clear_page_anon_exclusive(mem, page);
+    }
+    let kind = if pteval.write() {
+        Migration::Write
+    } else if exclusive {
+        Migration::ReadExclusive
+    } else {
+        Migration::Read
+    };
+    let mut entry = SwpEntry::migration(kind, page);
+    if pteval.young() {
+        entry = entry.mkyoung();
+    }
+    if pteval.dirty() {
+        entry = entry.mkdirty();
+    }
+    let mut swp = entry.to_pte();
+    if pteval.soft_dirty() {
+        swp = swp.swp_mksoft_dirty();
+    }
+    pt.set(idx, swp);
+    rmap::folio_remove_rmap_ptes(mem, folio, page, 1, oncpu.id());
+    // The mapping's reference; the isolation's keeps the folio.
+    folio.put(mem, oncpu.id());
+}
+
+/// `remove_migration_ptes`: where a migration entry of `src` stands, map
+/// the same page of `dst` (the destination, or `src` itself when a
+/// migration is undone), with the entry's write, young and dirty bits and
+/// its exclusivity.
+fn remove_migration_ptes(oncpu: &OnCpu, src: &Isolated, dst: Folio) {
+    let mem = oncpu.mem();
+    let from = src.folio;
+    rmap_walk_anon(oncpu, src, |mm, vma| {
+        for (i, addr) in folio_addresses(mem, from, vma) {
+            remove_migration_pte(oncpu, mm, vma, from.pfn() + i, dst.pfn() + i, addr);
+        }
+        true
+    });
+}
+
+/// `remove_migration_pte` for one address.
+fn remove_migration_pte(oncpu: &OnCpu, mm: &Arc<Mm>, vma: &Vma, old: u64, new: u64, addr: u64) {
+    let mem = oncpu.mem();
+    let Some(slot) = mm.pmd_lookup(addr) else {
+        return;
+    };
+    let Some(mut pt) = mm.pte_offset_map_lock(slot) else {
+        return;
+    };
+    let idx = pgtable::pte_index(addr);
+    let orig = pt.pte(idx);
+    if !orig.is_swap() {
+        return;
+    }
+    let SwpKind::Migration {
+        kind,
+        pfn,
+        young,
+        dirty,
+    } = orig.swp_entry().kind()
+    else {
+        return;
+    };
+    if pfn != old {
+        return;
+    }
+    let folio = mem.page_folio(new);
+    folio.get(mem);
+    let mut pte = Pte::new(new, vma.page_prot());
+    pte = if young { pte.mkyoung() } else { pte.mkold() };
+    if dirty && folio.head(mem).test(pg::DIRTY) {
+        pte = pte.mkdirty();
+    }
+    if !orig.swp_soft_dirty() {
+        pte = pte.clear_soft_dirty();
+    }
+    if kind == Migration::Write {
+        pte = pte.mkwrite();
+    }
+    let flags = if kind == Migration::Read {
+        RmapFlags::NONE
+    } else {
+        RmapFlags::EXCLUSIVE
+    };
+    rmap::folio_add_anon_rmap_ptes(mem, folio, new, 1, flags);
+    // No flush: the entry was not present.
+    pt.set(idx, pte);
+}
+
+/// What `move_pages(2)` found for one page.
+pub type PageStatus = i32;
+
+/// `move_pages(2)` for the calling process: with `nodes`, move each page
+/// of `pages` to its node and return how many could not be moved, each
+/// page's status (its node, or a negative errno) in `status`; without,
+/// only report where each page is. A node that does not exist fails the
+/// whole call (ENODEV), as one without memory does in the kernel.
+pub fn kernel_move_pages(
+    oncpu: &OnCpu,
+    pages: &[u64],
+    nodes: Option<&[i32]>,
+    status: &mut [PageStatus],
+) -> KResult<usize> {
+    let mm = oncpu.mm()?;
+    let mem = oncpu.mem();
+    if status.len() != pages.len() || nodes.is_some_and(|n| n.len() != pages.len()) {
+        return Err(Errno::EINVAL);
+    }
+    let Some(nodes) = nodes else {
+        for (s, &addr) in status.iter_mut().zip(pages) {
+            *s = match folio_at(oncpu, &mm, addr, |_, f, _| Ok(f.nid() as i32)) {
+                Ok(n) => n,
+                Err(e) => -e.0,
+            };
+        }
+        return Ok(0);
+    };
+    let _batching_off = crate::swap::lru_cache_disable(mem, oncpu.id());
+    do_pages_move(oncpu, &mm, pages, nodes, status)
+}
+
+/// `do_pages_move`: pages bound for one node are queued together, and the
+/// queue is migrated when the node changes or a page is not queued (it is
+/// there already, or cannot be moved: its status says why). A migration
+/// that leaves pages behind ends the call, which returns how many pages
+/// were not moved, counting those not yet tried; a node without memory
+/// ends it with ENODEV, once what was queued has moved.
+fn do_pages_move(
+    oncpu: &OnCpu,
+    mm: &Arc<Mm>,
+    pages: &[u64],
+    nodes: &[i32],
+    status: &mut [PageStatus],
+) -> KResult<usize> {
+    let nr_pages = pages.len();
+    let mut queue = MoveQueue {
+        node: None,
+        start: 0,
+        list: Vec::new(),
+    };
+    for i in 0..nr_pages {
+        let Some(node) = usize::try_from(nodes[i])
+            .ok()
+            .filter(|&n| n < oncpu.mem().nodes.len())
+        else {
+            queue.flush(oncpu, status, i, nr_pages)?;
+            return Err(Errno::ENODEV);
+        };
+        match queue.node {
+            None => {
+                queue.node = Some(node);
+                queue.start = i;
+            }
+            Some(n) if n != node => {
+                let left = queue.flush(oncpu, status, i, nr_pages)?;
+                if left > 0 {
+                    return Ok(left);
+                }
+                queue.node = Some(node);
+                queue.start = i;
+            }
+            Some(_) => {}
+        }
+        match add_folio_for_migration(oncpu, mm, pages[i], node) {
+            Ok(Some(iso)) => {
+                queue.list.push(iso);
+                continue;
+            }
+            Ok(None) => status[i] = node as i32,
+            Err(e) => status[i] = -e.0,
+        }
+        let left = queue.flush(oncpu, status, i, nr_pages)?;
+        if left > 0 {
+            // Page i is counted already.
+            return Ok(left - 1);
+        }
+        queue.node = None;
+    }
+    queue.flush(oncpu, status, nr_pages, nr_pages)
+}
+
+/// The pages queued for one node by [`do_pages_move`]: those of
+/// `status[start..]`.
+struct MoveQueue {
+    node: Option<usize>,
+    start: usize,
+    list: Vec<Isolated>,
+}
+
+impl MoveQueue {
+    /// `move_pages_and_store_status`: migrate the queue; if everything
+    /// moved, pages `start..i` say the node, else the count of pages not
+    /// moved, with those from `i` on not yet tried.
+    fn flush(
+        &mut self,
+        oncpu: &OnCpu,
+        status: &mut [PageStatus],
+        i: usize,
+        nr_pages: usize,
+    ) -> KResult<usize> {
+        let (Some(node), false) = (self.node, self.list.is_empty()) else {
+            return Ok(0);
+        };
+        let target = MigrationTarget {
+            nid: node,
+            this_node: true,
+        };
+        let list = std::mem::take(&mut self.list);
+        let out = migrate_pages(
+            oncpu,
+            list,
+            target,
+            MigrateMode::Sync,
+            MigrateReason::Syscall,
+        );
+        let failed = out.failed.len();
+        putback_movable_pages(oncpu, out.failed);
+        if failed > 0 {
+            return Ok(failed + nr_pages - i);
+        }
+        for s in &mut status[self.start..i] {
+            *s = node as i32;
+        }
+        Ok(0)
+    }
+}
+
+/// `add_folio_for_migration`: the folio mapped at `addr`, isolated for
+/// migration to `node`; None if it is there already.
+fn add_folio_for_migration(
+    oncpu: &OnCpu,
+    mm: &Arc<Mm>,
+    addr: u64,
+    node: usize,
+) -> KResult<Option<Isolated>> {
+    let mem = oncpu.mem();
+    folio_at(oncpu, mm, addr, |mem_, folio, _| {
+        if folio.nid() == node {
+            return Ok(None);
+        }
+        if folio_maybe_mapped_shared(mem_, folio) {
+            return Err(Errno::EACCES);
+        }
+        // SAFETY: folio_at calls this with the lock of the table whose
+        // entry maps the folio held.
+        let iso = unsafe { isolate_for_migration(mem, folio) };
+        iso.map(Some).ok_or(Errno::EBUSY)
+    })
+}
+
+/// `folio_maybe_mapped_shared`, approximated: some page is mapped more
+/// than once (the kernel tracks the mms that map a large folio; the model
+/// counts mappings, which says the same unless one process maps a page
+/// twice, which anonymous memory cannot).
+fn folio_maybe_mapped_shared(mem: &PhysMem, folio: Folio) -> bool {
+    if !folio.is_large(mem) {
+        return folio.mapcount(mem) > 1;
+    }
+    folio.entire_mapcount(mem) > 1
+        || (0..folio.nr_pages(mem))
+            .any(|i| crate::phys::folio::page_mapcount(mem, folio.pfn() + i) > 1)
+}
+
+/// `folio_walk_start` under mmap_lock for reading: call `f` with the
+/// folio mapped at `addr`, the lock of its table held. EFAULT if no VMA
+/// covers `addr`, ENOENT if nothing (or the zero page) is mapped there.
+fn folio_at<R>(
+    oncpu: &OnCpu,
+    mm: &Arc<Mm>,
+    addr: u64,
+    f: impl FnOnce(&PhysMem, Folio, u64) -> KResult<R>,
+) -> KResult<R> {
+    let mem = oncpu.mem();
+    let _g = mm.mmap_lock.read();
+    {
+        let guard = crate::sync::epoch::pin();
+        if mm.vma_tree(&guard).vma_lookup(addr).is_none() {
+            return Err(Errno::EFAULT);
+        }
+    }
+    let slot = mm.pmd_lookup(addr).ok_or(Errno::ENOENT)?;
+    let pmd = mm.pmd_get(slot);
+    if pmd.trans_huge() {
+        let ptl = mm.pmd_lock(slot);
+        let pmd = ptl.get();
+        if !pmd.trans_huge() || oncpu.m.is_huge_zero_pfn(pmd.pfn()) {
+            return Err(Errno::ENOENT);
+        }
+        let r = f(mem, Folio(pmd.pfn()), addr);
+        drop(ptl);
+        return r;
+    }
+    let pt = mm.pte_offset_map_lock(slot).ok_or(Errno::ENOENT)?;
+    let pte = pt.pte(pgtable::pte_index(addr));
+    if !pte.present() || pte.special() {
+        return Err(Errno::ENOENT);
+    }
+    let r = f(mem, mem.page_folio(pte.pfn()), addr);
+    drop(pt);
+    r
+}

@@ -1,0 +1,255 @@
+//! Page migration between nodes (move_pages): folios of every size move
+//! with their contents, mappings and flags; a fork's shared folio is
+//! refused; the batched unmap flush sends one shootdown per batch where
+//! one per page was sent before v6.3; and CPUs that keep loading and
+//! storing while their pages migrate back and forth lose nothing. The
+//! invariant checker runs after each step.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use usermm::check::check_invariants;
+use usermm::madvise::MADV_HUGEPAGE;
+use usermm::mmap::*;
+use usermm::phys::{NodeConfig, Tier};
+use usermm::vmstat::Event;
+use usermm::{Errno, Machine, MachineConfig, OnCpu};
+
+const RW: u32 = PROT_READ | PROT_WRITE;
+const ANON: u32 = MAP_PRIVATE | MAP_ANONYMOUS;
+const PAGE: u64 = 4096;
+
+/// Node 0: DRAM with the CPUs; node 1: a slow tier without CPUs.
+fn tiered() -> Arc<Machine> {
+    Machine::new(MachineConfig {
+        nodes: vec![
+            NodeConfig {
+                size_bytes: 128 << 20,
+                tier: Tier::Dram,
+                has_cpus: true,
+            },
+            NodeConfig {
+                size_bytes: 128 << 20,
+                tier: Tier::Slow,
+                has_cpus: false,
+            },
+        ],
+        cpus: vec![0, 0],
+    })
+    .unwrap()
+}
+
+fn pages_of(a: u64, len: u64) -> Vec<u64> {
+    (a..a + len).step_by(PAGE as usize).collect()
+}
+
+/// Move `[a, a+len)` to `node`; returns the pages not moved and the
+/// statuses.
+fn move_to(c: &OnCpu, a: u64, len: u64, node: i32) -> (usize, Vec<i32>) {
+    let pages = pages_of(a, len);
+    let nodes = vec![node; pages.len()];
+    let mut status = vec![0; pages.len()];
+    let n = c.move_pages(&pages, Some(&nodes), &mut status).unwrap();
+    (n, status)
+}
+
+fn where_is(c: &OnCpu, a: u64, len: u64) -> Vec<i32> {
+    let pages = pages_of(a, len);
+    let mut status = vec![0; pages.len()];
+    c.move_pages(&pages, None, &mut status).unwrap();
+    status
+}
+
+fn fill(c: &OnCpu, a: u64, len: u64, seed: u64) {
+    for p in pages_of(a, len) {
+        c.store_u64(p + 8, p ^ seed).unwrap();
+    }
+}
+
+fn check(c: &OnCpu, a: u64, len: u64, seed: u64) {
+    for p in pages_of(a, len) {
+        assert_eq!(c.load_u64(p + 8).unwrap(), p ^ seed, "page {p:#x}");
+    }
+}
+
+#[test]
+fn small_folios_move_with_their_contents() {
+    let m = tiered();
+    let c = m.bind(0).unwrap();
+    c.new_mm().unwrap();
+    let len = 64 * PAGE;
+    let a = c.mmap(0, len, RW, ANON).unwrap();
+    fill(&c, a, len, 1);
+    assert!(where_is(&c, a, len).iter().all(|&n| n == 0));
+    let (failed, status) = move_to(&c, a, len, 1);
+    assert_eq!(failed, 0);
+    assert!(status.iter().all(|&s| s == 1), "{status:?}");
+    assert!(where_is(&c, a, len).iter().all(|&n| n == 1));
+    assert_eq!(m.vmstat().event(Event::PGMIGRATE_SUCCESS), 64);
+    check_invariants(&m).unwrap();
+    check(&c, a, len, 1);
+    // Written again (the entries kept the write permission), and back.
+    fill(&c, a, len, 2);
+    assert_eq!(move_to(&c, a, len, 0).0, 0);
+    check(&c, a, len, 2);
+    check_invariants(&m).unwrap();
+    c.exit_mm().unwrap();
+    check_invariants(&m).unwrap();
+}
+
+#[test]
+fn large_folios_move_whole() {
+    let m = tiered();
+    m.thp.only_order(4);
+    let c = m.bind(0).unwrap();
+    let mm = c.new_mm().unwrap();
+    let len = 256 << 10;
+    let a = c.mmap(0, len, RW, ANON).unwrap();
+    fill(&c, a, len, 3);
+    assert_eq!(move_to(&c, a, len, 1).0, 0);
+    let t = usermm::pgtable::walk::hw_walk(&m.mem, mm.pgd.cr3(), a, false).unwrap();
+    let f = m.mem.page_folio(t.pfn);
+    assert_eq!(f.nid(), 1);
+    assert_eq!(f.order(&m.mem), 4, "the destination is a 64K folio too");
+    check(&c, a, len, 3);
+    check_invariants(&m).unwrap();
+}
+
+#[test]
+fn a_pmd_mapped_thp_moves() {
+    let m = tiered();
+    m.thp.set_enabled(usermm::ThpMode::Always).unwrap();
+    let c = m.bind(0).unwrap();
+    c.new_mm().unwrap();
+    let len = 4 << 20;
+    let a = c.mmap(0, len, RW, ANON).unwrap();
+    c.madvise(a, len, MADV_HUGEPAGE).unwrap();
+    fill(&c, a, len, 4);
+    assert_eq!(move_to(&c, a, len, 1).0, 0);
+    assert_eq!(m.vmstat().event(Event::THP_MIGRATION_SUCCESS), 2);
+    check(&c, a, len, 4);
+    check_invariants(&m).unwrap();
+}
+
+#[test]
+fn move_pages_reports_and_refuses() {
+    let m = tiered();
+    let c = m.bind(0).unwrap();
+    c.new_mm().unwrap();
+    let a = c.mmap(0, 4 * PAGE, RW, ANON).unwrap();
+    c.store_u64(a, 1).unwrap();
+    // Unpopulated page: ENOENT; unmapped address: EFAULT.
+    let s = where_is(&c, a, 2 * PAGE);
+    assert_eq!(s, vec![0, -Errno::ENOENT.0]);
+    let mut st = [0];
+    c.move_pages(&[0x1000], None, &mut st).unwrap();
+    assert_eq!(st[0], -Errno::EFAULT.0);
+    // A node that does not exist fails the call.
+    assert_eq!(c.move_pages(&[a], Some(&[7]), &mut st), Err(Errno::ENODEV));
+    // A page shared with a fork child is not moved without MPOL_MF_MOVE_ALL.
+    let _child = c.fork().unwrap();
+    let (failed, status) = move_to(&c, a, PAGE, 1);
+    assert_eq!(failed, 0);
+    assert_eq!(status, vec![-Errno::EACCES.0]);
+    check_invariants(&m).unwrap();
+}
+
+/// With a second CPU running the mm, the unmap of each batch of 512 pages
+/// sends one shootdown with `migrate_batch_flush` on, and one per page
+/// with it off.
+#[test]
+fn the_batched_flush_sends_one_shootdown_per_batch() {
+    let m = tiered();
+    let c0 = m.bind(0).unwrap();
+    let mm = c0.new_mm().unwrap();
+    let len = 1024 * PAGE;
+    let a = c0.mmap(0, len, RW, ANON).unwrap();
+    fill(&c0, a, len, 5);
+    let c1 = m.bind(1).unwrap();
+    c1.switch_mm(&mm);
+    c1.idle();
+    let remote = || m.vmstat().event_on(0, Event::NR_TLB_REMOTE_FLUSH);
+    let r0 = remote();
+    assert_eq!(move_to(&c0, a, len, 1).0, 0);
+    let batched = remote() - r0;
+    assert_eq!(batched, 2, "1024 pages, two batches");
+    m.tunables.set_migrate_batch_flush(false);
+    let r1 = remote();
+    assert_eq!(move_to(&c0, a, len, 0).0, 0);
+    assert_eq!(remote() - r1, 1024, "one flush per PTE");
+    check(&c0, a, len, 5);
+    check_invariants(&m).unwrap();
+}
+
+/// CPUs store and load their pages while CPU 0 moves them back and forth
+/// between the nodes: every load returns the last store.
+#[test]
+fn loads_and_stores_survive_migration() {
+    for order in [0, 4] {
+        let m = Machine::new(MachineConfig {
+            nodes: vec![
+                NodeConfig {
+                    size_bytes: 64 << 20,
+                    tier: Tier::Dram,
+                    has_cpus: true,
+                },
+                NodeConfig {
+                    size_bytes: 64 << 20,
+                    tier: Tier::Slow,
+                    has_cpus: false,
+                },
+            ],
+            cpus: vec![0, 0, 0],
+        })
+        .unwrap();
+        m.thp.only_order(order);
+        let c0 = m.bind(0).unwrap();
+        let mm = c0.new_mm().unwrap();
+        let len = 256 * PAGE;
+        let a = c0.mmap(0, len, RW, ANON).unwrap();
+        fill(&c0, a, len, 0);
+        c0.idle();
+        let stop = AtomicBool::new(false);
+        let passes = [AtomicU64::new(0), AtomicU64::new(0)];
+        let mut rounds = 0u64;
+        std::thread::scope(|s| {
+            for id in 1..3usize {
+                let (m, mm, stop, done) = (&m, mm.clone(), &stop, &passes[id - 1]);
+                s.spawn(move || {
+                    let c = m.bind(id).unwrap();
+                    c.switch_mm(&mm);
+                    let half = len / 2;
+                    let mine = a + (id as u64 - 1) * half;
+                    let mut v = 1u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        for p in pages_of(mine, half) {
+                            c.store_u64(p, v).unwrap();
+                        }
+                        for p in pages_of(mine, half) {
+                            assert_eq!(c.load_u64(p).unwrap(), v, "page {p:#x} lost a store");
+                        }
+                        v += 1;
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                    c.idle();
+                });
+            }
+            // At least 20 rounds, and until each CPU has stored and
+            // checked its pages 20 times meanwhile.
+            while rounds < 20 || passes.iter().any(|p| p.load(Ordering::Relaxed) < 20) {
+                move_to(&c0, a, len, ((rounds % 2 + 1) % 2) as i32);
+                rounds += 1;
+                assert!(rounds < 100_000, "the writers made no progress");
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+        check_invariants(&m).unwrap();
+        check(&c0, a, len, 0);
+        let (ok, fail) = (
+            m.vmstat().event(Event::PGMIGRATE_SUCCESS),
+            m.vmstat().event(Event::PGMIGRATE_FAIL),
+        );
+        eprintln!("order {order}: {rounds} rounds, migrated {ok}, failed {fail}");
+        assert!(ok >= rounds * 256 / 2, "most pages moved each round: {ok}");
+    }
+}
