@@ -4,6 +4,7 @@
 
 mod batching;
 mod fault;
+mod migrate;
 mod pft;
 mod pt_reclaim;
 mod vma;
@@ -16,7 +17,8 @@ use usermm::{Machine, MachineConfig};
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    /// Experiment: fault, munmap, dontneed, fork, vma, pt_reclaim or pft
+    /// Experiment: fault, munmap, dontneed, fork, vma, pt_reclaim, pft or
+    /// migrate
     /// (see --list). All when omitted.
     pub name: Option<String>,
     /// List the experiments with what each measures, and stop.
@@ -113,7 +115,7 @@ pub struct Experiment {
 }
 
 /// Every experiment, in the order `usermm bench` runs them.
-pub const EXPERIMENTS: [Experiment; 7] = [
+pub const EXPERIMENTS: [Experiment; 8] = [
     fault::EXPERIMENT,
     batching::MUNMAP,
     batching::DONTNEED,
@@ -121,6 +123,7 @@ pub const EXPERIMENTS: [Experiment; 7] = [
     vma::EXPERIMENT,
     pt_reclaim::EXPERIMENT,
     pft::EXPERIMENT,
+    migrate::EXPERIMENT,
 ];
 
 fn names() -> String {

@@ -1,0 +1,52 @@
+//! `usermm bench migrate` end to end, small: every arm moves the whole
+//! region, and the batched flush sends one shootdown per 512 pages where
+//! the per-PTE flush sends one per page (counts, not timings: they do not
+//! depend on the host).
+
+use std::process::Command;
+
+use serde_json::Value;
+
+#[test]
+fn migrate_rows_and_the_batched_flush() {
+    let out_dir = std::env::temp_dir().join(format!("usermm-migrate-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_usermm"))
+        .args([
+            "bench",
+            "migrate",
+            "--size-mb",
+            "8",
+            "--runs",
+            "1",
+            "--sizes",
+            "4,64",
+            "--json",
+            "--out",
+        ])
+        .arg(&out_dir)
+        .output()
+        .expect("run usermm");
+    let _ = std::fs::remove_dir_all(&out_dir);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let rows = v["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 2 * 2 * 2, "sizes x batch x CPUs");
+    let pages = 8 << 20 >> 12;
+    for r in rows {
+        assert_eq!(r["pgmigrate_success"], pages, "{r}");
+        let remote = r["nr_tlb_remote_flush"].as_u64().unwrap();
+        let want = match (
+            r["cpus"].as_u64().unwrap(),
+            r["batch_flush"].as_bool().unwrap(),
+        ) {
+            (1, _) => 0,
+            (_, false) => pages,
+            (_, true) => pages / 512,
+        };
+        assert_eq!(remote, want, "{r}");
+    }
+}
