@@ -24,12 +24,17 @@ pub fn dup_mm(oncpu: &OnCpu, oldmm: &Arc<Mm>) -> KResult<Arc<Mm>> {
         return Err(Errno::EINVAL);
     }
     let mm = Mm::new(oncpu.mem().clone(), oncpu.cpu.node, oncpu.id())?;
+    // The child's task policy is a copy of the parent's (`mpol_dup`).
+    *mm.mempolicy.lock() = oldmm.mempolicy.lock().clone();
+    // Known before its VMAs join the parent's anon_vmas: an rmap walk
+    // (migration's) that finds one must reach its page tables, or a
+    // migration entry copied into them would never be replaced.
+    oncpu.m.register_mm(&mm);
     if let Err(e) = dup_mmap(oncpu, &mm, oldmm) {
         // What was copied before the failure is torn down as at exit.
         crate::mmap::exit_mmap(oncpu, &mm);
         return Err(e);
     }
-    oncpu.m.register_mm(&mm);
     Ok(mm)
 }
 
@@ -59,13 +64,10 @@ fn dup_mmap(oncpu: &OnCpu, mm: &Arc<Mm>, oldmm: &Arc<Mm>) -> KResult<()> {
                 break;
             }
         }
-        let tmp = Arc::new(Vma::new(
-            mm.id,
-            mpnt.start(),
-            mpnt.end(),
-            mpnt.flags(),
-            mpnt.pgoff(),
-        ));
+        let tmp = Arc::new(
+            Vma::new(mm.id, mpnt.start(), mpnt.end(), mpnt.flags(), mpnt.pgoff())
+                .with_policy(mpnt.policy().cloned()),
+        );
         rmap::anon_vma_fork(&tmp, mpnt);
         vmas.push(tmp.clone());
         total_vm += mpnt.pages();

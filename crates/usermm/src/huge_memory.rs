@@ -44,10 +44,12 @@ pub fn do_huge_pmd_anonymous_page(vmf: &mut VmFault<'_>) -> VmFaultResult {
     if !vmf.flags.write() && oncpu.m.thp.use_zero_page.load(Ordering::Relaxed) {
         return do_huge_zero_pmd(vmf);
     }
-    let Some(folio) = mem.folio_alloc(
-        oncpu.cpu.node,
+    let Some(folio) = crate::mempolicy::vma_alloc_folio(
+        oncpu,
+        vmf.mm,
+        vmf.vma,
+        vmf.address & PMD_MASK,
         HPAGE_PMD_ORDER,
-        oncpu.id(),
         AllocFlags::ZERO,
     ) else {
         oncpu
@@ -144,10 +146,12 @@ fn do_huge_zero_wp_pmd(vmf: &mut VmFault<'_>) -> VmFaultResult {
     if let Err(r) = crate::memory::vmf_anon_prepare(vmf) {
         return r;
     }
-    let Some(folio) = mem.folio_alloc(
-        oncpu.cpu.node,
+    let Some(folio) = crate::mempolicy::vma_alloc_folio(
+        oncpu,
+        vmf.mm,
+        vmf.vma,
+        vmf.address & PMD_MASK,
         HPAGE_PMD_ORDER,
-        oncpu.id(),
         AllocFlags::ZERO,
     ) else {
         oncpu
@@ -538,8 +542,7 @@ pub fn split_folio_in_table(
             unmapped.push(folio.pfn() + i as u64);
         }
         if let (Some(l), true) = (lruvec.as_mut(), i > 0) {
-            let pfn = folio.pfn() + i as u64;
-            l.add_folio_after(Folio(pfn - 1), Folio(pfn));
+            l.add_folio_before(folio, Folio(folio.pfn() + i as u64));
         }
     }
     drop(lruvec);

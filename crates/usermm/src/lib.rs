@@ -43,6 +43,7 @@ pub mod huge_memory;
 pub mod inspect;
 pub mod madvise;
 pub mod memory;
+pub mod mempolicy;
 pub mod migrate;
 pub mod mmap;
 pub mod mmu_gather;

@@ -306,6 +306,8 @@ fn madvise_free_pte_range(
             pt.clear_young_dirty_ptes(idx, nr);
             tlb.remove_tlb_entries(a, nr as u64);
         }
+        // folio_clear_dirty: the data need not be written anywhere now.
+        folio.head(oncpu.mem()).clear(crate::phys::pg::DIRTY);
         crate::swap::folio_mark_lazyfree(oncpu.mem(), folio, oncpu.id());
         a += nr as u64 * PAGE_SIZE;
     }

@@ -627,7 +627,14 @@ fn alloc_anon_folio(vmf: &VmFault<'_>) -> Result<(Folio, u64), VmFaultResult> {
         drop(pt);
         while orders != 0 {
             let o = 31 - orders.leading_zeros();
-            if let Some(f) = mem.folio_alloc(oncpu.cpu.node, o, oncpu.id(), AllocFlags::ZERO) {
+            if let Some(f) = crate::mempolicy::vma_alloc_folio(
+                oncpu,
+                vmf.mm,
+                vmf.vma,
+                vmf.address & !((PAGE_SIZE << o) - 1),
+                o,
+                AllocFlags::ZERO,
+            ) {
                 mem.vmstat.mod_mthp(o, MthpStat::ANON_FAULT_ALLOC, 1);
                 return Ok((f, addr & !((PAGE_SIZE << o) - 1)));
             }
@@ -635,9 +642,9 @@ fn alloc_anon_folio(vmf: &VmFault<'_>) -> Result<(Folio, u64), VmFaultResult> {
             orders &= !(1 << o);
         }
     }
-    let f = mem
-        .folio_alloc(oncpu.cpu.node, 0, oncpu.id(), AllocFlags::ZERO)
-        .ok_or(VmFaultResult::Oom)?;
+    let f =
+        crate::mempolicy::vma_alloc_folio(oncpu, vmf.mm, vmf.vma, vmf.address, 0, AllocFlags::ZERO)
+            .ok_or(VmFaultResult::Oom)?;
     Ok((f, addr))
 }
 
@@ -752,7 +759,7 @@ fn wp_page_copy(vmf: &mut VmFault<'_>, old: Option<Pfn>) -> VmFaultResult {
     }
     // A copy of the zero page is a zeroed page; any other is overwritten.
     let gfp = AllocFlags::NONE.zeroed_if(old.is_none());
-    let Some(new) = mem.folio_alloc(oncpu.cpu.node, 0, oncpu.id(), gfp) else {
+    let Some(new) = crate::mempolicy::vma_alloc_folio(oncpu, mm, vma, vmf.address, 0, gfp) else {
         return VmFaultResult::Oom;
     };
     if let Some(old) = old {

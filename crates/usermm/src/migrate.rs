@@ -37,8 +37,9 @@
 //! migration entry and remaps it by a PMD: `thp_migration_success` counts
 //! it all the same, but the destination is mapped by PTEs here); a large
 //! folio whose destination cannot be allocated fails instead of being split
-//! and retried (`thp_migration_split`); the destination is not locked (no
-//! one else can reach it before its PTEs are in place).
+//! and retried (`thp_migration_split`). The PMD split has the side
+//! effects a split has: `thp_split_pmd` counts it, and the folio is mapped
+//! by PTEs from then on, even if its migration fails.
 
 use crate::errno::{Errno, KResult};
 use crate::huge_memory::split_huge_pmd;
@@ -117,6 +118,8 @@ pub struct MigrateStats {
 pub struct MigrateOutcome {
     pub stats: MigrateStats,
     pub failed: Vec<Isolated>,
+    /// A destination could not be allocated (`-ENOMEM`).
+    pub nomem: bool,
 }
 
 /// A folio unmapped, with its destination (`__migrate_folio_record`).
@@ -140,8 +143,19 @@ pub unsafe fn isolate_for_migration(mem: &PhysMem, folio: Folio) -> Option<Isola
     if !crate::swap::folio_isolate_lru(mem, folio) {
         return None;
     }
-    mem.mod_node_state(NodeStat::NR_ISOLATED_ANON, folio.nr_pages(mem) as i64);
+    mod_isolated(mem, folio, 1);
     Some(Isolated { folio, anon_vma })
+}
+
+/// `node_stat_mod_folio(NR_ISOLATED_ANON + folio_is_file_lru(folio))`: a
+/// lazyfree folio counts as isolated file pages.
+fn mod_isolated(mem: &PhysMem, folio: Folio, sign: i64) {
+    let item = if folio.head(mem).test(pg::SWAPBACKED) {
+        NodeStat::NR_ISOLATED_ANON
+    } else {
+        NodeStat::NR_ISOLATED_FILE
+    };
+    mem.mod_node_state(item, sign * folio.nr_pages(mem) as i64);
 }
 
 /// `putback_movable_pages`: folios that were not migrated go back onto the
@@ -150,13 +164,16 @@ pub fn putback_movable_pages(oncpu: &OnCpu, folios: Vec<Isolated>) {
     let mem = oncpu.mem();
     for iso in folios {
         let f = iso.folio;
-        mem.mod_node_state(NodeStat::NR_ISOLATED_ANON, -(f.nr_pages(mem) as i64));
+        mod_isolated(mem, f, -1);
         drop(iso.anon_vma);
         crate::swap::folio_putback_lru(mem, f, oncpu.id());
     }
 }
 
-/// `migrate_pages`: migrate isolated folios to `target`.
+/// `migrate_pages`: migrate isolated folios to `target`. If a destination
+/// cannot be allocated, the migration stops there (`-ENOMEM`): what was
+/// not tried comes back with the failures, uncounted, and the outcome says
+/// so.
 pub fn migrate_pages(
     oncpu: &OnCpu,
     mut from: Vec<Isolated>,
@@ -167,8 +184,9 @@ pub fn migrate_pages(
     let mem = oncpu.mem();
     let mut stats = MigrateStats::default();
     let mut failed = Vec::new();
+    let mut nomem = false;
     from.reverse();
-    while !from.is_empty() {
+    while !from.is_empty() && !nomem {
         // Up to NR_MAX_BATCHED_MIGRATION pages, and at least one folio.
         let mut batch = Vec::new();
         let mut pages = 0;
@@ -190,8 +208,11 @@ pub fn migrate_pages(
             ),
             MigrateMode::Sync => migrate_pages_sync(oncpu, batch, target, mode, &mut stats),
         };
-        failed.extend(left);
+        nomem = left.nomem;
+        failed.extend(left.failed);
+        failed.extend(left.untried);
     }
+    failed.extend(from);
     let _ = reason;
     let v = oncpu.vmstat();
     v.count(oncpu.id(), Event::PGMIGRATE_SUCCESS, stats.nr_succeeded);
@@ -202,20 +223,34 @@ pub fn migrate_pages(
         stats.nr_thp_succeeded,
     );
     v.count(oncpu.id(), Event::THP_MIGRATION_FAIL, stats.nr_thp_failed);
-    MigrateOutcome { stats, failed }
+    MigrateOutcome {
+        stats,
+        failed,
+        nomem,
+    }
+}
+
+/// What one batch left: the folios that failed (counted), those never
+/// tried because a destination could not be allocated (not counted), and
+/// whether that happened.
+struct BatchLeft {
+    failed: Vec<Isolated>,
+    untried: Vec<Isolated>,
+    nomem: bool,
 }
 
 /// `migrate_pages_sync`: the batch asynchronously first (its flushes
-/// batched), then each folio that failed alone, synchronously.
+/// batched), then each folio that failed alone, synchronously; an
+/// allocation failure ends it.
 fn migrate_pages_sync(
     oncpu: &OnCpu,
     batch: Vec<Isolated>,
     target: MigrationTarget,
     mode: MigrateMode,
     stats: &mut MigrateStats,
-) -> Vec<Isolated> {
+) -> BatchLeft {
     let mut astats = MigrateStats::default();
-    let left = migrate_pages_batch(
+    let mut left = migrate_pages_batch(
         oncpu,
         batch,
         target,
@@ -225,22 +260,38 @@ fn migrate_pages_sync(
     );
     stats.nr_succeeded += astats.nr_succeeded;
     stats.nr_thp_succeeded += astats.nr_thp_succeeded;
-    let mut failed = Vec::new();
-    for iso in left {
-        failed.extend(migrate_pages_batch(
+    if left.nomem {
+        stats.nr_failed_pages += astats.nr_failed_pages;
+        stats.nr_thp_failed += astats.nr_thp_failed;
+        return left;
+    }
+    let mut out = BatchLeft {
+        failed: Vec::new(),
+        untried: Vec::new(),
+        nomem: false,
+    };
+    let mut todo = std::mem::take(&mut left.failed).into_iter();
+    while let Some(iso) = todo.next() {
+        let one = migrate_pages_batch(
             oncpu,
             vec![iso],
             target,
             mode,
             NR_MAX_MIGRATE_SYNC_RETRY,
             stats,
-        ));
+        );
+        out.failed.extend(one.failed);
+        out.untried.extend(one.untried);
+        if one.nomem {
+            out.nomem = true;
+            out.untried.extend(todo);
+            break;
+        }
     }
-    failed
+    out
 }
 
-/// `migrate_pages_batch`: unmap the batch, flush once, move each folio;
-/// returns the folios that could not be migrated.
+/// `migrate_pages_batch`: unmap the batch, flush once, move each folio.
 fn migrate_pages_batch(
     oncpu: &OnCpu,
     mut from: Vec<Isolated>,
@@ -248,13 +299,15 @@ fn migrate_pages_batch(
     mode: MigrateMode,
     nr_pass: usize,
     stats: &mut MigrateStats,
-) -> Vec<Isolated> {
+) -> BatchLeft {
     let mem = oncpu.mem();
     let flags = TtuFlags {
         batch_flush: mode == MigrateMode::Async && oncpu.m.tunables.migrate_batch_flush(),
     };
     let mut ubc = TlbflushUnmapBatch::new();
     let mut failed = Vec::new();
+    let mut untried = Vec::new();
+    let mut nomem = false;
     let mut unmapped = Vec::new();
     'unmap: for _ in 0..nr_pass {
         let mut retry = Vec::new();
@@ -262,14 +315,19 @@ fn migrate_pages_batch(
         while let Some(iso) = todo.next() {
             match migrate_folio_unmap(oncpu, iso, target, mode, flags, &mut ubc) {
                 Unmap::Unmapped(u) => unmapped.push(u),
-                Unmap::Done(nr) => stats.nr_succeeded += nr,
+                Unmap::Done { nr, thp } => {
+                    stats.nr_succeeded += nr;
+                    stats.nr_thp_succeeded += thp as u64;
+                }
                 Unmap::Again(iso) => retry.push(iso),
                 Unmap::NoMem(iso) => {
-                    // No destination: this one and the rest fail; move
-                    // what is unmapped already.
+                    // No destination: this one and those waiting for
+                    // another pass fail; the rest are not tried. What is
+                    // unmapped already still moves.
                     failed.push(iso);
-                    failed.extend(todo);
                     failed.append(&mut retry);
+                    untried.extend(todo);
+                    nomem = true;
                     break 'unmap;
                 }
             }
@@ -308,14 +366,21 @@ fn migrate_pages_batch(
         stats.nr_failed_pages += iso.folio.nr_pages(mem);
         stats.nr_thp_failed += (iso.folio.order(mem) == HPAGE_PMD_ORDER) as u64;
     }
-    failed
+    BatchLeft {
+        failed,
+        untried,
+        nomem,
+    }
 }
 
 /// What unmapping one folio came to.
 enum Unmap {
     Unmapped(Unmapped),
     /// Freed from under the migration (its pages count as migrated).
-    Done(u64),
+    Done {
+        nr: u64,
+        thp: bool,
+    },
     /// Locked by someone else, or still mapped somewhere: try again.
     Again(Isolated),
     /// No destination could be allocated.
@@ -336,9 +401,10 @@ fn migrate_folio_unmap(
     let nr = src.nr_pages(mem);
     if src.ref_count(mem) == 1 {
         // Only the isolation holds it: it was unmapped meanwhile.
+        let thp = src.order(mem) == HPAGE_PMD_ORDER;
         src.head(mem).clear(pg::ACTIVE);
         migrate_folio_done(oncpu, iso);
-        return Unmap::Done(nr);
+        return Unmap::Done { nr, thp };
     }
     let gfp = AllocFlags {
         this_node: target.this_node,
@@ -347,8 +413,13 @@ fn migrate_folio_unmap(
     let Some(dst) = mem.folio_alloc(target.nid, src.order(mem), oncpu.id(), gfp) else {
         return Unmap::NoMem(iso);
     };
+    // Locked until its PTEs are in place: once on the LRU it could be
+    // isolated by another migration, which must wait (or give up).
+    let locked = dst.trylock(mem);
+    debug_assert!(locked, "a new folio is locked");
     if !src.trylock(mem) {
         if mode == MigrateMode::Async {
+            dst.unlock(mem);
             dst.put(mem, oncpu.id());
             return Unmap::Again(iso);
         }
@@ -374,6 +445,7 @@ fn migrate_folio_unmap(
         remove_migration_ptes(oncpu, &iso, src);
     }
     src.unlock(mem);
+    dst.unlock(mem);
     dst.put(mem, oncpu.id());
     Unmap::Again(iso)
 }
@@ -391,6 +463,7 @@ fn migrate_folio_move(oncpu: &OnCpu, u: Unmapped) -> Result<(), Unmapped> {
     if u.was_mapped {
         remove_migration_ptes(oncpu, &u.src, dst);
     }
+    dst.unlock(mem);
     // The allocation's reference: the PTEs hold their own.
     dst.put(mem, oncpu.id());
     src.unlock(mem);
@@ -406,6 +479,7 @@ fn migrate_folio_undo(oncpu: &OnCpu, u: Unmapped) -> Isolated {
         remove_migration_ptes(oncpu, &u.src, u.src.folio);
     }
     u.src.folio.unlock(mem);
+    u.dst.unlock(mem);
     u.dst.put(mem, oncpu.id());
     u.src
 }
@@ -415,7 +489,7 @@ fn migrate_folio_undo(oncpu: &OnCpu, u: Unmapped) -> Isolated {
 fn migrate_folio_done(oncpu: &OnCpu, iso: Isolated) {
     let mem = oncpu.mem();
     let f = iso.folio;
-    mem.mod_node_state(NodeStat::NR_ISOLATED_ANON, -(f.nr_pages(mem) as i64));
+    mod_isolated(mem, f, -1);
     drop(iso.anon_vma);
     f.put(mem, oncpu.id());
 }
@@ -617,9 +691,11 @@ fn remove_migration_pte(oncpu: &OnCpu, mm: &Arc<Mm>, vma: &Vma, old: u64, new: u
     if dirty && folio.head(mem).test(pg::DIRTY) {
         pte = pte.mkdirty();
     }
-    if !orig.swp_soft_dirty() {
-        pte = pte.clear_soft_dirty();
-    }
+    pte = if orig.swp_soft_dirty() {
+        pte.mksoft_dirty()
+    } else {
+        pte.clear_soft_dirty()
+    };
     if kind == Migration::Write {
         pte = pte.mkwrite();
     }
@@ -809,7 +885,9 @@ fn folio_maybe_mapped_shared(mem: &PhysMem, folio: Folio) -> bool {
 
 /// `folio_walk_start` under mmap_lock for reading: call `f` with the
 /// folio mapped at `addr`, the lock of its table held. EFAULT if no VMA
-/// covers `addr`, ENOENT if nothing (or the zero page) is mapped there.
+/// covers `addr`, ENOENT if nothing is mapped there, EFAULT if the zero
+/// page is (both `do_pages_stat` and `add_folio_for_migration` find it
+/// with `FW_ZEROPAGE` and refuse it, as the host does).
 fn folio_at<R>(
     oncpu: &OnCpu,
     mm: &Arc<Mm>,
@@ -829,8 +907,11 @@ fn folio_at<R>(
     if pmd.trans_huge() {
         let ptl = mm.pmd_lock(slot);
         let pmd = ptl.get();
-        if !pmd.trans_huge() || oncpu.m.is_huge_zero_pfn(pmd.pfn()) {
+        if !pmd.trans_huge() {
             return Err(Errno::ENOENT);
+        }
+        if oncpu.m.is_huge_zero_pfn(pmd.pfn()) {
+            return Err(Errno::EFAULT);
         }
         let r = f(mem, Folio(pmd.pfn()), addr);
         drop(ptl);
@@ -838,8 +919,11 @@ fn folio_at<R>(
     }
     let pt = mm.pte_offset_map_lock(slot).ok_or(Errno::ENOENT)?;
     let pte = pt.pte(pgtable::pte_index(addr));
-    if !pte.present() || pte.special() {
+    if !pte.present() {
         return Err(Errno::ENOENT);
+    }
+    if pte.special() {
+        return Err(Errno::EFAULT);
     }
     let r = f(mem, mem.page_folio(pte.pfn()), addr);
     drop(pt);

@@ -92,6 +92,7 @@ fn get_unmapped_area(tree: &VmaTree, addr: u64, len: u64, flags: u32) -> KResult
 fn can_merge(a: &Vma, b: &Vma) -> bool {
     a.end() == b.start()
         && a.flags() == b.flags()
+        && a.policy().map(|p| &**p) == b.policy().map(|p| &**p)
         && a.pgoff() + ((a.end() - a.start()) >> PAGE_SHIFT) == b.pgoff()
         && is_mergeable_anon_vma(a, b)
 }
@@ -115,8 +116,20 @@ fn is_mergeable_anon_vma(a: &Vma, b: &Vma) -> bool {
 /// `flags`, otherwise as `old` (the same linear page offsets, chained to the
 /// same anon_vmas). The caller puts it in the tree in `old`'s place.
 fn vma_dup(old: &Arc<Vma>, start: u64, end: u64, flags: VmFlags) -> Arc<Vma> {
+    vma_dup_policy(old, start, end, flags, old.policy().cloned())
+}
+
+/// [`vma_dup`] with a NUMA policy of its own (`vma_dup_policy`, or mbind's
+/// new one).
+fn vma_dup_policy(
+    old: &Arc<Vma>,
+    start: u64,
+    end: u64,
+    flags: VmFlags,
+    pol: Option<Arc<crate::mempolicy::Mempolicy>>,
+) -> Arc<Vma> {
     let pgoff = old.linear_page_index(start);
-    let vma = Arc::new(Vma::new(old.mm_id, start, end, flags, pgoff));
+    let vma = Arc::new(Vma::new(old.mm_id, start, end, flags, pgoff).with_policy(pol));
     crate::rmap::anon_vma_clone(&vma, old);
     vma
 }
@@ -256,6 +269,74 @@ pub(crate) fn vma_modify_flags(
         pieces.push(vma_dup(&vma, vma.start(), start, vma.flags()));
     }
     let new = vma_dup(&vma, start, end, flags);
+    pieces.push(new.clone());
+    if upper {
+        vma_adjust_trans_huge(oncpu, mm, end);
+        pieces.push(vma_dup(&vma, end, vma.end(), vma.flags()));
+    }
+    tree.replace(std::slice::from_ref(&vma), pieces);
+    vma_retire(&vma);
+    Ok(new)
+}
+
+/// `mbind_range`: give every VMA of `[start, end)` the policy `pol`,
+/// splitting at the ends and merging with neighbours of the same policy
+/// (`vma_modify_policy`). EFAULT, changing nothing, if a hole lies in the
+/// range (`queue_pages_range` runs first in the kernel).
+pub(crate) fn mbind_range(
+    oncpu: &OnCpu,
+    mm: &Arc<Mm>,
+    start: u64,
+    end: u64,
+    pol: Option<Arc<crate::mempolicy::Mempolicy>>,
+) -> KResult<()> {
+    let _g = mm.mmap_lock.write();
+    let mut tree = mm.vma_tree_draft();
+    let result = (|| {
+        // queue_pages_range refuses a range with a hole before changing any.
+        let mut addr = start;
+        while addr < end {
+            let vma = tree.vma_lookup(addr).ok_or(Errno::EFAULT)?;
+            addr = vma.end();
+        }
+        let mut addr = start;
+        while addr < end {
+            let vma = tree.vma_lookup(addr).cloned().ok_or(Errno::EFAULT)?;
+            let to = vma.end().min(end);
+            if vma.policy().map(|p| &**p) != pol.as_deref() {
+                let new = vma_modify_policy(oncpu, mm, &mut tree, addr, to, pol.clone())?;
+                merge_around(&mut tree, new);
+            }
+            addr = to;
+        }
+        Ok(())
+    })();
+    mm.vma_tree_publish(&mut tree, &crate::sync::epoch::pin());
+    result
+}
+
+/// `vma_modify_policy`: `[start, end)`, inside one VMA, gets `pol`; the
+/// VMA is replaced by its up to three pieces.
+fn vma_modify_policy(
+    oncpu: &OnCpu,
+    mm: &Arc<Mm>,
+    tree: &mut VmaTree,
+    start: u64,
+    end: u64,
+    pol: Option<Arc<crate::mempolicy::Mempolicy>>,
+) -> KResult<Arc<Vma>> {
+    let vma = tree.vma_lookup(start).cloned().ok_or(Errno::EFAULT)?;
+    let (lower, upper) = (start > vma.start(), end < vma.end());
+    if (lower || upper) && tree.len() + (lower && upper) as usize >= MAX_MAP_COUNT {
+        return Err(Errno::ENOMEM);
+    }
+    let mut pieces = Vec::with_capacity(3);
+    tree.start_write(&vma);
+    if lower {
+        vma_adjust_trans_huge(oncpu, mm, start);
+        pieces.push(vma_dup(&vma, vma.start(), start, vma.flags()));
+    }
+    let new = vma_dup_policy(&vma, start, end, vma.flags(), pol);
     pieces.push(new.clone());
     if upper {
         vma_adjust_trans_huge(oncpu, mm, end);

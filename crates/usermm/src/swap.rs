@@ -111,7 +111,7 @@ fn folio_batch_add_and_move(mem: &PhysMem, cpu: usize, folio: Folio, op: LruMove
 /// through this CPU's batch.
 pub fn folio_add_lru(mem: &PhysMem, folio: Folio, cpu: usize) {
     debug_assert!(
-        !folio.head(mem).test(pg::LRU | pg::ACTIVE),
+        !folio.head(mem).test(pg::LRU),
         "folio {:#x} added to the LRU twice",
         folio.pfn()
     );

@@ -49,6 +49,27 @@ impl OnCpu<'_> {
         crate::migrate::kernel_move_pages(self, pages, nodes, status)
     }
 
+    /// `mbind(2)`: see [`crate::mempolicy::kernel_mbind`]. `nmask` holds
+    /// the node bits, `maxnode` counts them as the system call does.
+    pub fn mbind(
+        &self,
+        start: u64,
+        len: u64,
+        mode: i32,
+        nmask: &[u64],
+        maxnode: u64,
+        flags: u32,
+    ) -> KResult<()> {
+        self.kernel_enter();
+        crate::mempolicy::kernel_mbind(self, start, len, mode, nmask, maxnode, flags)
+    }
+
+    /// `set_mempolicy(2)` for this process.
+    pub fn set_mempolicy(&self, mode: i32, nmask: &[u64], maxnode: u64) -> KResult<()> {
+        self.kernel_enter();
+        crate::mempolicy::kernel_set_mempolicy(self, mode, nmask, maxnode)
+    }
+
     /// The process exits: its address space is torn down and this CPU is left
     /// running no mm.
     pub fn exit_mm(&self) -> KResult<()> {

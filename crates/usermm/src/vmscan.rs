@@ -79,7 +79,8 @@ pub fn shrink_lazyfree_ptes(
     // clear no CPU can set its dirty bit any more, so a write that lands
     // before this is seen, and one after it faults.
     let old: Vec<_> = (idx..idx + nr).map(|i| pt.get_and_clear(i)).collect();
-    let dirty = old.iter().any(|p| p.dirty());
+    // folio_mark_dirty of each dirty PTE, then folio_test_dirty.
+    let dirty = old.iter().any(|p| p.dirty()) || head.test(pg::DIRTY);
     // The references are the mappings alone (the kernel counts one more,
     // its isolation reference; an LRU batch holding the folio is one
     // more, and keeps it).
@@ -87,10 +88,13 @@ pub fn shrink_lazyfree_ptes(
         for (i, p) in (idx..).zip(old) {
             pt.set(i, p);
         }
-        head.clear(pg::LAZYFREE);
-        head.set(pg::SWAPBACKED);
-        // activate_locked, then back onto the (active anon) list
-        // (`move_folios_to_lru`).
+        // Written again: swap-backed once more (a folio someone else holds
+        // stays lazyfree). Either way activate_locked, then back onto its
+        // active list (`move_folios_to_lru`).
+        if dirty {
+            head.clear(pg::LAZYFREE);
+            head.set(pg::SWAPBACKED);
+        }
         head.set(pg::ACTIVE);
         oncpu
             .vmstat()

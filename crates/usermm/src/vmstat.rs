@@ -113,6 +113,7 @@ counters! {
         NR_ACTIVE_FILE => "nr_active_file",
         NR_UNEVICTABLE => "nr_unevictable",
         NR_ISOLATED_ANON => "nr_isolated_anon",
+        NR_ISOLATED_FILE => "nr_isolated_file",
     }
 }
 

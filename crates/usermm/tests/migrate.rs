@@ -253,3 +253,106 @@ fn loads_and_stores_survive_migration() {
         assert!(ok >= rounds * 256 / 2, "most pages moved each round: {ok}");
     }
 }
+
+mod mempolicy {
+    use super::*;
+    use usermm::mempolicy::*;
+
+    fn node_of(c: &OnCpu, a: u64) -> i32 {
+        where_is(c, a, PAGE)[0]
+    }
+
+    #[test]
+    fn bind_places_faults_and_move_migrates() {
+        let m = tiered();
+        let c = m.bind(0).unwrap();
+        c.new_mm().unwrap();
+        let a = c.mmap(0, 16 * PAGE, RW, ANON).unwrap();
+        // The second half bound to node 1 before it is touched.
+        c.mbind(a + 8 * PAGE, 8 * PAGE, MPOL_BIND, &[0b10], 64, 0)
+            .unwrap();
+        fill(&c, a, 16 * PAGE, 7);
+        assert_eq!(node_of(&c, a), 0);
+        assert_eq!(node_of(&c, a + 8 * PAGE), 1);
+        let status = where_is(&c, a, 16 * PAGE);
+        assert_eq!(status[..8], [0; 8]);
+        assert_eq!(status[8..], [1; 8]);
+        // Binding the first half too, with MPOL_MF_MOVE, moves its pages;
+        // the VMAs merge again.
+        c.mbind(
+            a,
+            8 * PAGE,
+            MPOL_BIND,
+            &[0b10],
+            64,
+            MPOL_MF_MOVE | MPOL_MF_STRICT,
+        )
+        .unwrap();
+        assert!(where_is(&c, a, 16 * PAGE).iter().all(|&n| n == 1));
+        check(&c, a, 16 * PAGE, 7);
+        check_invariants(&m).unwrap();
+        let mm = c.mm().unwrap();
+        assert_eq!(mm.map_count(), 1, "one policy, one VMA");
+    }
+
+    #[test]
+    fn preferred_and_interleave_and_the_process_policy() {
+        let m = tiered();
+        let c = m.bind(0).unwrap();
+        c.new_mm().unwrap();
+        c.set_mempolicy(MPOL_PREFERRED, &[0b10], 64).unwrap();
+        let a = c.mmap(0, 4 * PAGE, RW, ANON).unwrap();
+        fill(&c, a, 4 * PAGE, 1);
+        assert_eq!(node_of(&c, a), 1, "the process prefers node 1");
+        let b = c.mmap(0, 4 * PAGE, RW, ANON).unwrap();
+        c.mbind(b, 4 * PAGE, MPOL_INTERLEAVE, &[0b11], 64, 0)
+            .unwrap();
+        fill(&c, b, 4 * PAGE, 2);
+        let s = where_is(&c, b, 4 * PAGE);
+        assert_eq!(s.iter().filter(|&&n| n == 0).count(), 2, "{s:?}");
+        // A forked child keeps both.
+        let child = c.fork().unwrap();
+        assert_eq!(*child.mempolicy.lock(), *c.mm().unwrap().mempolicy.lock());
+        check_invariants(&m).unwrap();
+    }
+
+    #[test]
+    fn bad_policies_get_the_kernels_errno() {
+        let m = tiered();
+        let c = m.bind(0).unwrap();
+        c.new_mm().unwrap();
+        let a = c.mmap(0, 4 * PAGE, RW, ANON).unwrap();
+        let e = |mode, mask: &[u64], flags| c.mbind(a, PAGE, mode, mask, 64, flags).unwrap_err();
+        assert_eq!(e(MPOL_BIND, &[], 0), Errno::EINVAL, "no nodes");
+        assert_eq!(
+            e(MPOL_DEFAULT, &[1], 0),
+            Errno::EINVAL,
+            "default with nodes"
+        );
+        assert_eq!(e(MPOL_LOCAL, &[1], 0), Errno::EINVAL, "local with nodes");
+        assert_eq!(e(9, &[1], 0), Errno::EINVAL, "no such mode");
+        assert_eq!(e(MPOL_BIND, &[1 << 7], 0), Errno::EINVAL, "no such node");
+        assert_eq!(e(MPOL_BIND, &[1], 1 << 3), Errno::EINVAL, "no such flag");
+        assert_eq!(
+            e(
+                MPOL_BIND | MPOL_F_STATIC_NODES | MPOL_F_RELATIVE_NODES,
+                &[1],
+                0
+            ),
+            Errno::EINVAL
+        );
+        assert_eq!(
+            c.mbind(a + 1, PAGE, MPOL_BIND, &[1], 64, 0),
+            Err(Errno::EINVAL)
+        );
+        assert_eq!(
+            c.mbind(a, 8 * PAGE, MPOL_BIND, &[1], 64, 0),
+            Err(Errno::EFAULT),
+            "a hole in the range"
+        );
+        assert_eq!(c.mbind(a, 0, MPOL_BIND, &[1], 64, 0), Ok(()));
+        // MPOL_PREFERRED with no nodes is MPOL_LOCAL.
+        assert_eq!(c.mbind(a, PAGE, MPOL_PREFERRED, &[], 64, 0), Ok(()));
+        check_invariants(&m).unwrap();
+    }
+}

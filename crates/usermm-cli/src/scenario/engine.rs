@@ -193,6 +193,16 @@ impl Backend for EngineBackend {
         let n = self.on(|c| c.move_pages(&pages, nodes.as_deref(), &mut status))?;
         Ok((n, status))
     }
+    fn mbind(
+        &mut self,
+        start: u64,
+        len: u64,
+        mode: i32,
+        nodes: u64,
+        flags: u32,
+    ) -> Result<(), Errno> {
+        self.on(|c| c.mbind(start, len, mode, &[nodes], 65, flags))
+    }
     fn nr_nodes(&mut self) -> usize {
         self.m.mem.nodes.len()
     }

@@ -366,6 +366,17 @@ impl Backend for HostBackend {
             _ => Err(Errno::EIO),
         }
     }
+    fn mbind(
+        &mut self,
+        start: u64,
+        len: u64,
+        mode: i32,
+        nodes: u64,
+        flags: u32,
+    ) -> Result<(), Errno> {
+        self.call_errno(&format!("mbind {start} {len} {mode} {nodes} {flags}"))
+            .map(|_| ())
+    }
     fn nr_nodes(&mut self) -> usize {
         // Nodes with memory, as /sys lists them (N_MEMORY).
         std::fs::read_to_string("/sys/devices/system/node/has_memory")
@@ -539,6 +550,22 @@ fn serve(mut r: BufReader<File>, mut w: File) -> ! {
             Some("madvise") => {
                 // SAFETY: as for munmap.
                 rc(unsafe { libc::madvise(n(1) as *mut _, n(2) as usize, n(3) as i32) })
+            }
+            Some("mbind") => {
+                let mask = [n(4)];
+                // SAFETY: mbind on this process's own range, with a mask of
+                // 64 bits (maxnode 65: the kernel reads maxnode - 1 bits).
+                rc(unsafe {
+                    libc::syscall(
+                        libc::SYS_mbind,
+                        n(1),
+                        n(2),
+                        n(3) as libc::c_ulong,
+                        mask.as_ptr(),
+                        65 as libc::c_ulong,
+                        n(5) as libc::c_ulong,
+                    ) as i32
+                })
             }
             Some("move_pages") => {
                 let node = words

@@ -62,6 +62,15 @@ pub trait Backend {
     ) -> Result<(usize, Vec<i32>), Errno>;
     /// The memory nodes this side has.
     fn nr_nodes(&mut self) -> usize;
+    /// `mbind(2)` with a 64-node mask.
+    fn mbind(
+        &mut self,
+        start: u64,
+        len: u64,
+        mode: i32,
+        nodes: u64,
+        flags: u32,
+    ) -> Result<(), Errno>;
     /// The machine it runs on, for reports.
     fn machine(&self) -> String;
 }
@@ -320,6 +329,16 @@ impl Interp<'_> {
                     ),
                     Err(e) => Self::errno_res(e),
                 })
+            }
+            Op::Mbind {
+                addr,
+                len,
+                mode,
+                nodes,
+                flags,
+            } => {
+                let (a, _) = self.addr(addr)?;
+                Ok(Self::done(self.b.mbind(a, *len, *mode, *nodes, *flags)))
             }
             Op::RequireNodes { n } => {
                 let have = self.b.nr_nodes();

@@ -188,6 +188,14 @@ pub enum Op {
         addr: Addr,
         node: u64,
     },
+    /// `mbind ADDR LEN POLICY NODES [move] [strict]`: `mbind(2)`.
+    Mbind {
+        addr: Addr,
+        len: u64,
+        mode: i32,
+        nodes: u64,
+        flags: u32,
+    },
     /// `require nodes N`: a machine with fewer memory nodes skips the
     /// scenario.
     RequireNodes {
@@ -307,6 +315,28 @@ impl<'a> Words<'a> {
         let (c, w) = self.next("a protection (r, rw, rwx, none)")?;
         parse_prot(w).ok_or_else(|| self.err(c, format!("bad protection {w:?}")))
     }
+}
+
+/// The NUMA policies by their mode numbers (`MPOL_DEFAULT` ...).
+pub const MPOL_NAMES: [&str; 7] = [
+    "default",
+    "preferred",
+    "bind",
+    "interleave",
+    "local",
+    "preferred_many",
+    "weighted_interleave",
+];
+
+/// `0,1,3` as a node mask; `-` for none. Nodes below 64.
+fn parse_nodes(w: &str) -> Option<u64> {
+    if w == "-" {
+        return Some(0);
+    }
+    w.split(',').try_fold(0u64, |m, n| {
+        let n: u32 = n.parse().ok()?;
+        (n < 64).then(|| m | 1 << n)
+    })
 }
 
 /// `4096`, `0x1000`, `4K`, `2M`, `1G`.
@@ -702,6 +732,43 @@ fn parse_op(w: &mut Words) -> Result<Op, ParseError> {
             len: w.number("a length")?,
             node: w.number("a node")?,
         },
+        "mbind" => {
+            let addr = w.addr()?;
+            let len = w.number("a length")?;
+            let (col, p) = w.next("a policy")?;
+            let mode = MPOL_NAMES.iter().position(|&n| n == p).ok_or_else(|| {
+                w.err(
+                    col,
+                    format!("unknown policy {p:?} (known: {})", MPOL_NAMES.join(", ")),
+                )
+            })? as i32;
+            let (col, n) = w.next("nodes (0,1 or -)")?;
+            let nodes = parse_nodes(n).ok_or_else(|| {
+                w.err(col, format!("expected nodes such as 0,1 or -, found {n:?}"))
+            })?;
+            let mut flags = 0;
+            while w.peek().is_some() {
+                let (col, f) = w.next("a flag")?;
+                flags |= match f {
+                    "strict" => 1,
+                    "move" => 2,
+                    "move_all" => 4,
+                    _ => {
+                        return Err(w.err(
+                            col,
+                            format!("unknown mbind flag {f:?} (strict, move, move_all)"),
+                        ))
+                    }
+                };
+            }
+            Op::Mbind {
+                addr,
+                len,
+                mode,
+                nodes,
+                flags,
+            }
+        }
         "require" => {
             let (col, what) = w.next("nodes")?;
             if what != "nodes" {

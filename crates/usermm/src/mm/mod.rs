@@ -144,6 +144,9 @@ pub struct Mm {
     pub tlb_gen: crate::sync::checked::AtomicU64,
     /// `mm->tlb_flush_pending`: mmu_gathers in progress.
     pub tlb_flush_pending: AtomicI32,
+    /// The process's NUMA policy (`current->mempolicy`, per thread in the
+    /// kernel); None for the default.
+    pub mempolicy: crate::sync::Mutex<Option<Arc<crate::mempolicy::Mempolicy>>>,
     /// `mm->tlb_flush_batched`: batched unmap flushes queued for this mm
     /// (low half) and completed (high half); see [`crate::tlbbatch`].
     pub tlb_flush_batched: crate::sync::AtomicU32,
@@ -212,6 +215,7 @@ impl Mm {
             tlb_gen: crate::sync::checked::AtomicU64::new(1),
             tlb_flush_pending: AtomicI32::new(0),
             tlb_flush_batched: crate::sync::AtomicU32::new(0),
+            mempolicy: crate::sync::Mutex::new(None),
             total_vm: AtomicU64::new(0),
             dead: crate::sync::AtomicBool::new(false),
         }))

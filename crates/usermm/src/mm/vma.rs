@@ -107,6 +107,9 @@ pub struct Vma {
     /// `anon_vma_chain`: every anon_vma this VMA is chained to (its own and
     /// its ancestors'), so that it can be unlinked from them all.
     pub anon_vma_chain: Mutex<Vec<AnonVmaChain>>,
+    /// `vm_policy`: the NUMA policy `mbind` gave the range; None for the
+    /// process's (see [`crate::mempolicy`]).
+    vm_policy: Option<Arc<crate::mempolicy::Mempolicy>>,
     /// `vm_refcnt` and `vm_lock_seq`: the per-VMA lock, whose count is 0
     /// while the VMA is out of the tree. On a cache line of its own, as the
     /// kernel's `vm_refcnt` is (`____cacheline_aligned_in_smp`): faults in
@@ -137,8 +140,20 @@ impl Vma {
             vm_flags: flags,
             anon_vma: OnceLock::new(),
             anon_vma_chain: Mutex::new(Vec::new()),
+            vm_policy: None,
             vm_lock: CachePadded::new(VmaLock::new()),
         }
+    }
+
+    /// This VMA with a NUMA policy (before it is published).
+    pub fn with_policy(mut self, pol: Option<Arc<crate::mempolicy::Mempolicy>>) -> Vma {
+        self.vm_policy = pol;
+        self
+    }
+
+    /// `vma_policy`.
+    pub fn policy(&self) -> Option<&Arc<crate::mempolicy::Mempolicy>> {
+        self.vm_policy.as_ref()
     }
 
     #[inline]

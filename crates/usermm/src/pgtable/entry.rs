@@ -145,6 +145,11 @@ impl Pte {
         Pte(self.0 & !_PAGE_DIRTY)
     }
     #[inline]
+    /// `pte_mksoft_dirty`.
+    pub fn mksoft_dirty(self) -> Pte {
+        Pte(self.0 | _PAGE_SOFT_DIRTY)
+    }
+
     pub fn clear_soft_dirty(self) -> Pte {
         Pte(self.0 & !_PAGE_SOFT_DIRTY)
     }

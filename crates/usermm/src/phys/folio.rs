@@ -234,6 +234,28 @@ pub fn page_mapcount(mem: &PhysMem, pfn: Pfn) -> i32 {
 }
 
 impl PhysMem {
+    /// `__folio_alloc` with a nodemask (MPOL_BIND): a folio of `order` on
+    /// `nid` or another node of `nodes`, none outside it.
+    pub fn folio_alloc_nodemask(
+        &self,
+        nid: usize,
+        order: u32,
+        cpu: usize,
+        gfp: AllocFlags,
+        nodes: u64,
+    ) -> Option<Folio> {
+        let this = AllocFlags {
+            comp: true,
+            this_node: true,
+            ..gfp
+        };
+        std::iter::once(nid)
+            .chain((0..self.nodes.len()).filter(|&n| n != nid))
+            .filter(|&n| n < 64 && nodes & (1 << n) != 0)
+            .find_map(|n| self.alloc_pages(n, order, cpu, this))
+            .map(Folio)
+    }
+
     /// `folio_alloc`: a folio of `order` on `nid` (or a fallback node,
     /// unless `gfp.this_node`); `__GFP_COMP` is implied.
     pub fn folio_alloc(

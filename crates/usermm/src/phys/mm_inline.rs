@@ -251,12 +251,14 @@ impl<'a> LruvecGuard<'a> {
     }
 
     /// `list_add_tail(&new->lru, &folio->lru)` of a split: `new` goes just
-    /// after `prev` (older than it), on `prev`'s list. The list's size is
-    /// left alone: a split keeps the pages on the list they were on.
-    pub fn add_folio_after(&mut self, prev: Folio, new: Folio) {
-        let lru = folio_lru_list(self.mem, prev);
-        let (p, n) = (self.off(prev), self.off(new));
-        self.link_after(lru, p, n);
+    /// before `folio` (younger than it), on its list; the split's pieces
+    /// end up in order, the head oldest. The list's size is left alone: a
+    /// split keeps the pages on the list they were on.
+    pub fn add_folio_before(&mut self, folio: Folio, new: Folio) {
+        let lru = folio_lru_list(self.mem, folio);
+        let prev = folio.head(self.mem).lru_prev.load(Ordering::Relaxed);
+        let n = self.off(new);
+        self.link_after(lru, prev, n);
     }
 
     /// Link `off` after `prev` (LIST_NONE: at the head) on `lru`.
