@@ -12,8 +12,11 @@
 //! 6. Operations: [`fault`] (the fault entry), [`memory`] (faults, zap, copy),
 //!    [`mmu_gather`], [`mmap`], [`fork`],
 //!    [`mprotect`], [`madvise`], [`huge_memory`], [`swap`] (the LRU batches,
-//!    lazyfree, isolation),
-//!    [`vmscan`] (discarding lazyfree folios for MADV_PAGEOUT),
+//!    lazyfree, isolation), [`migrate`] (page migration, `move_pages`) with
+//!    [`rmap_walk`] and [`tlbbatch`] (the batched unmap flush),
+//!    [`mempolicy`] (`mbind`, `set_mempolicy`),
+//!    [`vmscan`] (reclaim: kswapd, direct reclaim, demotion, and discarding
+//!    lazyfree folios),
 //!    [`uaccess`] (loads and stores), [`util`] (overcommit accounting).
 //! 7. Statistics: [`vmstat`], [`proc`] (status and smaps), [`inspect`]; and
 //!    the oracles in [`check`].
@@ -35,6 +38,7 @@ pub mod machine;
 pub mod mm;
 pub mod pgtable;
 pub mod rmap;
+pub mod rmap_walk;
 pub use machine::{Machine, MachineConfig, OnCpu, ThpMode};
 pub mod check;
 pub mod fault;

@@ -275,6 +275,43 @@ pub struct Machine {
     huge_zero: crate::sync::OnceLock<Option<Pfn>>,
     mms: Mutex<Vec<crate::sync::Weak<Mm>>>,
     pub config: MachineConfig,
+    /// `/sys/kernel/mm/numa/demotion_enabled` (off by default, as in the
+    /// kernel).
+    demotion_enabled: AtomicBool,
+    /// One kswapd per node, started on its first wakeup.
+    kswapd: Box<[Kswapd]>,
+    /// This machine, for the threads it starts.
+    me: crate::sync::OnceLock<std::sync::Weak<Machine>>,
+}
+
+/// A node's kswapd (`pgdat->kswapd`, `kswapd_failures`): a thread of its
+/// own, which runs reclaim on a CPU of no user's (the kernel's kswapd is a
+/// kernel thread; the model gives it a CPU structure that never runs user
+/// code, so that its shootdowns reach every user CPU).
+struct Kswapd {
+    cpu: Cpu,
+    started: std::sync::Once,
+    wait: Arc<KswapdWait>,
+    /// Runs that reclaimed nothing since one did.
+    failures: crate::sync::AtomicU32,
+    /// Runs finished.
+    runs: crate::sync::AtomicU64,
+    /// A run is in progress.
+    running: AtomicBool,
+}
+
+/// `kswapd_wait`, shared with the thread, which sleeps on it without
+/// holding the machine (so that the machine can go, and wake it to end).
+#[derive(Default)]
+struct KswapdWait {
+    state: std::sync::Mutex<KswapdState>,
+    cond: std::sync::Condvar,
+}
+
+#[derive(Default)]
+struct KswapdState {
+    woken: bool,
+    stop: bool,
 }
 
 impl Machine {
@@ -302,7 +339,18 @@ impl Machine {
             .enumerate()
             .map(|(id, &node)| Cpu::new(id, node))
             .collect();
-        Ok(Arc::new(Machine {
+        let nr_cpus = config.cpus.len();
+        let kswapd = (0..config.nodes.len())
+            .map(|nid| Kswapd {
+                cpu: Cpu::new(nr_cpus, nid),
+                started: std::sync::Once::new(),
+                wait: Arc::new(KswapdWait::default()),
+                failures: crate::sync::AtomicU32::new(0),
+                runs: crate::sync::AtomicU64::new(0),
+                running: AtomicBool::new(false),
+            })
+            .collect();
+        let m = Arc::new(Machine {
             mem,
             cpus,
             thp: ThpKnobs::default(),
@@ -312,11 +360,53 @@ impl Machine {
             huge_zero: crate::sync::OnceLock::new(),
             mms: Mutex::new(Vec::new()),
             config,
-        }))
+            demotion_enabled: AtomicBool::new(false),
+            kswapd,
+            me: crate::sync::OnceLock::new(),
+        });
+        let _ = m.me.set(Arc::downgrade(&m));
+        let weak: std::sync::Weak<dyn crate::phys::page_alloc::Reclaimer> =
+            Arc::downgrade(&m) as std::sync::Weak<Machine>;
+        m.mem.set_reclaimer(weak);
+        Ok(m)
     }
 
     pub fn vmstat(&self) -> &VmStat {
         &self.mem.vmstat
+    }
+
+    /// `demotion_enabled`: may reclaim demote anon folios to a slower tier?
+    pub fn demotion_enabled(&self) -> bool {
+        self.demotion_enabled.load(Ordering::Relaxed)
+    }
+
+    pub fn set_demotion_enabled(&self, on: bool) {
+        self.demotion_enabled.store(on, Ordering::Relaxed);
+    }
+
+    /// kswapd runs finished on node `nid` so far.
+    pub fn kswapd_runs(&self, nid: usize) -> u64 {
+        self.kswapd
+            .get(nid)
+            .map_or(0, |k| k.runs.load(Ordering::Acquire))
+    }
+
+    /// Wait until no kswapd is running or has a wakeup pending (ten
+    /// seconds at most): the machine is quiescent for the invariant
+    /// checker once its CPUs are too. The caller's CPU must be idle
+    /// ([`OnCpu::idle`]): kswapd's shootdowns wait for CPUs in user mode.
+    pub fn kswapd_quiesce(&self) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            let busy = self.kswapd.iter().any(|k| {
+                k.running.load(Ordering::Acquire)
+                    || k.wait.state.lock().map(|s| s.woken).unwrap_or(false)
+            });
+            if !busy {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
     }
 
     /// Run the calling thread on CPU `id` until the handle is dropped.
@@ -416,6 +506,115 @@ impl Machine {
             }
             std::thread::yield_now();
         }
+    }
+}
+
+impl Drop for Machine {
+    fn drop(&mut self) {
+        for k in self.kswapd.iter() {
+            if let Ok(mut s) = k.wait.state.lock() {
+                s.stop = true;
+            }
+            k.wait.cond.notify_all();
+        }
+    }
+}
+
+impl crate::phys::page_alloc::Reclaimer for Machine {
+    /// `wakeup_kswapd`: start the node's kswapd if it has not run yet, and
+    /// wake it, unless it has failed too often (`kswapd_failures`).
+    fn wakeup_kswapd(&self, nid: usize, _order: u32) {
+        let Some(k) = self.kswapd.get(nid) else {
+            return;
+        };
+        if k.failures.load(Ordering::Relaxed) >= crate::vmscan::MAX_RECLAIM_RETRIES {
+            return;
+        }
+        k.started.call_once(|| {
+            if let Some(me) = self.me.get() {
+                spawn_kswapd(me.clone(), k.wait.clone(), nid);
+            }
+        });
+        if let Ok(mut s) = k.wait.state.lock() {
+            s.woken = true;
+        }
+        k.wait.cond.notify_one();
+    }
+
+    fn try_to_free_pages(&self, nid: usize, order: u32, cpu: usize) -> u64 {
+        let Some(c) = self.cpus.get(cpu) else {
+            return 0;
+        };
+        // The allocating thread is this CPU's (it holds its OnCpu): it
+        // reclaims as that CPU, through a handle that does not unbind it.
+        if crate::sync::this_cpu(self.mem.machine_id()) != cpu {
+            return 0;
+        }
+        let oncpu = std::mem::ManuallyDrop::new(OnCpu {
+            m: self,
+            cpu: c,
+            _not_send: PhantomData,
+        });
+        let r = crate::vmscan::try_to_free_pages(&oncpu, nid, order);
+        if r > 0 {
+            if let Some(k) = self.kswapd.get(nid) {
+                k.failures.store(0, Ordering::Relaxed);
+            }
+        }
+        r
+    }
+}
+
+/// Start node `nid`'s kswapd: a thread that sleeps until woken, then runs
+/// `balance_pgdat` on the kswapd CPU. It holds the machine only while it
+/// runs, and ends when the machine goes.
+fn spawn_kswapd(m: std::sync::Weak<Machine>, wait: Arc<KswapdWait>, nid: usize) {
+    let spawned = std::thread::Builder::new()
+        .name(format!("kswapd{nid}"))
+        .spawn(move || kswapd_main(m, wait, nid));
+    debug_assert!(spawned.is_ok(), "kswapd{nid}: {spawned:?}");
+}
+
+/// `kswapd`: sleep, wake, balance the node, count the run.
+fn kswapd_main(m: std::sync::Weak<Machine>, wait: Arc<KswapdWait>, nid: usize) {
+    loop {
+        {
+            let Ok(mut s) = wait.state.lock() else {
+                return;
+            };
+            while !s.woken && !s.stop {
+                s = match wait.cond.wait(s) {
+                    Ok(s) => s,
+                    Err(_) => return,
+                };
+            }
+            if s.stop {
+                return;
+            }
+        }
+        let Some(m) = m.upgrade() else {
+            return;
+        };
+        let k = &m.kswapd[nid];
+        // Running before the wakeup is taken, so that a waiter never sees
+        // neither (Release: pairs with kswapd_quiesce's Acquire).
+        k.running.store(true, Ordering::Release);
+        if let Ok(mut s) = wait.state.lock() {
+            s.woken = false;
+        }
+        let oncpu = std::mem::ManuallyDrop::new(OnCpu {
+            m: &m,
+            cpu: &k.cpu,
+            _not_send: PhantomData,
+        });
+        let reclaimed = crate::vmscan::balance_pgdat(&oncpu, nid);
+        if reclaimed == 0 {
+            k.failures.fetch_add(1, Ordering::Relaxed);
+        } else {
+            k.failures.store(0, Ordering::Relaxed);
+        }
+        k.runs.fetch_add(1, Ordering::Release);
+        k.running.store(false, Ordering::Release);
     }
 }
 

@@ -53,6 +53,7 @@ use crate::phys::{
     AllocFlags, Folio, PhysMem, HPAGE_PMD_NR, HPAGE_PMD_ORDER, PAGE_SHIFT, PAGE_SIZE,
 };
 use crate::rmap::{self, RmapFlags};
+use crate::rmap_walk::{folio_addresses, rmap_walk_anon};
 use crate::sync::{Arc, Ordering};
 use crate::tlbbatch::{pte_accessible, should_defer_flush, TlbflushUnmapBatch, TtuFlags};
 use crate::vmstat::{Event, MthpStat, NodeStat};
@@ -93,6 +94,9 @@ pub struct MigrationTarget {
     pub nid: usize,
     /// `__GFP_THISNODE`: that node or nothing.
     pub this_node: bool,
+    /// `GFP_NOWAIT | __GFP_NOMEMALLOC` (demotion's `alloc_demote_folio`):
+    /// no reclaim for the destination, and no reserves.
+    pub nowait: bool,
 }
 
 /// A folio isolated for migration: off the LRU, with the isolation's
@@ -100,6 +104,27 @@ pub struct MigrationTarget {
 pub struct Isolated {
     pub folio: Folio,
     anon_vma: Arc<AnonVma>,
+    /// Whether this isolation counted the folio in `nr_isolated_*` (reclaim
+    /// counts its own, and demotion leaves them to it).
+    counted: bool,
+}
+
+impl Isolated {
+    /// A folio reclaim isolated (off the LRU, with the isolation's
+    /// reference), for demotion; None if it is no longer mapped.
+    pub fn from_lru_isolated(mem: &PhysMem, folio: Folio) -> Option<Isolated> {
+        let anon_vma = rmap::folio_get_anon_vma(mem, folio)?;
+        Some(Isolated {
+            folio,
+            anon_vma,
+            counted: false,
+        })
+    }
+
+    /// The folio, still isolated, without the anon_vma reference.
+    pub fn into_folio(self) -> Folio {
+        self.folio
+    }
 }
 
 /// `struct migrate_pages_stats`.
@@ -129,22 +154,20 @@ struct Unmapped {
     was_mapped: bool,
 }
 
-/// Isolate `folio` for migration (`folio_isolate_lru` with the anon_vma
-/// reference the migration holds); None if it is on no LRU list (someone
-/// else has it, or it waits in a batch).
-///
-/// # Safety
-///
-/// The caller holds the lock of a page table in which an entry maps
-/// `folio` (see [`rmap::folio_get_anon_vma`]).
-pub unsafe fn isolate_for_migration(mem: &PhysMem, folio: Folio) -> Option<Isolated> {
-    // SAFETY: the caller's promise, passed on.
-    let anon_vma = unsafe { rmap::folio_get_anon_vma(mem, folio) }?;
+/// Isolate a mapped `folio` for migration (`folio_isolate_lru`, with the
+/// anon_vma reference the migration holds); None if it is on no LRU list
+/// (someone else has it, or it waits in a batch) or no longer mapped.
+pub fn isolate_for_migration(mem: &PhysMem, folio: Folio) -> Option<Isolated> {
+    let anon_vma = rmap::folio_get_anon_vma(mem, folio)?;
     if !crate::swap::folio_isolate_lru(mem, folio) {
         return None;
     }
     mod_isolated(mem, folio, 1);
-    Some(Isolated { folio, anon_vma })
+    Some(Isolated {
+        folio,
+        anon_vma,
+        counted: true,
+    })
 }
 
 /// `node_stat_mod_folio(NR_ISOLATED_ANON + folio_is_file_lru(folio))`: a
@@ -164,7 +187,9 @@ pub fn putback_movable_pages(oncpu: &OnCpu, folios: Vec<Isolated>) {
     let mem = oncpu.mem();
     for iso in folios {
         let f = iso.folio;
-        mod_isolated(mem, f, -1);
+        if iso.counted {
+            mod_isolated(mem, f, -1);
+        }
         drop(iso.anon_vma);
         crate::swap::folio_putback_lru(mem, f, oncpu.id());
     }
@@ -408,6 +433,8 @@ fn migrate_folio_unmap(
     }
     let gfp = AllocFlags {
         this_node: target.this_node,
+        no_direct_reclaim: target.nowait,
+        no_memalloc: target.nowait,
         ..AllocFlags::NONE
     };
     let Some(dst) = mem.folio_alloc(target.nid, src.order(mem), oncpu.id(), gfp) else {
@@ -489,7 +516,9 @@ fn migrate_folio_undo(oncpu: &OnCpu, u: Unmapped) -> Isolated {
 fn migrate_folio_done(oncpu: &OnCpu, iso: Isolated) {
     let mem = oncpu.mem();
     let f = iso.folio;
-    mod_isolated(mem, f, -1);
+    if iso.counted {
+        mod_isolated(mem, f, -1);
+    }
     drop(iso.anon_vma);
     f.put(mem, oncpu.id());
 }
@@ -525,43 +554,13 @@ fn move_to_new_folio(mem: &PhysMem, dst: Folio, src: Folio) -> KResult<()> {
     Ok(())
 }
 
-/// The VMAs the rmap finds for every page of `iso`'s folio, with their mm,
-/// under the anon_vma's read lock (`rmap_walk_anon`): `f` is called for
-/// each, the lock held.
-fn rmap_walk_anon(oncpu: &OnCpu, iso: &Isolated, mut f: impl FnMut(&Arc<Mm>, &Vma) -> bool) {
-    let mem = oncpu.mem();
-    let folio = iso.folio;
-    let first = rmap::folio_page_pgoff(mem, folio, folio.pfn());
-    let last = first + folio.nr_pages(mem) - 1;
-    let g = iso.anon_vma.lock_read();
-    for vma in iso.anon_vma.vmas_in_locked(&g, first, last) {
-        let Some(mm) = oncpu.m.mm_by_id(vma.mm_id) else {
-            continue;
-        };
-        if !f(&mm, &vma) {
-            break;
-        }
-    }
-}
-
-/// The pages of `folio` that `vma` may map: (page number in the folio,
-/// address).
-fn folio_addresses<'a>(
-    mem: &'a PhysMem,
-    folio: Folio,
-    vma: &'a Vma,
-) -> impl Iterator<Item = (u64, u64)> + 'a {
-    let first = rmap::folio_page_pgoff(mem, folio, folio.pfn());
-    (0..folio.nr_pages(mem)).filter_map(move |i| vma.address_of(first + i).map(|a| (i, a)))
-}
-
 /// `try_to_migrate`: replace every PTE that maps the folio by a migration
 /// entry. Any that cannot be reached (a table being freed) stays, and the
 /// caller sees the folio still mapped.
 fn try_to_migrate(oncpu: &OnCpu, iso: &Isolated, flags: TtuFlags, ubc: &mut TlbflushUnmapBatch) {
     let mem = oncpu.mem();
     let folio = iso.folio;
-    rmap_walk_anon(oncpu, iso, |mm, vma| {
+    rmap_walk_anon(oncpu, folio, &iso.anon_vma, |mm, vma| {
         for (i, addr) in folio_addresses(mem, folio, vma) {
             try_to_migrate_one(oncpu, mm, vma, folio, i, addr, flags, ubc);
         }
@@ -650,7 +649,7 @@ fn try_to_migrate_one(
 fn remove_migration_ptes(oncpu: &OnCpu, src: &Isolated, dst: Folio) {
     let mem = oncpu.mem();
     let from = src.folio;
-    rmap_walk_anon(oncpu, src, |mm, vma| {
+    rmap_walk_anon(oncpu, from, &src.anon_vma, |mm, vma| {
         for (i, addr) in folio_addresses(mem, from, vma) {
             remove_migration_pte(oncpu, mm, vma, from.pfn() + i, dst.pfn() + i, addr);
         }
@@ -826,6 +825,7 @@ impl MoveQueue {
         let target = MigrationTarget {
             nid: node,
             this_node: true,
+            nowait: false,
         };
         let list = std::mem::take(&mut self.list);
         let out = migrate_pages(
@@ -863,10 +863,9 @@ fn add_folio_for_migration(
         if folio_maybe_mapped_shared(mem_, folio) {
             return Err(Errno::EACCES);
         }
-        // SAFETY: folio_at calls this with the lock of the table whose
-        // entry maps the folio held.
-        let iso = unsafe { isolate_for_migration(mem, folio) };
-        iso.map(Some).ok_or(Errno::EBUSY)
+        isolate_for_migration(mem, folio)
+            .map(Some)
+            .ok_or(Errno::EBUSY)
     })
 }
 

@@ -141,7 +141,11 @@ pub fn unlink_anon_vmas(vma: &Vma) {
     }
     drop(held);
     drop(weak);
-    drop(chain);
+    // The anon_vmas themselves go after a grace period (the kernel frees
+    // them SLAB_TYPESAFE_BY_RCU): an rmap walker that saw a folio mapped
+    // under an epoch pin may still be reading its anon_vma
+    // ([`folio_get_anon_vma`]).
+    crate::sync::epoch::pin().defer(move || drop(chain));
 }
 
 /// `rmap_walk_anon`: every (VMA, address) where page `pfn` of an anon folio
@@ -172,22 +176,26 @@ pub fn folio_anon_vma(mem: &PhysMem, folio: Folio) -> Option<&AnonVma> {
 }
 
 /// `folio_get_anon_vma`: a reference to an anon folio's anon_vma, which
-/// keeps it (and the rmap walk it allows) valid after the folio's last
-/// mapping is gone: migration holds one from unmap to remap.
+/// keeps it (and the rmap walks it allows) valid after the folio's last
+/// mapping is gone: migration holds one from unmap to remap, reclaim while
+/// it looks at a folio. None if the folio is not mapped.
 ///
-/// # Safety
-///
-/// The caller holds the lock of a page table in which an entry maps the
-/// folio: its VMA is then still chained to the anon_vma (a zap clears the
-/// entry under that lock before the VMA can be unlinked), so the anon_vma
-/// is alive while the reference is taken. (The kernel takes it under RCU,
-/// with `atomic_inc_not_zero` and a recheck; the model's anon_vmas are
-/// not freed under RCU.)
-pub unsafe fn folio_get_anon_vma(mem: &PhysMem, folio: Folio) -> Option<Arc<AnonVma>> {
+/// As the kernel does under RCU: the mapping is read under an epoch pin,
+/// then the folio is seen mapped. A mapping means a VMA still chained to
+/// the anon_vma (a zap removes the mapping before the VMA is unlinked),
+/// and an unlinked VMA's references to its anon_vmas are dropped only
+/// after a grace period ([`unlink_anon_vmas`]): so the anon_vma is alive,
+/// with a strong count above zero, until the pin is dropped.
+pub fn folio_get_anon_vma(mem: &PhysMem, folio: Folio) -> Option<Arc<AnonVma>> {
+    let _pin = crate::sync::epoch::pin();
     let av = folio_anon_vma(mem, folio)? as *const AnonVma;
+    if !folio.mapped(mem) {
+        return None;
+    }
     // SAFETY: `av` came from `Arc::as_ptr` of a live Arc (folio_set_anon,
-    // folio_move_anon_rmap), alive now by the caller's promise; one more
-    // strong count, then an Arc owning it.
+    // folio_move_anon_rmap), and by the argument above it is alive and
+    // strongly held until `_pin` goes: one more strong count, then an Arc
+    // owning it.
     unsafe {
         Arc::increment_strong_count(av);
         Some(Arc::from_raw(av))

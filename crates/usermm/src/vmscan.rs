@@ -1,6 +1,18 @@
-//! The part of reclaim (mm/vmscan.c `shrink_folio_list`, with mm/rmap.c
-//! `try_to_unmap_one`) that MADV_PAGEOUT reaches on a machine without swap:
-//! discarding clean lazyfree folios.
+//! Reclaim (mm/vmscan.c), on a machine without swap: what it can free is
+//! clean lazyfree folios, which it discards, and what it can move is anon
+//! folios on a node with a slower tier below it, which it demotes there
+//! (`demote_folio_list`, when `demotion_enabled`). kswapd reclaims a node
+//! in the background until its free pages are above the high watermark
+//! (`balance_pgdat`); an allocation that finds every node it may use below
+//! its low watermark wakes the kswapds, and reclaims itself
+//! (`try_to_free_pages`) if that is not enough. Reclaim ages the lists as
+//! the kernel's two-list LRU does (the host runs it, not MGLRU): an active
+//! list is refilled into the inactive one when the inactive one is low,
+//! and a folio at the inactive tail is kept, activated or reclaimed by its
+//! references (`folio_check_references`).
+//!
+//! Below that, the part of `shrink_folio_list` that MADV_PAGEOUT reaches
+//! for the folios of one page table:
 //!
 //! The kernel isolates each folio from its LRU, then `reclaim_pages` walks
 //! its rmap to unmap it everywhere. MADV_PAGEOUT collects only folios that
@@ -115,4 +127,515 @@ pub fn shrink_lazyfree_ptes(
     } else {
         Discard::Freed
     }
+}
+
+// ---------------------------------------------------------------------------
+// Reclaim of a node: kswapd and direct reclaim.
+
+use crate::pgtable::PteRead;
+use crate::phys::mm_inline::LruList;
+use crate::phys::page_alloc::{WMARK_HIGH, WMARK_LOW};
+use crate::phys::Tier;
+use crate::rmap_walk::{folio_addresses, rmap_walk_anon};
+use crate::tlbbatch::{pte_accessible, should_defer_flush, TlbflushUnmapBatch, TtuFlags};
+
+/// `DEF_PRIORITY`: a pass scans a list's size shifted right by the
+/// priority, from this down to 0.
+const DEF_PRIORITY: u32 = 12;
+/// `SWAP_CLUSTER_MAX`: folios isolated at a time.
+const SWAP_CLUSTER_MAX: u64 = 32;
+/// `MAX_RECLAIM_RETRIES`: kswapd stops being woken after this many runs
+/// that reclaimed nothing, until an allocation frees its way again.
+pub const MAX_RECLAIM_RETRIES: u32 = 16;
+
+/// `struct scan_control`.
+pub struct ScanControl {
+    /// Pages wanted.
+    pub nr_to_reclaim: u64,
+    pub priority: u32,
+    /// kswapd (or direct reclaim): which counters count.
+    pub kswapd: bool,
+    pub nr_scanned: u64,
+    pub nr_reclaimed: u64,
+    pub nr_demoted: u64,
+}
+
+impl ScanControl {
+    pub fn new(nr_to_reclaim: u64, kswapd: bool) -> ScanControl {
+        ScanControl {
+            nr_to_reclaim,
+            priority: DEF_PRIORITY,
+            kswapd,
+            nr_scanned: 0,
+            nr_reclaimed: 0,
+            nr_demoted: 0,
+        }
+    }
+
+    fn count(&self, oncpu: &OnCpu, kswapd: Event, direct: Event, n: u64) {
+        let e = if self.kswapd { kswapd } else { direct };
+        oncpu.vmstat().count(oncpu.id(), e, n);
+    }
+}
+
+/// `next_demotion_node`: the node a folio of `nid` is demoted to: the
+/// first node of a slower tier, if demotion is enabled.
+pub fn next_demotion_node(oncpu: &OnCpu, nid: usize) -> Option<usize> {
+    let mem = oncpu.mem();
+    if !oncpu.m.demotion_enabled() || mem.nodes[nid].tier == Tier::Slow {
+        return None;
+    }
+    mem.nodes
+        .iter()
+        .find(|n| n.tier == Tier::Slow)
+        .map(|n| n.id)
+}
+
+/// `can_reclaim_anon_pages`: with no swap, only if they can be demoted.
+fn can_reclaim_anon(oncpu: &OnCpu, nid: usize) -> bool {
+    next_demotion_node(oncpu, nid).is_some()
+}
+
+/// `pgdat_balanced`: the node's free pages are above its high watermark.
+pub fn pgdat_balanced(oncpu: &OnCpu, nid: usize) -> bool {
+    oncpu.mem().nodes[nid].zone.above(WMARK_HIGH)
+}
+
+/// `zone_watermark_ok` against the low watermark: does the node need
+/// kswapd?
+pub fn pgdat_below_low(oncpu: &OnCpu, nid: usize) -> bool {
+    !oncpu.mem().nodes[nid].zone.above(WMARK_LOW)
+}
+
+/// `balance_pgdat`: kswapd's run on node `nid`, from the lowest priority
+/// up, until the node is balanced; returns the pages reclaimed.
+pub fn balance_pgdat(oncpu: &OnCpu, nid: usize) -> u64 {
+    let _memalloc = crate::phys::page_alloc::ReclaimGuard::enter();
+    let mut sc = ScanControl::new(u64::MAX, true);
+    oncpu.vmstat().count(oncpu.id(), Event::PAGEOUTRUN, 1);
+    while !pgdat_balanced(oncpu, nid) {
+        sc.nr_to_reclaim = (sc.nr_reclaimed + SWAP_CLUSTER_MAX).max(high_deficit(oncpu, nid));
+        let before = sc.nr_reclaimed;
+        shrink_node(oncpu, nid, &mut sc);
+        if sc.nr_reclaimed == before {
+            if sc.priority == 0 {
+                break;
+            }
+            sc.priority -= 1;
+        }
+    }
+    sc.nr_reclaimed
+}
+
+/// Pages the node lacks to reach its high watermark.
+fn high_deficit(oncpu: &OnCpu, nid: usize) -> u64 {
+    let z = &oncpu.mem().nodes[nid].zone;
+    let high = z.watermark[WMARK_HIGH.unwrap_or(2)];
+    high.saturating_sub(z.nr_free_buddy()) + 1
+}
+
+/// `try_to_free_pages`: direct reclaim by an allocation short of memory on
+/// node `nid`: priorities from the lowest up, until it has reclaimed a
+/// cluster of pages.
+pub fn try_to_free_pages(oncpu: &OnCpu, nid: usize, order: u32) -> u64 {
+    let mut sc = ScanControl::new(SWAP_CLUSTER_MAX.max(1 << order), false);
+    oncpu.vmstat().count(oncpu.id(), Event::ALLOCSTALL, 1);
+    loop {
+        shrink_node(oncpu, nid, &mut sc);
+        if sc.nr_reclaimed >= sc.nr_to_reclaim || sc.priority == 0 {
+            return sc.nr_reclaimed;
+        }
+        sc.priority -= 1;
+    }
+}
+
+/// `shrink_node` / `shrink_lruvec` / `get_scan_count`: scan each
+/// evictable list by its size shifted by the priority, a cluster at a time,
+/// refilling an inactive list from its active one when it is low. The anon
+/// lists are scanned only if their folios can be demoted (there is no
+/// swap); the file lists hold the lazyfree folios.
+pub fn shrink_node(oncpu: &OnCpu, nid: usize, sc: &mut ScanControl) {
+    let mem = oncpu.mem();
+    let anon = can_reclaim_anon(oncpu, nid);
+    let sizes = {
+        let l = mem.node_lruvec_lock(nid);
+        LruList::ALL.map(|lru| l.size(lru))
+    };
+    let priority = sc.priority;
+    let scan = |lru: LruList| {
+        let size = sizes[lru as usize];
+        let n = size >> priority;
+        if n == 0 && priority == 0 {
+            size
+        } else {
+            n
+        }
+    };
+    let mut nr = [0u64; 2];
+    if anon {
+        nr[0] = scan(LruList::InactiveAnon);
+    }
+    nr[1] = scan(LruList::InactiveFile);
+    for (i, (inactive, active)) in [
+        (LruList::InactiveAnon, LruList::ActiveAnon),
+        (LruList::InactiveFile, LruList::ActiveFile),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        if (i == 0 && !anon) || sc.nr_reclaimed >= sc.nr_to_reclaim {
+            continue;
+        }
+        if inactive_is_low(sizes[inactive as usize], sizes[active as usize]) {
+            let refill = scan(active).max(SWAP_CLUSTER_MAX.min(sizes[active as usize]));
+            shrink_active_list(oncpu, nid, active, refill, sc);
+            nr[i] = nr[i].max(SWAP_CLUSTER_MAX.min(sizes[active as usize]));
+        }
+        while nr[i] > 0 && sc.nr_reclaimed < sc.nr_to_reclaim {
+            let chunk = nr[i].min(SWAP_CLUSTER_MAX);
+            nr[i] -= chunk;
+            shrink_inactive_list(oncpu, nid, inactive, chunk, sc);
+        }
+    }
+}
+
+/// `inactive_is_low`: the inactive list is smaller than the active one
+/// over the ratio `int_sqrt(10 * GiB)` of the two (1 below a GiB).
+fn inactive_is_low(inactive: u64, active: u64) -> bool {
+    let gb = (inactive + active) >> (30 - crate::phys::PAGE_SHIFT);
+    let ratio = if gb > 0 {
+        ((10 * gb) as f64).sqrt() as u64
+    } else {
+        1
+    };
+    inactive * ratio < active
+}
+
+/// `shrink_active_list`: take folios off the active list's tail, clear
+/// their references, and move them to the inactive list's head
+/// (`pgrefill`, `pgdeactivate`). The kernel keeps referenced executable
+/// file folios active; the model has none.
+fn shrink_active_list(oncpu: &OnCpu, nid: usize, lru: LruList, nr: u64, sc: &mut ScanControl) {
+    let mem = oncpu.mem();
+    let (taken, scanned) = mem
+        .node_lruvec_lock(nid)
+        .isolate_lru_folios(lru, nr, oncpu.id());
+    oncpu.vmstat().count(oncpu.id(), Event::PGREFILL, scanned);
+    let mut deactivated = 0;
+    for &f in &taken {
+        folio_referenced(oncpu, f);
+        f.head(mem).clear(pg::ACTIVE);
+        deactivated += f.nr_pages(mem);
+    }
+    oncpu
+        .vmstat()
+        .count(oncpu.id(), Event::PGDEACTIVATE, deactivated);
+    move_folios_to_lru(oncpu, taken);
+    let _ = sc;
+}
+
+/// `move_folios_to_lru`: isolated folios back onto the lists their flags
+/// say, and the isolation's references dropped.
+fn move_folios_to_lru(oncpu: &OnCpu, folios: Vec<Folio>) {
+    let mem = oncpu.mem();
+    let mut held = None;
+    for &f in &folios {
+        let l = mem.folio_lruvec_relock(&mut held, f);
+        l.add_folio(f);
+        f.head(mem).set(pg::LRU);
+    }
+    drop(held);
+    crate::swap::folios_put_refs(mem, folios.into_iter().map(|f| (f, 1)), oncpu.id());
+}
+
+/// `shrink_inactive_list`: isolate a cluster from the list's tail and
+/// reclaim what can be (`pgscan_*`, `pgsteal_*`).
+fn shrink_inactive_list(oncpu: &OnCpu, nid: usize, lru: LruList, nr: u64, sc: &mut ScanControl) {
+    let mem = oncpu.mem();
+    let (taken, scanned) = mem
+        .node_lruvec_lock(nid)
+        .isolate_lru_folios(lru, nr, oncpu.id());
+    sc.nr_scanned += scanned;
+    sc.count(oncpu, Event::PGSCAN_KSWAPD, Event::PGSCAN_DIRECT, scanned);
+    let anon = lru == LruList::InactiveAnon;
+    oncpu.vmstat().count(
+        oncpu.id(),
+        if anon {
+            Event::PGSCAN_ANON
+        } else {
+            Event::PGSCAN_FILE
+        },
+        scanned,
+    );
+    let isolated: u64 = taken.iter().map(|f| f.nr_pages(mem)).sum();
+    let item = if anon {
+        crate::vmstat::NodeStat::NR_ISOLATED_ANON
+    } else {
+        crate::vmstat::NodeStat::NR_ISOLATED_FILE
+    };
+    mem.mod_node_state(item, isolated as i64);
+    let (reclaimed, keep) = shrink_folio_list(oncpu, nid, taken, sc);
+    mem.mod_node_state(item, -(isolated as i64));
+    move_folios_to_lru(oncpu, keep);
+    sc.nr_reclaimed += reclaimed;
+    sc.count(
+        oncpu,
+        Event::PGSTEAL_KSWAPD,
+        Event::PGSTEAL_DIRECT,
+        reclaimed,
+    );
+    oncpu.vmstat().count(
+        oncpu.id(),
+        if anon {
+            Event::PGSTEAL_ANON
+        } else {
+            Event::PGSTEAL_FILE
+        },
+        reclaimed,
+    );
+}
+
+/// What `folio_check_references` decides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FolioReferences {
+    Activate,
+    Keep,
+    Reclaim,
+}
+
+/// `folio_check_references`: a folio referenced through its PTEs since
+/// reclaim last looked is kept for another trip (marked referenced), and
+/// activated if it was referenced before too, or through several PTEs.
+fn folio_check_references(oncpu: &OnCpu, folio: Folio) -> FolioReferences {
+    let head = folio.head(oncpu.mem());
+    let referenced_ptes = folio_referenced(oncpu, folio);
+    let referenced_folio = head.test_and_clear(pg::REFERENCED);
+    if referenced_ptes > 0 {
+        head.set(pg::REFERENCED);
+        if referenced_folio || referenced_ptes > 1 {
+            return FolioReferences::Activate;
+        }
+        return FolioReferences::Keep;
+    }
+    FolioReferences::Reclaim
+}
+
+/// `folio_referenced`: how many PTEs map the folio young, clearing each
+/// one's accessed bit as it is counted (x86 does not flush for that: a
+/// CPU that keeps the translation cached is not seen using it, as on
+/// hardware).
+pub fn folio_referenced(oncpu: &OnCpu, folio: Folio) -> u64 {
+    use crate::pgtable::entry::_PAGE_ACCESSED;
+    let mem = oncpu.mem();
+    let Some(anon_vma) = crate::rmap::folio_get_anon_vma(mem, folio) else {
+        return 0;
+    };
+    let mut referenced = 0;
+    rmap_walk_anon(oncpu, folio, &anon_vma, |mm, vma| {
+        for (i, addr) in folio_addresses(mem, folio, vma) {
+            let Some(slot) = mm.pmd_lookup(addr) else {
+                continue;
+            };
+            if mm.pmd_get(slot).trans_huge() {
+                let mut ptl = mm.pmd_lock(slot);
+                let pmd = ptl.get();
+                if pmd.trans_huge() && pmd.pfn() == folio.pfn() && i == 0 && pmd.young() {
+                    ptl.set(pmd.mkold());
+                    referenced += 1;
+                }
+                continue;
+            }
+            let Some(mut pt) = mm.pte_offset_map_lock(slot) else {
+                continue;
+            };
+            let idx = crate::pgtable::pte_index(addr);
+            let pte = pt.pte(idx);
+            if pte.present() && !pte.special() && pte.pfn() == folio.pfn() + i && pte.young() {
+                pt.clear_bits(idx, _PAGE_ACCESSED);
+                referenced += 1;
+            }
+        }
+        true
+    });
+    referenced
+}
+
+/// `shrink_folio_list`: for each isolated folio, keep, activate or
+/// reclaim it; reclaim discards clean lazyfree folios (their flushes
+/// batched, `TTU_BATCH_FLUSH`) and demotes anon folios a slower tier can
+/// take; what cannot be reclaimed is activated (no swap). Returns the
+/// pages reclaimed and the folios to put back.
+fn shrink_folio_list(
+    oncpu: &OnCpu,
+    nid: usize,
+    folios: Vec<Folio>,
+    sc: &mut ScanControl,
+) -> (u64, Vec<Folio>) {
+    let mem = oncpu.mem();
+    let mut keep = Vec::new();
+    let mut demote = Vec::new();
+    let mut discard = Vec::new();
+    let mut ubc = TlbflushUnmapBatch::new();
+    let mut activated = 0;
+    let demotion_target = next_demotion_node(oncpu, nid);
+    for folio in folios {
+        if !folio.trylock(mem) {
+            keep.push(folio);
+            continue;
+        }
+        let head = folio.head(mem);
+        let refs = folio_check_references(oncpu, folio);
+        let anon = folio.test_anon(mem);
+        let swapbacked = head.test(pg::SWAPBACKED);
+        let fate = match refs {
+            FolioReferences::Reclaim if anon && !swapbacked => {
+                if try_to_unmap_lazyfree(oncpu, folio, &mut ubc) {
+                    discard.push(folio);
+                    continue;
+                }
+                // Written again, or held elsewhere: back, active.
+                FolioReferences::Activate
+            }
+            FolioReferences::Reclaim if anon && demotion_target.is_some() => {
+                folio.unlock(mem);
+                demote.push(folio);
+                continue;
+            }
+            // A swap-backed folio with nowhere to go (no swap).
+            FolioReferences::Reclaim => FolioReferences::Activate,
+            other => other,
+        };
+        if fate == FolioReferences::Activate {
+            head.set(pg::ACTIVE);
+            activated += folio.nr_pages(mem);
+        }
+        folio.unlock(mem);
+        keep.push(folio);
+    }
+    // The discarded folios' PTEs are cleared; their TLB entries must go
+    // before the pages do.
+    ubc.flush(oncpu);
+    let mut reclaimed = 0;
+    for folio in discard {
+        let nr = folio.nr_pages(mem);
+        folio.unlock(mem);
+        oncpu.vmstat().count(oncpu.id(), Event::PGLAZYFREED, nr);
+        reclaimed += nr;
+        // The isolation's reference is the last.
+        folio.put(mem, oncpu.id());
+    }
+    if let (Some(target), false) = (demotion_target, demote.is_empty()) {
+        let (demoted, failed) = demote_folio_list(oncpu, target, demote);
+        sc.nr_demoted += demoted;
+        reclaimed += demoted;
+        sc.count(
+            oncpu,
+            Event::PGDEMOTE_KSWAPD,
+            Event::PGDEMOTE_DIRECT,
+            demoted,
+        );
+        // Not demoted, and no swap: activated (`activate_locked`).
+        for f in failed {
+            f.head(mem).set(pg::ACTIVE);
+            activated += f.nr_pages(mem);
+            keep.push(f);
+        }
+    }
+    oncpu
+        .vmstat()
+        .count(oncpu.id(), Event::PGACTIVATE, activated);
+    (reclaimed, keep)
+}
+
+/// `demote_folio_list`: migrate the folios to `target` (`MR_DEMOTION`,
+/// asynchronous, without reclaiming there: `GFP_NOWAIT | __GFP_THISNODE`);
+/// returns the pages demoted and the folios that were not (still
+/// isolated, their isolation's reference held).
+fn demote_folio_list(oncpu: &OnCpu, target: usize, folios: Vec<Folio>) -> (u64, Vec<Folio>) {
+    use crate::migrate::{migrate_pages, MigrateMode, MigrateReason, MigrationTarget};
+    let mem = oncpu.mem();
+    let mut isolated = Vec::new();
+    let mut failed = Vec::new();
+    for f in folios {
+        match crate::migrate::Isolated::from_lru_isolated(mem, f) {
+            Some(iso) => isolated.push(iso),
+            None => failed.push(f),
+        }
+    }
+    let out = migrate_pages(
+        oncpu,
+        isolated,
+        MigrationTarget {
+            nid: target,
+            this_node: true,
+            nowait: true,
+        },
+        MigrateMode::Async,
+        MigrateReason::Demotion,
+    );
+    failed.extend(out.failed.into_iter().map(|iso| iso.into_folio()));
+    (out.stats.nr_succeeded, failed)
+}
+
+/// `try_to_unmap` of a lazyfree folio: clear each PTE that maps it, its
+/// flush queued on `ubc`; if the folio was written meanwhile, or someone
+/// else holds a reference, the PTEs go back and it is swap-backed again
+/// (if written). True if every mapping is gone (the folio may be freed
+/// once `ubc` is flushed).
+fn try_to_unmap_lazyfree(oncpu: &OnCpu, folio: Folio, ubc: &mut TlbflushUnmapBatch) -> bool {
+    let mem = oncpu.mem();
+    let Some(anon_vma) = crate::rmap::folio_get_anon_vma(mem, folio) else {
+        // Unmapped meanwhile: only the isolation holds it.
+        return folio.ref_count(mem) == 1;
+    };
+    let flags = TtuFlags { batch_flush: true };
+    let mut ok = true;
+    rmap_walk_anon(oncpu, folio, &anon_vma, |mm, vma| {
+        for (i, addr) in folio_addresses(mem, folio, vma) {
+            let Some(slot) = mm.pmd_lookup(addr) else {
+                continue;
+            };
+            if mm.pmd_get(slot).trans_huge() {
+                // A PMD-mapped lazyfree THP is split first by the kernel;
+                // the model leaves it mapped.
+                ok = false;
+                return false;
+            }
+            let Some(mut pt) = mm.pte_offset_map_lock(slot) else {
+                continue;
+            };
+            let idx = crate::pgtable::pte_index(addr);
+            let pte = pt.pte(idx);
+            if !pte.present() || pte.special() || pte.pfn() != folio.pfn() + i {
+                continue;
+            }
+            let pteval = pt.get_and_clear(idx);
+            if should_defer_flush(oncpu, mm, flags) {
+                ubc.set_flush_pending(mm, pteval);
+            } else if pte_accessible(mm, pteval) {
+                oncpu.flush_tlb_range(mm, addr, addr + PAGE_SIZE, crate::phys::PAGE_SHIFT);
+            }
+            if pteval.dirty() {
+                folio.head(mem).set(pg::DIRTY);
+            }
+            mm.update_hiwater_rss();
+            // One reference for the isolation, one per mapping.
+            let refs = folio.ref_count(mem);
+            let maps = folio.mapcount(mem);
+            if refs != 1 + maps || folio.head(mem).test(pg::DIRTY) {
+                pt.set(idx, pteval);
+                if folio.head(mem).test(pg::DIRTY) {
+                    folio.head(mem).clear(pg::LAZYFREE);
+                    folio.head(mem).set(pg::SWAPBACKED);
+                }
+                ok = false;
+                return false;
+            }
+            mm.add_rss(MmCounter::AnonPages, -1);
+            rmap::folio_remove_rmap_ptes(mem, folio, folio.pfn() + i, 1, oncpu.id());
+            folio.put(mem, oncpu.id());
+        }
+        true
+    });
+    ok && !folio.mapped(mem)
 }

@@ -50,6 +50,20 @@ counters! {
         PGLAZYFREE => "pglazyfree",
         PGLAZYFREED => "pglazyfreed",
         PGACTIVATE => "pgactivate",
+        PGDEACTIVATE => "pgdeactivate",
+        PGREFILL => "pgrefill",
+        PGSCAN_KSWAPD => "pgscan_kswapd",
+        PGSCAN_DIRECT => "pgscan_direct",
+        PGSCAN_ANON => "pgscan_anon",
+        PGSCAN_FILE => "pgscan_file",
+        PGSTEAL_KSWAPD => "pgsteal_kswapd",
+        PGSTEAL_DIRECT => "pgsteal_direct",
+        PGSTEAL_ANON => "pgsteal_anon",
+        PGSTEAL_FILE => "pgsteal_file",
+        PGDEMOTE_KSWAPD => "pgdemote_kswapd",
+        PGDEMOTE_DIRECT => "pgdemote_direct",
+        PAGEOUTRUN => "pageoutrun",
+        ALLOCSTALL => "allocstall_normal",
         PGMIGRATE_SUCCESS => "pgmigrate_success",
         PGMIGRATE_FAIL => "pgmigrate_fail",
         THP_MIGRATION_SUCCESS => "thp_migration_success",
@@ -181,7 +195,14 @@ impl VmStat {
     /// `count_vm_events(item, n)` on `cpu`.
     #[inline]
     pub fn count(&self, cpu: usize, item: Event, n: u64) {
-        let slot = &self.events[cpu.min(self.events.len() - 1)].0[item as usize];
+        let last = self.events.len() - 1;
+        if cpu >= last {
+            // The row of threads that play no CPU (kswapd), which several
+            // may write at once.
+            self.events[last].0[item as usize].fetch_add(n, Ordering::Relaxed);
+            return;
+        }
+        let slot = &self.events[cpu].0[item as usize];
         // Only this CPU writes its row: a load and a store suffice and avoid
         // a locked instruction, as the kernel's this_cpu_add does.
         slot.store(

@@ -153,6 +153,13 @@ impl<M: TlbMm> Cpu<M> {
         self.mode.break_return_to_user();
     }
 
+    /// This CPU's bit in an mm_cpumask; none for a CPU beyond the mask's 64
+    /// (a kernel thread's, such as kswapd's, which runs no user mm).
+    #[inline]
+    pub fn bit(&self) -> u64 {
+        1u64.checked_shl(self.id as u32).unwrap_or(0)
+    }
+
     /// Claim the CPU for the calling thread; false if another thread has it.
     pub fn try_bind(&self) -> bool {
         self.bound
@@ -392,7 +399,7 @@ pub fn flush_tlb_mm_range<M: TlbMm>(
         }
     }
 
-    let others = mm.cpumask().load(Ordering::SeqCst) & !(1u64 << me.id);
+    let others = mm.cpumask().load(Ordering::SeqCst) & !me.bit();
     flush_tlb_multi(cpus, me, others, &req, vmstat);
 }
 
@@ -442,7 +449,7 @@ pub fn arch_tlbbatch_add_pending<M: TlbMm>(batch: &mut u64, mm: &M) {
 /// `arch_tlbbatch_should_defer`: whether a CPU other than `me` may cache
 /// `mm` (flushing locally at once is cheaper than batching otherwise).
 pub fn arch_tlbbatch_should_defer<M: TlbMm>(me: &Cpu<M>, mm: &M) -> bool {
-    mm.cpumask().load(Ordering::SeqCst) & !(1u64 << me.id) != 0
+    mm.cpumask().load(Ordering::SeqCst) & !me.bit() != 0
 }
 
 /// `arch_tlbbatch_flush`: a full flush on every CPU of `batch` that runs
@@ -458,7 +465,7 @@ pub fn arch_tlbbatch_flush<M: TlbMm>(cpus: &[Cpu<M>], me: &Cpu<M>, batch: u64, v
         new_tlb_gen: 0,
         acks: Acks::default(),
     });
-    if batch & (1u64 << me.id) != 0 {
+    if batch & me.bit() != 0 {
         let loaded = me.loaded.lock();
         flush_tlb_func(
             &mut me.tlb.lock(),
@@ -468,7 +475,7 @@ pub fn arch_tlbbatch_flush<M: TlbMm>(cpus: &[Cpu<M>], me: &Cpu<M>, batch: u64, v
             vmstat,
         );
     }
-    flush_tlb_multi(cpus, me, batch & !(1u64 << me.id), &req, vmstat);
+    flush_tlb_multi(cpus, me, batch & !me.bit(), &req, vmstat);
 }
 
 /// `flush_tlb_mm`.

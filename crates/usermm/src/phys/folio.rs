@@ -244,16 +244,12 @@ impl PhysMem {
         gfp: AllocFlags,
         nodes: u64,
     ) -> Option<Folio> {
-        let this = AllocFlags {
+        let gfp = AllocFlags {
             comp: true,
-            this_node: true,
+            nodes,
             ..gfp
         };
-        std::iter::once(nid)
-            .chain((0..self.nodes.len()).filter(|&n| n != nid))
-            .filter(|&n| n < 64 && nodes & (1 << n) != 0)
-            .find_map(|n| self.alloc_pages(n, order, cpu, this))
-            .map(Folio)
+        self.alloc_pages(nid, order, cpu, gfp).map(Folio)
     }
 
     /// `folio_alloc`: a folio of `order` on `nid` (or a fallback node,

@@ -332,6 +332,49 @@ impl<'a> LruvecGuard<'a> {
         (off != LIST_NONE).then(|| Folio(self.pfn(off)))
     }
 
+    /// `isolate_lru_folios`: take up to `nr` pages' worth of folios off the
+    /// tail (the oldest end) of `lru`, each with a reference and PG_lru
+    /// cleared; a folio being freed (no references left) or claimed by
+    /// someone else is rotated to the head instead. Returns the folios and
+    /// the pages scanned.
+    pub fn isolate_lru_folios(&mut self, lru: LruList, nr: u64, cpu: usize) -> (Vec<Folio>, u64) {
+        let mut taken = Vec::new();
+        let (mut scanned, mut looked) = (0, 0);
+        let len = self.size(lru);
+        while scanned < nr && looked < len {
+            let Some(folio) = self.tail(lru) else {
+                break;
+            };
+            let pages = folio.nr_pages(self.mem);
+            looked += pages;
+            scanned += pages;
+            let head = folio.head(self.mem);
+            // folio_try_get, then folio_test_clear_lru.
+            let got = head
+                .refcount
+                .fetch_update(Ordering::Acquire, Ordering::Relaxed, |r| {
+                    (r > 0).then_some(r + 1)
+                })
+                .is_ok();
+            if !got {
+                self.del_folio(folio);
+                self.add_folio(folio);
+                continue;
+            }
+            if !head.test_and_clear(pg::LRU) {
+                // Someone else is taking it off (and holds a reference to
+                // do so, so this put is not the last).
+                self.del_folio(folio);
+                self.add_folio(folio);
+                folio.put(self.mem, cpu);
+                continue;
+            }
+            self.del_folio(folio);
+            taken.push(folio);
+        }
+        (taken, scanned)
+    }
+
     /// The node whose lruvec this is.
     pub fn node_id(&self) -> usize {
         self.node.id

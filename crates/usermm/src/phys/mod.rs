@@ -96,6 +96,8 @@ pub struct PhysMem {
     /// `lru_disable_count`: while above zero, folios go onto the LRU at
     /// once instead of through the batches (`lru_cache_disable`).
     pub lru_disable_count: crate::sync::AtomicU32,
+    /// Reclaim, which the allocator's slow path calls on.
+    reclaimer: crate::sync::OnceLock<std::sync::Weak<dyn page_alloc::Reclaimer>>,
 }
 
 impl PhysMem {
@@ -128,8 +130,10 @@ impl PhysMem {
             vmstat: crate::vmstat::VmStat::new(nr_cpus),
             rcu_pending: crate::sync::AtomicU64::new(0),
             cpu_node: cpu_node.into(),
-            cpu_fbatches: (0..nr_cpus).map(|_| Default::default()).collect(),
+            // One more for the kernel threads (kswapd), which play no CPU.
+            cpu_fbatches: (0..=nr_cpus).map(|_| Default::default()).collect(),
             lru_disable_count: crate::sync::AtomicU32::new(0),
+            reclaimer: crate::sync::OnceLock::new(),
         };
         for node in &mem.nodes {
             page_alloc::init_free_area(&mem, node);
@@ -256,6 +260,11 @@ impl PhysMem {
     /// Frames still waiting for a grace period.
     pub fn rcu_pending(&self) -> u64 {
         self.rcu_pending.load(crate::sync::Ordering::Acquire)
+    }
+
+    /// Register reclaim (once, by the machine).
+    pub fn set_reclaimer(&self, r: std::sync::Weak<dyn page_alloc::Reclaimer>) {
+        let _ = self.reclaimer.set(r);
     }
 
     /// `mod_node_page_state`: a node statistic changes, on the calling

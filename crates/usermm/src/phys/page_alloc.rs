@@ -40,6 +40,15 @@ pub struct AllocFlags {
     pub this_node: bool,
     /// `__GFP_COMP`: make a compound page (folio) of a high-order block.
     pub comp: bool,
+    /// No `__GFP_DIRECT_RECLAIM`: never reclaim in the allocating thread
+    /// (`GFP_NOWAIT`, as demotion and migration targets allocate); kswapd
+    /// is still woken.
+    pub no_direct_reclaim: bool,
+    /// The nodes allowed (a policy's nodemask); 0 for all.
+    pub nodes: u64,
+    /// `__GFP_NOMEMALLOC`: no reserves below the min watermark, even for a
+    /// thread that is reclaiming (demotion targets).
+    pub no_memalloc: bool,
 }
 
 impl AllocFlags {
@@ -48,6 +57,9 @@ impl AllocFlags {
         zero: false,
         this_node: false,
         comp: false,
+        no_direct_reclaim: false,
+        nodes: 0,
+        no_memalloc: false,
     };
     /// `__GFP_ZERO`.
     pub const ZERO: AllocFlags = AllocFlags {
@@ -90,9 +102,44 @@ pub struct Zone {
     pub watermark: [u64; 3],
 }
 
-pub const WMARK_MIN: usize = 0;
-pub const WMARK_LOW: usize = 1;
-pub const WMARK_HIGH: usize = 2;
+pub const WMARK_MIN: Option<usize> = Some(0);
+pub const WMARK_LOW: Option<usize> = Some(1);
+pub const WMARK_HIGH: Option<usize> = Some(2);
+
+/// What the allocator asks of reclaim (mm/vmscan.c, above this layer): the
+/// machine registers itself ([`PhysMem::set_reclaimer`]).
+pub trait Reclaimer: Send + Sync {
+    /// `wakeup_kswapd`: node `nid` is short of free pages.
+    fn wakeup_kswapd(&self, nid: usize, order: u32);
+    /// `try_to_free_pages`: reclaim from `nid` in the calling thread, which
+    /// plays CPU `cpu`; returns the pages reclaimed.
+    fn try_to_free_pages(&self, nid: usize, order: u32, cpu: usize) -> u64;
+}
+
+std::thread_local! {
+    /// `PF_MEMALLOC`: this thread is reclaiming.
+    static IN_RECLAIM: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the calling thread is reclaiming (`current->flags & PF_MEMALLOC`).
+pub fn in_reclaim() -> bool {
+    IN_RECLAIM.with(|r| r.get())
+}
+
+/// `memalloc_noreclaim_save` .. `_restore`: held while a thread reclaims.
+pub struct ReclaimGuard(bool);
+
+impl ReclaimGuard {
+    pub fn enter() -> ReclaimGuard {
+        ReclaimGuard(IN_RECLAIM.with(|r| r.replace(true)))
+    }
+}
+
+impl Drop for ReclaimGuard {
+    fn drop(&mut self) {
+        IN_RECLAIM.with(|r| r.set(self.0));
+    }
+}
 
 fn pcp_index(order: u32) -> Option<usize> {
     match order {
@@ -126,14 +173,25 @@ impl Zone {
         self.nr_free.load(Ordering::Relaxed) + self.pcp.iter().map(|p| p.lock().count).sum::<u64>()
     }
 
+    /// Whether the zone's free pages are above watermark `mark`
+    /// (`zone_watermark_ok_safe` for an order-0 request).
+    pub fn above(&self, mark: Option<usize>) -> bool {
+        let area = self.free_area.lock();
+        self.watermark_ok(&area, 0, mark)
+    }
+
     /// Pages in the buddy lists only (`NR_FREE_PAGES`).
     pub fn nr_free_buddy(&self) -> u64 {
         self.nr_free.load(Ordering::Relaxed)
     }
 
-    /// `__zone_watermark_ok` against `mark`, for a block of `order`.
-    fn watermark_ok(&self, area: &FreeArea, order: u32, mark: usize) -> bool {
+    /// `__zone_watermark_ok` against `mark` (None: any free block will do),
+    /// for a block of `order`.
+    fn watermark_ok(&self, area: &FreeArea, order: u32, mark: Option<usize>) -> bool {
         let free = self.nr_free.load(Ordering::Relaxed) as i64 - ((1i64 << order) - 1);
+        let Some(mark) = mark else {
+            return (order as usize..NR_ORDERS).any(|o| area.nr_free[o] > 0);
+        };
         if free <= self.watermark[mark] as i64 {
             return false;
         }
@@ -236,6 +294,16 @@ impl PhysMem {
     /// `__alloc_pages`: a block of `2^order` frames, preferring `nid` and then
     /// falling back along the zonelist (same tier first). `cpu` picks the pcp
     /// lists. Returns the head PFN with a refcount of 1.
+    ///
+    /// The fast path takes from the first zone above its low watermark
+    /// (`get_page_from_freelist` with `ALLOC_WMARK_LOW`). If none is, the
+    /// slow path (`__alloc_pages_slowpath`) wakes the kswapd of each node
+    /// it may use, tries again down to the min watermark, then reclaims
+    /// in the allocating thread (`__alloc_pages_direct_reclaim`, unless
+    /// `no_direct_reclaim`) and tries once more. A thread that is itself
+    /// reclaiming (`PF_MEMALLOC`) may dip below the min watermark and
+    /// never reclaims again. There is no compaction and no OOM killer: the
+    /// allocation then fails.
     pub fn alloc_pages(
         &self,
         nid: usize,
@@ -245,11 +313,63 @@ impl PhysMem {
     ) -> Option<Pfn> {
         debug_assert!(order <= MAX_PAGE_ORDER);
         let pfn = self
-            .zonelist(nid, flags.this_node)
-            .find_map(|n| self.rmqueue(&self.nodes[n], order, cpu))?;
+            .get_page_from_freelist(nid, order, cpu, flags, WMARK_LOW)
+            .or_else(|| self.alloc_pages_slowpath(nid, order, cpu, flags))?;
         self.prep_new_page(pfn, order, flags);
         self.vmstat.count(cpu, Event::PGALLOC, 1 << order);
         Some(pfn)
+    }
+
+    /// `get_page_from_freelist`: the first zone of the zonelist (within the
+    /// allowed nodes) above `mark` gives the block.
+    fn get_page_from_freelist(
+        &self,
+        nid: usize,
+        order: u32,
+        cpu: usize,
+        flags: AllocFlags,
+        mark: Option<usize>,
+    ) -> Option<Pfn> {
+        self.allowed_zonelist(nid, flags)
+            .find_map(|n| self.rmqueue(&self.nodes[n], order, cpu, mark))
+    }
+
+    fn allowed_zonelist(&self, nid: usize, flags: AllocFlags) -> impl Iterator<Item = usize> + '_ {
+        self.zonelist(nid, flags.this_node)
+            .filter(move |&n| flags.nodes == 0 || (n < 64 && flags.nodes & (1 << n) != 0))
+    }
+
+    /// `__alloc_pages_slowpath`.
+    fn alloc_pages_slowpath(
+        &self,
+        nid: usize,
+        order: u32,
+        cpu: usize,
+        flags: AllocFlags,
+    ) -> Option<Pfn> {
+        if in_reclaim() && !flags.no_memalloc {
+            // PF_MEMALLOC: the reclaimer's own allocations (a table for a
+            // split) may use the reserves.
+            return self.get_page_from_freelist(nid, order, cpu, flags, None);
+        }
+        let reclaim = self.reclaimer.get().and_then(|w| w.upgrade());
+        if let Some(r) = &reclaim {
+            for n in self.allowed_zonelist(nid, flags) {
+                r.wakeup_kswapd(n, order);
+            }
+        }
+        if let Some(p) = self.get_page_from_freelist(nid, order, cpu, flags, WMARK_MIN) {
+            return Some(p);
+        }
+        if flags.no_direct_reclaim || in_reclaim() {
+            return None;
+        }
+        let r = reclaim?;
+        let nid = self.allowed_zonelist(nid, flags).next()?;
+        let _memalloc = ReclaimGuard::enter();
+        r.try_to_free_pages(nid, order, cpu);
+        drop(_memalloc);
+        self.get_page_from_freelist(nid, order, cpu, flags, WMARK_MIN)
     }
 
     /// Node ids in fallback order: the preferred node, then same-tier nodes,
@@ -270,20 +390,22 @@ impl PhysMem {
         std::iter::once(nid).chain(same.chain(other).filter(move |_| !this_node))
     }
 
-    fn rmqueue(&self, node: &Node, order: u32, cpu: usize) -> Option<Pfn> {
+    /// Take a block from `node` if it stays above `mark` (None: no
+    /// watermark, `ALLOC_NO_WATERMARKS`).
+    fn rmqueue(&self, node: &Node, order: u32, cpu: usize, mark: Option<usize>) -> Option<Pfn> {
         let zone = &node.zone;
         if let Some(idx) = pcp_index(order) {
             let mut pcp = zone.pcp[cpu.min(zone.pcp.len() - 1)].lock();
             if pcp.lists[idx].is_empty() {
                 let mut area = zone.free_area.lock();
                 zone.line.write();
-                if !zone.watermark_ok(&area, order, WMARK_MIN) {
+                if !zone.watermark_ok(&area, order, mark) {
                     return None;
                 }
                 // rmqueue_bulk: refill with a batch, never below the min mark.
                 let blocks = (PCP_BATCH >> order).max(1);
                 for _ in 0..blocks {
-                    if !zone.watermark_ok(&area, order, WMARK_MIN) {
+                    if !zone.watermark_ok(&area, order, mark) {
                         break;
                     }
                     let Some(off) = rmqueue_smallest(self, node, &mut area, order) else {
@@ -306,7 +428,7 @@ impl PhysMem {
         // The lock and, as the guard drops, the unlock.
         zone.line.write();
         zone.line.write();
-        if !zone.watermark_ok(&area, order, WMARK_MIN) {
+        if !zone.watermark_ok(&area, order, mark) {
             return None;
         }
         rmqueue_smallest(self, node, &mut area, order).map(|off| node.start_pfn() + off as u64)
@@ -538,7 +660,7 @@ mod tests {
         // Allocation stopped at the min watermark, not at zero.
         let free = m.nodes[0].zone.nr_free_buddy();
         assert!(
-            free <= m.nodes[0].zone.watermark[WMARK_MIN] + 4,
+            free <= m.nodes[0].zone.watermark[0] + 4,
             "free {free}"
         );
         assert!(free > 0);

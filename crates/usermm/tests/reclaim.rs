@@ -1,0 +1,129 @@
+//! Reclaim with demotion: a process bound to a small DRAM node that writes
+//! more than the node holds has its cold pages demoted to the slow tier by
+//! kswapd and direct reclaim, with nothing lost; without demotion the
+//! same writes run out of memory. Reclaim also discards clean lazyfree
+//! folios under pressure. The invariant checker runs once kswapd is idle.
+
+use std::sync::Arc;
+
+use usermm::check::check_invariants;
+use usermm::madvise::MADV_FREE;
+use usermm::mempolicy::MPOL_BIND;
+use usermm::mmap::*;
+use usermm::phys::{NodeConfig, Tier};
+use usermm::vmstat::Event;
+use usermm::{Errno, Machine, MachineConfig, OnCpu};
+
+const RW: u32 = PROT_READ | PROT_WRITE;
+const ANON: u32 = MAP_PRIVATE | MAP_ANONYMOUS;
+const PAGE: u64 = 4096;
+
+fn tiered(fast_mib: u64) -> Arc<Machine> {
+    Machine::new(MachineConfig {
+        nodes: vec![
+            NodeConfig {
+                size_bytes: fast_mib << 20,
+                tier: Tier::Dram,
+                has_cpus: true,
+            },
+            NodeConfig {
+                size_bytes: 256 << 20,
+                tier: Tier::Slow,
+                has_cpus: false,
+            },
+        ],
+        cpus: vec![0, 0],
+    })
+    .unwrap()
+}
+
+fn nodes_of(c: &OnCpu, a: u64, len: u64) -> [usize; 2] {
+    let pages: Vec<u64> = (a..a + len).step_by(PAGE as usize).collect();
+    let mut status = vec![0; pages.len()];
+    c.move_pages(&pages, None, &mut status).unwrap();
+    let mut n = [0; 2];
+    for s in status {
+        n[s as usize] += 1;
+    }
+    n
+}
+
+/// Write `len` bytes bound to node 0, page by page; the first error.
+fn write_bound(c: &OnCpu, len: u64) -> Result<u64, Errno> {
+    let a = c.mmap(0, len, RW, ANON).unwrap();
+    c.mbind(a, len, MPOL_BIND, &[1], 64, 0).unwrap();
+    for p in (a..a + len).step_by(PAGE as usize) {
+        c.store_u64(p, p)?;
+    }
+    Ok(a)
+}
+
+#[test]
+fn demotion_makes_room_on_the_fast_node() {
+    let m = tiered(32);
+    m.set_demotion_enabled(true);
+    let c = m.bind(0).unwrap();
+    c.new_mm().unwrap();
+    let len = 48 << 20;
+    let a = write_bound(&c, len).expect("demotion makes room");
+    // Idle first: kswapd's shootdowns wait for CPUs in user mode.
+    c.idle();
+    m.kswapd_quiesce();
+    for p in (a..a + len).step_by(PAGE as usize) {
+        assert_eq!(c.load_u64(p).unwrap(), p, "page {p:#x}");
+    }
+    let [fast, slow] = nodes_of(&c, a, len);
+    assert!(slow > 0 && fast > 0, "fast {fast}, slow {slow}");
+    let v = m.vmstat();
+    let demoted = v.event(Event::PGDEMOTE_KSWAPD) + v.event(Event::PGDEMOTE_DIRECT);
+    assert_eq!(
+        demoted, slow as u64,
+        "every page on the slow node was demoted"
+    );
+    assert!(v.event(Event::PGSCAN_ANON) >= demoted);
+    assert!(v.event(Event::PGSTEAL_ANON) >= demoted);
+    c.idle();
+    m.kswapd_quiesce();
+    check_invariants(&m).unwrap();
+}
+
+#[test]
+fn without_demotion_the_bound_writes_run_out() {
+    let m = tiered(32);
+    let c = m.bind(0).unwrap();
+    c.new_mm().unwrap();
+    assert!(write_bound(&c, 48 << 20).is_err());
+    assert_eq!(m.vmstat().event(Event::PGDEMOTE_KSWAPD), 0);
+    c.idle();
+    m.kswapd_quiesce();
+    check_invariants(&m).unwrap();
+}
+
+#[test]
+fn reclaim_discards_clean_lazyfree_folios() {
+    let m = tiered(32);
+    let c = m.bind(0).unwrap();
+    c.new_mm().unwrap();
+    let len = 16 << 20;
+    let a = c.mmap(0, len, RW, ANON).unwrap();
+    c.mbind(a, len, MPOL_BIND, &[1], 64, 0).unwrap();
+    for p in (a..a + len).step_by(PAGE as usize) {
+        c.store_u64(p, p).unwrap();
+    }
+    c.madvise(a, len, MADV_FREE).unwrap();
+    // More bound memory than is left: reclaim drops the lazyfree pages.
+    write_bound(&c, 24 << 20).expect("the lazyfree pages make room");
+    c.idle();
+    m.kswapd_quiesce();
+    let freed = m.vmstat().event(Event::PGLAZYFREED);
+    assert!(freed > 0, "reclaim discarded lazyfree pages");
+    assert!(m.vmstat().event(Event::PGSTEAL_FILE) >= freed);
+    // Discarded pages read back as zeroes, the others as written.
+    for p in (a..a + len).step_by(PAGE as usize) {
+        let v = c.load_u64(p).unwrap();
+        assert!(v == p || v == 0, "page {p:#x}: {v:#x}");
+    }
+    c.idle();
+    m.kswapd_quiesce();
+    check_invariants(&m).unwrap();
+}
