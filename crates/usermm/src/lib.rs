@@ -52,6 +52,7 @@ pub mod migrate;
 pub mod mmap;
 pub mod mmu_gather;
 pub mod mprotect;
+pub mod numa_balancing;
 pub mod proc;
 pub mod pt_reclaim;
 pub mod swap;

@@ -282,6 +282,12 @@ pub struct Machine {
     kswapd: Box<[Kswapd]>,
     /// This machine, for the threads it starts.
     me: crate::sync::OnceLock<std::sync::Weak<Machine>>,
+    /// NUMA balancing's knobs.
+    pub numa: crate::numa_balancing::NumaKnobs,
+    /// Each node's promotion rate-limit window.
+    promote_rl: Box<[crate::numa_balancing::PromoteRateLimit]>,
+    /// When the machine was made (the model's jiffies).
+    born: std::time::Instant,
 }
 
 /// A node's kswapd (`pgdat->kswapd`, `kswapd_failures`): a thread of its
@@ -340,7 +346,8 @@ impl Machine {
             .map(|(id, &node)| Cpu::new(id, node))
             .collect();
         let nr_cpus = config.cpus.len();
-        let kswapd = (0..config.nodes.len())
+        let nr_nodes = config.nodes.len();
+        let kswapd: Box<[Kswapd]> = (0..nr_nodes)
             .map(|nid| Kswapd {
                 cpu: Cpu::new(nr_cpus, nid),
                 started: std::sync::Once::new(),
@@ -361,8 +368,11 @@ impl Machine {
             mms: Mutex::new(Vec::new()),
             config,
             demotion_enabled: AtomicBool::new(false),
+            promote_rl: (0..nr_nodes).map(|_| Default::default()).collect(),
             kswapd,
             me: crate::sync::OnceLock::new(),
+            numa: Default::default(),
+            born: std::time::Instant::now(),
         });
         let _ = m.me.set(Arc::downgrade(&m));
         let weak: std::sync::Weak<dyn crate::phys::page_alloc::Reclaimer> =
@@ -373,6 +383,19 @@ impl Machine {
 
     pub fn vmstat(&self) -> &VmStat {
         &self.mem.vmstat
+    }
+
+    /// Milliseconds since the machine was made (`jiffies_to_msecs(jiffies)`).
+    pub fn jiffies_ms(&self) -> u64 {
+        self.born.elapsed().as_millis() as u64
+    }
+
+    /// Node `nid`'s promotion rate-limit window.
+    pub(crate) fn promote_rate_limit(
+        &self,
+        nid: usize,
+    ) -> &crate::numa_balancing::PromoteRateLimit {
+        &self.promote_rl[nid.min(self.promote_rl.len() - 1)]
     }
 
     /// `demotion_enabled`: may reclaim demote anon folios to a slower tier?
@@ -420,6 +443,7 @@ impl Machine {
             m: self,
             cpu,
             _not_send: PhantomData,
+            numa_tick: std::cell::Cell::new(0),
         })
     }
 
@@ -554,6 +578,7 @@ impl crate::phys::page_alloc::Reclaimer for Machine {
             m: self,
             cpu: c,
             _not_send: PhantomData,
+            numa_tick: std::cell::Cell::new(0),
         });
         let r = crate::vmscan::try_to_free_pages(&oncpu, nid, order);
         if r > 0 {
@@ -606,6 +631,7 @@ fn kswapd_main(m: std::sync::Weak<Machine>, wait: Arc<KswapdWait>, nid: usize) {
             m: &m,
             cpu: &k.cpu,
             _not_send: PhantomData,
+            numa_tick: std::cell::Cell::new(0),
         });
         let reclaimed = crate::vmscan::balance_pgdat(&oncpu, nid);
         if reclaimed == 0 {
@@ -624,6 +650,9 @@ pub struct OnCpu<'m> {
     pub m: &'m Machine,
     pub cpu: &'m Cpu,
     _not_send: PhantomData<*const ()>,
+    /// Accesses since NUMA balancing last looked at the clock (the
+    /// scheduler tick's stand-in).
+    pub(crate) numa_tick: std::cell::Cell<u32>,
 }
 
 impl Drop for OnCpu<'_> {

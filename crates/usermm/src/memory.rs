@@ -479,7 +479,45 @@ fn handle_pte_fault(vmf: &mut VmFault<'_>) -> VmFaultResult {
         drop(pt);
         return do_swap_page(vmf);
     }
+    if vmf.orig_pte.protnone() {
+        // The VMA is accessible (the access was checked): a NUMA hinting
+        // entry.
+        return do_numa_page(vmf, pt);
+    }
     handle_present_pte(vmf, pt)
+}
+
+/// `do_numa_page`: a fault on a NUMA hinting entry. Count it; a hot folio
+/// on a slow tier is promoted to this CPU's node (its migration puts a
+/// normal entry back); otherwise the entry is restored where it is.
+fn do_numa_page<'a>(vmf: &mut VmFault<'a>, mut pt: PteLocked<'a>) -> VmFaultResult {
+    use crate::numa_balancing::{numa_migrate_check, numa_restore_pte, NumaHint};
+    let oncpu = vmf.oncpu;
+    let mem = oncpu.mem();
+    let idx = vmf.pte_idx();
+    let old = vmf.orig_pte;
+    let folio = mem.page_folio(old.pfn());
+    if let NumaHint::Migrate(dst) = numa_migrate_check(oncpu, folio) {
+        // migrate_misplaced_folio_prepare: isolated under the PTE lock.
+        if let Some(iso) = crate::migrate::isolate_for_migration(mem, folio) {
+            drop(pt);
+            if crate::migrate::migrate_misplaced_folio(oncpu, iso, dst) {
+                return VmFaultResult::Done;
+            }
+            // Not migrated: restore the entry, if it is still ours.
+            pt = match vmf.pte_map_lock() {
+                Ok(pt) => pt,
+                Err(r) => return r,
+            };
+            if pt.pte(idx) != old {
+                return VmFaultResult::Raced;
+            }
+        }
+    }
+    // ptep_modify_prot_start/commit: keep a bit set by a racing walker.
+    let cur = pt.get_and_clear(idx);
+    pt.set(idx, numa_restore_pte(oncpu, vmf.vma, cur));
+    VmFaultResult::Done
 }
 
 /// `handle_pte_fault` of a speculative fault: the PTE is read without a
@@ -497,7 +535,9 @@ fn handle_pte_fault_speculative(vmf: &mut VmFault<'_>) -> VmFaultResult {
         vmstat.count(vmf.oncpu.id(), Event::SPF_ATTEMPT_ANON, 1);
         return do_anonymous_page(vmf);
     }
-    if !vmf.orig_pte.present() {
+    if !vmf.orig_pte.present() || vmf.orig_pte.protnone() {
+        // A NUMA hinting entry is handled under a lock (the seed aborts
+        // on what it does not handle).
         return vmf.spf_abort(Event::SPF_ABORT_NON_SWAP_ENTRY);
     }
     let event = if vmf.write() && !vmf.orig_pte.write() {

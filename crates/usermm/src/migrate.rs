@@ -708,6 +708,38 @@ fn remove_migration_pte(oncpu: &OnCpu, mm: &Arc<Mm>, vma: &Vma, old: u64, new: u
     pt.set(idx, pte);
 }
 
+/// `migrate_misplaced_folio`: promote (or move) an isolated folio to
+/// `nid` for NUMA balancing (`MR_NUMA_MISPLACED`, asynchronous, the
+/// destination allocated without reclaim); counts `numa_pages_migrated`,
+/// and `pgpromote_success` when it left a slower tier for the top one.
+/// False if it stayed (put back on the LRU).
+pub fn migrate_misplaced_folio(oncpu: &OnCpu, iso: Isolated, nid: usize) -> bool {
+    let mem = oncpu.mem();
+    let from = iso.folio.nid();
+    let out = migrate_pages(
+        oncpu,
+        vec![iso],
+        MigrationTarget {
+            nid,
+            this_node: true,
+            nowait: true,
+        },
+        MigrateMode::Async,
+        MigrateReason::NumaMisplaced,
+    );
+    let moved = out.stats.nr_succeeded;
+    putback_movable_pages(oncpu, out.failed);
+    if moved > 0 {
+        oncpu
+            .vmstat()
+            .count(oncpu.id(), Event::NUMA_PAGE_MIGRATE, moved);
+        if mem.nodes[from].tier != mem.nodes[nid].tier {
+            mem.mod_node_state(NodeStat::PGPROMOTE_SUCCESS, moved as i64);
+        }
+    }
+    moved > 0
+}
+
 /// What `move_pages(2)` found for one page.
 pub type PageStatus = i32;
 

@@ -18,10 +18,31 @@ use crate::phys::{Pfn, PAGE_MASK, PAGE_SIZE};
 use crate::sync::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use crate::vmstat::Event;
 
+/// Accesses between two looks at NUMA balancing's clock.
+const NUMA_TICK_ACCESSES: u32 = 1024;
+
 impl OnCpu<'_> {
+    /// `task_tick_numa`: every so many accesses, if NUMA balancing is on,
+    /// the process's scan runs as the CPU returns to it
+    /// ([`crate::numa_balancing::task_numa_work`]), in kernel mode.
+    #[inline]
+    fn numa_tick(&self) {
+        let t = self.numa_tick.get().wrapping_add(1);
+        self.numa_tick.set(t);
+        if !t.is_multiple_of(NUMA_TICK_ACCESSES) || !self.m.numa.enabled() {
+            return;
+        }
+        let Some(mm) = self.cpu.loaded_mm() else {
+            return;
+        };
+        self.kernel_enter();
+        crate::numa_balancing::task_numa_work(self, &mm);
+    }
+
     /// Translate `addr` for a load or store, faulting as needed.
     fn translate(&self, addr: u64, write: bool) -> KResult<(Pfn, u64)> {
         let vmstat = self.vmstat();
+        self.numa_tick();
         self.user_enter();
         let mut faults = 0;
         loop {

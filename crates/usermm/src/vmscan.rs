@@ -196,9 +196,16 @@ fn can_reclaim_anon(oncpu: &OnCpu, nid: usize) -> bool {
     next_demotion_node(oncpu, nid).is_some()
 }
 
-/// `pgdat_balanced`: the node's free pages are above its high watermark.
+/// `pgdat_balanced`: the node's free pages are above its high watermark,
+/// or in NUMA balancing's tiering mode above the promotion watermark (one
+/// step higher: room for promotions, `WMARK_PROMO`).
 pub fn pgdat_balanced(oncpu: &OnCpu, nid: usize) -> bool {
-    oncpu.mem().nodes[nid].zone.above(WMARK_HIGH)
+    let z = &oncpu.mem().nodes[nid].zone;
+    if !oncpu.m.numa.tiering() {
+        return z.above(WMARK_HIGH);
+    }
+    let [_, low, high] = z.watermark;
+    z.nr_free_buddy() > high + (high - low)
 }
 
 /// `zone_watermark_ok` against the low watermark: does the node need
@@ -230,8 +237,13 @@ pub fn balance_pgdat(oncpu: &OnCpu, nid: usize) -> u64 {
 /// Pages the node lacks to reach its high watermark.
 fn high_deficit(oncpu: &OnCpu, nid: usize) -> u64 {
     let z = &oncpu.mem().nodes[nid].zone;
-    let high = z.watermark[WMARK_HIGH.unwrap_or(2)];
-    high.saturating_sub(z.nr_free_buddy()) + 1
+    let [_, low, high] = z.watermark;
+    let mark = if oncpu.m.numa.tiering() {
+        high + (high - low)
+    } else {
+        high
+    };
+    mark.saturating_sub(z.nr_free_buddy()) + 1
 }
 
 /// `try_to_free_pages`: direct reclaim by an allocation short of memory on

@@ -64,6 +64,10 @@ counters! {
         PGDEMOTE_DIRECT => "pgdemote_direct",
         PAGEOUTRUN => "pageoutrun",
         ALLOCSTALL => "allocstall_normal",
+        NUMA_PTE_UPDATES => "numa_pte_updates",
+        NUMA_HINT_FAULTS => "numa_hint_faults",
+        NUMA_HINT_FAULTS_LOCAL => "numa_hint_faults_local",
+        NUMA_PAGE_MIGRATE => "numa_pages_migrated",
         PGMIGRATE_SUCCESS => "pgmigrate_success",
         PGMIGRATE_FAIL => "pgmigrate_fail",
         THP_MIGRATION_SUCCESS => "thp_migration_success",
@@ -128,6 +132,8 @@ counters! {
         NR_UNEVICTABLE => "nr_unevictable",
         NR_ISOLATED_ANON => "nr_isolated_anon",
         NR_ISOLATED_FILE => "nr_isolated_file",
+        PGPROMOTE_SUCCESS => "pgpromote_success",
+        PGPROMOTE_CANDIDATE => "pgpromote_candidate",
     }
 }
 

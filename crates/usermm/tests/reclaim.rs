@@ -127,3 +127,60 @@ fn reclaim_discards_clean_lazyfree_folios() {
     m.kswapd_quiesce();
     check_invariants(&m).unwrap();
 }
+
+/// NUMA balancing in tiering mode with demotion: a working set larger
+/// than the fast node spills to the slow one; the part of it that keeps
+/// being used is found by the scanner's hinting faults and promoted, and
+/// kswapd demotes the cold part to make room for it.
+#[test]
+fn hot_pages_are_promoted_and_cold_ones_demoted() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let m = tiered(32);
+    m.set_demotion_enabled(true);
+    m.numa.mode.store(
+        usermm::numa_balancing::NUMA_BALANCING_MEMORY_TIERING,
+        Relaxed,
+    );
+    m.numa.scan_delay_ms.store(0, Relaxed);
+    m.numa.scan_period_ms.store(5, Relaxed);
+    let c = m.bind(0).unwrap();
+    c.new_mm().unwrap();
+    let len = 48 << 20;
+    let a = c.mmap(0, len, RW, ANON).unwrap();
+    for p in (a..a + len).step_by(PAGE as usize) {
+        c.store_u64(p, p).unwrap();
+    }
+    // The last 4 MiB were placed last: on the slow node.
+    let hot = a + len - (4 << 20);
+    let hot_len = 4 << 20;
+    let before = nodes_of(&c, hot, hot_len);
+    assert!(
+        before[1] > 0,
+        "the hot part starts on the slow node: {before:?}"
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while nodes_of(&c, hot, hot_len)[0] < (hot_len / PAGE) as usize * 9 / 10
+        && std::time::Instant::now() < deadline
+    {
+        for p in (hot..hot + hot_len).step_by(PAGE as usize) {
+            assert_eq!(c.load_u64(p).unwrap(), p);
+        }
+    }
+    c.idle();
+    m.kswapd_quiesce();
+    let after = nodes_of(&c, hot, hot_len);
+    let v = m.vmstat();
+    let promoted = v.node(usermm::vmstat::NodeStat::PGPROMOTE_SUCCESS);
+    eprintln!("hot part {before:?} -> {after:?}; pte updates {}, hint faults {}, promoted {promoted}, demoted {}", v.event(Event::NUMA_PTE_UPDATES), v.event(Event::NUMA_HINT_FAULTS), v.event(Event::PGDEMOTE_KSWAPD));
+    assert!(v.event(Event::NUMA_PTE_UPDATES) > 0);
+    assert!(v.event(Event::NUMA_HINT_FAULTS) > 0);
+    assert!(promoted > 0, "promoted {promoted}");
+    assert!(v.event(Event::PGDEMOTE_KSWAPD) > 0, "kswapd made room");
+    assert!(after[0] > before[0], "{before:?} -> {after:?}");
+    for p in (a..a + len).step_by(PAGE as usize) {
+        assert_eq!(c.load_u64(p).unwrap(), p, "page {p:#x}");
+    }
+    c.idle();
+    m.kswapd_quiesce();
+    check_invariants(&m).unwrap();
+}

@@ -203,6 +203,10 @@ impl Backend for EngineBackend {
     ) -> Result<(), Errno> {
         self.on(|c| c.mbind(start, len, mode, &[nodes], 65, flags))
     }
+    fn demotion(&mut self, on: bool) -> Result<(), String> {
+        self.m.set_demotion_enabled(on);
+        Ok(())
+    }
     fn nr_nodes(&mut self) -> usize {
         self.m.mem.nodes.len()
     }

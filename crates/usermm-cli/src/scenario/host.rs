@@ -377,6 +377,14 @@ impl Backend for HostBackend {
         self.call_errno(&format!("mbind {start} {len} {mode} {nodes} {flags}"))
             .map(|_| ())
     }
+    fn demotion(&mut self, on: bool) -> Result<(), String> {
+        let path = "/sys/kernel/mm/numa/demotion_enabled".to_string();
+        let old = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
+        std::fs::write(&path, if on { "true" } else { "false" })
+            .map_err(|e| format!("cannot set {path}: {e}"))?;
+        self.remember(path, old.trim().to_string());
+        Ok(())
+    }
     fn nr_nodes(&mut self) -> usize {
         // Nodes with memory, as /sys lists them (N_MEMORY).
         std::fs::read_to_string("/sys/devices/system/node/has_memory")

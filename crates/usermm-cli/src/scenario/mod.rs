@@ -62,6 +62,9 @@ pub trait Backend {
     ) -> Result<(usize, Vec<i32>), Errno>;
     /// The memory nodes this side has.
     fn nr_nodes(&mut self) -> usize;
+    /// Set `demotion_enabled`; Err says why it cannot be (the scenario is
+    /// skipped).
+    fn demotion(&mut self, on: bool) -> Result<(), String>;
     /// `mbind(2)` with a 64-node mask.
     fn mbind(
         &mut self,
@@ -239,6 +242,8 @@ impl Interp<'_> {
             Op::Knob { .. }
                 | Op::KnobOnly { .. }
                 | Op::KnobUseZeroPage { .. }
+                | Op::Demotion { .. }
+                | Op::RequireNodes { .. }
                 | Op::Tunable { .. }
                 | Op::Sysctl { .. }
                 | Op::Fails { .. }
@@ -340,6 +345,7 @@ impl Interp<'_> {
                 let (a, _) = self.addr(addr)?;
                 Ok(Self::done(self.b.mbind(a, *len, *mode, *nodes, *flags)))
             }
+            Op::Demotion { on } => Ok(Self::settable(self.b.demotion(*on))),
             Op::RequireNodes { n } => {
                 let have = self.b.nr_nodes();
                 Ok(if (have as u64) < *n {

@@ -196,6 +196,10 @@ pub enum Op {
         nodes: u64,
         flags: u32,
     },
+    /// `demotion on|off`: `/sys/kernel/mm/numa/demotion_enabled`.
+    Demotion {
+        on: bool,
+    },
     /// `require nodes N`: a machine with fewer memory nodes skips the
     /// scenario.
     RequireNodes {
@@ -767,6 +771,16 @@ fn parse_op(w: &mut Words) -> Result<Op, ParseError> {
                 mode,
                 nodes,
                 flags,
+            }
+        }
+        "demotion" => {
+            let (col, v) = w.next("on or off")?;
+            Op::Demotion {
+                on: match v {
+                    "on" => true,
+                    "off" => false,
+                    _ => return Err(w.err(col, format!("expected on or off, found {v:?}"))),
+                },
             }
         }
         "require" => {

@@ -147,6 +147,8 @@ pub struct Mm {
     /// The process's NUMA policy (`current->mempolicy`, per thread in the
     /// kernel); None for the default.
     pub mempolicy: crate::sync::Mutex<Option<Arc<crate::mempolicy::Mempolicy>>>,
+    /// NUMA balancing's scan state (`numa_next_scan`, `numa_scan_offset`).
+    pub numa_scan: crate::numa_balancing::MmNumaScan,
     /// `mm->tlb_flush_batched`: batched unmap flushes queued for this mm
     /// (low half) and completed (high half); see [`crate::tlbbatch`].
     pub tlb_flush_batched: crate::sync::AtomicU32,
@@ -216,6 +218,7 @@ impl Mm {
             tlb_flush_pending: AtomicI32::new(0),
             tlb_flush_batched: crate::sync::AtomicU32::new(0),
             mempolicy: crate::sync::Mutex::new(None),
+            numa_scan: Default::default(),
             total_vm: AtomicU64::new(0),
             dead: crate::sync::AtomicBool::new(false),
         }))

@@ -659,10 +659,7 @@ mod tests {
         assert_eq!(free_frames, m.nr_free_pages());
         // Allocation stopped at the min watermark, not at zero.
         let free = m.nodes[0].zone.nr_free_buddy();
-        assert!(
-            free <= m.nodes[0].zone.watermark[0] + 4,
-            "free {free}"
-        );
+        assert!(free <= m.nodes[0].zone.watermark[0] + 4, "free {free}");
         assert!(free > 0);
     }
 

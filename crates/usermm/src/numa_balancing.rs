@@ -1,0 +1,325 @@
+//! Automatic NUMA balancing in its memory-tiering mode (`numa_balancing =
+//! 2`, v5.18+): what moves hot pages from a slow tier back to DRAM.
+//!
+//! * The scanner (`task_numa_work`, kernel/sched/fair.c) runs on a CPU
+//!   returning to its process, every scan period: it makes up to
+//!   `scan_size_mb` of the process's present PTEs PROT_NONE hinting
+//!   entries (`change_prot_numa`, `numa_pte_updates`), from where the last
+//!   scan stopped. In tiering mode it leaves pages on the top tier alone,
+//!   and notes when it scanned each folio (`folio_xchg_access_time`).
+//! * An access to such an entry faults (`do_numa_page`,
+//!   `numa_hint_faults`, `numa_hint_faults_local`). A folio on a slow tier
+//!   whose fault came within `hot_threshold_ms` of its scan is hot
+//!   (`should_numa_migrate_memory`, with the promotion rate limit, which
+//!   counts `pgpromote_candidate`) and is promoted to the faulting CPU's
+//!   node (`migrate_misplaced_folio`, `MR_NUMA_MISPLACED`:
+//!   `numa_pages_migrated`, `pgpromote_success`) if that node has room
+//!   above its high watermark (`migrate_balanced_pgdat`); if not, its
+//!   kswapd is woken, to demote cold pages and make room, and the entry is
+//!   restored. A migration of a hinting entry needs no TLB flush: the entry
+//!   was flushed when it was made PROT_NONE (the `pte_accessible` filter).
+//!
+//! The model scans PTE-mapped folios only (a PMD-mapped THP is left as it
+//! is: `do_huge_pmd_numa_page` is not modelled), and keeps the hot
+//! threshold at its default (the kernel adjusts it to the rate limit,
+//! `numa_promotion_adjust_threshold`). Times are milliseconds since the
+//! machine was made.
+
+use crate::machine::OnCpu;
+use crate::mm::vma::{VM_ACCESS_FLAGS, VM_WRITE};
+use crate::mm::{Mm, Vma};
+use crate::mmu_gather::MmuGather;
+use crate::pgtable::entry::Pgprot;
+use crate::pgtable::{self, Pte, PteLocked, PteRead};
+use crate::phys::folio::page_anon_exclusive;
+use crate::phys::{Folio, Tier, PAGE_SHIFT, PAGE_SIZE};
+use crate::sync::{Arc, AtomicU64, AtomicU8, Mutex, Ordering};
+use crate::vmstat::{Event, NodeStat};
+
+/// `NUMA_BALANCING_NORMAL`.
+pub const NUMA_BALANCING_NORMAL: u8 = 1;
+/// `NUMA_BALANCING_MEMORY_TIERING`.
+pub const NUMA_BALANCING_MEMORY_TIERING: u8 = 2;
+
+/// The knobs: `/proc/sys/kernel/numa_balancing`, the debugfs scan knobs
+/// (`/sys/kernel/debug/sched/numa_balancing/*`) and the tiering sysctls,
+/// with the kernel's defaults.
+pub struct NumaKnobs {
+    /// `numa_balancing`: 0 off (the host's default), 1 normal, 2 memory
+    /// tiering, 3 both. The model implements the tiering mode; normal mode
+    /// scans and counts hint faults but migrates nothing.
+    pub mode: AtomicU8,
+    /// `scan_delay_ms`: before a process's first scan.
+    pub scan_delay_ms: AtomicU64,
+    /// `scan_period_min_ms`: between scans (the kernel widens it up to
+    /// `scan_period_max_ms` when scans find nothing to do; the model
+    /// keeps it).
+    pub scan_period_ms: AtomicU64,
+    /// `scan_size_mb`: how much of the address space one scan marks.
+    pub scan_size_mb: AtomicU64,
+    /// `numa_balancing_hot_threshold_ms`.
+    pub hot_threshold_ms: AtomicU64,
+    /// `numa_balancing_promote_rate_limit_MBps`.
+    pub promote_rate_limit_mbps: AtomicU64,
+}
+
+impl Default for NumaKnobs {
+    fn default() -> Self {
+        NumaKnobs {
+            mode: AtomicU8::new(0),
+            scan_delay_ms: AtomicU64::new(1000),
+            scan_period_ms: AtomicU64::new(1000),
+            scan_size_mb: AtomicU64::new(256),
+            hot_threshold_ms: AtomicU64::new(1000),
+            promote_rate_limit_mbps: AtomicU64::new(65536),
+        }
+    }
+}
+
+impl NumaKnobs {
+    pub fn tiering(&self) -> bool {
+        self.mode.load(Ordering::Relaxed) & NUMA_BALANCING_MEMORY_TIERING != 0
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.mode.load(Ordering::Relaxed) != 0
+    }
+}
+
+/// A node's promotion rate limit window (`nbp_rl_start`, `nbp_rl_nr_cand`).
+#[derive(Default)]
+pub struct PromoteRateLimit {
+    window: Mutex<(u64, u64)>,
+}
+
+/// Per address space: when it is next scanned and where the scan resumes
+/// (`mm->numa_next_scan`, `mm->numa_scan_offset`).
+#[derive(Default)]
+pub struct MmNumaScan {
+    pub next_scan: AtomicU64,
+    pub offset: AtomicU64,
+}
+
+/// `node_is_toptier`: a node of the fastest tier.
+fn node_is_toptier(oncpu: &OnCpu, nid: usize) -> bool {
+    oncpu.mem().nodes[nid].tier == Tier::Dram
+}
+
+/// `task_tick_numa` + `task_numa_work`: if the process is due, scan the
+/// next part of it. Called as the CPU returns to user mode.
+pub fn task_numa_work(oncpu: &OnCpu, mm: &Arc<Mm>) {
+    let knobs = &oncpu.m.numa;
+    if !knobs.enabled() {
+        return;
+    }
+    let now = oncpu.m.jiffies_ms();
+    let next = mm.numa_scan.next_scan.load(Ordering::Relaxed);
+    if next == 0 {
+        // The first look: wait scan_delay from now.
+        let first = now + knobs.scan_delay_ms.load(Ordering::Relaxed);
+        let _ = mm.numa_scan.next_scan.compare_exchange(
+            0,
+            first.max(1),
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+        return;
+    }
+    if now < next {
+        return;
+    }
+    let period = knobs.scan_period_ms.load(Ordering::Relaxed);
+    // One CPU of the process scans (the cmpxchg on numa_next_scan).
+    if mm
+        .numa_scan
+        .next_scan
+        .compare_exchange(next, now + period, Ordering::Relaxed, Ordering::Relaxed)
+        .is_err()
+    {
+        return;
+    }
+    let Some(_g) = mm.mmap_lock.try_read() else {
+        return;
+    };
+    let pages = knobs.scan_size_mb.load(Ordering::Relaxed) << (20 - PAGE_SHIFT);
+    let mut budget = pages;
+    let mut virt = pages * 8;
+    let start = mm.numa_scan.offset.load(Ordering::Relaxed);
+    let guard = crate::sync::epoch::pin();
+    let vmas: Vec<Arc<Vma>> = mm.vma_tree(&guard).iter().cloned().collect();
+    drop(guard);
+    let mut offset = 0;
+    for vma in vmas.iter().filter(|v| v.end() > start) {
+        if vma.flags() & VM_ACCESS_FLAGS == 0 || vma.anon_vma().is_none() {
+            continue;
+        }
+        let mut a = vma.start().max(start);
+        while a < vma.end() && budget > 0 && virt > 0 {
+            let end = (a + (budget << PAGE_SHIFT)).min(vma.end());
+            let updated = change_prot_numa(oncpu, mm, a, end);
+            budget = budget.saturating_sub(updated.max(1));
+            virt = virt.saturating_sub((end - a) >> PAGE_SHIFT);
+            a = end;
+        }
+        offset = a;
+        if budget == 0 || virt == 0 {
+            break;
+        }
+    }
+    // Past the last VMA: the next scan starts over.
+    let done = vmas.last().is_none_or(|v| offset >= v.end());
+    mm.numa_scan
+        .offset
+        .store(if done { 0 } else { offset }, Ordering::Relaxed);
+}
+
+/// `change_prot_numa`: make the present PTEs of `[start, end)` that map
+/// folios worth hinting PROT_NONE; returns how many were changed. In
+/// tiering mode those on the top tier are left alone, and each folio
+/// marked notes the time (`folio_xchg_access_time`).
+fn change_prot_numa(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) -> u64 {
+    let tiering = oncpu.m.numa.tiering();
+    let now = oncpu.m.jiffies_ms();
+    let mut tlb = MmuGather::new(mm);
+    let mut updated = 0;
+    let mut a = start;
+    while a < end {
+        let table_end = ((a >> pgtable::PMD_SHIFT) + 1) << pgtable::PMD_SHIFT;
+        let next = table_end.min(end);
+        if let Some(slot) = mm.pmd_lookup(a) {
+            if !mm.pmd_get(slot).trans_huge() {
+                if let Some(mut pt) = mm.pte_offset_map_lock(slot) {
+                    crate::tlbbatch::flush_tlb_batched_pending(oncpu, mm);
+                    let mut p = a;
+                    while p < next {
+                        if prot_numa_one(oncpu, &mut pt, p, tiering, now) {
+                            tlb.remove_tlb_entries(p, 1);
+                            updated += 1;
+                        }
+                        p += PAGE_SIZE;
+                    }
+                }
+            }
+        }
+        a = next;
+    }
+    tlb.finish(oncpu);
+    oncpu
+        .vmstat()
+        .count(oncpu.id(), Event::NUMA_PTE_UPDATES, updated);
+    updated
+}
+
+/// One PTE of [`change_prot_numa`], the table locked.
+fn prot_numa_one(
+    oncpu: &OnCpu,
+    pt: &mut PteLocked<'_>,
+    addr: u64,
+    tiering: bool,
+    now: u64,
+) -> bool {
+    let mem = oncpu.mem();
+    let idx = pgtable::pte_index(addr);
+    let pte = pt.pte(idx);
+    if !pte.present() || pte.protnone() || pte.special() {
+        return false;
+    }
+    let folio = mem.page_folio(pte.pfn());
+    if !folio.test_anon(mem) {
+        return false;
+    }
+    let nid = folio.nid();
+    if tiering && node_is_toptier(oncpu, nid) {
+        return false;
+    }
+    if tiering {
+        folio.head(mem).private.store(now, Ordering::Relaxed);
+    }
+    // ptep_modify_prot_start/commit: an accessed or dirty bit set by a
+    // racing walker is kept.
+    let old = pt.get_and_clear(idx);
+    pt.set(idx, old.modify(Pgprot::NONE));
+    true
+}
+
+/// `numa_hint_fault_latency`: milliseconds since the folio was scanned.
+fn numa_hint_fault_latency(oncpu: &OnCpu, folio: Folio) -> u64 {
+    let scanned = folio.head(oncpu.mem()).private.load(Ordering::Relaxed);
+    oncpu.m.jiffies_ms().saturating_sub(scanned)
+}
+
+/// `should_numa_migrate_memory` in tiering mode, for a folio on a slow
+/// node faulted from `dst_nid`: hot (faulted soon after its scan) and
+/// within the promotion rate limit.
+fn should_promote(oncpu: &OnCpu, folio: Folio, dst_nid: usize) -> bool {
+    let knobs = &oncpu.m.numa;
+    let mem = oncpu.mem();
+    let nr = folio.nr_pages(mem);
+    let th = knobs.hot_threshold_ms.load(Ordering::Relaxed);
+    if numa_hint_fault_latency(oncpu, folio) >= th {
+        return false;
+    }
+    // numa_promotion_rate_limit: candidates per second against the limit.
+    let limit = knobs.promote_rate_limit_mbps.load(Ordering::Relaxed) << (20 - PAGE_SHIFT);
+    mem.mod_node_state(NodeStat::PGPROMOTE_CANDIDATE, nr as i64);
+    let now = oncpu.m.jiffies_ms();
+    let mut w = oncpu.m.promote_rate_limit(dst_nid).window.lock();
+    if now.saturating_sub(w.0) >= 1000 {
+        *w = (now, 0);
+    }
+    w.1 += nr;
+    w.1 <= limit
+}
+
+/// `migrate_balanced_pgdat`: room on `nid` for `nr` more pages above its
+/// high watermark.
+fn migrate_balanced_pgdat(oncpu: &OnCpu, nid: usize, nr: u64) -> bool {
+    let z = &oncpu.mem().nodes[nid].zone;
+    z.nr_free_buddy() > z.watermark[2] + nr
+}
+
+/// What [`do_numa_page`] decided for a hinting fault's folio.
+pub enum NumaHint {
+    /// Leave it where it is: restore the entry.
+    Stay,
+    /// Promote it to this node (the entry's lock must be dropped first).
+    Migrate(usize),
+}
+
+/// `numa_migrate_check` + `migrate_misplaced_folio_prepare`'s checks:
+/// count the hint fault, and decide. Called with the PTE lock held.
+pub fn numa_migrate_check(oncpu: &OnCpu, folio: Folio) -> NumaHint {
+    let v = oncpu.vmstat();
+    v.count(oncpu.id(), Event::NUMA_HINT_FAULTS, 1);
+    let src = folio.nid();
+    let dst = oncpu.cpu.node;
+    if src == dst {
+        v.count(oncpu.id(), Event::NUMA_HINT_FAULTS_LOCAL, 1);
+    }
+    let knobs = &oncpu.m.numa;
+    if !knobs.tiering() || src == dst || node_is_toptier(oncpu, src) {
+        return NumaHint::Stay;
+    }
+    if !should_promote(oncpu, folio, dst) {
+        return NumaHint::Stay;
+    }
+    let nr = folio.nr_pages(oncpu.mem());
+    if !migrate_balanced_pgdat(oncpu, dst, nr) {
+        // No room: kswapd demotes to make some (tiering mode), and the
+        // folio stays this time.
+        crate::phys::page_alloc::Reclaimer::wakeup_kswapd(oncpu.m, dst, 0);
+        return NumaHint::Stay;
+    }
+    NumaHint::Migrate(dst)
+}
+
+/// The entry a hinting fault restores (`pte_modify` with the VMA's
+/// protection, young; writable again where a write fault could make it so
+/// without copying: an exclusive anon page of a writable VMA).
+pub fn numa_restore_pte(oncpu: &OnCpu, vma: &Vma, old: Pte) -> Pte {
+    let mut pte = old.modify(vma.page_prot()).mkyoung();
+    if vma.flags() & VM_WRITE != 0 && page_anon_exclusive(oncpu.mem(), old.pfn()) {
+        pte = pte.mkwrite();
+    }
+    pte
+}
