@@ -11,12 +11,13 @@ pub struct Series {
     pub dashed: bool,
 }
 
-/// A line plot over categorical x positions (`x_labels`), y in percent.
+/// A line plot over categorical x positions (`x_labels`, described by
+/// `x_desc`), y described by `y_label`.
 pub fn change_plot(
     path: &Path,
     title: &str,
     x_labels: &[String],
-    y_label: &str,
+    (x_desc, y_label): (&str, &str),
     series: &[Series],
 ) -> anyhow::Result<()> {
     // A value that is not finite (a rate over no time) cannot be placed:
@@ -59,7 +60,7 @@ pub fn change_plot(
                 String::new()
             }
         })
-        .x_desc("folio size")
+        .x_desc(x_desc)
         .y_desc(y_label)
         .draw()?;
     let colors = [BLUE, RED, GREEN, MAGENTA, CYAN, BLACK];

@@ -427,7 +427,7 @@ fn experiment(a: &BenchArgs, op: Op) -> anyhow::Result<serde_json::Value> {
         &a.out.join(format!("{name}.svg")),
         &format!("{name}: change with PTE batching, {} MiB", a.size_mb),
         &labels,
-        "change (%)",
+        ("folio size", "change (%)"),
         &series,
     )?;
     Ok(serde_json::json!({

@@ -140,7 +140,7 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
             &a.out.join("fault.svg"),
             &format!("fault: usermm time vs host kernel time, {} MiB", a.size_mb),
             &labels,
-            "usermm vs host (%)",
+            ("folio size", "usermm vs host (%)"),
             &series,
         )?;
     }

@@ -317,7 +317,7 @@ fn plot_rows(a: &BenchArgs, sizes: &[u64], rows: &[Row]) -> anyhow::Result<()> {
             a.size_mb
         ),
         &labels,
-        "ms",
+        ("folio size", "ms"),
         &series,
     )
 }

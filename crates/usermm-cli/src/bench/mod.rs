@@ -7,6 +7,7 @@ mod fault;
 mod migrate;
 mod pft;
 mod pt_reclaim;
+mod tiering;
 mod vma;
 
 use std::path::PathBuf;
@@ -17,8 +18,8 @@ use usermm::{Machine, MachineConfig};
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    /// Experiment: fault, munmap, dontneed, fork, vma, pt_reclaim, pft or
-    /// migrate
+    /// Experiment: fault, munmap, dontneed, fork, vma, pt_reclaim, pft,
+    /// migrate or tiering
     /// (see --list). All when omitted.
     pub name: Option<String>,
     /// List the experiments with what each measures, and stop.
@@ -115,7 +116,7 @@ pub struct Experiment {
 }
 
 /// Every experiment, in the order `usermm bench` runs them.
-pub const EXPERIMENTS: [Experiment; 8] = [
+pub const EXPERIMENTS: [Experiment; 9] = [
     fault::EXPERIMENT,
     batching::MUNMAP,
     batching::DONTNEED,
@@ -124,6 +125,7 @@ pub const EXPERIMENTS: [Experiment; 8] = [
     pt_reclaim::EXPERIMENT,
     pft::EXPERIMENT,
     migrate::EXPERIMENT,
+    tiering::EXPERIMENT,
 ];
 
 fn names() -> String {

@@ -503,7 +503,7 @@ fn plot_rows(a: &BenchArgs, rows: &[Row]) -> anyhow::Result<()> {
         &a.out.join("pft.svg"),
         "pft: 4 KiB write faults per second (thousands), per fault_lock",
         &labels,
-        "k faults/s",
+        ("fault threads and writer", "k faults/s"),
         &series,
     )
 }

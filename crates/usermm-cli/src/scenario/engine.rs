@@ -207,6 +207,13 @@ impl Backend for EngineBackend {
         self.m.set_demotion_enabled(on);
         Ok(())
     }
+    fn numa_balancing(&mut self, mode: u8) -> Result<(), String> {
+        self.m
+            .numa
+            .mode
+            .store(mode, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
     fn nr_nodes(&mut self) -> usize {
         self.m.mem.nodes.len()
     }

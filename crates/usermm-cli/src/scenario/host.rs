@@ -385,6 +385,13 @@ impl Backend for HostBackend {
         self.remember(path, old.trim().to_string());
         Ok(())
     }
+    fn numa_balancing(&mut self, mode: u8) -> Result<(), String> {
+        let path = "/proc/sys/kernel/numa_balancing".to_string();
+        let old = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
+        std::fs::write(&path, mode.to_string()).map_err(|e| format!("cannot set {path}: {e}"))?;
+        self.remember(path, old.trim().to_string());
+        Ok(())
+    }
     fn nr_nodes(&mut self) -> usize {
         // Nodes with memory, as /sys lists them (N_MEMORY).
         std::fs::read_to_string("/sys/devices/system/node/has_memory")

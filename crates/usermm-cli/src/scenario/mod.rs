@@ -65,6 +65,8 @@ pub trait Backend {
     /// Set `demotion_enabled`; Err says why it cannot be (the scenario is
     /// skipped).
     fn demotion(&mut self, on: bool) -> Result<(), String>;
+    /// Set `numa_balancing`; Err says why it cannot be (skipped).
+    fn numa_balancing(&mut self, mode: u8) -> Result<(), String>;
     /// `mbind(2)` with a 64-node mask.
     fn mbind(
         &mut self,
@@ -243,6 +245,7 @@ impl Interp<'_> {
                 | Op::KnobOnly { .. }
                 | Op::KnobUseZeroPage { .. }
                 | Op::Demotion { .. }
+                | Op::NumaBalancing { .. }
                 | Op::RequireNodes { .. }
                 | Op::Tunable { .. }
                 | Op::Sysctl { .. }
@@ -346,6 +349,7 @@ impl Interp<'_> {
                 Ok(Self::done(self.b.mbind(a, *len, *mode, *nodes, *flags)))
             }
             Op::Demotion { on } => Ok(Self::settable(self.b.demotion(*on))),
+            Op::NumaBalancing { mode } => Ok(Self::settable(self.b.numa_balancing(*mode))),
             Op::RequireNodes { n } => {
                 let have = self.b.nr_nodes();
                 Ok(if (have as u64) < *n {

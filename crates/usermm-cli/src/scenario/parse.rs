@@ -196,6 +196,10 @@ pub enum Op {
         nodes: u64,
         flags: u32,
     },
+    /// `numa_balancing MODE`: `/proc/sys/kernel/numa_balancing` (0..=3).
+    NumaBalancing {
+        mode: u8,
+    },
     /// `demotion on|off`: `/sys/kernel/mm/numa/demotion_enabled`.
     Demotion {
         on: bool,
@@ -771,6 +775,16 @@ fn parse_op(w: &mut Words) -> Result<Op, ParseError> {
                 mode,
                 nodes,
                 flags,
+            }
+        }
+        "numa_balancing" => {
+            let (col, v) = w.next("a mode (0 off, 1 normal, 2 memory tiering, 3 both)")?;
+            Op::NumaBalancing {
+                mode: v
+                    .parse()
+                    .ok()
+                    .filter(|&m: &u8| m <= 3)
+                    .ok_or_else(|| w.err(col, format!("expected a mode 0 to 3, found {v:?}")))?,
             }
         }
         "demotion" => {

@@ -1,0 +1,42 @@
+//! `usermm bench tiering` end to end on a small tiered machine: the
+//! working set is demoted past the fast node's size, and its hot part ends
+//! up promoted, the counters showing both.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+#[test]
+fn tiering_demotes_then_promotes() {
+    let dir = std::env::temp_dir().join(format!("usermm-tiering-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let machine = dir.join("small.toml");
+    std::fs::write(
+        &machine,
+        "[[node]]\nsize = \"32M\"\ncpus = 2\n[[node]]\nsize = \"128M\"\ntier = \"slow\"\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_usermm"))
+        .args(["bench", "tiering", "--size-mb", "48", "--json", "--machine"])
+        .arg(&machine)
+        .arg("--out")
+        .arg(&dir)
+        .output()
+        .expect("run usermm");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let rows = v["rows"].as_array().expect("rows");
+    let (first, last) = (&rows[0], rows.last().unwrap());
+    let demoted =
+        |r: &Value| r["pgdemote_kswapd"].as_u64().unwrap() + r["pgdemote_direct"].as_u64().unwrap();
+    assert!(demoted(first) > 0, "the working set was demoted: {first}");
+    assert!(first["hot_fast"].as_f64().unwrap() < 0.5, "{first}");
+    assert!(last["hot_fast"].as_f64().unwrap() >= 0.9, "{last}");
+    assert!(last["pgpromote_success"].as_i64().unwrap() > 0, "{last}");
+    assert!(last["numa_hint_faults"].as_u64().unwrap() > 0, "{last}");
+}
