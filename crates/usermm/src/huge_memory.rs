@@ -29,6 +29,17 @@ use crate::rmap::{self, RmapFlags};
 use crate::sync::{Arc, Ordering};
 use crate::vmstat::{Event, MthpStat};
 
+/// `vma_thp_gfp_mask` with the default `defrag=madvise`: a THP fault in a
+/// MADV_HUGEPAGE range may reclaim for its folio; elsewhere it takes one
+/// only if it is free (`GFP_TRANSHUGE_LIGHT`), and falls back.
+pub fn vma_thp_gfp_mask(vma: &crate::mm::Vma) -> AllocFlags {
+    if vma.flags() & crate::mm::vma::VM_HUGEPAGE != 0 {
+        AllocFlags::ZERO
+    } else {
+        AllocFlags::ZERO.transhuge_light()
+    }
+}
+
 /// `do_huge_pmd_anonymous_page`: a fault on an empty PMD of a THP-eligible
 /// range. A read maps the huge zero page; a write allocates a THP.
 pub fn do_huge_pmd_anonymous_page(vmf: &mut VmFault<'_>) -> VmFaultResult {
@@ -50,7 +61,7 @@ pub fn do_huge_pmd_anonymous_page(vmf: &mut VmFault<'_>) -> VmFaultResult {
         vmf.vma,
         vmf.address & PMD_MASK,
         HPAGE_PMD_ORDER,
-        AllocFlags::ZERO,
+        vma_thp_gfp_mask(vmf.vma),
     ) else {
         oncpu
             .vmstat()
@@ -152,7 +163,7 @@ fn do_huge_zero_wp_pmd(vmf: &mut VmFault<'_>) -> VmFaultResult {
         vmf.vma,
         vmf.address & PMD_MASK,
         HPAGE_PMD_ORDER,
-        AllocFlags::ZERO,
+        vma_thp_gfp_mask(vmf.vma),
     ) else {
         oncpu
             .vmstat()

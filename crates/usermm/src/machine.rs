@@ -414,10 +414,10 @@ impl Machine {
             .map_or(0, |k| k.runs.load(Ordering::Acquire))
     }
 
-    /// Wait until no kswapd is running or has a wakeup pending (ten
-    /// seconds at most): the machine is quiescent for the invariant
-    /// checker once its CPUs are too. The caller's CPU must be idle
-    /// ([`OnCpu::idle`]): kswapd's shootdowns wait for CPUs in user mode.
+    /// Wait until no kswapd is running or has a wakeup pending: the
+    /// machine is quiescent for the invariant checker once its CPUs are
+    /// too. The caller's CPU must be idle ([`OnCpu::idle`]): kswapd's
+    /// shootdowns wait for CPUs in user mode. Panics after ten seconds.
     pub fn kswapd_quiesce(&self) {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while std::time::Instant::now() < deadline {
@@ -430,6 +430,9 @@ impl Machine {
             }
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
+        panic!(
+            "kswapd still busy after ten seconds (a CPU left in user mode blocks its shootdowns)"
+        );
     }
 
     /// Run the calling thread on CPU `id` until the handle is dropped.
@@ -551,7 +554,9 @@ impl crate::phys::page_alloc::Reclaimer for Machine {
         let Some(k) = self.kswapd.get(nid) else {
             return;
         };
-        if k.failures.load(Ordering::Relaxed) >= crate::vmscan::MAX_RECLAIM_RETRIES {
+        if k.failures.load(Ordering::Relaxed) >= crate::vmscan::MAX_RECLAIM_RETRIES
+            || crate::vmscan::pgdat_balanced_on(self, nid)
+        {
             return;
         }
         k.started.call_once(|| {
@@ -633,14 +638,22 @@ fn kswapd_main(m: std::sync::Weak<Machine>, wait: Arc<KswapdWait>, nid: usize) {
             _not_send: PhantomData,
             numa_tick: std::cell::Cell::new(0),
         });
-        let reclaimed = crate::vmscan::balance_pgdat(&oncpu, nid);
-        if reclaimed == 0 {
-            k.failures.fetch_add(1, Ordering::Relaxed);
-        } else {
-            k.failures.store(0, Ordering::Relaxed);
+        // A panic in the run must not leave the kswapd marked running.
+        struct NotRunning<'a>(&'a AtomicBool);
+        impl Drop for NotRunning<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::Release);
+            }
+        }
+        let _not_running = NotRunning(&k.running);
+        match crate::vmscan::balance_pgdat(&oncpu, nid) {
+            Some(0) => {
+                k.failures.fetch_add(1, Ordering::Relaxed);
+            }
+            Some(_) => k.failures.store(0, Ordering::Relaxed),
+            None => {}
         }
         k.runs.fetch_add(1, Ordering::Release);
-        k.running.store(false, Ordering::Release);
     }
 }
 

@@ -673,7 +673,7 @@ fn alloc_anon_folio(vmf: &VmFault<'_>) -> Result<(Folio, u64), VmFaultResult> {
                 vmf.vma,
                 vmf.address & !((PAGE_SIZE << o) - 1),
                 o,
-                AllocFlags::ZERO,
+                crate::huge_memory::vma_thp_gfp_mask(vmf.vma),
             ) {
                 mem.vmstat.mod_mthp(o, MthpStat::ANON_FAULT_ALLOC, 1);
                 return Ok((f, addr & !((PAGE_SIZE << o) - 1)));

@@ -187,6 +187,12 @@ pub fn folio_anon_vma(mem: &PhysMem, folio: Folio) -> Option<&AnonVma> {
 /// after a grace period ([`unlink_anon_vmas`]): so the anon_vma is alive,
 /// with a strong count above zero, until the pin is dropped.
 pub fn folio_get_anon_vma(mem: &PhysMem, folio: Folio) -> Option<Arc<AnonVma>> {
+    // The caller holds the folio (a reference, or the lock of a table
+    // that maps it): it cannot be freed and reused as another's meanwhile.
+    debug_assert!(
+        folio.ref_count(mem) > 0,
+        "folio_get_anon_vma of a free folio"
+    );
     let _pin = crate::sync::epoch::pin();
     let av = folio_anon_vma(mem, folio)? as *const AnonVma;
     if !folio.mapped(mem) {

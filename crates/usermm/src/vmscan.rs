@@ -200,8 +200,13 @@ fn can_reclaim_anon(oncpu: &OnCpu, nid: usize) -> bool {
 /// or in NUMA balancing's tiering mode above the promotion watermark (one
 /// step higher: room for promotions, `WMARK_PROMO`).
 pub fn pgdat_balanced(oncpu: &OnCpu, nid: usize) -> bool {
-    let z = &oncpu.mem().nodes[nid].zone;
-    if !oncpu.m.numa.tiering() {
+    pgdat_balanced_on(oncpu.m, nid)
+}
+
+/// [`pgdat_balanced`] for a machine.
+pub fn pgdat_balanced_on(m: &crate::machine::Machine, nid: usize) -> bool {
+    let z = &m.mem.nodes[nid].zone;
+    if !m.numa.tiering() {
         return z.above(WMARK_HIGH);
     }
     let [_, low, high] = z.watermark;
@@ -215,8 +220,14 @@ pub fn pgdat_below_low(oncpu: &OnCpu, nid: usize) -> bool {
 }
 
 /// `balance_pgdat`: kswapd's run on node `nid`, from the lowest priority
-/// up, until the node is balanced; returns the pages reclaimed.
-pub fn balance_pgdat(oncpu: &OnCpu, nid: usize) -> u64 {
+/// up, until the node is balanced; returns the pages reclaimed, None if it
+/// was balanced already. Its own LRU batch is drained at the end (the
+/// demoted folios' way onto their lists).
+pub fn balance_pgdat(oncpu: &OnCpu, nid: usize) -> Option<u64> {
+    if pgdat_balanced(oncpu, nid) {
+        // Nothing to do: not a failure.
+        return None;
+    }
     let _memalloc = crate::phys::page_alloc::ReclaimGuard::enter();
     let mut sc = ScanControl::new(u64::MAX, true);
     oncpu.vmstat().count(oncpu.id(), Event::PAGEOUTRUN, 1);
@@ -231,7 +242,8 @@ pub fn balance_pgdat(oncpu: &OnCpu, nid: usize) -> u64 {
             sc.priority -= 1;
         }
     }
-    sc.nr_reclaimed
+    crate::swap::lru_add_drain(oncpu.mem(), oncpu.id());
+    Some(sc.nr_reclaimed)
 }
 
 /// Pages the node lacks to reach its high watermark.
@@ -329,9 +341,17 @@ fn inactive_is_low(inactive: u64, active: u64) -> bool {
 /// file folios active; the model has none.
 fn shrink_active_list(oncpu: &OnCpu, nid: usize, lru: LruList, nr: u64, sc: &mut ScanControl) {
     let mem = oncpu.mem();
+    crate::swap::lru_add_drain(mem, oncpu.id());
     let (taken, scanned) = mem
         .node_lruvec_lock(nid)
         .isolate_lru_folios(lru, nr, oncpu.id());
+    let isolated: u64 = taken.iter().map(|f| f.nr_pages(mem)).sum();
+    let item = if lru == LruList::ActiveAnon {
+        crate::vmstat::NodeStat::NR_ISOLATED_ANON
+    } else {
+        crate::vmstat::NodeStat::NR_ISOLATED_FILE
+    };
+    mem.mod_node_state(item, isolated as i64);
     oncpu.vmstat().count(oncpu.id(), Event::PGREFILL, scanned);
     let mut deactivated = 0;
     for &f in &taken {
@@ -342,6 +362,7 @@ fn shrink_active_list(oncpu: &OnCpu, nid: usize, lru: LruList, nr: u64, sc: &mut
     oncpu
         .vmstat()
         .count(oncpu.id(), Event::PGDEACTIVATE, deactivated);
+    mem.mod_node_state(item, -(isolated as i64));
     move_folios_to_lru(oncpu, taken);
     let _ = sc;
 }
@@ -364,6 +385,7 @@ fn move_folios_to_lru(oncpu: &OnCpu, folios: Vec<Folio>) {
 /// reclaim what can be (`pgscan_*`, `pgsteal_*`).
 fn shrink_inactive_list(oncpu: &OnCpu, nid: usize, lru: LruList, nr: u64, sc: &mut ScanControl) {
     let mem = oncpu.mem();
+    crate::swap::lru_add_drain(mem, oncpu.id());
     let (taken, scanned) = mem
         .node_lruvec_lock(nid)
         .isolate_lru_folios(lru, nr, oncpu.id());
@@ -442,8 +464,11 @@ pub fn folio_referenced(oncpu: &OnCpu, folio: Folio) -> u64 {
     let Some(anon_vma) = crate::rmap::folio_get_anon_vma(mem, folio) else {
         return 0;
     };
+    // One per VMA in which some entry was young (`folio_referenced_one`
+    // counts a VMA once, however many of its PTEs map the folio).
     let mut referenced = 0;
     rmap_walk_anon(oncpu, folio, &anon_vma, |mm, vma| {
+        let mut young = false;
         for (i, addr) in folio_addresses(mem, folio, vma) {
             let Some(slot) = mm.pmd_lookup(addr) else {
                 continue;
@@ -451,9 +476,18 @@ pub fn folio_referenced(oncpu: &OnCpu, folio: Folio) -> u64 {
             if mm.pmd_get(slot).trans_huge() {
                 let mut ptl = mm.pmd_lock(slot);
                 let pmd = ptl.get();
-                if pmd.trans_huge() && pmd.pfn() == folio.pfn() && i == 0 && pmd.young() {
-                    ptl.set(pmd.mkold());
-                    referenced += 1;
+                if pmd.trans_huge() && pmd.pfn() == folio.pfn() && i == 0 {
+                    // pmdp_clear_flush_young: x86 flushes a PMD's.
+                    if ptl.test_and_clear_young() {
+                        young = true;
+                        drop(ptl);
+                        oncpu.flush_tlb_range(
+                            mm,
+                            addr,
+                            addr + crate::pgtable::PMD_SIZE,
+                            crate::pgtable::PMD_SHIFT,
+                        );
+                    }
                 }
                 continue;
             }
@@ -462,21 +496,27 @@ pub fn folio_referenced(oncpu: &OnCpu, folio: Folio) -> u64 {
             };
             let idx = crate::pgtable::pte_index(addr);
             let pte = pt.pte(idx);
-            if pte.present() && !pte.special() && pte.pfn() == folio.pfn() + i && pte.young() {
-                pt.clear_bits(idx, _PAGE_ACCESSED);
-                referenced += 1;
+            if pte.present()
+                && !pte.special()
+                && pte.pfn() == folio.pfn() + i
+                && pt.clear_bits(idx, _PAGE_ACCESSED).young()
+            {
+                young = true;
             }
         }
+        referenced += young as u64;
         true
     });
     referenced
 }
 
 /// `shrink_folio_list`: for each isolated folio, keep, activate or
-/// reclaim it; reclaim discards clean lazyfree folios (their flushes
-/// batched, `TTU_BATCH_FLUSH`) and demotes anon folios a slower tier can
-/// take; what cannot be reclaimed is activated (no swap). Returns the
-/// pages reclaimed and the folios to put back.
+/// reclaim it. Reclaim first demotes anon folios a slower tier can take,
+/// lazyfree ones included (`do_demote_pass`); those not demoted go through
+/// the list again without demotion (`goto retry`): a clean lazyfree folio
+/// is discarded (its flushes batched, `TTU_BATCH_FLUSH`), any other is
+/// activated (there is no swap). Returns the pages reclaimed and the
+/// folios to put back.
 fn shrink_folio_list(
     oncpu: &OnCpu,
     nid: usize,
@@ -484,79 +524,89 @@ fn shrink_folio_list(
     sc: &mut ScanControl,
 ) -> (u64, Vec<Folio>) {
     let mem = oncpu.mem();
-    let mut keep = Vec::new();
-    let mut demote = Vec::new();
-    let mut discard = Vec::new();
-    let mut ubc = TlbflushUnmapBatch::new();
-    let mut activated = 0;
+    let mut list = ShrinkList::default();
     let demotion_target = next_demotion_node(oncpu, nid);
     for folio in folios {
-        if !folio.trylock(mem) {
-            keep.push(folio);
-            continue;
-        }
-        let head = folio.head(mem);
-        let refs = folio_check_references(oncpu, folio);
-        let anon = folio.test_anon(mem);
-        let swapbacked = head.test(pg::SWAPBACKED);
-        let fate = match refs {
-            FolioReferences::Reclaim if anon && !swapbacked => {
-                if try_to_unmap_lazyfree(oncpu, folio, &mut ubc) {
-                    discard.push(folio);
-                    continue;
-                }
-                // Written again, or held elsewhere: back, active.
-                FolioReferences::Activate
-            }
-            FolioReferences::Reclaim if anon && demotion_target.is_some() => {
-                folio.unlock(mem);
-                demote.push(folio);
-                continue;
-            }
-            // A swap-backed folio with nowhere to go (no swap).
-            FolioReferences::Reclaim => FolioReferences::Activate,
-            other => other,
-        };
-        if fate == FolioReferences::Activate {
-            head.set(pg::ACTIVE);
-            activated += folio.nr_pages(mem);
-        }
-        folio.unlock(mem);
-        keep.push(folio);
+        shrink_one(oncpu, folio, demotion_target.is_some(), &mut list);
     }
-    // The discarded folios' PTEs are cleared; their TLB entries must go
-    // before the pages do.
-    ubc.flush(oncpu);
-    let mut reclaimed = 0;
-    for folio in discard {
-        let nr = folio.nr_pages(mem);
-        folio.unlock(mem);
-        oncpu.vmstat().count(oncpu.id(), Event::PGLAZYFREED, nr);
-        reclaimed += nr;
-        // The isolation's reference is the last.
-        folio.put(mem, oncpu.id());
-    }
-    if let (Some(target), false) = (demotion_target, demote.is_empty()) {
-        let (demoted, failed) = demote_folio_list(oncpu, target, demote);
+    if let (Some(target), false) = (demotion_target, list.demote.is_empty()) {
+        let (demoted, failed) = demote_folio_list(oncpu, target, std::mem::take(&mut list.demote));
         sc.nr_demoted += demoted;
-        reclaimed += demoted;
+        list.reclaimed += demoted;
         sc.count(
             oncpu,
             Event::PGDEMOTE_KSWAPD,
             Event::PGDEMOTE_DIRECT,
             demoted,
         );
-        // Not demoted, and no swap: activated (`activate_locked`).
+        // The retry pass, without demotion.
         for f in failed {
-            f.head(mem).set(pg::ACTIVE);
-            activated += f.nr_pages(mem);
-            keep.push(f);
+            shrink_one(oncpu, f, false, &mut list);
         }
+    }
+    // The discarded folios' PTEs are cleared; their TLB entries must go
+    // before the pages do.
+    list.ubc.flush(oncpu);
+    for folio in std::mem::take(&mut list.discard) {
+        let nr = folio.nr_pages(mem);
+        folio.unlock(mem);
+        oncpu.vmstat().count(oncpu.id(), Event::PGLAZYFREED, nr);
+        list.reclaimed += nr;
+        // The isolation's reference is the last.
+        folio.put(mem, oncpu.id());
     }
     oncpu
         .vmstat()
-        .count(oncpu.id(), Event::PGACTIVATE, activated);
-    (reclaimed, keep)
+        .count(oncpu.id(), Event::PGACTIVATE, list.activated);
+    (list.reclaimed, list.keep)
+}
+
+/// Where [`shrink_folio_list`] sends its folios.
+#[derive(Default)]
+struct ShrinkList {
+    keep: Vec<Folio>,
+    demote: Vec<Folio>,
+    /// Unmapped lazyfree folios, locked, freed once the flush is done.
+    discard: Vec<Folio>,
+    ubc: TlbflushUnmapBatch,
+    activated: u64,
+    reclaimed: u64,
+}
+
+/// One folio's step of [`shrink_folio_list`].
+fn shrink_one(oncpu: &OnCpu, folio: Folio, demote: bool, list: &mut ShrinkList) {
+    let mem = oncpu.mem();
+    if !folio.trylock(mem) {
+        list.keep.push(folio);
+        return;
+    }
+    let head = folio.head(mem);
+    let refs = folio_check_references(oncpu, folio);
+    let anon = folio.test_anon(mem);
+    let fate = match refs {
+        FolioReferences::Reclaim if anon && demote => {
+            folio.unlock(mem);
+            list.demote.push(folio);
+            return;
+        }
+        FolioReferences::Reclaim if anon && !head.test(pg::SWAPBACKED) => {
+            if try_to_unmap_lazyfree(oncpu, folio, &mut list.ubc) {
+                list.discard.push(folio);
+                return;
+            }
+            // Written again, or held elsewhere: back, active.
+            FolioReferences::Activate
+        }
+        // A swap-backed folio with nowhere to go (no swap).
+        FolioReferences::Reclaim => FolioReferences::Activate,
+        other => other,
+    };
+    if fate == FolioReferences::Activate {
+        head.set(pg::ACTIVE);
+        list.activated += folio.nr_pages(mem);
+    }
+    folio.unlock(mem);
+    list.keep.push(folio);
 }
 
 /// `demote_folio_list`: migrate the folios to `target` (`MR_DEMOTION`,

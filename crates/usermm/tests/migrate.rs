@@ -356,3 +356,110 @@ mod mempolicy {
         check_invariants(&m).unwrap();
     }
 }
+
+/// Everything at once, for 4 KiB, 64 KiB and PMD-mapped folios: two CPUs
+/// store and load the same pages (through the shadow memory, which checks
+/// every load against the stores) while a third moves them back and forth
+/// between the nodes, on a machine whose fast node is too small for the
+/// working set, with demotion on and NUMA balancing in tiering mode (so
+/// that kswapd demotes and hint faults promote meanwhile). No load may
+/// return a value that was not the last stored, and the invariant checker
+/// must be clean afterwards.
+#[test]
+fn stores_survive_migration_demotion_and_promotion() {
+    use std::sync::atomic::Ordering::Relaxed;
+    use usermm::check::shadow::Shadow;
+    for order in [0u32, 4, 9] {
+        let m = Machine::new(MachineConfig {
+            nodes: vec![
+                NodeConfig {
+                    size_bytes: 24 << 20,
+                    tier: Tier::Dram,
+                    has_cpus: true,
+                },
+                NodeConfig {
+                    size_bytes: 96 << 20,
+                    tier: Tier::Slow,
+                    has_cpus: false,
+                },
+            ],
+            cpus: vec![0, 0, 0],
+        })
+        .unwrap();
+        m.thp.only_order(order);
+        m.set_demotion_enabled(true);
+        m.numa.mode.store(
+            usermm::numa_balancing::NUMA_BALANCING_MEMORY_TIERING,
+            Relaxed,
+        );
+        m.numa.scan_delay_ms.store(0, Relaxed);
+        m.numa.scan_period_ms.store(2, Relaxed);
+        let shadow = Shadow::new();
+        let c0 = m.bind(0).unwrap();
+        let mm = c0.new_mm().unwrap();
+        // A cold working set larger than the fast node, then the shared
+        // hot region the CPUs work on.
+        let cold_len = 32 << 20;
+        let cold = c0.mmap(0, cold_len, RW, ANON).unwrap();
+        for p in (cold..cold + cold_len).step_by(PAGE as usize) {
+            shadow.store_u64(&c0, p, p).unwrap();
+        }
+        let len = 4 << 20;
+        let a = c0.mmap(0, len, RW, ANON).unwrap();
+        for p in (a..a + len).step_by(PAGE as usize) {
+            shadow.store_u64(&c0, p, 0).unwrap();
+        }
+        c0.idle();
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            for id in 1..3usize {
+                let (m, mm, stop, shadow) = (&m, mm.clone(), &stop, &shadow);
+                s.spawn(move || {
+                    let c = m.bind(id).unwrap();
+                    c.switch_mm(&mm);
+                    let mut v = id as u64;
+                    while !stop.load(Relaxed) {
+                        for p in (a..a + len).step_by(PAGE as usize) {
+                            // Both CPUs store to every page, at different
+                            // words, and load each other's.
+                            shadow.store_u64(&c, p + 8 * id as u64, v).unwrap();
+                            shadow.load_u64(&c, p + 8 * (3 - id as u64)).unwrap();
+                        }
+                        v += 2;
+                    }
+                    c.idle();
+                });
+            }
+            let deadline = std::time::Instant::now() + std::time::Duration::from_millis(800);
+            let mut node = 1;
+            while std::time::Instant::now() < deadline {
+                move_to(&c0, a, len, node);
+                node = 1 - node;
+            }
+            stop.store(true, Relaxed);
+        });
+        // Quiet from here: no more scans (the loads below would run them),
+        // and kswapd done before the checker looks.
+        m.numa.mode.store(0, Relaxed);
+        c0.idle();
+        m.kswapd_quiesce();
+        let v = shadow.violations();
+        assert!(v.is_empty(), "order {order}: {:?}", &v[..v.len().min(3)]);
+        for p in (cold..cold + cold_len).step_by(PAGE as usize) {
+            assert_eq!(shadow.load_u64(&c0, p).unwrap(), p);
+        }
+        c0.idle();
+        m.kswapd_quiesce();
+        check_invariants(&m).unwrap_or_else(|e| panic!("order {order}: {e}"));
+        let ev = m.vmstat();
+        eprintln!(
+            "order {order}: migrated {}, demoted {}, promoted {}, hint faults {}, loads checked {}",
+            ev.event(Event::PGMIGRATE_SUCCESS),
+            ev.event(Event::PGDEMOTE_KSWAPD) + ev.event(Event::PGDEMOTE_DIRECT),
+            ev.node(usermm::vmstat::NodeStat::PGPROMOTE_SUCCESS),
+            ev.event(Event::NUMA_HINT_FAULTS),
+            shadow.loads_checked()
+        );
+        assert!(ev.event(Event::PGMIGRATE_SUCCESS) > 0);
+    }
+}

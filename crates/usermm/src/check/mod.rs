@@ -80,7 +80,10 @@ pub fn check_invariants(m: &Machine) -> Result<(), String> {
             }
         } else if got != refs {
             return Err(format!(
-                "folio {head:#x}: refcount {got}, page tables and LRU batches hold {refs}"
+                "folio {head:#x}: refcount {got}, page tables and LRU batches hold {refs} ({} by the LRU batches; flags {:#x}, mapcount {})",
+                ex.batched.get(&head).copied().unwrap_or(0),
+                f.head(mem).flags.load(Ordering::Relaxed),
+                f.mapcount(mem)
             ));
         }
         let nr = f.nr_pages(mem);

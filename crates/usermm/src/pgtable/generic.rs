@@ -604,6 +604,19 @@ impl PmdLocked<'_> {
         ))
     }
 
+    /// `pmdp_test_and_clear_young`: one atomic, keeping a racing walker's
+    /// dirty bit; returns whether the entry was young.
+    #[inline]
+    pub fn test_and_clear_young(&mut self) -> bool {
+        let old = entry_clear_bits(
+            self.mem,
+            self.slot.table,
+            self.slot.idx,
+            super::entry::_PAGE_ACCESSED,
+        );
+        Pmd(old).young()
+    }
+
     /// `pmdp_set_wrprotect`: one atomic, keeping a racing walker's A/D
     /// update.
     #[inline]

@@ -49,6 +49,23 @@ pub struct AllocFlags {
     /// `__GFP_NOMEMALLOC`: no reserves below the min watermark, even for a
     /// thread that is reclaiming (demotion targets).
     pub no_memalloc: bool,
+    /// No `__GFP_KSWAPD_RECLAIM`: do not wake kswapd either
+    /// (`GFP_TRANSHUGE_LIGHT`, a THP fault's outside `MADV_HUGEPAGE`).
+    pub no_kswapd: bool,
+}
+
+impl AllocFlags {
+    /// `GFP_TRANSHUGE_LIGHT` (`vma_thp_gfp_mask` with the default
+    /// `defrag=madvise`, outside MADV_HUGEPAGE): a large folio only if one
+    /// is free, no reclaim for it; the fault falls back to a smaller one.
+    pub const fn transhuge_light(self) -> AllocFlags {
+        AllocFlags {
+            no_direct_reclaim: true,
+            no_kswapd: true,
+            no_memalloc: true,
+            ..self
+        }
+    }
 }
 
 impl AllocFlags {
@@ -60,6 +77,7 @@ impl AllocFlags {
         no_direct_reclaim: false,
         nodes: 0,
         no_memalloc: false,
+        no_kswapd: false,
     };
     /// `__GFP_ZERO`.
     pub const ZERO: AllocFlags = AllocFlags {
@@ -140,6 +158,9 @@ impl Drop for ReclaimGuard {
         IN_RECLAIM.with(|r| r.set(self.0));
     }
 }
+
+/// `MAX_RECLAIM_RETRIES`.
+const MAX_RECLAIM_RETRIES: usize = 16;
 
 fn pcp_index(order: u32) -> Option<usize> {
     match order {
@@ -353,7 +374,7 @@ impl PhysMem {
             return self.get_page_from_freelist(nid, order, cpu, flags, None);
         }
         let reclaim = self.reclaimer.get().and_then(|w| w.upgrade());
-        if let Some(r) = &reclaim {
+        if let (Some(r), false) = (&reclaim, flags.no_kswapd) {
             for n in self.allowed_zonelist(nid, flags) {
                 r.wakeup_kswapd(n, order);
             }
@@ -365,11 +386,31 @@ impl PhysMem {
             return None;
         }
         let r = reclaim?;
-        let nid = self.allowed_zonelist(nid, flags).next()?;
-        let _memalloc = ReclaimGuard::enter();
-        r.try_to_free_pages(nid, order, cpu);
-        drop(_memalloc);
-        self.get_page_from_freelist(nid, order, cpu, flags, WMARK_MIN)
+        // __alloc_pages_direct_reclaim over every node the allocation may
+        // use (`shrink_zones`), the pcp lists drained after it, retried
+        // while reclaim makes progress (`should_reclaim_retry`).
+        let mut drained = false;
+        for _ in 0..MAX_RECLAIM_RETRIES {
+            let _memalloc = ReclaimGuard::enter();
+            let progress: u64 = self
+                .allowed_zonelist(nid, flags)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .map(|n| r.try_to_free_pages(n, order, cpu))
+                .sum();
+            drop(_memalloc);
+            let mut page = self.get_page_from_freelist(nid, order, cpu, flags, WMARK_MIN);
+            if page.is_none() && !drained {
+                // Pages freed to the pcp lists count once drained.
+                self.drain_all_pages();
+                drained = true;
+                page = self.get_page_from_freelist(nid, order, cpu, flags, WMARK_MIN);
+            }
+            if page.is_some() || progress == 0 {
+                return page;
+            }
+        }
+        None
     }
 
     /// Node ids in fallback order: the preferred node, then same-tier nodes,
@@ -394,7 +435,19 @@ impl PhysMem {
     /// watermark, `ALLOC_NO_WATERMARKS`).
     fn rmqueue(&self, node: &Node, order: u32, cpu: usize, mark: Option<usize>) -> Option<Pfn> {
         let zone = &node.zone;
-        if let Some(idx) = pcp_index(order) {
+        // zone_watermark_fast, before any list is touched: the free count
+        // alone (a read of one shared word), the lists' orders under the
+        // lock below.
+        if let Some(m) = mark {
+            let free = zone.nr_free.load(Ordering::Relaxed) as i64 - ((1i64 << order) - 1);
+            if free <= zone.watermark[m] as i64 {
+                return None;
+            }
+        }
+        // Threads that play no CPU (kswapd, the last slot) use the buddy
+        // lists directly: no CPU would ever take pages from their list.
+        let kernel_thread = cpu >= zone.pcp.len() - 1;
+        if let (Some(idx), false) = (pcp_index(order), kernel_thread) {
             let mut pcp = zone.pcp[cpu.min(zone.pcp.len() - 1)].lock();
             if pcp.lists[idx].is_empty() {
                 let mut area = zone.free_area.lock();
@@ -509,8 +562,9 @@ impl PhysMem {
         let node = self.node(pfn);
         let off = (pfn & ((1 << NODE_PFN_SHIFT) - 1)) as u32;
         let zone = &node.zone;
-        if let Some(idx) = pcp_index(order) {
-            let mut pcp = zone.pcp[cpu.min(zone.pcp.len() - 1)].lock();
+        let kernel_thread = cpu >= zone.pcp.len() - 1;
+        if let (Some(idx), false) = (pcp_index(order), kernel_thread) {
+            let mut pcp = zone.pcp[cpu].lock();
             head.set(pg::PCP);
             pcp.lists[idx].push(off);
             pcp.count += 1 << order;
