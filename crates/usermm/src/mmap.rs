@@ -237,8 +237,7 @@ pub(crate) fn split_range(
 
 /// `vma_modify_flags`: give `[start, end)`, which lies inside one VMA,
 /// the flags `flags`; returns the new VMA over exactly `[start, end)` (not
-/// yet merged with its neighbours). The old VMA is replaced by its up to
-/// three pieces at once, each made once.
+/// yet merged with its neighbours).
 pub(crate) fn vma_modify_flags(
     oncpu: &OnCpu,
     mm: &Arc<Mm>,
@@ -251,32 +250,8 @@ pub(crate) fn vma_modify_flags(
         .vma_lookup(start)
         .cloned()
         .expect("vma_modify_flags inside a VMA");
-    debug_assert!(end <= vma.end(), "[{start:#x}, {end:#x}) leaves {vma:?}");
-    let (lower, upper) = (start > vma.start(), end < vma.end());
-    // The kernel splits one side at a time (`__split_vma`), each refused at
-    // max_map_count: a refused upper split leaves the lower one done.
-    if lower && upper && tree.len() + 1 >= MAX_MAP_COUNT {
-        split_vma(oncpu, mm, tree, &vma, start)?;
-        return Err(Errno::ENOMEM);
-    }
-    if (lower || upper) && tree.len() >= MAX_MAP_COUNT {
-        return Err(Errno::ENOMEM);
-    }
-    let mut pieces = Vec::with_capacity(3);
-    tree.start_write(&vma);
-    if lower {
-        vma_adjust_trans_huge(oncpu, mm, start);
-        pieces.push(vma_dup(&vma, vma.start(), start, vma.flags()));
-    }
-    let new = vma_dup(&vma, start, end, flags);
-    pieces.push(new.clone());
-    if upper {
-        vma_adjust_trans_huge(oncpu, mm, end);
-        pieces.push(vma_dup(&vma, end, vma.end(), vma.flags()));
-    }
-    tree.replace(std::slice::from_ref(&vma), pieces);
-    vma_retire(&vma);
-    Ok(new)
+    let pol = vma.policy().cloned();
+    vma_modify(oncpu, mm, tree, &vma, start, end, flags, pol)
 }
 
 /// `mbind_range`: give every VMA of `[start, end)` the policy `pol`,
@@ -315,8 +290,7 @@ pub(crate) fn mbind_range(
     result
 }
 
-/// `vma_modify_policy`: `[start, end)`, inside one VMA, gets `pol`; the
-/// VMA is replaced by its up to three pieces.
+/// `vma_modify_policy`: `[start, end)`, inside one VMA, gets `pol`.
 fn vma_modify_policy(
     oncpu: &OnCpu,
     mm: &Arc<Mm>,
@@ -326,24 +300,49 @@ fn vma_modify_policy(
     pol: Option<Arc<crate::mempolicy::Mempolicy>>,
 ) -> KResult<Arc<Vma>> {
     let vma = tree.vma_lookup(start).cloned().ok_or(Errno::EFAULT)?;
+    let flags = vma.flags();
+    vma_modify(oncpu, mm, tree, &vma, start, end, flags, pol)
+}
+
+/// `vma_modify`: `[start, end)` of `vma` gets `flags` and `pol`; the old
+/// VMA is replaced by its up to three pieces at once, each made once;
+/// returns the middle one (not yet merged with its neighbours).
+#[allow(clippy::too_many_arguments)]
+fn vma_modify(
+    oncpu: &OnCpu,
+    mm: &Arc<Mm>,
+    tree: &mut VmaTree,
+    vma: &Arc<Vma>,
+    start: u64,
+    end: u64,
+    flags: VmFlags,
+    pol: Option<Arc<crate::mempolicy::Mempolicy>>,
+) -> KResult<Arc<Vma>> {
+    debug_assert!(end <= vma.end(), "[{start:#x}, {end:#x}) leaves {vma:?}");
     let (lower, upper) = (start > vma.start(), end < vma.end());
-    if (lower || upper) && tree.len() + (lower && upper) as usize >= MAX_MAP_COUNT {
+    // The kernel splits one side at a time (`__split_vma`), each refused at
+    // max_map_count: a refused upper split leaves the lower one done.
+    if lower && upper && tree.len() + 1 >= MAX_MAP_COUNT {
+        split_vma(oncpu, mm, tree, vma, start)?;
+        return Err(Errno::ENOMEM);
+    }
+    if (lower || upper) && tree.len() >= MAX_MAP_COUNT {
         return Err(Errno::ENOMEM);
     }
     let mut pieces = Vec::with_capacity(3);
-    tree.start_write(&vma);
+    tree.start_write(vma);
     if lower {
         vma_adjust_trans_huge(oncpu, mm, start);
-        pieces.push(vma_dup(&vma, vma.start(), start, vma.flags()));
+        pieces.push(vma_dup(vma, vma.start(), start, vma.flags()));
     }
-    let new = vma_dup_policy(&vma, start, end, vma.flags(), pol);
+    let new = vma_dup_policy(vma, start, end, flags, pol);
     pieces.push(new.clone());
     if upper {
         vma_adjust_trans_huge(oncpu, mm, end);
-        pieces.push(vma_dup(&vma, end, vma.end(), vma.flags()));
+        pieces.push(vma_dup(vma, end, vma.end(), vma.flags()));
     }
-    tree.replace(std::slice::from_ref(&vma), pieces);
-    vma_retire(&vma);
+    tree.replace(std::slice::from_ref(vma), pieces);
+    vma_retire(vma);
     Ok(new)
 }
 

@@ -345,12 +345,7 @@ fn shrink_active_list(oncpu: &OnCpu, nid: usize, lru: LruList, nr: u64, sc: &mut
     let (taken, scanned) = mem
         .node_lruvec_lock(nid)
         .isolate_lru_folios(lru, nr, oncpu.id());
-    let isolated: u64 = taken.iter().map(|f| f.nr_pages(mem)).sum();
-    let item = if lru == LruList::ActiveAnon {
-        crate::vmstat::NodeStat::NR_ISOLATED_ANON
-    } else {
-        crate::vmstat::NodeStat::NR_ISOLATED_FILE
-    };
+    let (item, isolated) = isolated_pages(mem, lru, &taken);
     mem.mod_node_state(item, isolated as i64);
     oncpu.vmstat().count(oncpu.id(), Event::PGREFILL, scanned);
     let mut deactivated = 0;
@@ -365,6 +360,19 @@ fn shrink_active_list(oncpu: &OnCpu, nid: usize, lru: LruList, nr: u64, sc: &mut
     mem.mod_node_state(item, -(isolated as i64));
     move_folios_to_lru(oncpu, taken);
     let _ = sc;
+}
+
+/// The `nr_isolated_*` item of folios isolated from `lru`, and their pages.
+fn isolated_pages(
+    mem: &crate::phys::PhysMem,
+    lru: LruList,
+    taken: &[Folio],
+) -> (crate::vmstat::NodeStat, u64) {
+    let item = match lru {
+        LruList::InactiveAnon | LruList::ActiveAnon => crate::vmstat::NodeStat::NR_ISOLATED_ANON,
+        _ => crate::vmstat::NodeStat::NR_ISOLATED_FILE,
+    };
+    (item, taken.iter().map(|f| f.nr_pages(mem)).sum())
 }
 
 /// `move_folios_to_lru`: isolated folios back onto the lists their flags
@@ -401,12 +409,7 @@ fn shrink_inactive_list(oncpu: &OnCpu, nid: usize, lru: LruList, nr: u64, sc: &m
         },
         scanned,
     );
-    let isolated: u64 = taken.iter().map(|f| f.nr_pages(mem)).sum();
-    let item = if anon {
-        crate::vmstat::NodeStat::NR_ISOLATED_ANON
-    } else {
-        crate::vmstat::NodeStat::NR_ISOLATED_FILE
-    };
+    let (item, isolated) = isolated_pages(mem, lru, &taken);
     mem.mod_node_state(item, isolated as i64);
     let (reclaimed, keep) = shrink_folio_list(oncpu, nid, taken, sc);
     mem.mod_node_state(item, -(isolated as i64));
