@@ -62,6 +62,9 @@ pub struct MmInfo {
     pub page_tables: PageTables,
     /// Distinct folios mapped, by size in kB ("2048 PMD" for PMD-mapped).
     pub folios: BTreeMap<String, usize>,
+    /// Pages mapped on each node (`/proc/<pid>/numa_maps`' `N<node>=`
+    /// figures, for the whole address space).
+    pub pages_by_node: Vec<u64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -152,30 +155,32 @@ fn inspect_mm(m: &Machine, mm: &Mm) -> MmInfo {
             })
             .collect()
     };
-    let (page_tables, folios) = walk(m, mm);
+    let (page_tables, folios, pages_by_node) = walk(m, mm);
     MmInfo {
         id: mm.id,
         status: proc::status(mm),
         vmas,
         page_tables,
         folios,
+        pages_by_node,
     }
 }
 
-fn walk(m: &Machine, mm: &Mm) -> (PageTables, BTreeMap<String, usize>) {
+fn walk(m: &Machine, mm: &Mm) -> (PageTables, BTreeMap<String, usize>, Vec<u64>) {
     let _g = mm.mmap_lock.read();
     let mut w = InspectWalk {
         m,
         pt: PageTables::default(),
         seen: HashSet::new(),
         folios: BTreeMap::new(),
+        by_node: vec![0; m.mem.nodes.len()],
     };
     // A lockless walk, as a reader beside running CPUs: each figure is
     // what one atomic read of its entry saw.
     let top = 1u64 << 47;
     let flow = walk_page_range(&m.mem, &mm.pgd, 0, top, WalkLock::Lockless, &mut w);
     debug_assert!(flow.is_continue());
-    (w.pt, w.folios)
+    (w.pt, w.folios, w.by_node)
 }
 
 /// What `inspect` counts in one address space's tables.
@@ -184,6 +189,7 @@ struct InspectWalk<'a> {
     pt: PageTables,
     seen: HashSet<Pfn>,
     folios: BTreeMap<String, usize>,
+    by_node: Vec<u64>,
 }
 
 impl MmWalkOps for InspectWalk<'_> {
@@ -220,6 +226,7 @@ impl MmWalkOps for InspectWalk<'_> {
         } else {
             self.pt.huge_pmds += 1;
             *self.folios.entry("2048 PMD".into()).or_default() += 1;
+            self.by_node[crate::phys::PhysMem::nid(pmd.pfn())] += crate::phys::HPAGE_PMD_NR;
         }
         ControlFlow::Continue(WalkAction::Continue)
     }
@@ -240,6 +247,7 @@ impl MmWalkOps for InspectWalk<'_> {
             table.zero_page += 1;
             return ControlFlow::Continue(());
         }
+        self.by_node[crate::phys::PhysMem::nid(pte.pfn())] += 1;
         let f = mem.page_folio(pte.pfn());
         if self.seen.insert(f.pfn()) {
             let kb = (f.nr_pages(mem) * PAGE_SIZE) >> 10;
@@ -325,6 +333,15 @@ impl fmt::Display for Inspection {
                     fs.join(", ")
                 }
             )?;
+            if mm.pages_by_node.len() > 1 {
+                let n: Vec<String> = mm
+                    .pages_by_node
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| format!("N{i}={p}"))
+                    .collect();
+                writeln!(f, "pages by node: {}", n.join(" "))?;
+            }
         }
         writeln!(f, "== TLBs")?;
         for t in &self.tlbs {
