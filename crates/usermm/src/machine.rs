@@ -300,8 +300,6 @@ struct Kswapd {
     wait: Arc<KswapdWait>,
     /// Runs that reclaimed nothing since one did.
     failures: crate::sync::AtomicU32,
-    /// Runs finished.
-    runs: crate::sync::AtomicU64,
     /// A run is in progress.
     running: AtomicBool,
 }
@@ -353,7 +351,6 @@ impl Machine {
                 started: std::sync::Once::new(),
                 wait: Arc::new(KswapdWait::default()),
                 failures: crate::sync::AtomicU32::new(0),
-                runs: crate::sync::AtomicU64::new(0),
                 running: AtomicBool::new(false),
             })
             .collect();
@@ -405,13 +402,6 @@ impl Machine {
 
     pub fn set_demotion_enabled(&self, on: bool) {
         self.demotion_enabled.store(on, Ordering::Relaxed);
-    }
-
-    /// kswapd runs finished on node `nid` so far.
-    pub fn kswapd_runs(&self, nid: usize) -> u64 {
-        self.kswapd
-            .get(nid)
-            .map_or(0, |k| k.runs.load(Ordering::Acquire))
     }
 
     /// Wait until no kswapd is running or has a wakeup pending: the
@@ -653,7 +643,6 @@ fn kswapd_main(m: std::sync::Weak<Machine>, wait: Arc<KswapdWait>, nid: usize) {
             Some(_) => k.failures.store(0, Ordering::Relaxed),
             None => {}
         }
-        k.runs.fetch_add(1, Ordering::Release);
     }
 }
 

@@ -46,14 +46,14 @@ use crate::huge_memory::split_huge_pmd;
 use crate::machine::OnCpu;
 use crate::mm::{AnonVma, Mm, Vma};
 use crate::pgtable::swapops::{Migration, SwpEntry, SwpKind};
-use crate::pgtable::{self, Pte, PteRead};
+use crate::pgtable::{self, Pte, PteLocked, PteRead};
 use crate::phys::folio::{clear_page_anon_exclusive, page_anon_exclusive};
 use crate::phys::memmap::pg;
 use crate::phys::{
     AllocFlags, Folio, PhysMem, HPAGE_PMD_NR, HPAGE_PMD_ORDER, PAGE_SHIFT, PAGE_SIZE,
 };
 use crate::rmap::{self, RmapFlags};
-use crate::rmap_walk::{folio_addresses, rmap_walk_anon};
+use crate::rmap_walk::{folio_pte_runs, rmap_walk_anon};
 use crate::sync::{Arc, Ordering};
 use crate::tlbbatch::{pte_accessible, should_defer_flush, TlbflushUnmapBatch, TtuFlags};
 use crate::vmstat::{Event, MthpStat, NodeStat};
@@ -561,20 +561,34 @@ fn try_to_migrate(oncpu: &OnCpu, iso: &Isolated, flags: TtuFlags, ubc: &mut Tlbf
     let mem = oncpu.mem();
     let folio = iso.folio;
     rmap_walk_anon(oncpu, folio, &iso.anon_vma, |mm, vma| {
-        for (i, addr) in folio_addresses(mem, folio, vma) {
-            try_to_migrate_one(oncpu, mm, vma, folio, i, addr, flags, ubc);
+        for run in folio_pte_runs(mem, folio, vma) {
+            let Some(slot) = mm.pmd_lookup(run.addr) else {
+                continue;
+            };
+            let pmd = mm.pmd_get(slot);
+            if pmd.trans_huge() && mem.page_folio(pmd.pfn()) == folio {
+                // The model migrates PMD-mapped folios by their PTEs
+                // (module doc).
+                split_huge_pmd(oncpu, mm, slot, run.addr);
+            }
+            let Some(mut pt) = mm.pte_offset_map_lock(slot) else {
+                continue;
+            };
+            for (i, addr) in run.pages() {
+                try_to_migrate_one(oncpu, mm, &mut pt, folio, i, addr, flags, ubc);
+            }
         }
         folio.mapped(mem)
     });
 }
 
-/// `try_to_migrate_one` for page `i` of `folio`, which `vma` of `mm` may
-/// map at `addr`.
+/// `try_to_migrate_one` for page `i` of `folio`, which the locked table
+/// `pt` of `mm` may map at `addr`.
 #[allow(clippy::too_many_arguments)]
 fn try_to_migrate_one(
     oncpu: &OnCpu,
     mm: &Arc<Mm>,
-    vma: &Vma,
+    pt: &mut PteLocked<'_>,
     folio: Folio,
     i: u64,
     addr: u64,
@@ -583,23 +597,11 @@ fn try_to_migrate_one(
 ) {
     let mem = oncpu.mem();
     let page = folio.pfn() + i;
-    let Some(slot) = mm.pmd_lookup(addr) else {
-        return;
-    };
-    let pmd = mm.pmd_get(slot);
-    if pmd.trans_huge() && mem.page_folio(pmd.pfn()) == folio {
-        // The model migrates PMD-mapped folios by their PTEs (module doc).
-        split_huge_pmd(oncpu, mm, slot, addr);
-    }
-    let Some(mut pt) = mm.pte_offset_map_lock(slot) else {
-        return;
-    };
     let idx = pgtable::pte_index(addr);
     let pte = pt.pte(idx);
     if !pte.present() || pte.special() || pte.pfn() != page {
         return;
     }
-    debug_assert!(vma.contains(addr));
     // Nuke the entry: queue its flush, or flush it now.
     let pteval = pt.get_and_clear(idx);
     if should_defer_flush(oncpu, mm, flags) {
@@ -650,22 +652,31 @@ fn remove_migration_ptes(oncpu: &OnCpu, src: &Isolated, dst: Folio) {
     let mem = oncpu.mem();
     let from = src.folio;
     rmap_walk_anon(oncpu, from, &src.anon_vma, |mm, vma| {
-        for (i, addr) in folio_addresses(mem, from, vma) {
-            remove_migration_pte(oncpu, mm, vma, from.pfn() + i, dst.pfn() + i, addr);
+        for run in folio_pte_runs(mem, from, vma) {
+            let Some(mut pt) = mm
+                .pmd_lookup(run.addr)
+                .and_then(|slot| mm.pte_offset_map_lock(slot))
+            else {
+                continue;
+            };
+            for (i, addr) in run.pages() {
+                remove_migration_pte(oncpu, &mut pt, vma, from.pfn() + i, dst.pfn() + i, addr);
+            }
         }
         true
     });
 }
 
-/// `remove_migration_pte` for one address.
-fn remove_migration_pte(oncpu: &OnCpu, mm: &Arc<Mm>, vma: &Vma, old: u64, new: u64, addr: u64) {
+/// `remove_migration_pte` for one address of the locked table `pt`.
+fn remove_migration_pte(
+    oncpu: &OnCpu,
+    pt: &mut PteLocked<'_>,
+    vma: &Vma,
+    old: u64,
+    new: u64,
+    addr: u64,
+) {
     let mem = oncpu.mem();
-    let Some(slot) = mm.pmd_lookup(addr) else {
-        return;
-    };
-    let Some(mut pt) = mm.pte_offset_map_lock(slot) else {
-        return;
-    };
     let idx = pgtable::pte_index(addr);
     let orig = pt.pte(idx);
     if !orig.is_swap() {

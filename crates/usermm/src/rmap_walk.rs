@@ -11,7 +11,8 @@
 
 use crate::machine::OnCpu;
 use crate::mm::{AnonVma, Mm, Vma};
-use crate::phys::{Folio, PhysMem};
+use crate::pgtable::PMD_SIZE;
+use crate::phys::{Folio, PhysMem, PAGE_SHIFT};
 use crate::rmap;
 use crate::sync::Arc;
 
@@ -38,13 +39,42 @@ pub fn rmap_walk_anon(
     }
 }
 
-/// The pages of `folio` that `vma` may map: (page number in the folio,
-/// address).
-pub fn folio_addresses<'a>(
-    mem: &'a PhysMem,
-    folio: Folio,
-    vma: &'a Vma,
-) -> impl Iterator<Item = (u64, u64)> + 'a {
+/// Consecutive pages of a folio that one VMA may map through one PTE
+/// table: pages `i..i + nr` of the folio, from address `addr`. A walk
+/// takes the table's lock once for the run, as `page_vma_mapped_walk`
+/// holds it across a folio's PTEs.
+#[derive(Clone, Copy, Debug)]
+pub struct PteRun {
+    pub i: u64,
+    pub addr: u64,
+    pub nr: u64,
+}
+
+impl PteRun {
+    /// Each page of the run: (page number in the folio, address).
+    pub fn pages(self) -> impl Iterator<Item = (u64, u64)> {
+        (0..self.nr).map(move |k| (self.i + k, self.addr + (k << PAGE_SHIFT)))
+    }
+}
+
+/// The pages of `folio` that `vma` may map, in runs of one PTE table each.
+/// The folio's pages in a VMA are consecutive (its linear offsets), so
+/// they end only at the VMA's edges and at PMD boundaries.
+pub fn folio_pte_runs(mem: &PhysMem, folio: Folio, vma: &Vma) -> impl Iterator<Item = PteRun> {
     let first = rmap::folio_page_pgoff(mem, folio, folio.pfn());
-    (0..folio.nr_pages(mem)).filter_map(move |i| vma.address_of(first + i).map(|a| (i, a)))
+    let lo = vma.pgoff().max(first);
+    let hi = (vma.pgoff() + vma.pages()).min(first + folio.nr_pages(mem));
+    let (mut i, end) = (lo.saturating_sub(first), hi.saturating_sub(first));
+    let (start, pgoff) = (vma.start(), vma.pgoff());
+    std::iter::from_fn(move || {
+        if lo >= hi || i >= end {
+            return None;
+        }
+        let addr = start + ((first + i - pgoff) << PAGE_SHIFT);
+        let to_boundary = (PMD_SIZE - (addr & (PMD_SIZE - 1))) >> PAGE_SHIFT;
+        let nr = (end - i).min(to_boundary);
+        let run = PteRun { i, addr, nr };
+        i += nr;
+        Some(run)
+    })
 }

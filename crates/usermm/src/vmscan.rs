@@ -136,7 +136,7 @@ use crate::pgtable::PteRead;
 use crate::phys::mm_inline::LruList;
 use crate::phys::page_alloc::{WMARK_HIGH, WMARK_LOW};
 use crate::phys::Tier;
-use crate::rmap_walk::{folio_addresses, rmap_walk_anon};
+use crate::rmap_walk::{folio_pte_runs, rmap_walk_anon};
 use crate::tlbbatch::{pte_accessible, should_defer_flush, TlbflushUnmapBatch, TtuFlags};
 
 /// `DEF_PRIORITY`: a pass scans a list's size shifted right by the
@@ -472,39 +472,43 @@ pub fn folio_referenced(oncpu: &OnCpu, folio: Folio) -> u64 {
     let mut referenced = 0;
     rmap_walk_anon(oncpu, folio, &anon_vma, |mm, vma| {
         let mut young = false;
-        for (i, addr) in folio_addresses(mem, folio, vma) {
-            let Some(slot) = mm.pmd_lookup(addr) else {
+        for run in folio_pte_runs(mem, folio, vma) {
+            let Some(slot) = mm.pmd_lookup(run.addr) else {
                 continue;
             };
             if mm.pmd_get(slot).trans_huge() {
                 let mut ptl = mm.pmd_lock(slot);
                 let pmd = ptl.get();
-                if pmd.trans_huge() && pmd.pfn() == folio.pfn() && i == 0 {
-                    // pmdp_clear_flush_young: x86 flushes a PMD's.
-                    if ptl.test_and_clear_young() {
-                        young = true;
-                        drop(ptl);
-                        oncpu.flush_tlb_range(
-                            mm,
-                            addr,
-                            addr + crate::pgtable::PMD_SIZE,
-                            crate::pgtable::PMD_SHIFT,
-                        );
-                    }
+                // pmdp_clear_flush_young: x86 flushes a PMD's.
+                if pmd.trans_huge()
+                    && pmd.pfn() == folio.pfn()
+                    && run.i == 0
+                    && ptl.test_and_clear_young()
+                {
+                    young = true;
+                    drop(ptl);
+                    oncpu.flush_tlb_range(
+                        mm,
+                        run.addr,
+                        run.addr + crate::pgtable::PMD_SIZE,
+                        crate::pgtable::PMD_SHIFT,
+                    );
                 }
                 continue;
             }
             let Some(mut pt) = mm.pte_offset_map_lock(slot) else {
                 continue;
             };
-            let idx = crate::pgtable::pte_index(addr);
-            let pte = pt.pte(idx);
-            if pte.present()
-                && !pte.special()
-                && pte.pfn() == folio.pfn() + i
-                && pt.clear_bits(idx, _PAGE_ACCESSED).young()
-            {
-                young = true;
+            for (i, addr) in run.pages() {
+                let idx = crate::pgtable::pte_index(addr);
+                let pte = pt.pte(idx);
+                if pte.present()
+                    && !pte.special()
+                    && pte.pfn() == folio.pfn() + i
+                    && pt.clear_bits(idx, _PAGE_ACCESSED).young()
+                {
+                    young = true;
+                }
             }
         }
         referenced += young as u64;
@@ -656,8 +660,8 @@ fn try_to_unmap_lazyfree(oncpu: &OnCpu, folio: Folio, ubc: &mut TlbflushUnmapBat
     let flags = TtuFlags { batch_flush: true };
     let mut ok = true;
     rmap_walk_anon(oncpu, folio, &anon_vma, |mm, vma| {
-        for (i, addr) in folio_addresses(mem, folio, vma) {
-            let Some(slot) = mm.pmd_lookup(addr) else {
+        for run in folio_pte_runs(mem, folio, vma) {
+            let Some(slot) = mm.pmd_lookup(run.addr) else {
                 continue;
             };
             if mm.pmd_get(slot).trans_huge() {
@@ -669,38 +673,60 @@ fn try_to_unmap_lazyfree(oncpu: &OnCpu, folio: Folio, ubc: &mut TlbflushUnmapBat
             let Some(mut pt) = mm.pte_offset_map_lock(slot) else {
                 continue;
             };
-            let idx = crate::pgtable::pte_index(addr);
-            let pte = pt.pte(idx);
-            if !pte.present() || pte.special() || pte.pfn() != folio.pfn() + i {
-                continue;
-            }
-            let pteval = pt.get_and_clear(idx);
-            if should_defer_flush(oncpu, mm, flags) {
-                ubc.set_flush_pending(mm, pteval);
-            } else if pte_accessible(mm, pteval) {
-                oncpu.flush_tlb_range(mm, addr, addr + PAGE_SIZE, crate::phys::PAGE_SHIFT);
-            }
-            if pteval.dirty() {
-                folio.head(mem).set(pg::DIRTY);
-            }
-            mm.update_hiwater_rss();
-            // One reference for the isolation, one per mapping.
-            let refs = folio.ref_count(mem);
-            let maps = folio.mapcount(mem);
-            if refs != 1 + maps || folio.head(mem).test(pg::DIRTY) {
-                pt.set(idx, pteval);
-                if folio.head(mem).test(pg::DIRTY) {
-                    folio.head(mem).clear(pg::LAZYFREE);
-                    folio.head(mem).set(pg::SWAPBACKED);
+            for (i, addr) in run.pages() {
+                if !unmap_lazyfree_pte(oncpu, mm, &mut pt, folio, i, addr, flags, ubc) {
+                    ok = false;
+                    return false;
                 }
-                ok = false;
-                return false;
             }
-            mm.add_rss(MmCounter::AnonPages, -1);
-            rmap::folio_remove_rmap_ptes(mem, folio, folio.pfn() + i, 1, oncpu.id());
-            folio.put(mem, oncpu.id());
         }
         true
     });
     ok && !folio.mapped(mem)
+}
+
+/// One PTE of [`try_to_unmap_lazyfree`], in the locked table `pt`: cleared
+/// if it maps page `i`; false (the entry put back) if the folio was
+/// written, or someone else holds it.
+#[allow(clippy::too_many_arguments)]
+fn unmap_lazyfree_pte(
+    oncpu: &OnCpu,
+    mm: &crate::sync::Arc<crate::mm::Mm>,
+    pt: &mut PteLocked<'_>,
+    folio: Folio,
+    i: u64,
+    addr: u64,
+    flags: TtuFlags,
+    ubc: &mut TlbflushUnmapBatch,
+) -> bool {
+    let mem = oncpu.mem();
+    let idx = crate::pgtable::pte_index(addr);
+    let pte = pt.pte(idx);
+    if !pte.present() || pte.special() || pte.pfn() != folio.pfn() + i {
+        return true;
+    }
+    let pteval = pt.get_and_clear(idx);
+    if should_defer_flush(oncpu, mm, flags) {
+        ubc.set_flush_pending(mm, pteval);
+    } else if pte_accessible(mm, pteval) {
+        oncpu.flush_tlb_range(mm, addr, addr + PAGE_SIZE, crate::phys::PAGE_SHIFT);
+    }
+    let head = folio.head(mem);
+    if pteval.dirty() {
+        head.set(pg::DIRTY);
+    }
+    mm.update_hiwater_rss();
+    // One reference for the isolation, one per mapping.
+    if folio.ref_count(mem) != 1 + folio.mapcount(mem) || head.test(pg::DIRTY) {
+        pt.set(idx, pteval);
+        if head.test(pg::DIRTY) {
+            head.clear(pg::LAZYFREE);
+            head.set(pg::SWAPBACKED);
+        }
+        return false;
+    }
+    mm.add_rss(MmCounter::AnonPages, -1);
+    rmap::folio_remove_rmap_ptes(mem, folio, folio.pfn() + i, 1, oncpu.id());
+    folio.put(mem, oncpu.id());
+    true
 }

@@ -240,16 +240,6 @@ impl<'a> LruvecGuard<'a> {
         self.update_lru_size(lru, folio.nr_pages(self.mem) as i64);
     }
 
-    /// `lruvec_add_folio_tail`: at the tail (the oldest end, reclaimed
-    /// first).
-    pub fn add_folio_tail(&mut self, folio: Folio) {
-        let lru = folio_lru_list(self.mem, folio);
-        let off = self.off(folio);
-        let old = self.lists.tail[lru as usize];
-        self.link_after(lru, old, off);
-        self.update_lru_size(lru, folio.nr_pages(self.mem) as i64);
-    }
-
     /// `list_add_tail(&new->lru, &folio->lru)` of a split: `new` goes just
     /// before `folio` (younger than it), on its list; the split's pieces
     /// end up in order, the head oldest. The list's size is left alone: a
@@ -373,11 +363,6 @@ impl<'a> LruvecGuard<'a> {
             taken.push(folio);
         }
         (taken, scanned)
-    }
-
-    /// The node whose lruvec this is.
-    pub fn node_id(&self) -> usize {
-        self.node.id
     }
 }
 
