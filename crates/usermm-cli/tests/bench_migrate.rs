@@ -3,36 +3,15 @@
 //! the per-PTE flush sends one per page (counts, not timings: they do not
 //! depend on the host).
 
-use std::process::Command;
-
-use serde_json::Value;
+mod common;
 
 #[test]
 fn migrate_rows_and_the_batched_flush() {
-    let out_dir = std::env::temp_dir().join(format!("usermm-migrate-{}", std::process::id()));
-    let out = Command::new(env!("CARGO_BIN_EXE_usermm"))
-        .args([
-            "bench",
-            "migrate",
-            "--size-mb",
-            "8",
-            "--runs",
-            "1",
-            "--sizes",
-            "4,64",
-            "--json",
-            "--out",
-        ])
-        .arg(&out_dir)
-        .output()
-        .expect("run usermm");
-    let _ = std::fs::remove_dir_all(&out_dir);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let v = common::bench_json(
+        "migrate",
+        &["--size-mb", "8", "--runs", "1", "--sizes", "4,64"],
+        |_| vec![],
     );
-    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
     let rows = v["rows"].as_array().expect("rows");
     assert_eq!(rows.len(), 2 * 2 * 2, "sizes x batch x CPUs");
     let pages = 8 << 20 >> 12;

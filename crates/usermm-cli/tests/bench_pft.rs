@@ -2,35 +2,15 @@
 //! cache-line measure tells the three fault locks apart as their designs
 //! say it must (a count, not a timing: it does not depend on the host).
 
-use std::process::Command;
-
-use serde_json::Value;
+mod common;
 
 #[test]
 fn pft_rows_and_the_shared_line_measure() {
-    let out_dir = std::env::temp_dir().join(format!("usermm-pft-{}", std::process::id()));
-    let out = Command::new(env!("CARGO_BIN_EXE_usermm"))
-        .args([
-            "bench",
-            "pft",
-            "--size-mb",
-            "16",
-            "--runs",
-            "1",
-            "--no-host",
-            "--json",
-            "--out",
-        ])
-        .arg(&out_dir)
-        .output()
-        .expect("run usermm");
-    let _ = std::fs::remove_dir_all(&out_dir);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let v = common::bench_json(
+        "pft",
+        &["--size-mb", "16", "--runs", "1", "--no-host"],
+        |_| vec![],
     );
-    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
     let rows = v["rows"].as_array().expect("rows");
     assert_eq!(rows.len(), 2 * 3 * 3, "threads x writers x modes");
     for r in rows {

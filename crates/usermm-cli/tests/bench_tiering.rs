@@ -2,34 +2,21 @@
 //! working set is demoted past the fast node's size, and its hot part ends
 //! up promoted, the counters showing both.
 
-use std::process::Command;
+mod common;
 
 use serde_json::Value;
 
 #[test]
 fn tiering_demotes_then_promotes() {
-    let dir = std::env::temp_dir().join(format!("usermm-tiering-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let machine = dir.join("small.toml");
-    std::fs::write(
-        &machine,
-        "[[node]]\nsize = \"32M\"\ncpus = 2\n[[node]]\nsize = \"128M\"\ntier = \"slow\"\n",
-    )
-    .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_usermm"))
-        .args(["bench", "tiering", "--size-mb", "48", "--json", "--machine"])
-        .arg(&machine)
-        .arg("--out")
-        .arg(&dir)
-        .output()
-        .expect("run usermm");
-    let _ = std::fs::remove_dir_all(&dir);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let v = common::bench_json("tiering", &["--size-mb", "48"], |dir| {
+        let machine = dir.join("small.toml");
+        std::fs::write(
+            &machine,
+            "[[node]]\nsize = \"32M\"\ncpus = 2\n[[node]]\nsize = \"128M\"\ntier = \"slow\"\n",
+        )
+        .unwrap();
+        vec!["--machine".into(), machine.display().to_string()]
+    });
     let rows = v["rows"].as_array().expect("rows");
     let (first, last) = (&rows[0], rows.last().unwrap());
     let demoted =
