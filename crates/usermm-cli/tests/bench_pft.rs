@@ -8,7 +8,15 @@ mod common;
 fn pft_rows_and_the_shared_line_measure() {
     let v = common::bench_json(
         "pft",
-        &["--size-mb", "16", "--runs", "1", "--no-host"],
+        &[
+            "--size-mb",
+            "16",
+            "--runs",
+            "1",
+            "--no-host",
+            "--threads",
+            "1,2",
+        ],
         |_| vec![],
     );
     let rows = v["rows"].as_array().expect("rows");
@@ -36,4 +44,39 @@ fn pft_rows_and_the_shared_line_measure() {
     let vma = shared("vma_lock");
     assert!((1.0..=3.0).contains(&vma), "vma_lock: {vma}");
     assert!(shared("spf") <= 0.3, "spf: {}", shared("spf"));
+}
+
+#[test]
+fn pft_thread_counts_are_chosen_and_checked() {
+    let v = common::bench_json(
+        "pft",
+        &[
+            "--size-mb",
+            "8",
+            "--runs",
+            "1",
+            "--no-host",
+            "--threads",
+            "3,1",
+        ],
+        |_| vec![],
+    );
+    let mut counts: Vec<u64> = v["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .map(|r| r["threads"].as_u64().expect("threads"))
+        .collect();
+    counts.dedup();
+    assert_eq!(counts, [1, 3], "sorted, each count once per arm group");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_usermm"))
+        .args(["bench", "pft", "--threads", "0"])
+        .output()
+        .expect("run usermm");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--threads: 0"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

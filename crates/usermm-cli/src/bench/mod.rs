@@ -43,6 +43,10 @@ pub struct BenchArgs {
     /// Skip the runs on the host kernel.
     #[arg(long)]
     pub no_host: bool,
+    /// pft: the fault-thread counts (comma-separated); by default 1, 2 and
+    /// the powers of two that leave the host a core for the writer.
+    #[arg(long, value_delimiter = ',')]
+    pub threads: Vec<usize>,
     /// Folder for the results (JSON and SVG per experiment).
     #[arg(long, default_value = "results")]
     pub out: PathBuf,
@@ -150,6 +154,9 @@ fn validate(a: &BenchArgs) -> anyhow::Result<()> {
     }
     if a.size_mb == 0 {
         anyhow::bail!("--size-mb must be at least 1");
+    }
+    if let Some(t) = a.threads.iter().find(|&&t| t == 0 || t > pft::MAX_THREADS) {
+        anyhow::bail!("--threads: {t} is not between 1 and {}", pft::MAX_THREADS);
     }
     let need = checked_region_machine_bytes(a.size_mb)
         .ok_or_else(|| anyhow::anyhow!("--size-mb {} overflows", a.size_mb))?;

@@ -29,8 +29,8 @@ use crate::plot;
 
 pub const EXPERIMENT: super::Experiment = super::Experiment {
     name: "pft",
-    description: "page-fault scalability (F5): 1 and 2 threads write-fault their own slices, \
-        with no writer, a writer that mmaps/touches/munmaps, or one that does not touch; \
+    description: "page-fault scalability (F5): 1, 2 (and, given the cores, more) threads \
+        write-fault their own slices, with no writer, a writer that mmaps/touches/munmaps, or one that does not touch; \
         per fault_lock mode and on the host",
     run,
 };
@@ -43,6 +43,24 @@ const MODES: [(&str, FaultLock); 3] = [
     ("vma_lock", FaultLock::VmaLock),
 ];
 const WRITERS: [&str; 3] = ["none", "touch", "notouch"];
+/// The most fault threads `--threads` may ask for.
+pub const MAX_THREADS: usize = 64;
+
+/// The fault-thread counts: the user's, or 1, 2 and each power of two
+/// below the host's cores (a core left for the writer).
+fn thread_counts(a: &BenchArgs, cores: usize) -> Vec<usize> {
+    if !a.threads.is_empty() {
+        let mut t = a.threads.clone();
+        t.sort_unstable();
+        t.dedup();
+        return t;
+    }
+    let mut t = vec![1, 2];
+    while t[t.len() - 1] * 2 < cores {
+        t.push(t[t.len() - 1] * 2);
+    }
+    t
+}
 
 /// One arm's result, as the JSON rows carry it.
 #[derive(Serialize, Clone)]
@@ -99,10 +117,20 @@ struct Sample {
 
 fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let slice = (a.size_mb / 4).clamp(1, 256) << 20;
-    let max_threads = 2;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let counts = thread_counts(a, cores);
+    let max_threads = *counts.last().expect("at least one thread count");
     let runs = a.runs.max(1);
     let need = max_threads as u64 * slice * 3 / 2 + (64 << 20);
+    let host_bytes = crate::host_memory_bytes();
+    if host_bytes > 0 && need > host_bytes {
+        anyhow::bail!(
+            "pft: {max_threads} threads of {} MiB need {} MiB of host memory for the model; this host has {} MiB",
+            slice >> 20,
+            need >> 20,
+            host_bytes >> 20
+        );
+    }
     let config = a
         .machine
         .config(MachineConfig::single_node(need, max_threads + 1))?;
@@ -112,8 +140,9 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let m = Machine::new(config).map_err(|e| anyhow::anyhow!("machine: {e}"))?;
     a.tunables.apply(&m.tunables)?;
     m.prefault();
-    let arms: Vec<(usize, &'static str)> = (1..=max_threads)
-        .flat_map(|t| WRITERS.iter().map(move |&w| (t, w)))
+    let arms: Vec<(usize, &'static str)> = counts
+        .iter()
+        .flat_map(|&t| WRITERS.iter().map(move |&w| (t, w)))
         .collect();
     let pb = progress("pft", (runs * arms.len()) as u64);
     let mut engine: Vec<Vec<Sample>> = (0..arms.len() * MODES.len()).map(|_| vec![]).collect();
@@ -160,6 +189,9 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         print_table(&rows, slice, runs, cores, &m);
     }
     plot_rows(a, &rows)?;
+    if counts.len() > 2 {
+        plot_scaling(a, &rows, &counts)?;
+    }
     Ok(serde_json::json!({
         "experiment": "pft",
         "machine": m.config.to_string(),
@@ -504,6 +536,39 @@ fn plot_rows(a: &BenchArgs, rows: &[Row]) -> anyhow::Result<()> {
         "pft: 4 KiB write faults per second (thousands), per fault_lock",
         &labels,
         ("fault threads and writer", "k faults/s"),
+        &series,
+    )
+}
+
+/// The scaling curve: faults/s against fault threads with no writer, per
+/// mode and on the host (`pft_scaling.svg`, when more than two counts ran).
+fn plot_scaling(a: &BenchArgs, rows: &[Row], counts: &[usize]) -> anyhow::Result<()> {
+    let labels: Vec<String> = counts.iter().map(|t| t.to_string()).collect();
+    let series: Vec<plot::Series> = ["mmap_lock", "spf", "vma_lock", "host"]
+        .iter()
+        .map(|mode| plot::Series {
+            label: if *mode == "host" {
+                "host kernel (6.18, per-VMA locks)".into()
+            } else {
+                format!("usermm, fault_lock={mode}")
+            },
+            points: rows
+                .iter()
+                .filter(|r| r.mode == *mode && r.writer == "none")
+                .filter_map(|r| {
+                    let i = counts.iter().position(|&t| t == r.threads)?;
+                    Some((i, r.faults_per_s / 1000.0))
+                })
+                .collect(),
+            dashed: *mode == "host",
+        })
+        .filter(|s| !s.points.is_empty())
+        .collect();
+    plot::change_plot(
+        &a.out.join("pft_scaling.svg"),
+        "pft: 4 KiB write faults per second (thousands) by fault threads, no writer",
+        &labels,
+        ("fault threads", "k faults/s"),
         &series,
     )
 }

@@ -12,7 +12,10 @@ pub fn bench_json(
     args: &[&str],
     setup: impl FnOnce(&std::path::Path) -> Vec<String>,
 ) -> Value {
-    let dir = std::env::temp_dir().join(format!("usermm-{name}-{}", std::process::id()));
+    // One folder per call: the tests of one file run in parallel.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("usermm-{name}-{}-{call}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a results folder");
     let extra = setup(&dir);
     let out = Command::new(env!("CARGO_BIN_EXE_usermm"))

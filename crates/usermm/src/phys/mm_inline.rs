@@ -27,7 +27,7 @@
 use super::memmap::{pg, LIST_NONE};
 use super::{Folio, Node, Pfn, PhysMem};
 use crate::cacheline::LineWriters;
-use crate::sync::{Mutex, MutexGuard, Ordering};
+use crate::sync::{CachePadded, Mutex, MutexGuard, Ordering};
 use crate::vmstat::NodeStat;
 
 /// `enum lru_list`.
@@ -93,7 +93,9 @@ struct LruLists {
 
 /// `struct lruvec`.
 pub struct Lruvec {
-    lru_lock: Mutex<LruLists>,
+    /// On a cache line of its own, away from the node's read-mostly
+    /// fields, as `pglist_data` pads its reclaim section.
+    lru_lock: CachePadded<Mutex<LruLists>>,
     /// Who takes `lru_lock` (a fault does, every batch of new folios).
     line: LineWriters,
 }
@@ -101,11 +103,11 @@ pub struct Lruvec {
 impl Default for Lruvec {
     fn default() -> Self {
         Lruvec {
-            lru_lock: Mutex::new(LruLists {
+            lru_lock: CachePadded::new(Mutex::new(LruLists {
                 head: [LIST_NONE; NR_LRU_LISTS],
                 tail: [LIST_NONE; NR_LRU_LISTS],
                 nr_pages: [0; NR_LRU_LISTS],
-            }),
+            })),
             line: LineWriters::new(),
         }
     }

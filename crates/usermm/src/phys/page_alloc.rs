@@ -13,6 +13,13 @@
 //! (`zone->lock`); a pcp list by its own lock (the kernel disables preemption
 //! and takes `pcp->lock`). Lock order: pcp lock, then zone lock.
 //!
+//! The zone lock and the free count (`NR_FREE_PAGES`) each sit on a cache
+//! line of their own, away from the read-mostly watermarks, as the kernel
+//! pads `struct zone`. Every allocation's fast path reads the free count;
+//! a locked section changes it once, by all the pages it moved (the
+//! kernel's count moves through per-CPU diffs folded past a threshold), so
+//! a refill of 63 pages does not pull that line from every reader 63 times.
+//!
 //! # Watermarks
 //!
 //! `min`, `low` and `high` follow `__setup_per_zone_wmarks` with
@@ -25,6 +32,7 @@ use super::{Node, Pfn, PhysMem, MAX_PAGE_ORDER, NODE_PFN_SHIFT};
 use crate::cacheline::LineWriters;
 use crate::sync::{AtomicU64, CachePadded, Mutex, Ordering};
 use crate::vmstat::Event;
+use std::collections::VecDeque;
 
 const NR_ORDERS: usize = MAX_PAGE_ORDER as usize + 1;
 /// pcp lists: orders 0..=PAGE_ALLOC_COSTLY_ORDER, then the PMD order.
@@ -101,15 +109,19 @@ struct FreeArea {
 
 #[derive(Default)]
 struct PerCpuPages {
-    lists: [Vec<u32>; NR_PCP_LISTS],
+    /// Newest at the back: allocation and freeing use the back (LIFO, cache
+    /// hot), a bulk free returns the front (the oldest) first.
+    lists: [VecDeque<u32>; NR_PCP_LISTS],
     /// Pages (not blocks) on all lists.
     count: u64,
 }
 
 pub struct Zone {
-    free_area: Mutex<FreeArea>,
-    /// `NR_FREE_PAGES`: pages in the buddy lists (pcp pages excluded).
-    nr_free: AtomicU64,
+    /// The zone lock with the free lists.
+    free_area: CachePadded<Mutex<FreeArea>>,
+    /// `NR_FREE_PAGES`: pages in the buddy lists (pcp pages excluded),
+    /// changed once per locked section ([`Zone::account_freepages`]).
+    nr_free: CachePadded<AtomicU64>,
     /// Each CPU's lists, on a cache line of its own (the kernel's are
     /// per-CPU memory): a fault takes its page from here without touching
     /// a line another CPU writes, save when a refill takes the zone lock.
@@ -177,11 +189,11 @@ impl Zone {
         let min = min_free_kbytes / 4;
         let step = (min / 4).max(nr_pages * 10 / 10_000);
         Zone {
-            free_area: Mutex::new(FreeArea {
+            free_area: CachePadded::new(Mutex::new(FreeArea {
                 head: [LIST_NONE; NR_ORDERS],
                 nr_free: [0; NR_ORDERS],
-            }),
-            nr_free: AtomicU64::new(0),
+            })),
+            nr_free: CachePadded::new(AtomicU64::new(0)),
             pcp: (0..=nr_cpus)
                 .map(|_| CachePadded::new(Mutex::new(PerCpuPages::default())))
                 .collect(),
@@ -209,7 +221,20 @@ impl Zone {
     /// `__zone_watermark_ok` against `mark` (None: any free block will do),
     /// for a block of `order`.
     fn watermark_ok(&self, area: &FreeArea, order: u32, mark: Option<usize>) -> bool {
-        let free = self.nr_free.load(Ordering::Relaxed) as i64 - ((1i64 << order) - 1);
+        self.watermark_ok_taken(area, order, mark, 0)
+    }
+
+    /// [`Zone::watermark_ok`] with `taken` pages already off the lists in
+    /// this locked section but not yet accounted.
+    fn watermark_ok_taken(
+        &self,
+        area: &FreeArea,
+        order: u32,
+        mark: Option<usize>,
+        taken: u64,
+    ) -> bool {
+        let free =
+            self.nr_free.load(Ordering::Relaxed) as i64 - taken as i64 - ((1i64 << order) - 1);
         let Some(mark) = mark else {
             return (order as usize..NR_ORDERS).any(|o| area.nr_free[o] > 0);
         };
@@ -217,6 +242,17 @@ impl Zone {
             return false;
         }
         order == 0 || (order as usize..NR_ORDERS).any(|o| area.nr_free[o] > 0)
+    }
+
+    /// `account_freepages`: `NR_FREE_PAGES` moves by `pages`, once for a
+    /// whole locked section (zone lock held, or the zone private).
+    fn account_freepages(&self, pages: i64) {
+        if pages >= 0 {
+            self.nr_free.fetch_add(pages as u64, Ordering::Relaxed);
+        } else {
+            self.nr_free
+                .fetch_sub(pages.unsigned_abs(), Ordering::Relaxed);
+        }
     }
 }
 
@@ -230,9 +266,9 @@ pub(super) fn init_free_area(mem: &PhysMem, node: &Node) {
             order -= 1;
         }
         add_to_free_list(mem, node, &mut area, off as u32, order);
-        node.zone.nr_free.fetch_add(1 << order, Ordering::Relaxed);
         off += 1 << order;
     }
+    node.zone.account_freepages(node.nr_pages as i64);
 }
 
 fn add_to_free_list(mem: &PhysMem, node: &Node, area: &mut FreeArea, off: u32, order: u32) {
@@ -278,7 +314,8 @@ fn del_from_free_list(mem: &PhysMem, node: &Node, area: &mut FreeArea, off: u32,
 }
 
 /// `__rmqueue_smallest` + `expand`: take the smallest block of at least
-/// `order` and give back the halves not needed. Zone lock held.
+/// `order` and give back the halves not needed. Zone lock held; the caller
+/// accounts the pages taken.
 fn rmqueue_smallest(mem: &PhysMem, node: &Node, area: &mut FreeArea, order: u32) -> Option<u32> {
     let found = (order..=MAX_PAGE_ORDER).find(|&o| area.head[o as usize] != LIST_NONE)?;
     let off = area.head[found as usize];
@@ -288,13 +325,12 @@ fn rmqueue_smallest(mem: &PhysMem, node: &Node, area: &mut FreeArea, order: u32)
         high -= 1;
         add_to_free_list(mem, node, area, off + (1 << high), high);
     }
-    node.zone.nr_free.fetch_sub(1 << order, Ordering::Relaxed);
     Some(off)
 }
 
-/// `__free_one_page`: merge with free buddies while possible. Zone lock held.
+/// `__free_one_page`: merge with free buddies while possible. Zone lock
+/// held; the caller accounts the pages freed.
 fn free_one_page(mem: &PhysMem, node: &Node, area: &mut FreeArea, mut off: u32, mut order: u32) {
-    node.zone.nr_free.fetch_add(1 << order, Ordering::Relaxed);
     while order < MAX_PAGE_ORDER {
         let buddy = off ^ (1 << order);
         if buddy as u64 >= node.nr_pages {
@@ -449,29 +485,10 @@ impl PhysMem {
         let kernel_thread = cpu >= zone.pcp.len() - 1;
         if let (Some(idx), false) = (pcp_index(order), kernel_thread) {
             let mut pcp = zone.pcp[cpu.min(zone.pcp.len() - 1)].lock();
-            if pcp.lists[idx].is_empty() {
-                let mut area = zone.free_area.lock();
-                zone.line.write();
-                if !zone.watermark_ok(&area, order, mark) {
-                    return None;
-                }
-                // rmqueue_bulk: refill with a batch, never below the min mark.
-                let blocks = (PCP_BATCH >> order).max(1);
-                for _ in 0..blocks {
-                    if !zone.watermark_ok(&area, order, mark) {
-                        break;
-                    }
-                    let Some(off) = rmqueue_smallest(self, node, &mut area, order) else {
-                        break;
-                    };
-                    self.page(node.start_pfn() + off as u64).set(pg::PCP);
-                    pcp.lists[idx].push(off);
-                    pcp.count += 1 << order;
-                }
-                // The unlock, as the guard drops.
-                zone.line.write();
+            if pcp.lists[idx].is_empty() && !self.rmqueue_bulk(node, &mut pcp, idx, order, mark) {
+                return None;
             }
-            let off = pcp.lists[idx].pop()?;
+            let off = pcp.lists[idx].pop_back()?;
             pcp.count -= 1 << order;
             let pfn = node.start_pfn() + off as u64;
             self.page(pfn).clear(pg::PCP);
@@ -484,7 +501,45 @@ impl PhysMem {
         if !zone.watermark_ok(&area, order, mark) {
             return None;
         }
-        rmqueue_smallest(self, node, &mut area, order).map(|off| node.start_pfn() + off as u64)
+        let off = rmqueue_smallest(self, node, &mut area, order)?;
+        zone.account_freepages(-(1i64 << order));
+        Some(node.start_pfn() + off as u64)
+    }
+
+    /// `rmqueue_bulk`: refill pcp list `idx` with a batch of `order`
+    /// blocks under one hold of the zone lock, never below `mark`. False
+    /// if the zone was below it before any was taken.
+    fn rmqueue_bulk(
+        &self,
+        node: &Node,
+        pcp: &mut PerCpuPages,
+        idx: usize,
+        order: u32,
+        mark: Option<usize>,
+    ) -> bool {
+        let zone = &node.zone;
+        let mut area = zone.free_area.lock();
+        zone.line.write();
+        if !zone.watermark_ok(&area, order, mark) {
+            return false;
+        }
+        let mut taken = 0;
+        for _ in 0..(PCP_BATCH >> order).max(1) {
+            if !zone.watermark_ok_taken(&area, order, mark, taken) {
+                break;
+            }
+            let Some(off) = rmqueue_smallest(self, node, &mut area, order) else {
+                break;
+            };
+            self.page(node.start_pfn() + off as u64).set(pg::PCP);
+            pcp.lists[idx].push_back(off);
+            taken += 1 << order;
+        }
+        pcp.count += taken;
+        zone.account_freepages(-(taken as i64));
+        // The unlock, as the guard drops.
+        zone.line.write();
+        true
     }
 
     /// `prep_new_page` / `prep_compound_page`.
@@ -566,7 +621,7 @@ impl PhysMem {
         if let (Some(idx), false) = (pcp_index(order), kernel_thread) {
             let mut pcp = zone.pcp[cpu].lock();
             head.set(pg::PCP);
-            pcp.lists[idx].push(off);
+            pcp.lists[idx].push_back(off);
             pcp.count += 1 << order;
             if pcp.count > PCP_HIGH {
                 self.free_pcppages_bulk(node, &mut pcp, PCP_BATCH);
@@ -575,6 +630,7 @@ impl PhysMem {
         }
         let mut area = zone.free_area.lock();
         free_one_page(self, node, &mut area, off, order);
+        zone.account_freepages(1 << order);
     }
 
     /// Return at least `pages` pages from a pcp to the buddy lists, oldest first.
@@ -591,13 +647,16 @@ impl PhysMem {
                 if freed >= pages {
                     break 'lists;
                 }
-                let off = pcp.lists[idx].remove(0);
+                let Some(off) = pcp.lists[idx].pop_front() else {
+                    break;
+                };
                 self.page(node.start_pfn() + off as u64).clear(pg::PCP);
                 free_one_page(self, node, &mut area, off, order);
                 pcp.count -= 1 << order;
                 freed += 1 << order;
             }
         }
+        node.zone.account_freepages(freed as i64);
     }
 
     /// Return every pcp page to the buddy lists (`drain_all_pages`).
