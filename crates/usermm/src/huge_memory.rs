@@ -12,15 +12,26 @@
 //!
 //! The deposit list hangs off the PMD table's descriptor (`pmd_huge_pte`),
 //! kept by the page-table layer ([`PmdLocked::deposit`]).
+//!
+//! While a PMD-mapped THP migrates, its PMD holds a *PMD migration entry*
+//! (`set_pmd_migration_entry`, `remove_migration_pmd`): not present, with
+//! the deposited table still under it and the RSS still counted, and no
+//! rmap or reference of its own. Every path that meets a huge PMD meets
+//! that entry too ([`pmd_is_huge`]): a zap clears it, fork copies it (made
+//! readable in both, as a writable PTE migration entry is), mprotect makes
+//! a writable one readable, and a split turns it into 512 PTE migration
+//! entries, which the migration then resolves one page at a time.
 
 use crate::errno::{Errno, KResult};
 use crate::machine::OnCpu;
 use crate::memory::{VmFault, VmFaultResult};
 use crate::mm::{Mm, MmCounter, Vma};
 use crate::mmu_gather::MmuGather;
+use crate::pgtable::swapops::{Migration, SwpEntry, SwpKind};
 use crate::pgtable::{
     Pmd, PmdLocked, PmdSlot, Ptdesc, Pte, PteLocked, PteRead, PMD_MASK, PMD_SIZE, PTRS_PER_TABLE,
 };
+use crate::phys::folio::{clear_page_anon_exclusive, page_anon_exclusive};
 use crate::phys::memmap::pg;
 use crate::phys::AllocFlags;
 use crate::phys::{Folio, Pfn, PhysMem, HPAGE_PMD_NR, HPAGE_PMD_ORDER};
@@ -28,6 +39,15 @@ use crate::pt_reclaim::new_pte_tracking;
 use crate::rmap::{self, RmapFlags};
 use crate::sync::{Arc, Ordering};
 use crate::vmstat::{Event, MthpStat};
+
+/// Whether a PMD is a huge leaf or a PMD migration entry: what the
+/// kernel's walkers test as `is_swap_pmd(pmd) || pmd_trans_huge(pmd)`
+/// before they lock it (`pmd_trans_huge_lock`), split it or handle it
+/// whole. The model makes no other swap PMD.
+#[inline]
+pub fn pmd_is_huge(pmd: Pmd) -> bool {
+    pmd.trans_huge() || pmd.is_swap()
+}
 
 /// `vma_thp_gfp_mask` with the default `defrag=madvise`: a THP fault in a
 /// MADV_HUGEPAGE range may reclaim for its folio; elsewhere it takes one
@@ -254,6 +274,10 @@ pub fn copy_huge_pmd(
     let mut dst_ptl = dst_mm.pmd_lock(dst_slot);
     let mut src_ptl = src_mm.pmd_lock(src_slot);
     let pmd = src_ptl.get();
+    if pmd.is_migration() {
+        copy_pmd_migration_entry(&mut src_ptl, &mut dst_ptl, dst_mm, pgtable);
+        return Ok(true);
+    }
     if !pmd.trans_huge() {
         drop((src_ptl, dst_ptl));
         pgtable.free(mem, oncpu.id());
@@ -279,12 +303,46 @@ pub fn copy_huge_pmd(
     Ok(true)
 }
 
-/// `zap_huge_pmd`: unmap a whole PMD-mapped folio. Returns false if the PMD
-/// is no longer huge (the caller walks its PTE table instead).
+/// The migration-entry half of `copy_huge_pmd`: the child gets the same
+/// entry (and its own deposited table, and the RSS), made readable in both
+/// first if it was writable, so that the migration maps the page
+/// read-only in both and the first write copies it. No reference and no
+/// rmap: a migration entry holds neither.
+fn copy_pmd_migration_entry(
+    src_ptl: &mut PmdLocked<'_>,
+    dst_ptl: &mut PmdLocked<'_>,
+    dst_mm: &Mm,
+    pgtable: Ptdesc,
+) {
+    let mut pmd = src_ptl.get();
+    let entry = pmd.swp_entry();
+    if !matches!(
+        entry.kind(),
+        SwpKind::Migration {
+            kind: Migration::Read,
+            ..
+        }
+    ) {
+        let mut readable = entry.with_migration_kind(Migration::Read).to_pmd();
+        if pmd.swp_soft_dirty() {
+            readable = readable.swp_mksoft_dirty();
+        }
+        src_ptl.set(readable);
+        pmd = readable;
+    }
+    dst_mm.add_rss(MmCounter::AnonPages, HPAGE_PMD_NR as i64);
+    dst_mm.inc_nr_tables();
+    dst_ptl.deposit(pgtable);
+    dst_ptl.set(pmd);
+}
+
+/// `zap_huge_pmd`: unmap a whole PMD-mapped folio, or clear a PMD
+/// migration entry. Returns false if the PMD is no longer huge (the caller
+/// walks its PTE table instead).
 pub fn zap_huge_pmd(oncpu: &OnCpu, tlb: &mut MmuGather, mm: &Mm, slot: PmdSlot, addr: u64) -> bool {
     let mem = oncpu.mem();
     let mut ptl = mm.pmd_lock(slot);
-    if !ptl.get().trans_huge() {
+    if !pmd_is_huge(ptl.get()) {
         // Split meanwhile: let the caller walk the table.
         return false;
     }
@@ -292,6 +350,15 @@ pub fn zap_huge_pmd(oncpu: &OnCpu, tlb: &mut MmuGather, mm: &Mm, slot: PmdSlot, 
     tlb.remove_pmd_tlb_entry(addr);
     let table = ptl.withdraw();
     mm.dec_nr_tables();
+    if pmd.is_swap() {
+        // A migration entry: its folio was unmapped (rmap and reference)
+        // when the entry was made; only the RSS and the table remain.
+        debug_assert!(pmd.is_migration(), "swap PMD {pmd:?}");
+        mm.add_rss(MmCounter::AnonPages, -(HPAGE_PMD_NR as i64));
+        drop(ptl);
+        tlb.remove_table(oncpu, table);
+        return true;
+    }
     if is_huge_zero_pmd(oncpu, pmd) {
         // zap_deposited_table: nothing mapped to count or free.
         drop(ptl);
@@ -385,6 +452,10 @@ pub fn split_huge_pmd(oncpu: &OnCpu, mm: &Arc<Mm>, slot: PmdSlot, addr: u64) {
     let haddr = addr & PMD_MASK;
     let mut ptl = mm.pmd_lock(slot);
     let pmd = ptl.get();
+    if pmd.is_migration() {
+        split_huge_pmd_migration(oncpu, &mut ptl);
+        return;
+    }
     if !pmd.trans_huge() {
         return;
     }
@@ -421,8 +492,158 @@ pub fn split_huge_pmd(oncpu: &OnCpu, mm: &Arc<Mm>, slot: PmdSlot, addr: u64) {
     oncpu.vmstat().count(oncpu.id(), Event::THP_SPLIT_PMD, 1);
 }
 
+/// The migration-entry half of `__split_huge_pmd_locked`: the deposited
+/// table gets 512 PTE migration entries with the PMD entry's kind, young
+/// and dirty bits and soft-dirty. Nothing was present: no flush, and no
+/// rmap or reference changes hands.
+fn split_huge_pmd_migration(oncpu: &OnCpu, ptl: &mut PmdLocked<'_>) {
+    let mem = oncpu.mem();
+    let old = ptl.get();
+    let SwpKind::Migration {
+        kind,
+        pfn,
+        young,
+        dirty,
+    } = old.swp_entry().kind()
+    else {
+        unreachable!("a PMD migration entry");
+    };
+    let mut table = ptl.withdraw();
+    for i in 0..HPAGE_PMD_NR {
+        let mut entry = SwpEntry::migration(kind, pfn + i);
+        if young {
+            entry = entry.mkyoung();
+        }
+        if dirty {
+            entry = entry.mkdirty();
+        }
+        let mut pte = entry.to_pte();
+        if old.swp_soft_dirty() {
+            pte = pte.swp_mksoft_dirty();
+        }
+        table.set_pte(mem, i as usize, pte);
+    }
+    ptl.populate(table);
+    oncpu.vmstat().count(oncpu.id(), Event::THP_SPLIT_PMD, 1);
+}
+
+/// `set_pmd_migration_entry`: replace the huge PMD at `slot` (at `addr`),
+/// which maps `folio`, by a PMD migration entry that keeps its write,
+/// young and dirty bits, soft-dirty and the head page's exclusivity; the
+/// mapping's rmap and reference go. The PMD is invalidated and flushed at
+/// once (`pmdp_invalidate`): a PMD's flush is never deferred to the
+/// migration's batch. False if the PMD no longer maps the folio.
+pub fn set_pmd_migration_entry(
+    oncpu: &OnCpu,
+    mm: &Arc<Mm>,
+    slot: PmdSlot,
+    addr: u64,
+    folio: Folio,
+) -> bool {
+    let mem = oncpu.mem();
+    let haddr = addr & PMD_MASK;
+    let mut ptl = mm.pmd_lock(slot);
+    let pmd = ptl.get();
+    if !pmd.trans_huge() || is_huge_zero_pmd(oncpu, pmd) || pmd.pfn() != folio.pfn() {
+        return false;
+    }
+    mm.update_hiwater_rss();
+    let pmdval = ptl.invalidate();
+    oncpu.flush_tlb_range(mm, haddr, haddr + PMD_SIZE, crate::pgtable::PMD_SHIFT);
+    // folio_try_share_anon_rmap_pmd: no GUP pins in the model, so an
+    // exclusive folio can always be shared (its exclusivity moves into the
+    // entry's kind).
+    let exclusive = page_anon_exclusive(mem, folio.pfn());
+    if exclusive {
+        clear_page_anon_exclusive(mem, folio.pfn());
+    }
+    if pmdval.dirty() {
+        folio.head(mem).set(pg::DIRTY);
+    }
+    let kind = if pmdval.write() {
+        Migration::Write
+    } else if exclusive {
+        Migration::ReadExclusive
+    } else {
+        Migration::Read
+    };
+    let mut entry = SwpEntry::migration(kind, folio.pfn());
+    if pmdval.young() {
+        entry = entry.mkyoung();
+    }
+    if pmdval.dirty() {
+        entry = entry.mkdirty();
+    }
+    let mut swp = entry.to_pmd();
+    if pmdval.soft_dirty() {
+        swp = swp.swp_mksoft_dirty();
+    }
+    ptl.set(swp);
+    rmap::folio_remove_rmap_pmd(mem, folio, oncpu.id());
+    drop(ptl);
+    // The mapping's reference; the isolation's keeps the folio.
+    folio.put(mem, oncpu.id());
+    true
+}
+
+/// `remove_migration_pmd`: where a PMD migration entry of `old` (a head
+/// PFN) stands at `slot`, map `new` (the destination, or the source when
+/// a migration is undone) by a huge PMD with the entry's write, young and
+/// dirty bits and exclusivity. No flush: the entry was not present.
+pub fn remove_migration_pmd(
+    oncpu: &OnCpu,
+    mm: &Mm,
+    slot: PmdSlot,
+    vma: &Vma,
+    old: Pfn,
+    new: Folio,
+) -> bool {
+    let mem = oncpu.mem();
+    let mut ptl = mm.pmd_lock(slot);
+    let orig = ptl.get();
+    if !orig.is_migration() {
+        return false;
+    }
+    let SwpKind::Migration {
+        kind,
+        pfn,
+        young,
+        dirty,
+    } = orig.swp_entry().kind()
+    else {
+        unreachable!("a PMD migration entry");
+    };
+    if pfn != old {
+        return false;
+    }
+    new.get(mem);
+    let mut pmde = Pmd::huge(new.pfn(), vma.page_prot());
+    if orig.swp_soft_dirty() {
+        pmde = pmde.mksoft_dirty();
+    }
+    if kind == Migration::Write {
+        pmde = pmde.mkwrite();
+    }
+    if !young {
+        pmde = pmde.mkold();
+    }
+    if dirty && new.head(mem).test(pg::DIRTY) {
+        pmde = pmde.mkdirty();
+    }
+    let flags = if kind == Migration::Read {
+        RmapFlags::NONE
+    } else {
+        RmapFlags::EXCLUSIVE
+    };
+    rmap::folio_add_anon_rmap_pmd(mem, new, flags);
+    ptl.set(pmde);
+    true
+}
+
 /// `change_huge_pmd`: apply a new protection to a whole huge PMD. Returns
-/// true if it needs a TLB flush (permissions were reduced).
+/// true if it needs a TLB flush (permissions were reduced). A writable PMD
+/// migration entry becomes readable (readable-exclusive: every folio of
+/// the model is anon), as a PTE one does.
 pub fn change_huge_pmd(
     oncpu: &OnCpu,
     mm: &Mm,
@@ -433,6 +654,21 @@ pub fn change_huge_pmd(
     let mem = oncpu.mem();
     let mut ptl = mm.pmd_lock(slot);
     let pmd = ptl.get();
+    if pmd.is_migration() {
+        let entry = pmd.swp_entry();
+        if let SwpKind::Migration {
+            kind: Migration::Write,
+            ..
+        } = entry.kind()
+        {
+            let mut readable = entry.with_migration_kind(Migration::ReadExclusive).to_pmd();
+            if pmd.swp_soft_dirty() {
+                readable = readable.swp_mksoft_dirty();
+            }
+            ptl.set(readable);
+        }
+        return false;
+    }
     if !pmd.trans_huge() {
         return false;
     }

@@ -925,20 +925,15 @@ fn zap_pmd(
 ) {
     let mm = tlb.mm;
     let pmd = mm.pmd_get(slot);
-    if pmd.trans_huge() {
+    if huge_memory::pmd_is_huge(pmd) {
         if next - addr == PMD_SIZE && huge_memory::zap_huge_pmd(oncpu, tlb, mm, slot, addr) {
             return;
         }
-        if mm.pmd_get(slot).trans_huge() {
+        if huge_memory::pmd_is_huge(mm.pmd_get(slot)) {
             huge_memory::split_huge_pmd(oncpu, mm, slot, addr);
         }
     }
-    let pmd = mm.pmd_get(slot);
-    debug_assert!(
-        !pmd.is_swap(),
-        "PMD migration entry {pmd:?} at {addr:#x}: PMD-level migration is not modelled"
-    );
-    if !pmd.none() {
+    if !mm.pmd_get(slot).none() {
         zap_pte_range(oncpu, tlb, slot, addr, next, details);
     }
 }
@@ -1329,11 +1324,7 @@ impl CopyRange<'_> {
             src_mm,
             ..
         } = self;
-        debug_assert!(
-            !src_mm.pmd_get(src_slot).is_swap(),
-            "PMD migration entry at {addr:#x}: PMD-level migration is not modelled"
-        );
-        if src_mm.pmd_get(src_slot).trans_huge()
+        if huge_memory::pmd_is_huge(src_mm.pmd_get(src_slot))
             && huge_memory::copy_huge_pmd(oncpu, dst_mm, src_mm, dst_slot, src_slot)?
         {
             return Ok(());

@@ -32,17 +32,18 @@
 //! to the anon_vma from isolation to the end, so that the walk that puts
 //! the PTEs back still can run after the process has unmapped or exited.
 //!
-//! What the model does differently: a PMD-mapped THP has its PMD split
-//! first and migrates as a PTE-mapped folio (the kernel installs a PMD
-//! migration entry and remaps it by a PMD: `thp_migration_success` counts
-//! it all the same, but the destination is mapped by PTEs here); a large
-//! folio whose destination cannot be allocated fails instead of being split
-//! and retried (`thp_migration_split`). The PMD split has the side
-//! effects a split has: `thp_split_pmd` counts it, and the folio is mapped
-//! by PTEs from then on, even if its migration fails.
+//! A PMD-mapped THP is unmapped by a PMD migration entry
+//! (`set_pmd_migration_entry`, flushed at once, never batched) and mapped
+//! again by a PMD (`remove_migration_pmd`); one whose PMD was split
+//! meanwhile (by mprotect, munmap or madvise of part of it) has PTE
+//! migration entries by then, and is remapped page by page.
+//!
+//! What the model does differently: a large folio whose destination cannot
+//! be allocated fails instead of being split and retried
+//! (`thp_migration_split`).
 
 use crate::errno::{Errno, KResult};
-use crate::huge_memory::split_huge_pmd;
+use crate::huge_memory;
 use crate::machine::OnCpu;
 use crate::mm::{AnonVma, Mm, Vma};
 use crate::pgtable::swapops::{Migration, SwpEntry, SwpKind};
@@ -566,10 +567,11 @@ fn try_to_migrate(oncpu: &OnCpu, iso: &Isolated, flags: TtuFlags, ubc: &mut Tlbf
                 continue;
             };
             let pmd = mm.pmd_get(slot);
-            if pmd.trans_huge() && mem.page_folio(pmd.pfn()) == folio {
-                // The model migrates PMD-mapped folios by their PTEs
-                // (module doc).
-                split_huge_pmd(oncpu, mm, slot, run.addr);
+            if pmd.trans_huge()
+                && pmd.pfn() == folio.pfn()
+                && huge_memory::set_pmd_migration_entry(oncpu, mm, slot, run.addr, folio)
+            {
+                continue;
             }
             let Some(mut pt) = mm.pte_offset_map_lock(slot) else {
                 continue;
@@ -653,10 +655,15 @@ fn remove_migration_ptes(oncpu: &OnCpu, src: &Isolated, dst: Folio) {
     let from = src.folio;
     rmap_walk_anon(oncpu, from, &src.anon_vma, |mm, vma| {
         for run in folio_pte_runs(mem, from, vma) {
-            let Some(mut pt) = mm
-                .pmd_lookup(run.addr)
-                .and_then(|slot| mm.pte_offset_map_lock(slot))
-            else {
+            let Some(slot) = mm.pmd_lookup(run.addr) else {
+                continue;
+            };
+            if mm.pmd_get(slot).is_migration()
+                && huge_memory::remove_migration_pmd(oncpu, mm, slot, vma, from.pfn(), dst)
+            {
+                continue;
+            }
+            let Some(mut pt) = mm.pte_offset_map_lock(slot) else {
                 continue;
             };
             for (i, addr) in run.pages() {

@@ -205,7 +205,7 @@ pub(crate) fn split_vma(
 fn vma_adjust_trans_huge(oncpu: &OnCpu, mm: &Arc<Mm>, addr: u64) {
     if addr & !PMD_MASK != 0 {
         if let Some(slot) = mm.pmd_lookup(addr) {
-            if mm.pmd_get(slot).trans_huge() {
+            if crate::huge_memory::pmd_is_huge(mm.pmd_get(slot)) {
                 crate::huge_memory::split_huge_pmd(oncpu, mm, slot, addr);
             }
         }

@@ -18,7 +18,7 @@ use crate::mmap::{
 use crate::mmu_gather::MmuGather;
 use crate::pgtable::entry::_PAGE_PRESENT;
 use crate::pgtable::pagewalk::{walk_page_range, MmWalkOps, WalkAction, WalkLock};
-use crate::pgtable::swapops::{Migration, SwpEntry, SwpKind, SWP_MIGRATION_READ_EXCLUSIVE};
+use crate::pgtable::swapops::{Migration, SwpKind};
 use crate::pgtable::{self, Pgprot, Pmd, PmdSlot, Pte, PteLocked, PteRead, PMD_SIZE};
 use crate::phys::{folio, PAGE_MASK, PAGE_SHIFT, PAGE_SIZE};
 use crate::sync::{Arc, Ordering};
@@ -172,7 +172,7 @@ impl ChangeProt<'_, '_> {
     /// place, one covered in part is split first.
     fn change_pmd(&mut self, slot: PmdSlot, addr: u64, next: u64) {
         let mm = self.tlb.mm;
-        if mm.pmd_get(slot).trans_huge() {
+        if crate::huge_memory::pmd_is_huge(mm.pmd_get(slot)) {
             if next - addr == PMD_SIZE {
                 let huge = crate::huge_memory::change_huge_pmd;
                 if huge(self.oncpu, mm, slot, self.vma, self.newprot) {
@@ -199,7 +199,7 @@ impl ChangeProt<'_, '_> {
             return;
         };
         // Every folio of the model is anon.
-        let readable = SwpEntry::new(SWP_MIGRATION_READ_EXCLUSIVE, entry.offset());
+        let readable = entry.with_migration_kind(Migration::ReadExclusive);
         let mut new = readable.to_pte();
         if old.swp_soft_dirty() {
             new = new.swp_mksoft_dirty();

@@ -212,17 +212,26 @@ impl MmWalkOps for SmapsWalk<'_> {
         _next: u64,
     ) -> ControlFlow<Self::Break, WalkAction> {
         let mem = self.mem;
-        // pmd_trans_huge_lock: the lock only for a huge entry, rechecked.
-        if !pmd.trans_huge() {
+        // pmd_trans_huge_lock: the lock only for a huge entry (or a PMD
+        // migration entry), rechecked.
+        let huge = crate::huge_memory::pmd_is_huge;
+        if !huge(pmd) {
             return ControlFlow::Continue(WalkAction::Subtree);
         }
         let ptl = slot.lock(mem);
         let pmd = ptl.get();
-        if !pmd.trans_huge() {
+        if !huge(pmd) {
             return ControlFlow::Continue(WalkAction::Subtree);
         }
-        if !pmd.special() {
-            let nr = 1u64 << crate::phys::HPAGE_PMD_ORDER;
+        let nr = 1u64 << crate::phys::HPAGE_PMD_ORDER;
+        if pmd.is_swap() {
+            // A folio under migration counts where its entry is, as at
+            // the PTE level.
+            if let SwpKind::Migration { pfn, .. } = pmd.swp_entry().kind() {
+                self.mss.account(mem, pfn, nr, false, false);
+                self.mss.anonymous_thp += nr * PAGE_SIZE;
+            }
+        } else if !pmd.special() {
             self.mss
                 .account(mem, pmd.pfn(), nr, pmd.young(), pmd.dirty());
             if Folio(pmd.pfn()).test_anon(mem) {

@@ -127,8 +127,118 @@ fn a_pmd_mapped_thp_moves() {
     fill(&c, a, len, 4);
     assert_eq!(move_to(&c, a, len, 1).0, 0);
     assert_eq!(m.vmstat().event(Event::THP_MIGRATION_SUCCESS), 2);
+    // Through a PMD migration entry: the destination is mapped by a PMD
+    // again, and no PMD was split.
+    assert_eq!(m.vmstat().event(Event::THP_SPLIT_PMD), 0);
+    let thp = usermm::proc::smaps_rollup(&c.mm().unwrap()).anon_huge_pages;
+    assert_eq!(thp, len >> 10, "AnonHugePages after the move");
+    assert_eq!(where_is(&c, a, len), vec![1; (len / PAGE) as usize]);
     check(&c, a, len, 4);
     check_invariants(&m).unwrap();
+}
+
+/// PMD migration entries stand while other paths meet them: CPU 0 moves
+/// PMD-mapped THPs back and forth while CPU 1, on each THP in turn, zaps
+/// it whole with MADV_DONTNEED and faults it in again (a writable THP),
+/// mprotects it read-only (a writable entry must become readable) and
+/// back, mprotects half of it (the entry is split into PTE migration
+/// entries), and forks (the child copies the entries, then exits). A THP
+/// that is read-only once mprotect returns must refuse a store however
+/// its migration ends, and the invariant checker must be clean.
+#[test]
+fn pmd_migration_entries_meet_fork_mprotect_split_and_zap() {
+    let spin = |us| {
+        let t = std::time::Instant::now();
+        while t.elapsed() < std::time::Duration::from_micros(us) {
+            std::hint::spin_loop();
+        }
+    };
+    use std::sync::atomic::Ordering::Relaxed;
+    let m = tiered();
+    m.thp.set_enabled(usermm::ThpMode::Always).unwrap();
+    let c0 = m.bind(0).unwrap();
+    let mm = c0.new_mm().unwrap();
+    let huge = 2u64 << 20;
+    let len = 8 * huge;
+    let raw = c0.mmap(0, len + huge, RW, ANON).unwrap();
+    let a = (raw + huge - 1) & !(huge - 1);
+    c0.madvise(a, len, MADV_HUGEPAGE).unwrap();
+    fill(&c0, a, len, 6);
+    c0.idle();
+    let stop = AtomicBool::new(false);
+    let refused = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let c = m.bind(1).unwrap();
+            c.switch_mm(&mm);
+            let mut round = 0u64;
+            while !stop.load(Relaxed) {
+                // Each THP in turn meets each operation; the zap makes a
+                // THP of one the half mprotect split.
+                let chunk = a + (round / 4 % 8) * huge;
+                match round % 4 {
+                    0 => {
+                        // A fresh THP, writable: its migration entries are.
+                        c.madvise(chunk, huge, usermm::madvise::MADV_DONTNEED)
+                            .unwrap();
+                        c.store_u64(chunk, round).unwrap();
+                        assert_eq!(c.load_u64(chunk).unwrap(), round);
+                    }
+                    1 => {
+                        // Give the mover time to reach this THP while it
+                        // is writable.
+                        spin(100);
+                        c.mprotect(chunk, huge, PROT_READ).unwrap();
+                        assert_eq!(c.store_u8(chunk + 100, 1), Err(Errno::EFAULT));
+                    }
+                    2 => {
+                        // Read-only still, after a migration may have put
+                        // the THP back meanwhile.
+                        spin(200);
+                        assert_eq!(c.store_u8(chunk + 100, 1), Err(Errno::EFAULT));
+                        refused.fetch_add(1, Relaxed);
+                        c.mprotect(chunk, huge, RW).unwrap();
+                        // Every other pass over the THPs, split it (until
+                        // the next zap makes a new one).
+                        if round / 32 % 2 == 1 {
+                            let half = chunk + huge / 2;
+                            c.mprotect(half, huge / 2, PROT_READ).unwrap();
+                            assert_eq!(c.store_u8(half, 1), Err(Errno::EFAULT));
+                            c.mprotect(half, huge / 2, RW).unwrap();
+                        }
+                    }
+                    _ => {
+                        let child = c.fork().unwrap();
+                        c.switch_mm(&child);
+                        c.exit_mm().unwrap();
+                        c.switch_mm(&mm);
+                    }
+                }
+                round += 1;
+            }
+            c.idle();
+        });
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(600);
+        let mut node = 1;
+        while std::time::Instant::now() < deadline {
+            move_to(&c0, a, len, node);
+            node = 1 - node;
+        }
+        stop.store(true, Relaxed);
+    });
+    c0.idle();
+    m.rcu_barrier();
+    check_invariants(&m).unwrap();
+    let ev = m.vmstat();
+    eprintln!(
+        "thp migrated {}, split {}, PMD splits {}, read-only refusals {}",
+        ev.event(Event::THP_MIGRATION_SUCCESS),
+        ev.event(Event::THP_MIGRATION_SPLIT),
+        ev.event(Event::THP_SPLIT_PMD),
+        refused.load(Relaxed)
+    );
+    assert!(ev.event(Event::THP_MIGRATION_SUCCESS) > 0);
+    assert!(refused.load(Relaxed) > 0);
 }
 
 #[test]

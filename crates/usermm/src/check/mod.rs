@@ -24,7 +24,7 @@ use crate::pgtable::pagewalk::{
     walk_page_range, MmWalkOps, TableId, TableLevel, WalkAction, WalkLock,
 };
 use crate::pgtable::PmdSlot;
-use crate::phys::{Folio, Pfn, PAGE_SIZE};
+use crate::phys::{Folio, Pfn, HPAGE_PMD_ORDER, PAGE_SIZE};
 use crate::sync::{Arc, Ordering};
 use crate::vmstat::NodeStat;
 
@@ -367,6 +367,7 @@ fn check_mm(m: &Machine, mm: &Arc<Mm>, ex: &mut Expect, leaves: &mut Leaves) -> 
         return Err(e);
     }
     let (tables, anon) = (walk.tables, walk.anon);
+    check_leaves_in_vmas(mm, tree, leaves)?;
     // Deposited tables under huge PMDs are counted as PTE tables.
     let bytes = mm.pgtables_bytes.load(Ordering::Relaxed);
     if bytes != tables * PAGE_SIZE as i64 {
@@ -379,6 +380,25 @@ fn check_mm(m: &Machine, mm: &Arc<Mm>, ex: &mut Expect, leaves: &mut Leaves) -> 
         return Err(format!(
             "{mm:?}: RssAnon {rss} pages, page tables map {anon}"
         ));
+    }
+    Ok(())
+}
+
+/// Every present leaf lies in a VMA, and a writable one in a VMA that
+/// allows writing: a zap or mprotect that missed an entry (or a migration
+/// that put back a write bit mprotect had taken) leaves one that does not.
+fn check_leaves_in_vmas(mm: &Mm, tree: &VmaTree, leaves: &Leaves) -> Result<(), String> {
+    for (&addr, &(pfn, write)) in leaves {
+        let Some(vma) = tree.vma_lookup(addr) else {
+            return Err(format!(
+                "{mm:?} {addr:#x}: pfn {pfn:#x} mapped outside every VMA"
+            ));
+        };
+        if write && vma.flags() & crate::mm::vma::VM_WRITE == 0 {
+            return Err(format!(
+                "{mm:?} {addr:#x}: pfn {pfn:#x} mapped writable in a VMA without VM_WRITE ({vma:?})"
+            ));
+        }
     }
     Ok(())
 }
@@ -431,8 +451,15 @@ impl MmWalkOps for CheckWalk<'_> {
         _next: u64,
     ) -> ControlFlow<String, WalkAction> {
         let (m, mm) = (self.m, self.mm);
-        // A PTE table, or a huge PMD with its deposited one.
+        // A PTE table, or a huge PMD (or PMD migration entry) with its
+        // deposited one.
         self.tables += 1;
+        if pm.is_swap() {
+            return match self.check_swap_pmd(pm, base) {
+                Ok(()) => ControlFlow::Continue(WalkAction::Continue),
+                Err(e) => ControlFlow::Break(e),
+            };
+        }
         if !pm.trans_huge() {
             return ControlFlow::Continue(WalkAction::Subtree);
         }
@@ -474,6 +501,27 @@ impl MmWalkOps for CheckWalk<'_> {
 }
 
 impl CheckWalk<'_> {
+    /// A PMD migration entry: a PMD-order folio's head, counted in RSS
+    /// (512 anon pages) with no mapping or reference of its own.
+    fn check_swap_pmd(&mut self, pmd: Pmd, addr: u64) -> Result<(), String> {
+        use crate::pgtable::swapops::SwpKind;
+        let (mm, mem) = (self.mm, &self.m.mem);
+        let SwpKind::Migration { pfn, .. } = pmd.swp_entry().kind() else {
+            return Err(format!(
+                "{mm:?} {addr:#x}: swap PMD {pmd:?} that is no migration entry"
+            ));
+        };
+        let folio = mem.page_folio(pfn);
+        if !mem.pfn_valid(pfn) || folio.pfn() != pfn || folio.order(mem) != HPAGE_PMD_ORDER {
+            return Err(format!(
+                "{mm:?} {addr:#x}: PMD migration entry for {pfn:#x}, not the head of a PMD-order folio"
+            ));
+        }
+        self.ex.migrating.insert(pfn);
+        self.anon += 512;
+        Ok(())
+    }
+
     /// A non-present entry: a migration entry counts in RSS and names a
     /// folio the migration holds; a marker has only known bits.
     fn check_swap_pte(&mut self, pte: Pte, addr: u64) -> Result<(), String> {

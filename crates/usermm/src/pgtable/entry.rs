@@ -268,6 +268,16 @@ impl Pmd {
     pub fn mkclean(self) -> Pmd {
         Pmd(self.0 & !_PAGE_DIRTY)
     }
+    /// `pmd_soft_dirty`.
+    #[inline]
+    pub fn soft_dirty(self) -> bool {
+        self.0 & _PAGE_SOFT_DIRTY != 0
+    }
+    /// `pmd_mksoft_dirty`.
+    #[inline]
+    pub fn mksoft_dirty(self) -> Pmd {
+        Pmd(self.0 | _PAGE_SOFT_DIRTY)
+    }
     #[inline]
     pub fn special(self) -> bool {
         self.0 & _PAGE_SPECIAL != 0

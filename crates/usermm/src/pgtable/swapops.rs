@@ -148,6 +148,15 @@ impl SwpEntry {
         debug_assert!(self.is_migration());
         SwpEntry::new(self.type_(), self.offset() | SWP_MIG_DIRTY)
     }
+    /// `make_readable_migration_entry(swp_offset(entry))` & co.: the same
+    /// migration entry (PFN, young and dirty bits) with another kind.
+    pub fn with_migration_kind(self, kind: Migration) -> SwpEntry {
+        debug_assert!(self.is_migration());
+        SwpEntry::migration(kind, 0).with_offset(self.offset())
+    }
+    fn with_offset(self, offset: u64) -> SwpEntry {
+        SwpEntry::new(self.type_(), offset)
+    }
     /// `make_pte_marker_entry`.
     pub fn marker(bits: u64) -> SwpEntry {
         debug_assert!(bits != 0 && bits & !PTE_MARKER_MASK == 0);
@@ -262,6 +271,26 @@ impl Pmd {
     pub fn swp_entry(self) -> SwpEntry {
         debug_assert!(self.is_swap(), "{self:?} is not a swap PMD");
         SwpEntry(self.0 & !SWP_PTE_BITS)
+    }
+    /// `is_pmd_migration_entry`.
+    #[inline]
+    pub fn is_migration(self) -> bool {
+        self.is_swap() && self.swp_entry().is_migration()
+    }
+    /// `pmd_swp_soft_dirty`.
+    #[inline]
+    pub fn swp_soft_dirty(self) -> bool {
+        self.0 & _PAGE_SWP_SOFT_DIRTY != 0
+    }
+    /// `pmd_swp_mksoft_dirty`.
+    #[inline]
+    pub fn swp_mksoft_dirty(self) -> Pmd {
+        Pmd(self.0 | _PAGE_SWP_SOFT_DIRTY)
+    }
+    /// `pmd_swp_uffd_wp`.
+    #[inline]
+    pub fn swp_uffd_wp(self) -> bool {
+        self.0 & _PAGE_SWP_UFFD_WP != 0
     }
 }
 
