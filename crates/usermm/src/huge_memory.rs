@@ -640,6 +640,39 @@ pub fn remove_migration_pmd(
     true
 }
 
+/// `do_huge_pmd_numa_page`: a fault on a NUMA hinting PMD. Count it; a
+/// hot THP on a slow tier is promoted whole to this CPU's node (through a
+/// PMD migration entry, whose removal maps it again); otherwise the PMD is
+/// restored where it is.
+pub fn do_huge_pmd_numa_page(vmf: &mut VmFault<'_>) -> VmFaultResult {
+    use crate::numa_balancing::{numa_migrate_check, numa_restore_pmd, NumaHint};
+    let (oncpu, mm) = (vmf.oncpu, vmf.mm);
+    let mem = oncpu.mem();
+    let mut ptl = mm.pmd_lock(vmf.pmd);
+    let old = ptl.get();
+    if old != vmf.orig_pmd {
+        return VmFaultResult::Raced;
+    }
+    let folio = Folio(old.pfn());
+    if let NumaHint::Migrate(dst) = numa_migrate_check(oncpu, folio) {
+        // migrate_misplaced_folio_prepare: isolated under the PMD lock.
+        if let Some(iso) = crate::migrate::isolate_for_migration(mem, folio) {
+            drop(ptl);
+            if crate::migrate::migrate_misplaced_folio(oncpu, iso, dst) {
+                return VmFaultResult::Done;
+            }
+            // Not migrated: restore the PMD, if it is still ours.
+            ptl = mm.pmd_lock(vmf.pmd);
+            if ptl.get() != old {
+                return VmFaultResult::Raced;
+            }
+        }
+    }
+    let cur = ptl.invalidate();
+    ptl.set(numa_restore_pmd(oncpu, vmf.vma, cur));
+    VmFaultResult::Done
+}
+
 /// `change_huge_pmd`: apply a new protection to a whole huge PMD. Returns
 /// true if it needs a TLB flush (permissions were reduced). A writable PMD
 /// migration entry becomes readable (readable-exclusive: every folio of

@@ -417,6 +417,9 @@ fn __handle_mm_fault(vmf: &mut VmFault<'_>) -> VmFaultResult {
         vmf.orig_pmd = vmf.mm.pmd_get(vmf.pmd);
     }
     if vmf.orig_pmd.trans_huge() {
+        if vmf.orig_pmd.protnone() && vma.flags() & crate::mm::vma::VM_ACCESS_FLAGS != 0 {
+            return huge_memory::do_huge_pmd_numa_page(vmf);
+        }
         if vmf.write() && !vmf.orig_pmd.write() {
             // wp_huge_pmd
             let r = huge_memory::do_huge_pmd_wp_page(vmf);

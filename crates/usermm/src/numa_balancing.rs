@@ -19,9 +19,12 @@
 //!   restored. A migration of a hinting entry needs no TLB flush: the entry
 //!   was flushed when it was made PROT_NONE (the `pte_accessible` filter).
 //!
-//! The model scans PTE-mapped folios only (a PMD-mapped THP is left as it
-//! is: `do_huge_pmd_numa_page` is not modelled), and keeps the hot
-//! threshold at its default (the kernel adjusts it to the rate limit,
+//! A PMD-mapped THP is hinted by its PMD (`change_huge_pmd` with
+//! `MM_CP_PROT_NUMA`, 512 `numa_pte_updates`) and its fault is
+//! `do_huge_pmd_numa_page`, which promotes the folio whole through a PMD
+//! migration entry; a THP the scan range covers in part is split first.
+//!
+//! The model keeps the hot threshold at its default (the kernel adjusts it to the rate limit,
 //! `numa_promotion_adjust_threshold`). Times are milliseconds since the
 //! machine was made.
 
@@ -187,6 +190,17 @@ fn change_prot_numa(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) -> u64 {
         let table_end = ((a >> pgtable::PMD_SHIFT) + 1) << pgtable::PMD_SHIFT;
         let next = table_end.min(end);
         if let Some(slot) = mm.pmd_lookup(a) {
+            if mm.pmd_get(slot).trans_huge() {
+                if next - a == pgtable::PMD_SIZE {
+                    if prot_numa_huge_pmd(oncpu, mm, slot, tiering, now) {
+                        tlb.remove_pmd_tlb_entry(a);
+                        updated += crate::phys::HPAGE_PMD_NR;
+                    }
+                    a = next;
+                    continue;
+                }
+                crate::huge_memory::split_huge_pmd(oncpu, mm, slot, a);
+            }
             if !mm.pmd_get(slot).trans_huge() {
                 if let Some(mut pt) = mm.pte_offset_map_lock(slot) {
                     crate::tlbbatch::flush_tlb_batched_pending(oncpu, mm);
@@ -208,6 +222,34 @@ fn change_prot_numa(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) -> u64 {
         .vmstat()
         .count(oncpu.id(), Event::NUMA_PTE_UPDATES, updated);
     updated
+}
+
+/// A whole huge PMD of [`change_prot_numa`] (`change_huge_pmd` with
+/// `MM_CP_PROT_NUMA`): the same rules as for a PTE, for the THP it maps.
+fn prot_numa_huge_pmd(
+    oncpu: &OnCpu,
+    mm: &Mm,
+    slot: pgtable::PmdSlot,
+    tiering: bool,
+    now: u64,
+) -> bool {
+    let mem = oncpu.mem();
+    let mut ptl = mm.pmd_lock(slot);
+    let pmd = ptl.get();
+    if !pmd.trans_huge() || pmd.protnone() || pmd.special() {
+        return false;
+    }
+    let folio = Folio(pmd.pfn());
+    if tiering && node_is_toptier(oncpu, folio.nid()) {
+        return false;
+    }
+    if tiering {
+        folio.head(mem).private.store(now, Ordering::Relaxed);
+    }
+    // pmdp_invalidate_ad: an accessed or dirty bit set meanwhile is kept.
+    let old = ptl.invalidate();
+    ptl.set(old.modify(Pgprot::NONE));
+    true
 }
 
 /// One PTE of [`change_prot_numa`], the table locked.
@@ -311,6 +353,17 @@ pub fn numa_migrate_check(oncpu: &OnCpu, folio: Folio) -> NumaHint {
         return NumaHint::Stay;
     }
     NumaHint::Migrate(dst)
+}
+
+/// The PMD a hinting fault restores (`pmd_modify` with the VMA's
+/// protection, young; writable again as [`numa_restore_pte`] would make
+/// the PTE: `can_change_pmd_writable`).
+pub fn numa_restore_pmd(oncpu: &OnCpu, vma: &Vma, old: pgtable::Pmd) -> pgtable::Pmd {
+    let mut pmd = old.modify(vma.page_prot()).mkyoung();
+    if vma.flags() & VM_WRITE != 0 && page_anon_exclusive(oncpu.mem(), old.pfn()) {
+        pmd = pmd.mkwrite();
+    }
+    pmd
 }
 
 /// The entry a hinting fault restores (`pte_modify` with the VMA's

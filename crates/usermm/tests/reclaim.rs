@@ -184,3 +184,56 @@ fn hot_pages_are_promoted_and_cold_ones_demoted() {
     m.kswapd_quiesce();
     check_invariants(&m).unwrap();
 }
+
+/// A PMD-mapped THP on the slow node is hinted by its PMD (512 PTE
+/// updates) and promoted whole by its hinting fault
+/// (`do_huge_pmd_numa_page`): it arrives PMD-mapped, its contents intact,
+/// with no PMD split on the way.
+#[test]
+fn a_hot_thp_is_promoted_whole_by_its_pmd() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let m = tiered(64);
+    m.thp.set_enabled(usermm::ThpMode::Always).unwrap();
+    let c = m.bind(0).unwrap();
+    let mm = c.new_mm().unwrap();
+    let huge = 2u64 << 20;
+    let raw = c.mmap(0, 2 * huge, RW, ANON).unwrap();
+    let a = (raw + huge - 1) & !(huge - 1);
+    // Placed on the slow node, then left free to move.
+    c.mbind(a, huge, MPOL_BIND, &[0b10], 3, 0).unwrap();
+    for p in (a..a + huge).step_by(PAGE as usize) {
+        c.store_u64(p, p).unwrap();
+    }
+    assert_eq!(nodes_of(&c, a, huge), [0, 512]);
+    c.mbind(a, huge, usermm::mempolicy::MPOL_DEFAULT, &[], 0, 0)
+        .unwrap();
+    m.numa.mode.store(
+        usermm::numa_balancing::NUMA_BALANCING_MEMORY_TIERING,
+        Relaxed,
+    );
+    m.numa.scan_delay_ms.store(0, Relaxed);
+    m.numa.scan_period_ms.store(1, Relaxed);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while nodes_of(&c, a, huge)[0] < 512 && std::time::Instant::now() < deadline {
+        for p in (a..a + huge).step_by(PAGE as usize) {
+            assert_eq!(c.load_u64(p).unwrap(), p);
+        }
+    }
+    m.numa.mode.store(0, Relaxed);
+    c.idle();
+    m.kswapd_quiesce();
+    let v = m.vmstat();
+    assert_eq!(nodes_of(&c, a, huge), [512, 0], "promoted");
+    assert_eq!(v.node(usermm::vmstat::NodeStat::PGPROMOTE_SUCCESS), 512);
+    assert_eq!(v.event(Event::THP_MIGRATION_SUCCESS), 1);
+    assert_eq!(v.event(Event::THP_SPLIT_PMD), 0, "no PMD split");
+    assert!(v.event(Event::NUMA_PTE_UPDATES) >= 512);
+    let thp = usermm::proc::smaps_rollup(&mm).anon_huge_pages;
+    assert_eq!(thp, huge >> 10, "mapped by a PMD again");
+    for p in (a..a + huge).step_by(PAGE as usize) {
+        assert_eq!(c.load_u64(p).unwrap(), p);
+    }
+    c.idle();
+    m.kswapd_quiesce();
+    check_invariants(&m).unwrap();
+}

@@ -268,6 +268,12 @@ impl Pmd {
     pub fn mkclean(self) -> Pmd {
         Pmd(self.0 & !_PAGE_DIRTY)
     }
+    /// `pmd_protnone`: a NUMA hinting entry (the kernel's, not the MMU's,
+    /// idea of present).
+    #[inline]
+    pub fn protnone(self) -> bool {
+        self.0 & (_PAGE_PRESENT | _PAGE_PROTNONE) == _PAGE_PROTNONE
+    }
     /// `pmd_soft_dirty`.
     #[inline]
     pub fn soft_dirty(self) -> bool {
