@@ -783,14 +783,44 @@ pub fn split_folio_in_table(
         }
         return Err(Errno::EAGAIN);
     }
+    let unmapped = split_folio_pages(oncpu, folio);
+    // Pages no PTE maps go (`folio_put` of each: off the LRU, freed).
+    for pfn in unmapped {
+        mem.page(pfn).mapping.store(0, Ordering::Relaxed);
+        mem.page(pfn).refcount.store(1, Ordering::Relaxed);
+        Folio(pfn).put(mem, oncpu.id());
+    }
+    let first = at.idx as i64 - (at.page - folio.pfn()) as i64;
+    remap_zero_pages_to_zeropage(oncpu, where_, folio.pfn(), nr, first);
+    Ok(())
+}
+
+/// `__split_folio_to_order` to order 0: every page of `folio` becomes a
+/// folio of its own, keeping the flags a folio passes on, its
+/// PageAnonExclusive, the anon mapping and its index, with one reference
+/// per mapping it has; the pieces take the folio's place on its LRU list.
+/// Returns the pages no mapping holds (no reference either: the caller
+/// frees or keeps them). Counts the split (`thp_split_page`, mTHP
+/// `split`).
+pub fn split_folio_pages(oncpu: &OnCpu, folio: Folio) -> Vec<Pfn> {
+    let mem = oncpu.mem();
+    let order = folio.order(mem);
+    let nr = folio.nr_pages(mem);
     let head = folio.head(mem);
     // The split pages stay on the folio's LRU list, each just after the
     // one before (`lru_add_split_folio`), under the lruvec lock that
     // `__split_huge_page` holds; the list's size does not change.
     let mut lruvec = head.test(pg::LRU).then(|| mem.folio_lruvec_lock(folio));
     let flags = head.flags.load(Ordering::Relaxed);
-    let keep =
-        flags & (pg::SWAPBACKED | pg::LAZYFREE | pg::DIRTY | pg::LRU | pg::ACTIVE | pg::REFERENCED);
+    // A locked folio's pieces are all locked (the splitter unlocks each).
+    let keep = flags
+        & (pg::SWAPBACKED
+            | pg::LAZYFREE
+            | pg::DIRTY
+            | pg::LRU
+            | pg::ACTIVE
+            | pg::REFERENCED
+            | pg::LOCKED);
     let mapping = head.mapping.load(Ordering::Relaxed);
     let index = head.index.load(Ordering::Relaxed);
     if flags & pg::PARTIALLY_MAPPED != 0 {
@@ -830,15 +860,7 @@ pub fn split_folio_in_table(
     if order == HPAGE_PMD_ORDER {
         oncpu.vmstat().count(oncpu.id(), Event::THP_SPLIT_PAGE, 1);
     }
-    // Pages no PTE maps go (`folio_put` of each: off the LRU, freed).
-    for pfn in unmapped {
-        mem.page(pfn).mapping.store(0, Ordering::Relaxed);
-        mem.page(pfn).refcount.store(1, Ordering::Relaxed);
-        Folio(pfn).put(mem, oncpu.id());
-    }
-    let first = at.idx as i64 - (at.page - folio.pfn()) as i64;
-    remap_zero_pages_to_zeropage(oncpu, where_, folio.pfn(), nr, first);
-    Ok(())
+    unmapped
 }
 
 /// After a split, map the pages that hold only zeroes to the shared zero

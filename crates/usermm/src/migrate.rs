@@ -38,9 +38,9 @@
 //! meanwhile (by mprotect, munmap or madvise of part of it) has PTE
 //! migration entries by then, and is remapped page by page.
 //!
-//! What the model does differently: a large folio whose destination cannot
-//! be allocated fails instead of being split and retried
-//! (`thp_migration_split`).
+//! A large folio whose destination cannot be allocated is split, unless
+//! NUMA balancing moves it, and its pieces migrate after the rest
+//! (`try_split_folio`: `thp_migration_split`, counted as one failure).
 
 use crate::errno::{Errno, KResult};
 use crate::huge_memory;
@@ -137,12 +137,31 @@ pub struct MigrateStats {
     pub nr_failed_pages: u64,
     pub nr_thp_succeeded: u64,
     pub nr_thp_failed: u64,
+    /// THPs split because their destination could not be allocated.
+    pub nr_thp_split: u64,
+    /// Large folios of any order split so.
+    pub nr_split: u64,
+}
+
+/// What one [`migrate_pages`] carries through its batches: the counts,
+/// whether a large folio whose destination cannot be allocated may be
+/// split (not for NUMA balancing: `nosplit`), and the pieces of those
+/// split (`split_folios`), migrated after the rest.
+struct MigrateRun {
+    stats: MigrateStats,
+    nosplit: bool,
+    split_folios: Vec<Isolated>,
 }
 
 /// What [`migrate_pages`] did: its counts, and the folios it could not
 /// migrate (still isolated: the caller puts them back).
 pub struct MigrateOutcome {
     pub stats: MigrateStats,
+    /// `migrate_pages`' count of failures: the folios in `failed` that were
+    /// tried before the pieces of split folios, and each split folio once
+    /// (its pieces' own failures are not counted, though they are in
+    /// `failed`), as the kernel counts.
+    pub nr_failed: usize,
     pub failed: Vec<Isolated>,
     /// A destination could not be allocated (`-ENOMEM`).
     pub nomem: bool,
@@ -197,7 +216,9 @@ pub fn putback_movable_pages(oncpu: &OnCpu, folios: Vec<Isolated>) {
 }
 
 /// `migrate_pages`: migrate isolated folios to `target`. If a destination
-/// cannot be allocated, the migration stops there (`-ENOMEM`): what was
+/// cannot be allocated, a large folio is split and its pieces migrated
+/// after the rest (`thp_migration_split`; not for NUMA balancing); if a
+/// small one's cannot, the migration stops there (`-ENOMEM`): what was
 /// not tried comes back with the failures, uncounted, and the outcome says
 /// so.
 pub fn migrate_pages(
@@ -208,11 +229,26 @@ pub fn migrate_pages(
     reason: MigrateReason,
 ) -> MigrateOutcome {
     let mem = oncpu.mem();
-    let mut stats = MigrateStats::default();
+    let mut run = MigrateRun {
+        stats: MigrateStats::default(),
+        nosplit: reason == MigrateReason::NumaMisplaced,
+        split_folios: Vec::new(),
+    };
     let mut failed = Vec::new();
     let mut nomem = false;
+    let mut counted_failures = None;
     from.reverse();
-    while !from.is_empty() && !nomem {
+    loop {
+        if from.is_empty() && !nomem && !run.split_folios.is_empty() {
+            // The pieces of the folios split for want of memory, their
+            // failures not counted (each split folio counts once).
+            counted_failures.get_or_insert(failed.len());
+            from = std::mem::take(&mut run.split_folios);
+            from.reverse();
+        }
+        if from.is_empty() || nomem {
+            break;
+        }
         // Up to NR_MAX_BATCHED_MIGRATION pages, and at least one folio.
         let mut batch = Vec::new();
         let mut pages = 0;
@@ -230,17 +266,20 @@ pub fn migrate_pages(
                 target,
                 MigrateMode::Async,
                 NR_MAX_MIGRATE_PAGES_RETRY,
-                &mut stats,
+                &mut run,
             ),
-            MigrateMode::Sync => migrate_pages_sync(oncpu, batch, target, mode, &mut stats),
+            MigrateMode::Sync => migrate_pages_sync(oncpu, batch, target, mode, &mut run),
         };
         nomem = left.nomem;
         failed.extend(left.failed);
         failed.extend(left.untried);
     }
     failed.extend(from);
-    let _ = reason;
+    let nr_failed = counted_failures.unwrap_or(failed.len()) + run.stats.nr_split as usize;
+    failed.append(&mut run.split_folios);
+    let stats = run.stats;
     let v = oncpu.vmstat();
+    v.count(oncpu.id(), Event::THP_MIGRATION_SPLIT, stats.nr_thp_split);
     v.count(oncpu.id(), Event::PGMIGRATE_SUCCESS, stats.nr_succeeded);
     v.count(oncpu.id(), Event::PGMIGRATE_FAIL, stats.nr_failed_pages);
     v.count(
@@ -251,6 +290,7 @@ pub fn migrate_pages(
     v.count(oncpu.id(), Event::THP_MIGRATION_FAIL, stats.nr_thp_failed);
     MigrateOutcome {
         stats,
+        nr_failed,
         failed,
         nomem,
     }
@@ -273,24 +313,37 @@ fn migrate_pages_sync(
     batch: Vec<Isolated>,
     target: MigrationTarget,
     mode: MigrateMode,
-    stats: &mut MigrateStats,
+    run: &mut MigrateRun,
 ) -> BatchLeft {
-    let mut astats = MigrateStats::default();
+    // The asynchronous pass counts its failures apart: those it leaves are
+    // tried again below, and count there.
+    let mut arun = MigrateRun {
+        stats: MigrateStats::default(),
+        nosplit: run.nosplit,
+        split_folios: Vec::new(),
+    };
     let mut left = migrate_pages_batch(
         oncpu,
         batch,
         target,
         MigrateMode::Async,
         NR_MAX_MIGRATE_ASYNC_RETRY,
-        &mut astats,
+        &mut arun,
     );
+    run.split_folios.append(&mut arun.split_folios);
+    let (stats, astats) = (&mut run.stats, arun.stats);
     stats.nr_succeeded += astats.nr_succeeded;
     stats.nr_thp_succeeded += astats.nr_thp_succeeded;
+    stats.nr_thp_split += astats.nr_thp_split;
+    stats.nr_split += astats.nr_split;
     if left.nomem {
         stats.nr_failed_pages += astats.nr_failed_pages;
         stats.nr_thp_failed += astats.nr_thp_failed;
         return left;
     }
+    // The folios it split count as failed THPs here; the others are tried
+    // again below, and count there.
+    stats.nr_thp_failed += astats.nr_thp_split;
     let mut out = BatchLeft {
         failed: Vec::new(),
         untried: Vec::new(),
@@ -304,7 +357,7 @@ fn migrate_pages_sync(
             target,
             mode,
             NR_MAX_MIGRATE_SYNC_RETRY,
-            stats,
+            run,
         );
         out.failed.extend(one.failed);
         out.untried.extend(one.untried);
@@ -324,11 +377,12 @@ fn migrate_pages_batch(
     target: MigrationTarget,
     mode: MigrateMode,
     nr_pass: usize,
-    stats: &mut MigrateStats,
+    run: &mut MigrateRun,
 ) -> BatchLeft {
     let mem = oncpu.mem();
     let flags = TtuFlags {
         batch_flush: mode == MigrateMode::Async && oncpu.m.tunables.migrate_batch_flush(),
+        split_huge_pmd: false,
     };
     let mut ubc = TlbflushUnmapBatch::new();
     let mut failed = Vec::new();
@@ -342,11 +396,28 @@ fn migrate_pages_batch(
             match migrate_folio_unmap(oncpu, iso, target, mode, flags, &mut ubc) {
                 Unmap::Unmapped(u) => unmapped.push(u),
                 Unmap::Done { nr, thp } => {
-                    stats.nr_succeeded += nr;
-                    stats.nr_thp_succeeded += thp as u64;
+                    run.stats.nr_succeeded += nr;
+                    run.stats.nr_thp_succeeded += thp as u64;
                 }
                 Unmap::Again(iso) => retry.push(iso),
                 Unmap::NoMem(iso) => {
+                    let thp = iso.folio.order(mem) == HPAGE_PMD_ORDER;
+                    let iso = if iso.folio.is_large(mem) && !run.nosplit {
+                        // Counted as one failure, and its pieces tried
+                        // after the rest.
+                        match try_split_folio(oncpu, iso, mode) {
+                            Ok(mut pieces) => {
+                                run.stats.nr_thp_failed += thp as u64;
+                                run.stats.nr_thp_split += thp as u64;
+                                run.stats.nr_split += 1;
+                                run.split_folios.append(&mut pieces);
+                                continue;
+                            }
+                            Err(iso) => iso,
+                        }
+                    } else {
+                        iso
+                    };
                     // No destination: this one and those waiting for
                     // another pass fail; the rest are not tried. What is
                     // unmapped already still moves.
@@ -374,8 +445,8 @@ fn migrate_pages_batch(
             let thp = u.src.folio.order(mem) == HPAGE_PMD_ORDER;
             match migrate_folio_move(oncpu, u) {
                 Ok(()) => {
-                    stats.nr_succeeded += nr;
-                    stats.nr_thp_succeeded += thp as u64;
+                    run.stats.nr_succeeded += nr;
+                    run.stats.nr_thp_succeeded += thp as u64;
                 }
                 Err(u) => retry.push(u),
             }
@@ -389,8 +460,8 @@ fn migrate_pages_batch(
         failed.push(migrate_folio_undo(oncpu, u));
     }
     for iso in &failed {
-        stats.nr_failed_pages += iso.folio.nr_pages(mem);
-        stats.nr_thp_failed += (iso.folio.order(mem) == HPAGE_PMD_ORDER) as u64;
+        run.stats.nr_failed_pages += iso.folio.nr_pages(mem);
+        run.stats.nr_thp_failed += (iso.folio.order(mem) == HPAGE_PMD_ORDER) as u64;
     }
     BatchLeft {
         failed,
@@ -524,6 +595,67 @@ fn migrate_folio_done(oncpu: &OnCpu, iso: Isolated) {
     f.put(mem, oncpu.id());
 }
 
+/// `try_split_folio` (`split_folio_to_list`): split an isolated large
+/// folio whose destination could not be allocated into order-0 folios,
+/// each isolated, for the caller to migrate after the rest. As the kernel
+/// does, the folio is first unmapped through the rmap (PTE migration
+/// entries, their flushes batched; a PMD mapping is split into PTEs first,
+/// `TTU_SPLIT_HUGE_PMD`), split once only the isolation holds it
+/// (`can_split_folio`), and each page mapped back as a folio of its own.
+/// Err: locked by someone else (asynchronous mode), or held beyond its
+/// mappings (then mapped back whole).
+fn try_split_folio(
+    oncpu: &OnCpu,
+    iso: Isolated,
+    mode: MigrateMode,
+) -> Result<Vec<Isolated>, Isolated> {
+    let mem = oncpu.mem();
+    let folio = iso.folio;
+    if !folio.trylock(mem) {
+        if mode == MigrateMode::Async {
+            return Err(iso);
+        }
+        while !folio.trylock(mem) {
+            std::thread::yield_now();
+        }
+    }
+    // unmap_folio: the flushes batched, one for the folio.
+    let flags = TtuFlags {
+        batch_flush: true,
+        split_huge_pmd: true,
+    };
+    let mut ubc = TlbflushUnmapBatch::new();
+    if folio.mapped(mem) {
+        try_to_migrate(oncpu, &iso, flags, &mut ubc);
+    }
+    ubc.flush(oncpu);
+    if folio.mapped(mem) || folio.ref_count(mem) != 1 {
+        remove_migration_ptes(oncpu, &iso, folio);
+        folio.unlock(mem);
+        return Err(iso);
+    }
+    let nr = folio.nr_pages(mem);
+    let unmapped = huge_memory::split_folio_pages(oncpu, folio);
+    debug_assert_eq!(unmapped.len() as u64, nr, "an unmapped folio's pages");
+    let pieces: Vec<Isolated> = unmapped
+        .into_iter()
+        .map(|pfn| {
+            // The isolation's reference, one for each piece.
+            mem.page(pfn).refcount.store(1, Ordering::Relaxed);
+            Isolated {
+                folio: Folio(pfn),
+                anon_vma: iso.anon_vma.clone(),
+                counted: iso.counted,
+            }
+        })
+        .collect();
+    for p in &pieces {
+        remove_migration_ptes(oncpu, p, p.folio);
+        p.folio.unlock(mem);
+    }
+    Ok(pieces)
+}
+
 /// `move_to_new_folio` for an anonymous folio (`migrate_folio`): copy the
 /// pages, then check that only the isolation holds the source (the
 /// kernel's `__folio_migrate_mapping` with no mapping: no freeze, as
@@ -567,11 +699,12 @@ fn try_to_migrate(oncpu: &OnCpu, iso: &Isolated, flags: TtuFlags, ubc: &mut Tlbf
                 continue;
             };
             let pmd = mm.pmd_get(slot);
-            if pmd.trans_huge()
-                && pmd.pfn() == folio.pfn()
-                && huge_memory::set_pmd_migration_entry(oncpu, mm, slot, run.addr, folio)
-            {
-                continue;
+            if pmd.trans_huge() && pmd.pfn() == folio.pfn() {
+                if flags.split_huge_pmd {
+                    huge_memory::split_huge_pmd(oncpu, mm, slot, run.addr);
+                } else if huge_memory::set_pmd_migration_entry(oncpu, mm, slot, run.addr, folio) {
+                    continue;
+                }
             }
             let Some(mut pt) = mm.pte_offset_map_lock(slot) else {
                 continue;
@@ -885,7 +1018,7 @@ impl MoveQueue {
             MigrateMode::Sync,
             MigrateReason::Syscall,
         );
-        let failed = out.failed.len();
+        let failed = out.nr_failed;
         putback_movable_pages(oncpu, out.failed);
         if failed > 0 {
             return Ok(failed + nr_pages - i);

@@ -41,6 +41,10 @@ const PENDING_LARGE: u32 = PENDING_MASK / 2;
 pub struct TtuFlags {
     /// `TTU_BATCH_FLUSH`: queue the flushes on the caller's batch.
     pub batch_flush: bool,
+    /// `TTU_SPLIT_HUGE_PMD`: split a PMD that maps the folio and unmap its
+    /// PTEs, rather than install a PMD migration entry (a folio about to
+    /// be split).
+    pub split_huge_pmd: bool,
 }
 
 /// `struct tlbflush_unmap_batch`: the calling task's queued flush.

@@ -657,7 +657,10 @@ fn try_to_unmap_lazyfree(oncpu: &OnCpu, folio: Folio, ubc: &mut TlbflushUnmapBat
         // Unmapped meanwhile: only the isolation holds it.
         return folio.ref_count(mem) == 1;
     };
-    let flags = TtuFlags { batch_flush: true };
+    let flags = TtuFlags {
+        batch_flush: true,
+        split_huge_pmd: false,
+    };
     let mut ok = true;
     rmap_walk_anon(oncpu, folio, &anon_vma, |mm, vma| {
         for run in folio_pte_runs(mem, folio, vma) {

@@ -573,3 +573,55 @@ fn stores_survive_migration_demotion_and_promotion() {
         assert!(ev.event(Event::PGMIGRATE_SUCCESS) > 0);
     }
 }
+
+/// A THP whose destination node has no free 2 MiB block is split, and its
+/// pages migrate one by one (`thp_migration_split`): the destination node
+/// is filled by another process's 4 KiB pages, every other one of which is
+/// then freed, so that it has room but no large block.
+#[test]
+fn a_thp_without_a_destination_block_is_split_and_moves() {
+    use usermm::madvise::{MADV_DONTNEED, MADV_NOHUGEPAGE};
+    use usermm::mempolicy::MPOL_BIND;
+    let m = tiered();
+    m.thp.set_enabled(usermm::ThpMode::Always).unwrap();
+    // The filler, bound to node 1, in 4 KiB pages until it is full.
+    let c1 = m.bind(1).unwrap();
+    c1.new_mm().unwrap();
+    let fill_len = 128 << 20;
+    let f = c1.mmap(0, fill_len, RW, ANON).unwrap();
+    c1.madvise(f, fill_len, MADV_NOHUGEPAGE).unwrap();
+    c1.mbind(f, fill_len, MPOL_BIND, &[0b10], 3, 0).unwrap();
+    let mut end = f;
+    while end < f + fill_len && c1.store_u64(end, 1).is_ok() {
+        end += PAGE;
+    }
+    assert!(end < f + fill_len, "node 1 filled up");
+    let holes = 4096.min((end - f) / PAGE / 2);
+    for i in 0..holes {
+        c1.madvise(end - (2 * i + 1) * PAGE, PAGE, MADV_DONTNEED)
+            .unwrap();
+    }
+    c1.idle();
+    // The mover, with one PMD-mapped THP on node 0.
+    let c = m.bind(0).unwrap();
+    let mm = c.new_mm().unwrap();
+    let huge = 2u64 << 20;
+    let raw = c.mmap(0, 2 * huge, RW, ANON).unwrap();
+    let a = (raw + huge - 1) & !(huge - 1);
+    fill(&c, a, huge, 7);
+    assert_eq!(usermm::proc::smaps_rollup(&mm).anon_huge_pages, 2048);
+    let (left, _) = move_to(&c, a, PAGE, 1);
+    let v = m.vmstat();
+    assert_eq!(v.event(Event::THP_MIGRATION_SPLIT), 1);
+    assert_eq!(v.event(Event::THP_MIGRATION_FAIL), 1);
+    assert_eq!(v.event(Event::PGMIGRATE_SUCCESS), 512);
+    // As the kernel counts: the split THP is one failure, though every
+    // piece moved.
+    assert_eq!(left, 1);
+    assert_eq!(where_is(&c, a, huge), vec![1; 512]);
+    assert_eq!(usermm::proc::smaps_rollup(&mm).anon_huge_pages, 0);
+    check(&c, a, huge, 7);
+    c.idle();
+    m.kswapd_quiesce();
+    check_invariants(&m).unwrap();
+}
