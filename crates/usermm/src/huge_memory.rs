@@ -481,8 +481,20 @@ pub fn split_huge_pmd(oncpu: &OnCpu, mm: &Arc<Mm>, slot: PmdSlot, addr: u64) {
         return;
     }
     let folio = Folio(old.pfn());
+    // A NUMA hinting PMD's restriction is not handed on: its PTEs take the
+    // VMA's protection (read-only: the hint took the write bit).
+    let hint_prot = old.protnone().then(|| {
+        let guard = crate::sync::epoch::pin();
+        mm.vma_tree(&guard)
+            .vma_lookup(haddr)
+            .map_or(crate::pgtable::Pgprot::READONLY, |v| v.page_prot())
+    });
     for i in 0..HPAGE_PMD_NR {
-        table.set_pte(mem, i as usize, old.leaf_pte(folio.pfn() + i));
+        let mut pte = old.leaf_pte(folio.pfn() + i);
+        if let Some(prot) = hint_prot {
+            pte = pte.modify(prot).wrprotect();
+        }
+        table.set_pte(mem, i as usize, pte);
     }
     // Each PTE holds a reference: the PMD's one plus 511 more.
     folio.ref_add(mem, (HPAGE_PMD_NR - 1) as i32);
@@ -654,7 +666,13 @@ pub fn do_huge_pmd_numa_page(vmf: &mut VmFault<'_>) -> VmFaultResult {
         return VmFaultResult::Raced;
     }
     let folio = Folio(old.pfn());
-    if let NumaHint::Migrate(dst) = numa_migrate_check(oncpu, folio) {
+    // vm_normal_folio_pmd: the huge zero page is only restored.
+    let hint = if is_huge_zero_pmd(oncpu, old) {
+        NumaHint::Stay
+    } else {
+        numa_migrate_check(oncpu, folio)
+    };
+    if let NumaHint::Migrate(dst) = hint {
         // migrate_misplaced_folio_prepare: isolated under the PMD lock.
         if let Some(iso) = crate::migrate::isolate_for_migration(mem, folio) {
             drop(ptl);
@@ -674,7 +692,9 @@ pub fn do_huge_pmd_numa_page(vmf: &mut VmFault<'_>) -> VmFaultResult {
 }
 
 /// `change_huge_pmd`: apply a new protection to a whole huge PMD. Returns
-/// true if it needs a TLB flush (permissions were reduced). A writable PMD
+/// None if the PMD is no longer huge (split meanwhile: the caller goes on
+/// at the PTE level), else whether it needs a TLB flush (permissions were
+/// reduced). A writable PMD
 /// migration entry becomes readable (readable-exclusive: every folio of
 /// the model is anon), as a PTE one does.
 pub fn change_huge_pmd(
@@ -683,7 +703,7 @@ pub fn change_huge_pmd(
     slot: PmdSlot,
     vma: &Vma,
     newprot: crate::pgtable::Pgprot,
-) -> bool {
+) -> Option<bool> {
     let mem = oncpu.mem();
     let mut ptl = mm.pmd_lock(slot);
     let pmd = ptl.get();
@@ -700,22 +720,24 @@ pub fn change_huge_pmd(
             }
             ptl.set(readable);
         }
-        return false;
+        return Some(false);
     }
     if !pmd.trans_huge() {
-        return false;
+        return None;
     }
     let mut new = pmd.modify(newprot);
+    // can_change_pmd_writable: an exclusive anon folio of a private
+    // mapping (the model has no shared anon mappings).
     if vma.flags() & crate::mm::vma::VM_WRITE != 0
+        && !new.protnone()
         && crate::phys::folio::page_anon_exclusive(mem, pmd.pfn())
-        && pmd.dirty()
     {
         new = new.mkwrite();
     }
     ptl.set(new);
     // pmd_needs_flush: the hardware saw it and lost a permission.
     let hw_present = |p: Pmd| p.0 & crate::pgtable::entry::_PAGE_PRESENT != 0;
-    hw_present(pmd) && (!hw_present(new) || (pmd.write() && !new.write()))
+    Some(hw_present(pmd) && (!hw_present(new) || (pmd.write() && !new.write())))
 }
 
 /// Where a PTE-mapped folio was found: the index of a PTE of `table` and

@@ -403,6 +403,7 @@ fn __handle_mm_fault(vmf: &mut VmFault<'_>) -> VmFaultResult {
     if vmf.orig_pmd.is_swap() {
         // pmd_migration_entry_wait: the access is retried once the
         // migration has put the new PMD in place.
+        pmd_migration_entry_wait(vmf);
         return VmFaultResult::Raced;
     }
     if vmf.orig_pmd.none()
@@ -611,6 +612,14 @@ fn migration_entry_wait(vmf: &VmFault<'_>) {
         if pt.pte(idx) != vmf.orig_pte {
             return;
         }
+    }
+}
+
+/// `pmd_migration_entry_wait`: as [`migration_entry_wait`], for a PMD
+/// migration entry.
+fn pmd_migration_entry_wait(vmf: &VmFault<'_>) {
+    while vmf.mm.pmd_get(vmf.pmd) == vmf.orig_pmd {
+        std::thread::yield_now();
     }
 }
 

@@ -175,12 +175,16 @@ impl ChangeProt<'_, '_> {
         if crate::huge_memory::pmd_is_huge(mm.pmd_get(slot)) {
             if next - addr == PMD_SIZE {
                 let huge = crate::huge_memory::change_huge_pmd;
-                if huge(self.oncpu, mm, slot, self.vma, self.newprot) {
-                    self.tlb.remove_pmd_tlb_entry(addr);
+                // None: split meanwhile, the PTE level below.
+                if let Some(flush) = huge(self.oncpu, mm, slot, self.vma, self.newprot) {
+                    if flush {
+                        self.tlb.remove_pmd_tlb_entry(addr);
+                    }
+                    return;
                 }
-                return;
+            } else {
+                crate::huge_memory::split_huge_pmd(self.oncpu, mm, slot, addr);
             }
-            crate::huge_memory::split_huge_pmd(self.oncpu, mm, slot, addr);
         }
         self.change_pte_range(slot, addr, next);
     }

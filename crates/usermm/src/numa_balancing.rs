@@ -158,7 +158,12 @@ pub fn task_numa_work(oncpu: &OnCpu, mm: &Arc<Mm>) {
         }
         let mut a = vma.start().max(start);
         while a < vma.end() && budget > 0 && virt > 0 {
-            let end = (a + (budget << PAGE_SHIFT)).min(vma.end());
+            // Ends on a huge-page boundary, as the kernel's does: a scan
+            // never covers a THP in part (which would split it).
+            let huge = crate::pgtable::PMD_SIZE;
+            let end = (a + (budget << PAGE_SHIFT))
+                .next_multiple_of(huge)
+                .min(vma.end());
             let updated = change_prot_numa(oncpu, mm, a, end);
             budget = budget.saturating_sub(updated.max(1));
             virt = virt.saturating_sub((end - a) >> PAGE_SHIFT);
@@ -349,7 +354,8 @@ pub fn numa_migrate_check(oncpu: &OnCpu, folio: Folio) -> NumaHint {
     if !migrate_balanced_pgdat(oncpu, dst, nr) {
         // No room: kswapd demotes to make some (tiering mode), and the
         // folio stays this time.
-        crate::phys::page_alloc::Reclaimer::wakeup_kswapd(oncpu.m, dst, 0);
+        let order = folio.order(oncpu.mem());
+        crate::phys::page_alloc::Reclaimer::wakeup_kswapd(oncpu.m, dst, order);
         return NumaHint::Stay;
     }
     NumaHint::Migrate(dst)

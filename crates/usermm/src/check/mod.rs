@@ -506,13 +506,19 @@ impl CheckWalk<'_> {
     fn check_swap_pmd(&mut self, pmd: Pmd, addr: u64) -> Result<(), String> {
         use crate::pgtable::swapops::SwpKind;
         let (mm, mem) = (self.mm, &self.m.mem);
-        let SwpKind::Migration { pfn, .. } = pmd.swp_entry().kind() else {
+        let SwpKind::Migration { pfn, kind, .. } = pmd.swp_entry().kind() else {
             return Err(format!(
                 "{mm:?} {addr:#x}: swap PMD {pmd:?} that is no migration entry"
             ));
         };
+        self.check_migration_entry_vma(addr, kind)?;
+        if !mem.pfn_valid(pfn) {
+            return Err(format!(
+                "{mm:?} {addr:#x}: PMD migration entry for invalid pfn {pfn:#x}"
+            ));
+        }
         let folio = mem.page_folio(pfn);
-        if !mem.pfn_valid(pfn) || folio.pfn() != pfn || folio.order(mem) != HPAGE_PMD_ORDER {
+        if folio.pfn() != pfn || folio.order(mem) != HPAGE_PMD_ORDER {
             return Err(format!(
                 "{mm:?} {addr:#x}: PMD migration entry for {pfn:#x}, not the head of a PMD-order folio"
             ));
@@ -522,13 +528,38 @@ impl CheckWalk<'_> {
         Ok(())
     }
 
+    /// A migration entry lies in a VMA, and a writable one (which the
+    /// migration will map writable) in one that allows writing: mprotect
+    /// makes writable entries readable.
+    fn check_migration_entry_vma(
+        &self,
+        addr: u64,
+        kind: crate::pgtable::swapops::Migration,
+    ) -> Result<(), String> {
+        let mm = self.mm;
+        let Some(vma) = self.tree.vma_lookup(addr) else {
+            return Err(format!(
+                "{mm:?} {addr:#x}: migration entry outside every VMA"
+            ));
+        };
+        if kind == crate::pgtable::swapops::Migration::Write
+            && vma.flags() & crate::mm::vma::VM_WRITE == 0
+        {
+            return Err(format!(
+                "{mm:?} {addr:#x}: writable migration entry in a VMA without VM_WRITE ({vma:?})"
+            ));
+        }
+        Ok(())
+    }
+
     /// A non-present entry: a migration entry counts in RSS and names a
     /// folio the migration holds; a marker has only known bits.
     fn check_swap_pte(&mut self, pte: Pte, addr: u64) -> Result<(), String> {
         use crate::pgtable::swapops::{SwpKind, PTE_MARKER_GUARD, PTE_MARKER_POISONED};
         let (mm, mem) = (self.mm, &self.m.mem);
         match pte.swp_entry().kind() {
-            SwpKind::Migration { pfn, .. } => {
+            SwpKind::Migration { pfn, kind, .. } => {
+                self.check_migration_entry_vma(addr, kind)?;
                 if !mem.pfn_valid(pfn) {
                     return Err(format!(
                         "{mm:?} {addr:#x}: migration entry for invalid pfn {pfn:#x}"

@@ -44,10 +44,10 @@ use crate::tree::{Entry, NodeRef, Tree};
 
 static ANON_VMA_ID: AtomicU64 = AtomicU64::new(1);
 
-/// One slot of an interval's slab.
+/// One slot of an interval's slab: a VMA, with when it was linked.
 #[derive(Clone)]
 enum AvcSlot {
-    Used(Weak<Vma>),
+    Used(Weak<Vma>, u64),
     /// Free, with the next free slot ([`NO_SLOT`] ends the list).
     Free(u32),
 }
@@ -64,6 +64,8 @@ pub struct Avcs {
     /// The first free slot below `slots.len()`.
     free: u32,
     live: u32,
+    /// Links made so far: the order the VMAs are walked in.
+    linked: u64,
 }
 
 impl Avcs {
@@ -74,22 +76,25 @@ impl Avcs {
             slots: Vec::new(),
             free: NO_SLOT,
             live: 0,
+            linked: 0,
         }
     }
 
     /// Put `vma` in a free slot, or a new one at the end; returns its index.
     fn link(&mut self, vma: Weak<Vma>) -> u32 {
         self.live += 1;
+        self.linked += 1;
+        let seq = self.linked;
         if self.free != NO_SLOT {
             let i = self.free;
             let AvcSlot::Free(next) = self.slots[i as usize] else {
                 unreachable!("the free list holds only free slots");
             };
             self.free = next;
-            self.slots[i as usize] = AvcSlot::Used(vma);
+            self.slots[i as usize] = AvcSlot::Used(vma, seq);
             return i;
         }
-        self.slots.push(AvcSlot::Used(vma));
+        self.slots.push(AvcSlot::Used(vma, seq));
         u32::try_from(self.slots.len() - 1).unwrap_or_else(|_| unreachable!("2^32 VMAs"))
     }
 
@@ -108,20 +113,31 @@ impl Avcs {
             Some(was)
         };
         match was {
-            Some(AvcSlot::Used(w)) => Some(w),
+            Some(AvcSlot::Used(w, _)) => Some(w),
             _ => unreachable!("slot {i} held the VMA"),
         }
     }
 
     fn holds(&self, i: u32, vma: &Vma) -> bool {
-        matches!(self.slots.get(i as usize), Some(AvcSlot::Used(w)) if std::ptr::eq(w.as_ptr(), vma))
+        matches!(self.slots.get(i as usize), Some(AvcSlot::Used(w, _)) if std::ptr::eq(w.as_ptr(), vma))
     }
 
+    /// The VMAs in the order they were linked, as the kernel's interval
+    /// tree walks equal intervals (an equal key goes to the right): a fork
+    /// child's after its parent's, so that an rmap walk that restores
+    /// migration entries reaches a child after the parent it may copy an
+    /// entry from (slots are reused, so their order is not enough).
     fn vmas(&self) -> impl Iterator<Item = Arc<Vma>> + '_ {
-        self.slots.iter().filter_map(|s| match s {
-            AvcSlot::Used(w) => w.upgrade(),
-            AvcSlot::Free(_) => None,
-        })
+        let mut used: Vec<(u64, &Weak<Vma>)> = self
+            .slots
+            .iter()
+            .filter_map(|s| match s {
+                AvcSlot::Used(w, seq) => Some((*seq, w)),
+                AvcSlot::Free(_) => None,
+            })
+            .collect();
+        used.sort_unstable_by_key(|&(seq, _)| seq);
+        used.into_iter().filter_map(|(_, w)| w.upgrade())
     }
 }
 
@@ -398,7 +414,7 @@ mod tests {
     }
 
     #[test]
-    fn freed_slots_are_reused_and_walks_keep_slot_order() {
+    fn freed_slots_are_reused_and_walks_keep_link_order() {
         let av = AnonVma::new(None);
         let vmas: Vec<Arc<Vma>> = (0..8)
             .map(|i| Arc::new(Vma::new(i, 0x10000, 0x20000, VM_READ, 0x10)))
@@ -414,13 +430,20 @@ mod tests {
         };
         assert!(unlink(&vmas[2]) && unlink(&vmas[5]));
         assert_eq!(ids(&av), [0, 1, 3, 4, 6, 7]);
-        // The last freed slot is taken first.
+        // The freed slots are taken again, but a walk visits the VMAs in
+        // the order they were linked (a fork child after its parent).
         let late: Vec<Arc<Vma>> = (8..10)
             .map(|i| Arc::new(Vma::new(i, 0x10000, 0x20000, VM_READ, 0x10)))
             .collect();
         link(&av, &late[0]);
         link(&av, &late[1]);
-        assert_eq!(ids(&av), [0, 1, 9, 3, 4, 8, 6, 7]);
+        assert_eq!(ids(&av), [0, 1, 3, 4, 6, 7, 8, 9]);
+        let slab = av
+            .tree(&av.lock_read())
+            .iter()
+            .map(|a| a.slots.len())
+            .sum::<usize>();
+        assert_eq!(slab, 8, "no slab growth: the freed slots were reused");
         // Unlinking from the end shrinks the slab; the interval goes with
         // its last VMA.
         for v in vmas.iter().chain(&late) {
