@@ -712,9 +712,22 @@ impl<T: Entry> Tree<T> {
         w.get_mut(root.as_mut()?, key)
     }
 
-    /// The entry with exactly this key.
+    /// The entry with exactly this key: one descent to the only leaf that
+    /// can hold it (no iterator, whose path stack a lookup does not need).
     pub fn get(&self, key: T::Key) -> Option<&T> {
-        self.first_from(key).filter(|e| e.key() == key)
+        let mut n = self.root_node()?;
+        loop {
+            match &n.body {
+                Body::Leaf(v) => {
+                    let i = v.partition_point(|e| e.key < key);
+                    return v.get(i).filter(|e| e.key == key).map(|e| &e.item);
+                }
+                Body::Branch(s) => {
+                    // SAFETY: as in last_before.
+                    n = unsafe { s[child_index(s, key)].child.get() };
+                }
+            }
+        }
     }
 
     /// Remove the entry with exactly this key; returns it. Nodes left below
