@@ -121,6 +121,9 @@ pub fn anon_vma_fork(child: &Arc<Vma>, parent: &Vma) {
     let _ = child.anon_vma.set(av);
 }
 
+/// How many links ahead [`unlink_anon_vmas`] prefetches.
+const UNLINK_PREFETCH: usize = 8;
+
 /// `unlink_anon_vmas`: the VMA is gone; take it out of every anon_vma's
 /// tree, O(log n) each, under the family's lock taken once; the references
 /// the links held go after the lock, as the kernel frees its chains and
@@ -129,8 +132,17 @@ pub fn unlink_anon_vmas(vma: &Vma) {
     let chain = std::mem::take(&mut *vma.anon_vma_chain.lock());
     let mut weak = Vec::with_capacity(chain.len());
     let mut held = None;
-    for avc in &chain {
+    for (k, avc) in chain.iter().enumerate() {
         let g = lock_anon_vma_root(&mut held, &avc.anon_vma);
+        if let Some(ahead) = chain.get(k + 3 * UNLINK_PREFETCH) {
+            ahead.prefetch_anon_vma();
+        }
+        if let Some(ahead) = chain.get(k + 2 * UNLINK_PREFETCH) {
+            ahead.prefetch_tree(g);
+        }
+        if let Some(ahead) = chain.get(k + UNLINK_PREFETCH) {
+            ahead.prefetch_slot(vma, g);
+        }
         let was = avc.unlink(vma, g);
         debug_assert!(
             was.is_some(),
