@@ -50,13 +50,11 @@ use crate::pgtable::swapops::{Migration, SwpEntry, SwpKind};
 use crate::pgtable::{self, Pte, PteLocked, PteRead};
 use crate::phys::folio::{clear_page_anon_exclusive, page_anon_exclusive};
 use crate::phys::memmap::pg;
-use crate::phys::{
-    AllocFlags, Folio, PhysMem, HPAGE_PMD_NR, HPAGE_PMD_ORDER, PAGE_SHIFT, PAGE_SIZE,
-};
+use crate::phys::{AllocFlags, Folio, PhysMem, HPAGE_PMD_NR, HPAGE_PMD_ORDER};
 use crate::rmap::{self, RmapFlags};
 use crate::rmap_walk::{folio_pte_runs, rmap_walk_anon};
 use crate::sync::{Arc, Ordering};
-use crate::tlbbatch::{pte_accessible, should_defer_flush, TlbflushUnmapBatch, TtuFlags};
+use crate::tlbbatch::{TlbflushUnmapBatch, Ttu, TtuFlags};
 use crate::vmstat::{Event, MthpStat, NodeStat};
 
 /// `NR_MAX_BATCHED_MIGRATION`: pages unmapped before one flush.
@@ -710,7 +708,11 @@ fn try_to_migrate(oncpu: &OnCpu, iso: &Isolated, flags: TtuFlags, ubc: &mut Tlbf
                 continue;
             };
             for (i, addr) in run.pages() {
-                try_to_migrate_one(oncpu, mm, &mut pt, folio, i, addr, flags, ubc);
+                let ttu = Ttu {
+                    flags,
+                    ubc: &mut *ubc,
+                };
+                try_to_migrate_one(oncpu, mm, &mut pt, folio, (i, addr), ttu);
             }
         }
         folio.mapped(mem)
@@ -719,16 +721,13 @@ fn try_to_migrate(oncpu: &OnCpu, iso: &Isolated, flags: TtuFlags, ubc: &mut Tlbf
 
 /// `try_to_migrate_one` for page `i` of `folio`, which the locked table
 /// `pt` of `mm` may map at `addr`.
-#[allow(clippy::too_many_arguments)]
 fn try_to_migrate_one(
     oncpu: &OnCpu,
     mm: &Arc<Mm>,
     pt: &mut PteLocked<'_>,
     folio: Folio,
-    i: u64,
-    addr: u64,
-    flags: TtuFlags,
-    ubc: &mut TlbflushUnmapBatch,
+    (i, addr): (u64, u64),
+    mut ttu: Ttu<'_>,
 ) {
     let mem = oncpu.mem();
     let page = folio.pfn() + i;
@@ -739,11 +738,7 @@ fn try_to_migrate_one(
     }
     // Nuke the entry: queue its flush, or flush it now.
     let pteval = pt.get_and_clear(idx);
-    if should_defer_flush(oncpu, mm, flags) {
-        ubc.set_flush_pending(mm, pteval);
-    } else if pte_accessible(mm, pteval) {
-        oncpu.flush_tlb_range(mm, addr, addr + PAGE_SIZE, PAGE_SHIFT);
-    }
+    ttu.flush_cleared_pte(oncpu, mm, pteval, addr);
     if pteval.dirty() {
         folio.head(mem).set(pg::DIRTY);
     }

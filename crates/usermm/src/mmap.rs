@@ -251,7 +251,7 @@ pub(crate) fn vma_modify_flags(
         .cloned()
         .expect("vma_modify_flags inside a VMA");
     let pol = vma.policy().cloned();
-    vma_modify(oncpu, mm, tree, &vma, start, end, flags, pol)
+    vma_modify(oncpu, mm, tree, &vma, start..end, flags, pol)
 }
 
 /// `mbind_range`: give every VMA of `[start, end)` the policy `pol`,
@@ -301,20 +301,18 @@ fn vma_modify_policy(
 ) -> KResult<Arc<Vma>> {
     let vma = tree.vma_lookup(start).cloned().ok_or(Errno::EFAULT)?;
     let flags = vma.flags();
-    vma_modify(oncpu, mm, tree, &vma, start, end, flags, pol)
+    vma_modify(oncpu, mm, tree, &vma, start..end, flags, pol)
 }
 
 /// `vma_modify`: `[start, end)` of `vma` gets `flags` and `pol`; the old
 /// VMA is replaced by its up to three pieces at once, each made once;
 /// returns the middle one (not yet merged with its neighbours).
-#[allow(clippy::too_many_arguments)]
 fn vma_modify(
     oncpu: &OnCpu,
     mm: &Arc<Mm>,
     tree: &mut VmaTree,
     vma: &Arc<Vma>,
-    start: u64,
-    end: u64,
+    std::ops::Range { start, end }: std::ops::Range<u64>,
     flags: VmFlags,
     pol: Option<Arc<crate::mempolicy::Mempolicy>>,
 ) -> KResult<Arc<Vma>> {

@@ -47,6 +47,27 @@ pub struct TtuFlags {
     pub split_huge_pmd: bool,
 }
 
+/// An unmap's flush context: its `ttu_flags` and the calling task's batch
+/// (`current->tlb_ubc`).
+pub struct Ttu<'u> {
+    pub flags: TtuFlags,
+    pub ubc: &'u mut TlbflushUnmapBatch,
+}
+
+impl Ttu<'_> {
+    /// The flush of a PTE just cleared from `mm` at `addr`: queued on the
+    /// batch (`set_tlb_ubc_flush_pending`) if the unmap batches and another
+    /// CPU may cache it, else done now if any CPU may (`ptep_clear_flush`).
+    pub fn flush_cleared_pte(&mut self, oncpu: &OnCpu, mm: &Arc<Mm>, pteval: Pte, addr: u64) {
+        if should_defer_flush(oncpu, mm, self.flags) {
+            self.ubc.set_flush_pending(mm, pteval);
+        } else if pte_accessible(mm, pteval) {
+            let page = crate::phys::PAGE_SIZE;
+            oncpu.flush_tlb_range(mm, addr, addr + page, crate::phys::PAGE_SHIFT);
+        }
+    }
+}
+
 /// `struct tlbflush_unmap_batch`: the calling task's queued flush.
 #[derive(Debug, Default)]
 pub struct TlbflushUnmapBatch {

@@ -137,7 +137,7 @@ use crate::phys::mm_inline::LruList;
 use crate::phys::page_alloc::{WMARK_HIGH, WMARK_LOW};
 use crate::phys::Tier;
 use crate::rmap_walk::{folio_pte_runs, rmap_walk_anon};
-use crate::tlbbatch::{pte_accessible, should_defer_flush, TlbflushUnmapBatch, TtuFlags};
+use crate::tlbbatch::{TlbflushUnmapBatch, Ttu, TtuFlags};
 
 /// `DEF_PRIORITY`: a pass scans a list's size shifted right by the
 /// priority, from this down to 0.
@@ -677,7 +677,11 @@ fn try_to_unmap_lazyfree(oncpu: &OnCpu, folio: Folio, ubc: &mut TlbflushUnmapBat
                 continue;
             };
             for (i, addr) in run.pages() {
-                if !unmap_lazyfree_pte(oncpu, mm, &mut pt, folio, i, addr, flags, ubc) {
+                let ttu = Ttu {
+                    flags,
+                    ubc: &mut *ubc,
+                };
+                if !unmap_lazyfree_pte(oncpu, mm, &mut pt, folio, (i, addr), ttu) {
                     ok = false;
                     return false;
                 }
@@ -691,16 +695,13 @@ fn try_to_unmap_lazyfree(oncpu: &OnCpu, folio: Folio, ubc: &mut TlbflushUnmapBat
 /// One PTE of [`try_to_unmap_lazyfree`], in the locked table `pt`: cleared
 /// if it maps page `i`; false (the entry put back) if the folio was
 /// written, or someone else holds it.
-#[allow(clippy::too_many_arguments)]
 fn unmap_lazyfree_pte(
     oncpu: &OnCpu,
     mm: &crate::sync::Arc<crate::mm::Mm>,
     pt: &mut PteLocked<'_>,
     folio: Folio,
-    i: u64,
-    addr: u64,
-    flags: TtuFlags,
-    ubc: &mut TlbflushUnmapBatch,
+    (i, addr): (u64, u64),
+    mut ttu: Ttu<'_>,
 ) -> bool {
     let mem = oncpu.mem();
     let idx = crate::pgtable::pte_index(addr);
@@ -709,11 +710,7 @@ fn unmap_lazyfree_pte(
         return true;
     }
     let pteval = pt.get_and_clear(idx);
-    if should_defer_flush(oncpu, mm, flags) {
-        ubc.set_flush_pending(mm, pteval);
-    } else if pte_accessible(mm, pteval) {
-        oncpu.flush_tlb_range(mm, addr, addr + PAGE_SIZE, crate::phys::PAGE_SHIFT);
-    }
+    ttu.flush_cleared_pte(oncpu, mm, pteval, addr);
     let head = folio.head(mem);
     if pteval.dirty() {
         head.set(pg::DIRTY);
