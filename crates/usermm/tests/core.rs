@@ -479,6 +479,40 @@ fn node_statistics_match_the_tables() {
     c.exit_mm().unwrap();
 }
 
+/// `_nr_pages_mapped` of a large folio counts its pages that PTEs map,
+/// plus ENTIRELY_MAPPED while a PMD maps it; the checker compares it with
+/// the page tables and catches either half off.
+#[test]
+fn nr_pages_mapped_matches_the_tables() {
+    use std::sync::atomic::Ordering;
+    let m = machine();
+    m.thp.set_enabled(ThpMode::Always).unwrap();
+    let c = m.bind(0).unwrap();
+    let mm = c.new_mm().unwrap();
+    let huge = 2u64 << 20;
+    let raw = c.mmap(0, 3 * huge, RW, ANON).unwrap();
+    let a = (raw + huge - 1) & !(huge - 1);
+    c.touch_pages(a, a + 2 * huge, 1).unwrap();
+    // The first THP stays PMD-mapped; the second is split by a one-page
+    // hole and stays a PTE-mapped large folio of 511 mapped pages.
+    c.munmap(a + huge + (1 << 20), 4096).unwrap();
+    check_invariants(&m).unwrap();
+    for addr in [a, a + huge] {
+        let pfn = usermm::pgtable::walk::hw_walk(&m.mem, mm.pgd.cr3(), addr, false)
+            .unwrap()
+            .pfn;
+        let folio = m.mem.page_folio(pfn);
+        assert!(folio.is_large(&m.mem), "{addr:#x}");
+        let npm = &folio.counters(&m.mem).nr_pages_mapped;
+        npm.fetch_add(1, Ordering::Relaxed);
+        let err = check_invariants(&m).unwrap_err();
+        assert!(err.contains("_nr_pages_mapped"), "{err}");
+        npm.fetch_sub(1, Ordering::Relaxed);
+    }
+    check_invariants(&m).unwrap();
+    c.exit_mm().unwrap();
+}
+
 /// A page that fork shares is not PageAnonExclusive; the checker catches
 /// one that says it is while two processes map it.
 #[test]

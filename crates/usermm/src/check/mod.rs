@@ -125,6 +125,20 @@ pub fn check_invariants(m: &Machine) -> Result<(), String> {
                     "folio {head:#x}: entire_mapcount {em}, PMD mappings {entire}"
                 ));
             }
+            // `_nr_pages_mapped`: the pages some PTE maps, plus
+            // ENTIRELY_MAPPED while a PMD maps the folio.
+            let npm = f.counters(mem).nr_pages_mapped.load(Ordering::Relaxed);
+            let want = pages_mapped
+                + if entire > 0 {
+                    crate::rmap::ENTIRELY_MAPPED
+                } else {
+                    0
+                };
+            if npm != want {
+                return Err(format!(
+                    "folio {head:#x}: _nr_pages_mapped {npm:#x}, page tables say {want:#x} ({pages_mapped} pages by PTEs, {entire} PMD mappings)"
+                ));
+            }
         }
     }
     for (stat, want) in [
