@@ -2,7 +2,8 @@
 //!
 //! CPU 0 is the operator: it runs random mmap (MAP_FIXED, some with
 //! MAP_NORESERVE or MAP_POPULATE), munmap, mprotect, madvise, fork, exit,
-//! context switches between the processes, THP knob, tunable and overcommit
+//! context switches between the processes, `move_pages` and `mbind`
+//! between the nodes, THP knob, NUMA-balancing, tunable and overcommit
 //! changes, and loads and stores of its own. Every other CPU is a thread of
 //! the first process and loads and stores at random in its window all the
 //! while. Every access goes through the shadow memory, which checks each
@@ -47,8 +48,8 @@ pub struct StressArgs {
     /// Print the summary as one JSON object.
     #[arg(long)]
     pub json: bool,
-    /// The machine (default: one 512 MiB node with 4 CPUs); CPU 0 operates,
-    /// the others access memory.
+    /// The machine (default: a 256 MiB DRAM node with 4 CPUs and a 256 MiB
+    /// slow node); CPU 0 operates, the others access memory.
     #[command(flatten)]
     pub machine: MachineArgs,
 }
@@ -98,8 +99,29 @@ struct Summary {
     failure: Option<String>,
 }
 
+/// Two tiers, so that pages migrate between them (move_pages, mbind, NUMA
+/// balancing's promotions).
+fn default_machine() -> MachineConfig {
+    use usermm::phys::{NodeConfig, Tier};
+    MachineConfig {
+        nodes: vec![
+            NodeConfig {
+                size_bytes: 256 << 20,
+                tier: Tier::Dram,
+                has_cpus: true,
+            },
+            NodeConfig {
+                size_bytes: 256 << 20,
+                tier: Tier::Slow,
+                has_cpus: false,
+            },
+        ],
+        cpus: vec![0; 4],
+    }
+}
+
 pub fn run(a: StressArgs) -> anyhow::Result<i32> {
-    let config = a.machine.config(MachineConfig::single_node(512 << 20, 4))?;
+    let config = a.machine.config(default_machine())?;
     if config.cpus.len() < 2 {
         anyhow::bail!("machine: stress needs at least 2 CPUs (one operates, the others access)");
     }
@@ -525,7 +547,45 @@ impl Operator<'_, '_> {
                 self.note(r);
                 "madvise"
             }
-            42..=79 => {
+            42..=44 => {
+                let (start, len) = self.range();
+                let nodes = c.m.mem.nodes.len();
+                let node = self.rng.gen_range(0..nodes) as i32;
+                let pages: Vec<u64> = (start..start + len).step_by(PAGE as usize).collect();
+                self.set_last_op(format!(
+                    "mm {mm}: move_pages {start:#x} {len:#x} to node {node}"
+                ));
+                let mut status = vec![0; pages.len()];
+                let r = c.move_pages(&pages, Some(&vec![node; pages.len()]), &mut status);
+                self.note(r.map(|_| ()));
+                "move_pages"
+            }
+            45..=46 => {
+                use usermm::mempolicy::{MPOL_BIND, MPOL_DEFAULT, MPOL_MF_MOVE, MPOL_PREFERRED};
+                let (start, len) = self.range();
+                let nodes = c.m.mem.nodes.len() as u64;
+                let mask = self.rng.gen_range(1..(1u64 << nodes));
+                let mode = [MPOL_DEFAULT, MPOL_BIND, MPOL_PREFERRED][self.rng.gen_range(0..3)];
+                let (nmask, maxnode) = if mode == MPOL_DEFAULT {
+                    (vec![], 0)
+                } else if mode == MPOL_PREFERRED {
+                    (vec![1u64 << mask.trailing_zeros()], nodes + 1)
+                } else {
+                    (vec![mask], nodes + 1)
+                };
+                let flags = if self.rng.gen_bool(0.5) {
+                    MPOL_MF_MOVE
+                } else {
+                    0
+                };
+                self.set_last_op(format!(
+                    "mm {mm}: mbind {start:#x} {len:#x} mode {mode} nodes {nmask:?} flags {flags}"
+                ));
+                let r = c.mbind(start, len, mode, &nmask, maxnode, flags);
+                self.note(r);
+                "mbind"
+            }
+            47..=79 => {
                 self.set_last_op(format!("mm {mm}: loads and stores"));
                 for _ in 0..32 {
                     let addr = WINDOW
@@ -592,7 +652,14 @@ impl Operator<'_, '_> {
                 let _ = t.set_order(order, modes[self.rng.gen_range(0..4)]);
                 t.use_zero_page
                     .store(self.rng.gen_bool(0.8), std::sync::atomic::Ordering::Relaxed);
-                self.set_last_op("THP knobs".into());
+                // NUMA balancing off or in tiering mode, scanning often.
+                let numa = &c.m.numa;
+                let mode = [0, usermm::numa_balancing::NUMA_BALANCING_MEMORY_TIERING]
+                    [self.rng.gen_range(0..2)];
+                numa.scan_delay_ms.store(0, Ordering::Relaxed);
+                numa.scan_period_ms.store(10, Ordering::Relaxed);
+                numa.mode.store(mode, Ordering::Relaxed);
+                self.set_last_op(format!("THP knobs, numa_balancing {mode}"));
                 "knob"
             }
             96..=97 => {
