@@ -27,7 +27,7 @@ use crate::machine::OnCpu;
 use crate::memory::{VmFault, VmFaultResult};
 use crate::mm::{Mm, MmCounter, Vma};
 use crate::mmu_gather::MmuGather;
-use crate::pgtable::swapops::{Migration, SwpEntry, SwpKind};
+use crate::pgtable::swapops::{Migration, MigrationBits, SwpEntry, SwpKind};
 use crate::pgtable::{
     Pmd, PmdLocked, PmdSlot, Ptdesc, Pte, PteLocked, PteRead, PMD_MASK, PMD_SIZE, PTRS_PER_TABLE,
 };
@@ -572,21 +572,14 @@ pub fn set_pmd_migration_entry(
     if pmdval.dirty() {
         folio.head(mem).set(pg::DIRTY);
     }
-    let kind = if pmdval.write() {
-        Migration::Write
-    } else if exclusive {
-        Migration::ReadExclusive
-    } else {
-        Migration::Read
+    let bits = MigrationBits {
+        write: pmdval.write(),
+        exclusive,
+        young: pmdval.young(),
+        dirty: pmdval.dirty(),
     };
-    let mut entry = SwpEntry::migration(kind, folio.pfn());
-    if pmdval.young() {
-        entry = entry.mkyoung();
-    }
-    if pmdval.dirty() {
-        entry = entry.mkdirty();
-    }
-    let mut swp = entry.to_pmd();
+    let ad = oncpu.m.tunables.migration_entry_ad();
+    let mut swp = SwpEntry::make_migration_entry(folio.pfn(), bits, ad).to_pmd();
     if pmdval.soft_dirty() {
         swp = swp.swp_mksoft_dirty();
     }

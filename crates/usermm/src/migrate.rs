@@ -46,7 +46,7 @@ use crate::errno::{Errno, KResult};
 use crate::huge_memory;
 use crate::machine::OnCpu;
 use crate::mm::{AnonVma, Mm, Vma};
-use crate::pgtable::swapops::{Migration, SwpEntry, SwpKind};
+use crate::pgtable::swapops::{Migration, MigrationBits, SwpEntry, SwpKind};
 use crate::pgtable::{self, Pte, PteLocked, PteRead};
 use crate::phys::folio::{clear_page_anon_exclusive, page_anon_exclusive};
 use crate::phys::memmap::pg;
@@ -750,21 +750,14 @@ fn try_to_migrate_one(
     if exclusive {
         clear_page_anon_exclusive(mem, page);
     }
-    let kind = if pteval.write() {
-        Migration::Write
-    } else if exclusive {
-        Migration::ReadExclusive
-    } else {
-        Migration::Read
+    let bits = MigrationBits {
+        write: pteval.write(),
+        exclusive,
+        young: pteval.young(),
+        dirty: pteval.dirty(),
     };
-    let mut entry = SwpEntry::migration(kind, page);
-    if pteval.young() {
-        entry = entry.mkyoung();
-    }
-    if pteval.dirty() {
-        entry = entry.mkdirty();
-    }
-    let mut swp = entry.to_pte();
+    let ad = oncpu.m.tunables.migration_entry_ad();
+    let mut swp = SwpEntry::make_migration_entry(page, bits, ad).to_pte();
     if pteval.soft_dirty() {
         swp = swp.swp_mksoft_dirty();
     }

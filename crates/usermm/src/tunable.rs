@@ -58,6 +58,8 @@ pub enum Tunable {
     FaultLock,
     /// F3's baseline: migration's batched unmap flush.
     MigrateBatchFlush,
+    /// `migration_entry_ad`: do migration entries carry young and dirty?
+    MigrationEntryAd,
 }
 
 impl Tunable {
@@ -69,6 +71,7 @@ impl Tunable {
         Tunable::PtReclaimPmd,
         Tunable::FaultLock,
         Tunable::MigrateBatchFlush,
+        Tunable::MigrationEntryAd,
     ];
 
     /// Its registry entry.
@@ -119,7 +122,7 @@ pub enum FaultLock {
 }
 
 /// Every tunable, in [`Tunable`] order.
-pub const TUNABLES: [TunableInfo; 6] = [
+pub const TUNABLES: [TunableInfo; 7] = [
     TunableInfo {
         name: "fork_batch",
         description: "fork copies a run of PTEs mapping one large folio with one \
@@ -227,6 +230,28 @@ pub const TUNABLES: [TunableInfo; 6] = [
             TunableValue {
                 name: "on",
                 description: "one flush per batch of up to 512 pages (v6.3+)",
+            },
+        ],
+        default: 1,
+    },
+    TunableInfo {
+        name: "migration_entry_ad",
+        description: "whether a migration entry keeps its PTE's accessed and \
+            dirty bits (`migration_entry_supports_ad`, v6.1): a kernel \
+            configuration, not an algorithm: x86 keeps them when its swap \
+            entries have room for the two bits",
+        values: &[
+            TunableValue {
+                name: "off",
+                description: "the page is mapped old and clean after \
+                    migration (a kernel without CONFIG_SWAP, or an x86 whose \
+                    L1TF limit on swap offsets leaves no room; the behaviour \
+                    before v6.1)",
+            },
+            TunableValue {
+                name: "on",
+                description: "young and dirty carried across (x86 with swap, \
+                    v6.1+)",
             },
         ],
         default: 1,
@@ -413,6 +438,16 @@ impl Tunables {
     pub fn set_migrate_batch_flush(&self, on: bool) {
         self.set_on(Tunable::MigrateBatchFlush, on)
     }
+
+    /// `migration_entry_supports_ad`.
+    #[inline]
+    pub fn migration_entry_ad(&self) -> bool {
+        self.index(Tunable::MigrationEntryAd) != 0
+    }
+
+    pub fn set_migration_entry_ad(&self, on: bool) {
+        self.set_on(Tunable::MigrationEntryAd, on)
+    }
 }
 
 #[cfg(test)]
@@ -444,7 +479,8 @@ mod tests {
                 ("pt_reclaim", "upstream"),
                 ("pt_reclaim_pmd", "off"),
                 ("fault_lock", "vma_lock"),
-                ("migrate_batch_flush", "on")
+                ("migrate_batch_flush", "on"),
+                ("migration_entry_ad", "on")
             ]
         );
         let e = t.set("zap_batch", "maybe").unwrap_err();
@@ -455,7 +491,7 @@ mod tests {
         let e = t.set("zap", "on").unwrap_err();
         assert_eq!(
             e.to_string(),
-            "no tunable \"zap\"; there are: fork_batch, zap_batch, pt_reclaim, pt_reclaim_pmd, fault_lock, migrate_batch_flush"
+            "no tunable \"zap\"; there are: fork_batch, zap_batch, pt_reclaim, pt_reclaim_pmd, fault_lock, migrate_batch_flush, migration_entry_ad"
         );
         assert!(!t.zap_batch(), "a refused set changes nothing");
     }

@@ -625,3 +625,32 @@ fn a_thp_without_a_destination_block_is_split_and_moves() {
     m.kswapd_quiesce();
     check_invariants(&m).unwrap();
 }
+
+/// `migration_entry_ad`: with it on (x86 with swap, the host), a written
+/// page is mapped dirty again after it migrates; with it off (no swap, or
+/// the L1TF limit), it comes back clean and old, and a later store dirties
+/// it anew.
+#[test]
+fn migration_entries_carry_the_dirty_bit_only_where_the_kernel_can() {
+    let m = tiered();
+    let c = m.bind(0).unwrap();
+    let mm = c.new_mm().unwrap();
+    let a = c.mmap(0, PAGE, RW, ANON).unwrap();
+    c.store_u64(a, 42).unwrap();
+    let dirty = || {
+        usermm::pgtable::walk::hw_walk(&m.mem, mm.pgd.cr3(), a, false)
+            .unwrap()
+            .dirty
+    };
+    assert!(dirty());
+    assert_eq!(move_to(&c, a, PAGE, 1).0, 0);
+    assert!(dirty(), "carried across with migration_entry_ad on");
+    m.tunables.set_migration_entry_ad(false);
+    assert_eq!(move_to(&c, a, PAGE, 0).0, 0);
+    assert!(!dirty(), "mapped clean with it off");
+    assert_eq!(c.load_u64(a).unwrap(), 42);
+    c.store_u64(a, 43).unwrap();
+    assert!(dirty());
+    assert_eq!(c.load_u64(a).unwrap(), 43);
+    check_invariants(&m).unwrap();
+}

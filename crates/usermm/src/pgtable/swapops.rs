@@ -74,6 +74,16 @@ pub const PTE_MARKER_POISONED: u64 = 1 << 1;
 pub const PTE_MARKER_GUARD: u64 = 1 << 2;
 const PTE_MARKER_MASK: u64 = (1 << 3) - 1;
 
+/// What a migration entry takes from the entry it replaces.
+#[derive(Clone, Copy, Debug)]
+pub struct MigrationBits {
+    pub write: bool,
+    /// The page was PageAnonExclusive.
+    pub exclusive: bool,
+    pub young: bool,
+    pub dirty: bool,
+}
+
 /// `swp_entry_t`: a type and an offset, without the PTE's own bits.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct SwpEntry(u64);
@@ -156,6 +166,27 @@ impl SwpEntry {
     }
     fn with_offset(self, offset: u64) -> SwpEntry {
         SwpEntry::new(self.type_(), offset)
+    }
+    /// The migration entry of page `pfn`, unmapped from an entry with
+    /// `bits`: writable, readable-exclusive or readable, and young and
+    /// dirty where the kernel keeps them (`migration_entry_supports_ad`:
+    /// `supports_ad`).
+    pub fn make_migration_entry(pfn: Pfn, bits: MigrationBits, supports_ad: bool) -> SwpEntry {
+        let kind = if bits.write {
+            Migration::Write
+        } else if bits.exclusive {
+            Migration::ReadExclusive
+        } else {
+            Migration::Read
+        };
+        let mut entry = SwpEntry::migration(kind, pfn);
+        if supports_ad && bits.young {
+            entry = entry.mkyoung();
+        }
+        if supports_ad && bits.dirty {
+            entry = entry.mkdirty();
+        }
+        entry
     }
     /// `make_pte_marker_entry`.
     pub fn marker(bits: u64) -> SwpEntry {
