@@ -115,23 +115,29 @@ impl MemSizeStats {
     }
 
     /// `smaps_account`: `nr` pages from `page` (all of the folio when it is
-    /// mapped by a PMD), mapped with the given accessed and dirty bits.
-    fn account(&mut self, mem: &PhysMem, page: u64, nr: u64, young: bool, dirty: bool) {
+    /// mapped by a PMD), mapped with the given accessed and dirty bits, by
+    /// a present entry or (`present` false) a migration entry.
+    fn account(&mut self, mem: &PhysMem, page: u64, nr: u64, bits: (bool, bool), present: bool) {
+        let (young, dirty) = bits;
         let f = mem.page_folio(page);
         let size = nr * PAGE_SIZE;
+        let head = f.head(mem);
+        let dirty = dirty || head.test(pg::DIRTY);
         if f.test_anon(mem) {
             self.anonymous += size;
-            if !f.head(mem).test(pg::SWAPBACKED) && !dirty {
+            if !head.test(pg::SWAPBACKED) && !dirty {
                 self.lazyfree += size;
             }
         }
         self.resident += size;
-        if young {
+        if young || head.test(pg::REFERENCED) {
             self.referenced += size;
         }
-        // A refcount of one means a single mapping, whatever the pages.
-        if f.ref_count(mem) == 1 {
-            self.page_accumulate(size, size << PSS_SHIFT, dirty, true);
+        // A refcount of one means a single mapping, whatever the pages. A
+        // non-present entry counts as maybe shared, wholly: its folio's
+        // counts are the migration's, not the mappings'.
+        if f.ref_count(mem) == 1 || !present {
+            self.page_accumulate(size, size << PSS_SHIFT, dirty, present);
             return;
         }
         for p in page..page + nr {
@@ -228,12 +234,12 @@ impl MmWalkOps for SmapsWalk<'_> {
             // A folio under migration counts where its entry is, as at
             // the PTE level.
             if let SwpKind::Migration { pfn, .. } = pmd.swp_entry().kind() {
-                self.mss.account(mem, pfn, nr, false, false);
+                self.mss.account(mem, pfn, nr, (false, false), false);
                 self.mss.anonymous_thp += nr * PAGE_SIZE;
             }
         } else if !pmd.special() {
             self.mss
-                .account(mem, pmd.pfn(), nr, pmd.young(), pmd.dirty());
+                .account(mem, pmd.pfn(), nr, (pmd.young(), pmd.dirty()), true);
             if Folio(pmd.pfn()).test_anon(mem) {
                 self.mss.anonymous_thp += nr * PAGE_SIZE;
             }
@@ -242,16 +248,16 @@ impl MmWalkOps for SmapsWalk<'_> {
     }
 
     /// `smaps_pte_entry`: `vm_normal_page` skips the zero page; a page
-    /// under migration counts where its migration entry is, neither young
-    /// nor dirty; markers count nowhere.
+    /// under migration counts where its migration entry is, as maybe shared
+    /// (with its folio's dirty and referenced flags); markers count nowhere.
     fn pte_entry(&mut self, pte: Pte, _addr: u64) -> ControlFlow<Self::Break> {
         if pte.is_swap() {
             if let SwpKind::Migration { pfn, .. } = pte.swp_entry().kind() {
-                self.mss.account(self.mem, pfn, 1, false, false);
+                self.mss.account(self.mem, pfn, 1, (false, false), false);
             }
         } else if !pte.special() {
             self.mss
-                .account(self.mem, pte.pfn(), 1, pte.young(), pte.dirty());
+                .account(self.mem, pte.pfn(), 1, (pte.young(), pte.dirty()), true);
         }
         ControlFlow::Continue(())
     }
