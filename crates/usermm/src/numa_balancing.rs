@@ -5,8 +5,9 @@
 //!   returning to its process, every scan period: it makes up to
 //!   `scan_size_mb` of the process's present PTEs PROT_NONE hinting
 //!   entries (`change_prot_numa`, `numa_pte_updates`), from where the last
-//!   scan stopped. In tiering mode it leaves pages on the top tier alone,
-//!   and notes when it scanned each folio (`folio_xchg_access_time`).
+//!   scan stopped. In tiering mode alone it leaves pages on the top tier
+//!   alone (mode 3, normal balancing too, hints them), and it notes when
+//!   it scanned each folio below the top tier (`folio_xchg_access_time`).
 //! * An access to such an entry faults (`do_numa_page`,
 //!   `numa_hint_faults`, `numa_hint_faults_local`). A folio on a slow tier
 //!   whose fault came within `hot_threshold_ms` of its scan is hot
@@ -181,13 +182,42 @@ pub fn task_numa_work(oncpu: &OnCpu, mm: &Arc<Mm>) {
         .store(if done { 0 } else { offset }, Ordering::Relaxed);
 }
 
+/// What a scan's `change_pte_range` with `MM_CP_PROT_NUMA` decides per
+/// folio: its mode and clock.
+#[derive(Clone, Copy)]
+struct ProtNuma {
+    mode: u8,
+    now: u64,
+}
+
+impl ProtNuma {
+    /// Pages on the top tier are not hinted unless normal balancing is on
+    /// too (mode 3 hints them).
+    fn skips(self, oncpu: &OnCpu, nid: usize) -> bool {
+        self.mode & NUMA_BALANCING_NORMAL == 0 && node_is_toptier(oncpu, nid)
+    }
+
+    /// `folio_use_access_time`: in tiering mode, a folio below the top tier
+    /// notes when it was scanned (`folio_xchg_access_time`).
+    fn note_scan(self, oncpu: &OnCpu, folio: Folio) {
+        if self.mode & NUMA_BALANCING_MEMORY_TIERING != 0 && !node_is_toptier(oncpu, folio.nid()) {
+            folio
+                .head(oncpu.mem())
+                .private
+                .store(self.now, Ordering::Relaxed);
+        }
+    }
+}
+
 /// `change_prot_numa`: make the present PTEs of `[start, end)` that map
-/// folios worth hinting PROT_NONE; returns how many were changed. In
-/// tiering mode those on the top tier are left alone, and each folio
-/// marked notes the time (`folio_xchg_access_time`).
+/// folios worth hinting PROT_NONE; returns how many were changed. Without
+/// normal balancing, those on the top tier are left alone; in tiering mode
+/// each folio below it notes the time (`folio_xchg_access_time`).
 fn change_prot_numa(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) -> u64 {
-    let tiering = oncpu.m.numa.tiering();
-    let now = oncpu.m.jiffies_ms();
+    let scan = ProtNuma {
+        mode: oncpu.m.numa.mode.load(Ordering::Relaxed),
+        now: oncpu.m.jiffies_ms(),
+    };
     let mut tlb = MmuGather::new(mm);
     let mut updated = 0;
     let mut a = start;
@@ -197,7 +227,7 @@ fn change_prot_numa(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) -> u64 {
         if let Some(slot) = mm.pmd_lookup(a) {
             if mm.pmd_get(slot).trans_huge() {
                 if next - a == pgtable::PMD_SIZE {
-                    if prot_numa_huge_pmd(oncpu, mm, slot, tiering, now) {
+                    if prot_numa_huge_pmd(oncpu, mm, slot, scan) {
                         tlb.remove_pmd_tlb_entry(a);
                         updated += crate::phys::HPAGE_PMD_NR;
                     }
@@ -211,7 +241,7 @@ fn change_prot_numa(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) -> u64 {
                     crate::tlbbatch::flush_tlb_batched_pending(oncpu, mm);
                     let mut p = a;
                     while p < next {
-                        if prot_numa_one(oncpu, &mut pt, p, tiering, now) {
+                        if prot_numa_one(oncpu, &mut pt, p, scan) {
                             tlb.remove_tlb_entries(p, 1);
                             updated += 1;
                         }
@@ -231,26 +261,17 @@ fn change_prot_numa(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) -> u64 {
 
 /// A whole huge PMD of [`change_prot_numa`] (`change_huge_pmd` with
 /// `MM_CP_PROT_NUMA`): the same rules as for a PTE, for the THP it maps.
-fn prot_numa_huge_pmd(
-    oncpu: &OnCpu,
-    mm: &Mm,
-    slot: pgtable::PmdSlot,
-    tiering: bool,
-    now: u64,
-) -> bool {
-    let mem = oncpu.mem();
+fn prot_numa_huge_pmd(oncpu: &OnCpu, mm: &Mm, slot: pgtable::PmdSlot, scan: ProtNuma) -> bool {
     let mut ptl = mm.pmd_lock(slot);
     let pmd = ptl.get();
     if !pmd.trans_huge() || pmd.protnone() || pmd.special() {
         return false;
     }
     let folio = Folio(pmd.pfn());
-    if tiering && node_is_toptier(oncpu, folio.nid()) {
+    if scan.skips(oncpu, folio.nid()) {
         return false;
     }
-    if tiering {
-        folio.head(mem).private.store(now, Ordering::Relaxed);
-    }
+    scan.note_scan(oncpu, folio);
     // pmdp_invalidate_ad: an accessed or dirty bit set meanwhile is kept.
     let old = ptl.invalidate();
     ptl.set(old.modify(Pgprot::NONE));
@@ -258,13 +279,7 @@ fn prot_numa_huge_pmd(
 }
 
 /// One PTE of [`change_prot_numa`], the table locked.
-fn prot_numa_one(
-    oncpu: &OnCpu,
-    pt: &mut PteLocked<'_>,
-    addr: u64,
-    tiering: bool,
-    now: u64,
-) -> bool {
+fn prot_numa_one(oncpu: &OnCpu, pt: &mut PteLocked<'_>, addr: u64, scan: ProtNuma) -> bool {
     let mem = oncpu.mem();
     let idx = pgtable::pte_index(addr);
     let pte = pt.pte(idx);
@@ -275,13 +290,10 @@ fn prot_numa_one(
     if !folio.test_anon(mem) {
         return false;
     }
-    let nid = folio.nid();
-    if tiering && node_is_toptier(oncpu, nid) {
+    if scan.skips(oncpu, folio.nid()) {
         return false;
     }
-    if tiering {
-        folio.head(mem).private.store(now, Ordering::Relaxed);
-    }
+    scan.note_scan(oncpu, folio);
     // ptep_modify_prot_start/commit: an accessed or dirty bit set by a
     // racing walker is kept.
     let old = pt.get_and_clear(idx);
