@@ -102,22 +102,7 @@ struct Summary {
 /// Two tiers, so that pages migrate between them (move_pages, mbind, NUMA
 /// balancing's promotions).
 fn default_machine() -> MachineConfig {
-    use usermm::phys::{NodeConfig, Tier};
-    MachineConfig {
-        nodes: vec![
-            NodeConfig {
-                size_bytes: 256 << 20,
-                tier: Tier::Dram,
-                has_cpus: true,
-            },
-            NodeConfig {
-                size_bytes: 256 << 20,
-                tier: Tier::Slow,
-                has_cpus: false,
-            },
-        ],
-        cpus: vec![0; 4],
-    }
+    MachineConfig::two_tiers(256 << 20, 256 << 20, 4)
 }
 
 pub fn run(a: StressArgs) -> anyhow::Result<i32> {

@@ -46,20 +46,26 @@ impl MachineConfig {
     /// CPUs. The experiments' default region (1 GiB) overflows the fast
     /// tier.
     pub fn tiered() -> MachineConfig {
+        MachineConfig::two_tiers(512 << 20, 2 << 30, 4)
+    }
+
+    /// Two tiers: node 0, `dram` bytes of DRAM with `nr_cpus` CPUs; node 1,
+    /// `slow` bytes of slow memory without CPUs.
+    pub fn two_tiers(dram: u64, slow: u64, nr_cpus: usize) -> MachineConfig {
         MachineConfig {
             nodes: vec![
                 NodeConfig {
-                    size_bytes: 512 << 20,
+                    size_bytes: dram,
                     tier: Tier::Dram,
                     has_cpus: true,
                 },
                 NodeConfig {
-                    size_bytes: 2 << 30,
+                    size_bytes: slow,
                     tier: Tier::Slow,
                     has_cpus: false,
                 },
             ],
-            cpus: vec![0; 4],
+            cpus: vec![0; nr_cpus],
         }
     }
 

@@ -11,7 +11,6 @@ use std::sync::Arc;
 use usermm::check::check_invariants;
 use usermm::madvise::MADV_HUGEPAGE;
 use usermm::mmap::*;
-use usermm::phys::{NodeConfig, Tier};
 use usermm::vmstat::Event;
 use usermm::{Errno, Machine, MachineConfig, OnCpu};
 
@@ -21,22 +20,7 @@ const PAGE: u64 = 4096;
 
 /// Node 0: DRAM with the CPUs; node 1: a slow tier without CPUs.
 fn tiered() -> Arc<Machine> {
-    Machine::new(MachineConfig {
-        nodes: vec![
-            NodeConfig {
-                size_bytes: 128 << 20,
-                tier: Tier::Dram,
-                has_cpus: true,
-            },
-            NodeConfig {
-                size_bytes: 128 << 20,
-                tier: Tier::Slow,
-                has_cpus: false,
-            },
-        ],
-        cpus: vec![0, 0],
-    })
-    .unwrap()
+    Machine::new(MachineConfig::two_tiers(128 << 20, 128 << 20, 2)).unwrap()
 }
 
 fn pages_of(a: u64, len: u64) -> Vec<u64> {
@@ -296,22 +280,7 @@ fn the_batched_flush_sends_one_shootdown_per_batch() {
 #[test]
 fn loads_and_stores_survive_migration() {
     for order in [0, 4] {
-        let m = Machine::new(MachineConfig {
-            nodes: vec![
-                NodeConfig {
-                    size_bytes: 64 << 20,
-                    tier: Tier::Dram,
-                    has_cpus: true,
-                },
-                NodeConfig {
-                    size_bytes: 64 << 20,
-                    tier: Tier::Slow,
-                    has_cpus: false,
-                },
-            ],
-            cpus: vec![0, 0, 0],
-        })
-        .unwrap();
+        let m = Machine::new(MachineConfig::two_tiers(64 << 20, 64 << 20, 3)).unwrap();
         m.thp.only_order(order);
         let c0 = m.bind(0).unwrap();
         let mm = c0.new_mm().unwrap();
@@ -480,22 +449,7 @@ fn stores_survive_migration_demotion_and_promotion() {
     use std::sync::atomic::Ordering::Relaxed;
     use usermm::check::shadow::Shadow;
     for order in [0u32, 4, 9] {
-        let m = Machine::new(MachineConfig {
-            nodes: vec![
-                NodeConfig {
-                    size_bytes: 24 << 20,
-                    tier: Tier::Dram,
-                    has_cpus: true,
-                },
-                NodeConfig {
-                    size_bytes: 96 << 20,
-                    tier: Tier::Slow,
-                    has_cpus: false,
-                },
-            ],
-            cpus: vec![0, 0, 0],
-        })
-        .unwrap();
+        let m = Machine::new(MachineConfig::two_tiers(24 << 20, 96 << 20, 3)).unwrap();
         m.thp.only_order(order);
         m.set_demotion_enabled(true);
         m.numa.mode.store(

@@ -10,7 +10,6 @@ use usermm::check::check_invariants;
 use usermm::madvise::MADV_FREE;
 use usermm::mempolicy::MPOL_BIND;
 use usermm::mmap::*;
-use usermm::phys::{NodeConfig, Tier};
 use usermm::vmstat::Event;
 use usermm::{Errno, Machine, MachineConfig, OnCpu};
 
@@ -19,22 +18,7 @@ const ANON: u32 = MAP_PRIVATE | MAP_ANONYMOUS;
 const PAGE: u64 = 4096;
 
 fn tiered(fast_mib: u64) -> Arc<Machine> {
-    Machine::new(MachineConfig {
-        nodes: vec![
-            NodeConfig {
-                size_bytes: fast_mib << 20,
-                tier: Tier::Dram,
-                has_cpus: true,
-            },
-            NodeConfig {
-                size_bytes: 256 << 20,
-                tier: Tier::Slow,
-                has_cpus: false,
-            },
-        ],
-        cpus: vec![0, 0],
-    })
-    .unwrap()
+    Machine::new(MachineConfig::two_tiers(fast_mib << 20, 256 << 20, 2)).unwrap()
 }
 
 fn nodes_of(c: &OnCpu, a: u64, len: u64) -> [usize; 2] {

@@ -20,7 +20,6 @@ use std::time::Instant;
 use anyhow::anyhow;
 use serde::Serialize;
 use usermm::mmap::{MAP_ANONYMOUS, MAP_PRIVATE, PROT_READ, PROT_WRITE};
-use usermm::phys::{NodeConfig, Tier};
 use usermm::vmstat::Event;
 use usermm::{Machine, MachineConfig, OnCpu};
 
@@ -72,21 +71,7 @@ type Sample = (f64, [u64; COUNTERS.len()]);
 /// nodes with room.
 fn machine(a: &BenchArgs, len: u64) -> anyhow::Result<std::sync::Arc<Machine>> {
     let need = super::region_machine_bytes(len >> 20);
-    let default = MachineConfig {
-        nodes: vec![
-            NodeConfig {
-                size_bytes: need,
-                tier: Tier::Dram,
-                has_cpus: true,
-            },
-            NodeConfig {
-                size_bytes: need,
-                tier: Tier::Slow,
-                has_cpus: false,
-            },
-        ],
-        cpus: vec![0, 0],
-    };
+    let default = MachineConfig::two_tiers(need, need, 2);
     let config = a.machine.config(default)?;
     if config.nodes.len() < 2 || config.nodes.iter().take(2).any(|n| n.size_bytes < need) {
         anyhow::bail!(

@@ -500,15 +500,10 @@ fn print_table(rows: &[Row], slice: u64, runs: usize, cores: usize, m: &Machine)
     outln!();
 }
 
-fn plot_rows(a: &BenchArgs, rows: &[Row]) -> anyhow::Result<()> {
-    let mut labels: Vec<String> = vec![];
-    for r in rows {
-        let l = format!("{}t {}", r.threads, r.writer);
-        if !labels.contains(&l) {
-            labels.push(l);
-        }
-    }
-    let series: Vec<plot::Series> = ["mmap_lock", "spf", "vma_lock", "host"]
+/// One line per fault_lock mode and the host: each row's faults/s
+/// (thousands) at the x position `x_of` gives it (None: not plotted).
+fn mode_series(rows: &[Row], x_of: impl Fn(&Row) -> Option<usize>) -> Vec<plot::Series> {
+    ["mmap_lock", "spf", "vma_lock", "host"]
         .iter()
         .map(|mode| plot::Series {
             label: if *mode == "host" {
@@ -519,18 +514,26 @@ fn plot_rows(a: &BenchArgs, rows: &[Row]) -> anyhow::Result<()> {
             points: rows
                 .iter()
                 .filter(|r| r.mode == *mode)
-                .filter_map(|r| {
-                    let l = format!("{}t {}", r.threads, r.writer);
-                    labels
-                        .iter()
-                        .position(|x| *x == l)
-                        .map(|i| (i, r.faults_per_s / 1000.0))
-                })
+                .filter_map(|r| Some((x_of(r)?, r.faults_per_s / 1000.0)))
                 .collect(),
             dashed: *mode == "host",
         })
         .filter(|s| !s.points.is_empty())
-        .collect();
+        .collect()
+}
+
+fn plot_rows(a: &BenchArgs, rows: &[Row]) -> anyhow::Result<()> {
+    let mut labels: Vec<String> = vec![];
+    for r in rows {
+        let l = format!("{}t {}", r.threads, r.writer);
+        if !labels.contains(&l) {
+            labels.push(l);
+        }
+    }
+    let series = mode_series(rows, |r| {
+        let l = format!("{}t {}", r.threads, r.writer);
+        labels.iter().position(|x| *x == l)
+    });
     plot::change_plot(
         &a.out.join("pft.svg"),
         "pft: 4 KiB write faults per second (thousands), per fault_lock",
@@ -544,26 +547,11 @@ fn plot_rows(a: &BenchArgs, rows: &[Row]) -> anyhow::Result<()> {
 /// mode and on the host (`pft_scaling.svg`, when more than two counts ran).
 fn plot_scaling(a: &BenchArgs, rows: &[Row], counts: &[usize]) -> anyhow::Result<()> {
     let labels: Vec<String> = counts.iter().map(|t| t.to_string()).collect();
-    let series: Vec<plot::Series> = ["mmap_lock", "spf", "vma_lock", "host"]
-        .iter()
-        .map(|mode| plot::Series {
-            label: if *mode == "host" {
-                "host kernel (6.18, per-VMA locks)".into()
-            } else {
-                format!("usermm, fault_lock={mode}")
-            },
-            points: rows
-                .iter()
-                .filter(|r| r.mode == *mode && r.writer == "none")
-                .filter_map(|r| {
-                    let i = counts.iter().position(|&t| t == r.threads)?;
-                    Some((i, r.faults_per_s / 1000.0))
-                })
-                .collect(),
-            dashed: *mode == "host",
-        })
-        .filter(|s| !s.points.is_empty())
-        .collect();
+    let series = mode_series(rows, |r| {
+        (r.writer == "none")
+            .then(|| counts.iter().position(|&t| t == r.threads))
+            .flatten()
+    });
     plot::change_plot(
         &a.out.join("pft_scaling.svg"),
         "pft: 4 KiB write faults per second (thousands) by fault threads, no writer",
