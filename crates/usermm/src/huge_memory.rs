@@ -31,7 +31,6 @@ use crate::pgtable::swapops::{Migration, MigrationBits, SwpEntry, SwpKind};
 use crate::pgtable::{
     Pmd, PmdLocked, PmdSlot, Ptdesc, Pte, PteLocked, PteRead, PMD_MASK, PMD_SIZE, PTRS_PER_TABLE,
 };
-use crate::phys::folio::{clear_page_anon_exclusive, page_anon_exclusive};
 use crate::phys::memmap::pg;
 use crate::phys::AllocFlags;
 use crate::phys::{Folio, Pfn, PhysMem, HPAGE_PMD_NR, HPAGE_PMD_ORDER};
@@ -562,19 +561,12 @@ pub fn set_pmd_migration_entry(
     mm.update_hiwater_rss();
     let pmdval = ptl.invalidate();
     oncpu.flush_tlb_range(mm, haddr, haddr + PMD_SIZE, crate::pgtable::PMD_SHIFT);
-    // folio_try_share_anon_rmap_pmd: no GUP pins in the model, so an
-    // exclusive folio can always be shared (its exclusivity moves into the
-    // entry's kind).
-    let exclusive = page_anon_exclusive(mem, folio.pfn());
-    if exclusive {
-        clear_page_anon_exclusive(mem, folio.pfn());
-    }
     if pmdval.dirty() {
         folio.head(mem).set(pg::DIRTY);
     }
     let bits = MigrationBits {
         write: pmdval.write(),
-        exclusive,
+        exclusive: rmap::folio_try_share_anon_rmap(mem, folio.pfn()),
         young: pmdval.young(),
         dirty: pmdval.dirty(),
     };

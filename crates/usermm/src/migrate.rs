@@ -48,7 +48,6 @@ use crate::machine::OnCpu;
 use crate::mm::{AnonVma, Mm, Vma};
 use crate::pgtable::swapops::{Migration, MigrationBits, SwpEntry, SwpKind};
 use crate::pgtable::{self, Pte, PteLocked, PteRead};
-use crate::phys::folio::{clear_page_anon_exclusive, page_anon_exclusive};
 use crate::phys::memmap::pg;
 use crate::phys::{AllocFlags, Folio, PhysMem, HPAGE_PMD_NR, HPAGE_PMD_ORDER};
 use crate::rmap::{self, RmapFlags};
@@ -707,12 +706,12 @@ fn try_to_migrate(oncpu: &OnCpu, iso: &Isolated, flags: TtuFlags, ubc: &mut Tlbf
             let Some(mut pt) = mm.pte_offset_map_lock(slot) else {
                 continue;
             };
+            let mut ttu = Ttu {
+                flags,
+                ubc: &mut *ubc,
+            };
             for (i, addr) in run.pages() {
-                let ttu = Ttu {
-                    flags,
-                    ubc: &mut *ubc,
-                };
-                try_to_migrate_one(oncpu, mm, &mut pt, folio, (i, addr), ttu);
+                try_to_migrate_one(oncpu, mm, &mut pt, folio, (i, addr), &mut ttu);
             }
         }
         folio.mapped(mem)
@@ -727,7 +726,7 @@ fn try_to_migrate_one(
     pt: &mut PteLocked<'_>,
     folio: Folio,
     (i, addr): (u64, u64),
-    mut ttu: Ttu<'_>,
+    ttu: &mut Ttu<'_>,
 ) {
     let mem = oncpu.mem();
     let page = folio.pfn() + i;
@@ -743,16 +742,9 @@ fn try_to_migrate_one(
         folio.head(mem).set(pg::DIRTY);
     }
     mm.update_hiwater_rss();
-    // folio_try_share_anon_rmap_pte: the model has no GUP pins, so an
-    // exclusive page can always be shared (its exclusivity moves into the
-    // entry's type).
-    let exclusive = page_anon_exclusive(mem, page);
-    if exclusive {
-        clear_page_anon_exclusive(mem, page);
-    }
     let bits = MigrationBits {
         write: pteval.write(),
-        exclusive,
+        exclusive: rmap::folio_try_share_anon_rmap(mem, page),
         young: pteval.young(),
         dirty: pteval.dirty(),
     };

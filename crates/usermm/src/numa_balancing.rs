@@ -191,21 +191,22 @@ struct ProtNuma {
 }
 
 impl ProtNuma {
-    /// Pages on the top tier are not hinted unless normal balancing is on
-    /// too (mode 3 hints them).
-    fn skips(self, oncpu: &OnCpu, nid: usize) -> bool {
-        self.mode & NUMA_BALANCING_NORMAL == 0 && node_is_toptier(oncpu, nid)
-    }
-
-    /// `folio_use_access_time`: in tiering mode, a folio below the top tier
-    /// notes when it was scanned (`folio_xchg_access_time`).
-    fn note_scan(self, oncpu: &OnCpu, folio: Folio) {
-        if self.mode & NUMA_BALANCING_MEMORY_TIERING != 0 && !node_is_toptier(oncpu, folio.nid()) {
+    /// Whether `folio` is to be hinted: not on the top tier unless normal
+    /// balancing is on too (mode 3 hints it). In tiering mode a folio
+    /// below the top tier notes when it was scanned
+    /// (`folio_use_access_time`, `folio_xchg_access_time`).
+    fn hint(self, oncpu: &OnCpu, folio: Folio) -> bool {
+        let top = node_is_toptier(oncpu, folio.nid());
+        if top && self.mode & NUMA_BALANCING_NORMAL == 0 {
+            return false;
+        }
+        if !top && self.mode & NUMA_BALANCING_MEMORY_TIERING != 0 {
             folio
                 .head(oncpu.mem())
                 .private
                 .store(self.now, Ordering::Relaxed);
         }
+        true
     }
 }
 
@@ -267,11 +268,9 @@ fn prot_numa_huge_pmd(oncpu: &OnCpu, mm: &Mm, slot: pgtable::PmdSlot, scan: Prot
     if !pmd.trans_huge() || pmd.protnone() || pmd.special() {
         return false;
     }
-    let folio = Folio(pmd.pfn());
-    if scan.skips(oncpu, folio.nid()) {
+    if !scan.hint(oncpu, Folio(pmd.pfn())) {
         return false;
     }
-    scan.note_scan(oncpu, folio);
     // pmdp_invalidate_ad: an accessed or dirty bit set meanwhile is kept.
     let old = ptl.invalidate();
     ptl.set(old.modify(Pgprot::NONE));
@@ -290,10 +289,9 @@ fn prot_numa_one(oncpu: &OnCpu, pt: &mut PteLocked<'_>, addr: u64, scan: ProtNum
     if !folio.test_anon(mem) {
         return false;
     }
-    if scan.skips(oncpu, folio.nid()) {
+    if !scan.hint(oncpu, folio) {
         return false;
     }
-    scan.note_scan(oncpu, folio);
     // ptep_modify_prot_start/commit: an accessed or dirty bit set by a
     // racing walker is kept.
     let old = pt.get_and_clear(idx);

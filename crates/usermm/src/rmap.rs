@@ -360,6 +360,19 @@ pub fn folio_dup_anon_rmap_ptes(mem: &PhysMem, folio: Folio, page: Pfn, nr: u64)
     }
 }
 
+/// `folio_try_share_anon_rmap_pte` / `_pmd`, for an unmap that leaves a
+/// migration entry: page `page` (a PMD mapping's head) stops being
+/// PageAnonExclusive, its exclusivity moving into the entry's kind;
+/// returns whether it was. The model has no GUP pins, so sharing never
+/// fails.
+pub fn folio_try_share_anon_rmap(mem: &PhysMem, page: Pfn) -> bool {
+    let exclusive = crate::phys::folio::page_anon_exclusive(mem, page);
+    if exclusive {
+        clear_page_anon_exclusive(mem, page);
+    }
+    exclusive
+}
+
 /// `folio_try_dup_anon_rmap_pmd` (fork of a PMD-mapped THP): the head's
 /// PageAnonExclusive, the PMD mapping's, goes.
 pub fn folio_dup_anon_rmap_pmd(mem: &PhysMem, folio: Folio) {

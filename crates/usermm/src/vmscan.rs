@@ -676,12 +676,12 @@ fn try_to_unmap_lazyfree(oncpu: &OnCpu, folio: Folio, ubc: &mut TlbflushUnmapBat
             let Some(mut pt) = mm.pte_offset_map_lock(slot) else {
                 continue;
             };
+            let mut ttu = Ttu {
+                flags,
+                ubc: &mut *ubc,
+            };
             for (i, addr) in run.pages() {
-                let ttu = Ttu {
-                    flags,
-                    ubc: &mut *ubc,
-                };
-                if !unmap_lazyfree_pte(oncpu, mm, &mut pt, folio, (i, addr), ttu) {
+                if !unmap_lazyfree_pte(oncpu, mm, &mut pt, folio, (i, addr), &mut ttu) {
                     ok = false;
                     return false;
                 }
@@ -701,7 +701,7 @@ fn unmap_lazyfree_pte(
     pt: &mut PteLocked<'_>,
     folio: Folio,
     (i, addr): (u64, u64),
-    mut ttu: Ttu<'_>,
+    ttu: &mut Ttu<'_>,
 ) -> bool {
     let mem = oncpu.mem();
     let idx = crate::pgtable::pte_index(addr);

@@ -66,6 +66,8 @@ pub struct Avcs {
     live: u32,
     /// Links made so far: the order the VMAs are walked in.
     linked: u64,
+    /// No slot was reused: slot order is link order (a walk need not sort).
+    in_link_order: bool,
 }
 
 impl Avcs {
@@ -77,6 +79,7 @@ impl Avcs {
             free: NO_SLOT,
             live: 0,
             linked: 0,
+            in_link_order: true,
         }
     }
 
@@ -91,6 +94,7 @@ impl Avcs {
                 unreachable!("the free list holds only free slots");
             };
             self.free = next;
+            self.in_link_order = false;
             self.slots[i as usize] = AvcSlot::Used(vma, seq);
             return i;
         }
@@ -128,16 +132,23 @@ impl Avcs {
     /// migration entries reaches a child after the parent it may copy an
     /// entry from (slots are reused, so their order is not enough).
     fn vmas(&self) -> impl Iterator<Item = Arc<Vma>> + '_ {
-        let mut used: Vec<(u64, &Weak<Vma>)> = self
-            .slots
-            .iter()
-            .filter_map(|s| match s {
-                AvcSlot::Used(w, seq) => Some((*seq, w)),
-                AvcSlot::Free(_) => None,
-            })
-            .collect();
-        used.sort_unstable_by_key(|&(seq, _)| seq);
-        used.into_iter().filter_map(|(_, w)| w.upgrade())
+        let used = self.slots.iter().filter_map(|s| match s {
+            AvcSlot::Used(w, seq) => Some((*seq, w)),
+            AvcSlot::Free(_) => None,
+        });
+        // Sorted only once a slot was reused; else slot order is link order.
+        let (direct, sorted) = if self.in_link_order {
+            (Some(used), None)
+        } else {
+            let mut v: Vec<_> = used.collect();
+            v.sort_unstable_by_key(|&(seq, _)| seq);
+            (None, Some(v))
+        };
+        direct
+            .into_iter()
+            .flatten()
+            .chain(sorted.into_iter().flatten())
+            .filter_map(|(_, w)| w.upgrade())
     }
 }
 

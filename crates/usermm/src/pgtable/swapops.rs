@@ -318,11 +318,6 @@ impl Pmd {
     pub fn swp_mksoft_dirty(self) -> Pmd {
         Pmd(self.0 | _PAGE_SWP_SOFT_DIRTY)
     }
-    /// `pmd_swp_uffd_wp`.
-    #[inline]
-    pub fn swp_uffd_wp(self) -> bool {
-        self.0 & _PAGE_SWP_UFFD_WP != 0
-    }
 }
 
 #[cfg(test)]
