@@ -49,6 +49,7 @@ pub mod madvise;
 pub mod memory;
 pub mod mempolicy;
 pub mod migrate;
+pub mod migrc;
 pub mod mmap;
 pub mod mmu_gather;
 pub mod mprotect;

@@ -290,6 +290,8 @@ pub struct Machine {
     me: crate::sync::OnceLock<std::sync::Weak<Machine>>,
     /// NUMA balancing's knobs.
     pub numa: crate::numa_balancing::NumaKnobs,
+    /// MIGRC's deferred flushes and kept sources (tunable `migrc`).
+    pub migrc: crate::migrc::Migrc,
     /// Each node's promotion rate-limit window.
     promote_rl: Box<[crate::numa_balancing::PromoteRateLimit]>,
     /// When the machine was made (the model's jiffies).
@@ -375,6 +377,7 @@ impl Machine {
             kswapd,
             me: crate::sync::OnceLock::new(),
             numa: Default::default(),
+            migrc: Default::default(),
             born: std::time::Instant::now(),
         });
         let _ = m.me.set(Arc::downgrade(&m));
@@ -588,6 +591,34 @@ impl crate::phys::page_alloc::Reclaimer for Machine {
             }
         }
         r
+    }
+
+    fn migrc_flush_free(&self, cpu: usize) -> bool {
+        if !self.migrc.pending() {
+            return false;
+        }
+        // As for reclaim: only the thread that plays `cpu` flushes as it.
+        let Some(c) = self.cpus.get(cpu) else {
+            return false;
+        };
+        if crate::sync::this_cpu(self.mem.machine_id()) != cpu {
+            return false;
+        }
+        let oncpu = std::mem::ManuallyDrop::new(OnCpu {
+            m: self,
+            cpu: c,
+            _not_send: PhantomData,
+            numa_tick: std::cell::Cell::new(0),
+        });
+        crate::migrc::migrc_flush_free_folios(&oncpu)
+    }
+
+    fn migrc_pause(&self, pause: bool) {
+        if pause {
+            self.migrc.pause();
+        } else {
+            self.migrc.resume();
+        }
     }
 }
 

@@ -759,6 +759,12 @@ fn do_wp_page(vmf: &mut VmFault<'_>, mut pt: PteLocked<'_>) -> VmFaultResult {
     let mem = oncpu.mem();
     let orig = vmf.orig_pte;
     let page = vm_normal_page(orig);
+    if page.is_some() && oncpu.m.migrc.weakened() != crate::migrc::Weakened::NoWpFlush {
+        // MIGRC: before any PTE can become writable, no CPU may keep a
+        // stale translation of a kept source (the seed flushes whatever
+        // is owed, on any write-protect fault).
+        crate::migrc::migrc_flush_free_folios(oncpu);
+    }
     if let Some(page) = page {
         let f = mem.page_folio(page);
         let reuse = folio::page_anon_exclusive(mem, page) || wp_can_reuse_anon_folio(oncpu, f);

@@ -148,6 +148,9 @@ struct MigrateRun {
     stats: MigrateStats,
     nosplit: bool,
     split_folios: Vec<Isolated>,
+    /// MIGRC may defer this migration's read-only flushes (`do_migrc`: the
+    /// tunable, and a demotion or promotion).
+    do_migrc: bool,
 }
 
 /// What [`migrate_pages`] did: its counts, and the folios it could not
@@ -169,6 +172,9 @@ struct Unmapped {
     src: Isolated,
     dst: Folio,
     was_mapped: bool,
+    /// MIGRC: the flush of its PTEs is deferred, and the source is kept
+    /// when it has moved.
+    migrc: bool,
 }
 
 /// Isolate a mapped `folio` for migration (`folio_isolate_lru`, with the
@@ -230,6 +236,11 @@ pub fn migrate_pages(
         stats: MigrateStats::default(),
         nosplit: reason == MigrateReason::NumaMisplaced,
         split_folios: Vec::new(),
+        do_migrc: oncpu.m.tunables.migrc()
+            && matches!(
+                reason,
+                MigrateReason::Demotion | MigrateReason::NumaMisplaced
+            ),
     };
     let mut failed = Vec::new();
     let mut nomem = false;
@@ -318,6 +329,7 @@ fn migrate_pages_sync(
         stats: MigrateStats::default(),
         nosplit: run.nosplit,
         split_folios: Vec::new(),
+        do_migrc: run.do_migrc,
     };
     let mut left = migrate_pages_batch(
         oncpu,
@@ -385,19 +397,41 @@ fn migrate_pages_batch(
     let mut failed = Vec::new();
     let mut untried = Vec::new();
     let mut nomem = false;
-    let mut unmapped = Vec::new();
+    let mut unmapped: Vec<Unmapped> = Vec::new();
+    // MIGRC's `pending_ubc`: the CPUs whose flush this batch may owe.
+    let mut migrc_pending = 0u64;
     'unmap: for _ in 0..nr_pass {
         let mut retry = Vec::new();
         let mut todo = std::mem::take(&mut from).into_iter();
         while let Some(iso) = todo.next() {
-            match migrate_folio_unmap(oncpu, iso, target, mode, flags, &mut ubc) {
-                Unmap::Unmapped(u) => unmapped.push(u),
+            // MIGRC: an order-0 folio's clean read-only PTEs are queued
+            // apart, to be owed rather than flushed.
+            let migrc = run.do_migrc
+                && flags.batch_flush
+                && !oncpu.m.migrc.paused()
+                && iso.folio.order(mem) == 0;
+            ubc.can_migrc_init(migrc);
+            let r = migrate_folio_unmap(oncpu, iso, target, mode, flags, &mut ubc);
+            match r {
+                Unmap::Unmapped(mut u) => {
+                    if ubc.can_migrc() {
+                        migrc_pending |= ubc.take_ro();
+                        u.migrc = true;
+                    }
+                    ubc.can_migrc_init(false);
+                    unmapped.push(u);
+                }
                 Unmap::Done { nr, thp } => {
+                    ubc.can_migrc_init(false);
                     run.stats.nr_succeeded += nr;
                     run.stats.nr_thp_succeeded += thp as u64;
                 }
-                Unmap::Again(iso) => retry.push(iso),
+                Unmap::Again(iso) => {
+                    ubc.can_migrc_init(false);
+                    retry.push(iso);
+                }
                 Unmap::NoMem(iso) => {
+                    ubc.can_migrc_init(false);
                     let thp = iso.folio.order(mem) == HPAGE_PMD_ORDER;
                     let iso = if iso.folio.is_large(mem) && !run.nosplit {
                         // Counted as one failure, and its pieces tried
@@ -432,16 +466,27 @@ fn migrate_pages_batch(
         }
     }
     failed.append(&mut from);
-    // One flush for every PTE the batch cleared: no CPU may write a source
-    // page once its copy has begun.
+    // MIGRC (`migrc_add_pending_ubc`): owe the read-only flushes, unless
+    // MIGRC was paused meanwhile or a batched flush is under way; then
+    // they are flushed with the rest, and no source is kept.
+    if migrc_pending != 0
+        && (oncpu.m.migrc.paused() || !oncpu.m.migrc.add_pending_ubc(migrc_pending))
+    {
+        ubc.add_cpumask(migrc_pending);
+        unmapped.iter_mut().for_each(|u| u.migrc = false);
+    }
+    // One flush for every PTE the batch cleared (but those owed): no CPU
+    // may write a source page once its copy has begun.
     ubc.flush(oncpu);
+    let mut kept = Vec::new();
     for _ in 0..nr_pass {
         let mut retry = Vec::new();
         for u in unmapped {
             let nr = u.src.folio.nr_pages(mem);
             let thp = u.src.folio.order(mem) == HPAGE_PMD_ORDER;
             match migrate_folio_move(oncpu, u) {
-                Ok(()) => {
+                Ok(k) => {
+                    kept.extend(k);
                     run.stats.nr_succeeded += nr;
                     run.stats.nr_thp_succeeded += thp as u64;
                 }
@@ -451,6 +496,14 @@ fn migrate_pages_batch(
         unmapped = retry;
         if unmapped.is_empty() {
             break;
+        }
+    }
+    // `migrc_add_pending_folios`; refused while a flush is under way, the
+    // owed flush is done now and the sources go.
+    if !kept.is_empty() {
+        if let Err(kept) = oncpu.m.migrc.add_pending_folios(kept) {
+            crate::migrc::migrc_flush_free_folios(oncpu);
+            crate::migrc::migrc_release(mem, kept, oncpu.id());
         }
     }
     for u in unmapped {
@@ -532,6 +585,7 @@ fn migrate_folio_unmap(
             src: iso,
             dst,
             was_mapped,
+            migrc: false,
         });
     }
     // Some mapping could not be replaced: put back what was.
@@ -546,10 +600,11 @@ fn migrate_folio_unmap(
     Unmap::Again(iso)
 }
 
-/// `migrate_folio_move`: copy, hand over, remap; the source is freed. On
-/// failure (someone still holds a reference to the source) the folio stays
-/// unmapped for another pass.
-fn migrate_folio_move(oncpu: &OnCpu, u: Unmapped) -> Result<(), Unmapped> {
+/// `migrate_folio_move`: copy, hand over, remap; the source is freed, or,
+/// with its flush owed (MIGRC), kept and returned. On failure (someone
+/// still holds a reference to the source) the folio stays unmapped for
+/// another pass.
+fn migrate_folio_move(oncpu: &OnCpu, u: Unmapped) -> Result<Option<Folio>, Unmapped> {
     let mem = oncpu.mem();
     let (src, dst) = (u.src.folio, u.dst);
     if move_to_new_folio(mem, dst, src).is_err() {
@@ -563,8 +618,15 @@ fn migrate_folio_move(oncpu: &OnCpu, u: Unmapped) -> Result<(), Unmapped> {
     // The allocation's reference: the PTEs hold their own.
     dst.put(mem, oncpu.id());
     src.unlock(mem);
+    // MIGRC: the source stays, pinned, until the owed flush is done
+    // (unless a test broke that rule on purpose).
+    let keep = u.migrc && oncpu.m.migrc.weakened() != crate::migrc::Weakened::FreeSource;
+    let kept = keep.then(|| {
+        crate::migrc::migrc_keep(mem, src);
+        src
+    });
     migrate_folio_done(oncpu, u.src);
-    Ok(())
+    Ok(kept)
 }
 
 /// A folio unmapped but never moved: its migration entries point to it

@@ -69,6 +69,10 @@ impl Ttu<'_> {
 }
 
 /// `struct tlbflush_unmap_batch`: the calling task's queued flush.
+///
+/// With MIGRC tracking on ([`Self::can_migrc_init`]), the flushes of clean
+/// read-only PTEs are queued apart (`tlb_ubc_ro`), so that a migration may
+/// defer them ([`crate::migrc`]); anything else queued clears `can_migrc`.
 #[derive(Debug, Default)]
 pub struct TlbflushUnmapBatch {
     /// `arch.cpumask`: the CPUs to flush.
@@ -77,6 +81,15 @@ pub struct TlbflushUnmapBatch {
     flush_required: bool,
     /// Some PTE queued was dirty: writeback must wait for the flush.
     writable: bool,
+    /// `tlb_ubc_ro`: the CPUs that may cache a clean read-only PTE queued
+    /// while tracking, and whether any was.
+    ro_cpumask: u64,
+    ro_flush_required: bool,
+    /// Tracking for MIGRC (`can_migrc_init` was called).
+    track_ro: bool,
+    /// `can_migrc`: every PTE queued while tracking was clean and
+    /// read-only.
+    can_migrc: bool,
 }
 
 impl TlbflushUnmapBatch {
@@ -95,8 +108,14 @@ impl TlbflushUnmapBatch {
         if !pte_accessible(mm, pteval) {
             return;
         }
-        cpu::arch_tlbbatch_add_pending(&mut self.cpumask, mm);
-        self.flush_required = true;
+        if self.track_ro && !pteval.write() && !pteval.dirty() {
+            cpu::arch_tlbbatch_add_pending(&mut self.ro_cpumask, mm);
+            self.ro_flush_required = true;
+        } else {
+            cpu::arch_tlbbatch_add_pending(&mut self.cpumask, mm);
+            self.flush_required = true;
+            self.can_migrc = false;
+        }
         // The queued count moves after the PTE was cleared (the kernel's
         // barrier()): a flush_tlb_batched_pending that sees the count also
         // sees the PTE gone. Relaxed RMWs on one word are ordered with each
@@ -124,12 +143,60 @@ impl TlbflushUnmapBatch {
         }
     }
 
+    /// `can_migrc_init`: track the next folio's PTEs for MIGRC (`on`), or
+    /// stop tracking.
+    pub fn can_migrc_init(&mut self, on: bool) {
+        self.fold_ro();
+        self.track_ro = on;
+        self.can_migrc = on;
+    }
+
+    /// Whether the folio unmapped since [`Self::can_migrc_init`] may defer
+    /// its flush: only clean read-only PTEs, and at least one of them.
+    pub fn can_migrc(&self) -> bool {
+        self.track_ro && self.can_migrc && self.ro_flush_required
+    }
+
+    /// Take the read-only queue's CPUs (for the caller to owe them).
+    pub fn take_ro(&mut self) -> u64 {
+        self.ro_flush_required = false;
+        std::mem::take(&mut self.ro_cpumask)
+    }
+
+    /// `fold_ubc(tlb_ubc, tlb_ubc_ro)`: the read-only queue joins the main.
+    pub fn fold_ro(&mut self) {
+        if self.ro_flush_required {
+            let cpus = self.take_ro();
+            self.add_cpumask(cpus);
+        }
+    }
+
+    /// Queue a flush of every CPU of `cpumask` (`arch_tlbbatch_fold`).
+    pub fn add_cpumask(&mut self, cpumask: u64) {
+        if cpumask != 0 {
+            self.cpumask |= cpumask;
+            self.flush_required = true;
+        }
+    }
+
     /// `try_to_unmap_flush`: flush what is queued, on every CPU at once.
+    /// With MIGRC, the flush is bracketed (`migrc_flush_start`/`_end`) and
+    /// releases the kept sources once no CPU owes a flush.
     pub fn flush(&mut self, oncpu: &OnCpu) {
+        self.fold_ro();
         if !self.flush_required {
             return;
         }
+        let migrc = &oncpu.m.migrc;
+        let bracket = oncpu.m.tunables.migrc() || migrc.pending();
+        if bracket {
+            migrc.flush_start();
+        }
         cpu::arch_tlbbatch_flush(&oncpu.m.cpus, oncpu.cpu, self.cpumask, oncpu.vmstat());
+        if bracket {
+            let released = migrc.flush_end(self.cpumask);
+            crate::migrc::migrc_release(oncpu.mem(), released, oncpu.id());
+        }
         self.cpumask = 0;
         self.flush_required = false;
         self.writable = false;
@@ -146,7 +213,7 @@ impl TlbflushUnmapBatch {
 impl Drop for TlbflushUnmapBatch {
     fn drop(&mut self) {
         debug_assert!(
-            !self.flush_required || std::thread::panicking(),
+            !(self.flush_required || self.ro_flush_required) || std::thread::panicking(),
             "a batched unmap flush was queued and never flushed"
         );
     }

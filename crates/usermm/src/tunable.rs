@@ -60,6 +60,8 @@ pub enum Tunable {
     MigrateBatchFlush,
     /// `migration_entry_ad`: do migration entries carry young and dirty?
     MigrationEntryAd,
+    /// `migrc`: which TLB flushes a migration between tiers may defer.
+    Migrc,
 }
 
 impl Tunable {
@@ -72,6 +74,7 @@ impl Tunable {
         Tunable::FaultLock,
         Tunable::MigrateBatchFlush,
         Tunable::MigrationEntryAd,
+        Tunable::Migrc,
     ];
 
     /// Its registry entry.
@@ -122,7 +125,7 @@ pub enum FaultLock {
 }
 
 /// Every tunable, in [`Tunable`] order.
-pub const TUNABLES: [TunableInfo; 7] = [
+pub const TUNABLES: [TunableInfo; 8] = [
     TunableInfo {
         name: "fork_batch",
         description: "fork copies a run of PTEs mapping one large folio with one \
@@ -255,6 +258,27 @@ pub const TUNABLES: [TunableInfo; 7] = [
             },
         ],
         default: 1,
+    },
+    TunableInfo {
+        name: "migrc",
+        description: "whether a demotion or promotion whose folio only clean \
+            read-only PTEs mapped may skip its TLB flush, keeping the source \
+            until a later flush covers the CPUs that may cache it",
+        values: &[
+            TunableValue {
+                name: "off",
+                description: "every migration flushes (the kernel)",
+            },
+            TunableValue {
+                name: "migrc",
+                description: "the seed, MIGRC v8 (Byungchul Park, 2024, not \
+                    merged): order-0 folios of MR_DEMOTION and \
+                    MR_NUMA_MISPLACED keep their source, pinned; a write \
+                    fault, an allocation short of its watermark or memory \
+                    pressure forces the flush",
+            },
+        ],
+        default: 0,
     },
 ];
 
@@ -448,6 +472,16 @@ impl Tunables {
     pub fn set_migration_entry_ad(&self, on: bool) {
         self.set_on(Tunable::MigrationEntryAd, on)
     }
+
+    /// `migrc`: may migrations between tiers defer read-only flushes?
+    #[inline]
+    pub fn migrc(&self) -> bool {
+        self.index(Tunable::Migrc) != 0
+    }
+
+    pub fn set_migrc(&self, on: bool) {
+        self.set_on(Tunable::Migrc, on)
+    }
 }
 
 #[cfg(test)]
@@ -480,7 +514,8 @@ mod tests {
                 ("pt_reclaim_pmd", "off"),
                 ("fault_lock", "vma_lock"),
                 ("migrate_batch_flush", "on"),
-                ("migration_entry_ad", "on")
+                ("migration_entry_ad", "on"),
+                ("migrc", "off")
             ]
         );
         let e = t.set("zap_batch", "maybe").unwrap_err();
@@ -491,7 +526,7 @@ mod tests {
         let e = t.set("zap", "on").unwrap_err();
         assert_eq!(
             e.to_string(),
-            "no tunable \"zap\"; there are: fork_batch, zap_batch, pt_reclaim, pt_reclaim_pmd, fault_lock, migrate_batch_flush, migration_entry_ad"
+            "no tunable \"zap\"; there are: fork_batch, zap_batch, pt_reclaim, pt_reclaim_pmd, fault_lock, migrate_batch_flush, migration_entry_ad, migrc"
         );
         assert!(!t.zap_batch(), "a refused set changes nothing");
     }

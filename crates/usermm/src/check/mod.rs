@@ -194,6 +194,18 @@ fn check_no_leak(
         held.extend(head..head + Folio(head).nr_pages(mem));
     }
     held.insert(m.zero_pfn);
+    // MIGRC's kept sources: pinned by its reference alone.
+    for f in m.migrc.kept() {
+        if f.ref_count(mem) != 1 || f.mapped(mem) {
+            return Err(format!(
+                "MIGRC source {:#x}: refcount {}, mapped {}: it should be held by MIGRC alone",
+                f.pfn(),
+                f.ref_count(mem),
+                f.mapped(mem)
+            ));
+        }
+        held.extend(f.pfn()..f.pfn() + f.nr_pages(mem));
+    }
     held.extend(m.mms_referenced().iter().map(|mm| mm.pgd.cr3()));
     if let Some(hz) = m.huge_zero_pfn_if_allocated() {
         held.extend(hz..hz + crate::phys::HPAGE_PMD_NR);

@@ -119,6 +119,17 @@ impl Folio {
         }
     }
 
+    /// `folio_put` whose last reference frees the folio straight to the
+    /// buddy lists (MIGRC's release of a kept source).
+    pub fn put_nopcp(self, mem: &PhysMem, cpu: usize) {
+        if self.ref_sub_and_test(mem, 1) {
+            let mut lruvec = None;
+            mem.page_cache_release(&mut lruvec, self);
+            drop(lruvec);
+            self.free_frozen_to(mem, cpu, false);
+        }
+    }
+
     /// `folio_ref_sub_and_test`: drop `nr` references; true if they were
     /// the last (the caller frees the folio).
     #[inline]
@@ -147,6 +158,10 @@ impl Folio {
     /// LRU (`folios_put_refs` releases a batch of them under one lruvec
     /// lock first).
     pub fn free_frozen(self, mem: &PhysMem, cpu: usize) {
+        self.free_frozen_to(mem, cpu, true)
+    }
+
+    fn free_frozen_to(self, mem: &PhysMem, cpu: usize, use_pcp: bool) {
         let order = self.order(mem);
         let head = self.head(mem);
         debug_assert!(!head.test(pg::ZERO), "freeing the zero page");
@@ -162,7 +177,11 @@ impl Folio {
                     .mod_mthp(order, MthpStat::NR_ANON_PARTIALLY_MAPPED, -1);
             }
         }
-        mem.free_pages(self.0, order, cpu);
+        if use_pcp {
+            mem.free_pages(self.0, order, cpu);
+        } else {
+            mem.free_pages_nopcp(self.0, order, cpu);
+        }
     }
 
     /// The folio-wide counters of a large folio, which live in its first

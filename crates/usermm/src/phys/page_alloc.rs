@@ -130,11 +130,25 @@ pub struct Zone {
     line: LineWriters,
     /// `_watermark[WMARK_MIN..=WMARK_HIGH]`, in pages.
     pub watermark: [u64; 3],
+    /// `migrc_pending_nr` (MIGRC): pages of sources kept after a migration
+    /// whose flush was deferred; free to the watermark checks, since a
+    /// forced flush frees them on demand.
+    pub migrc_pending: AtomicU64,
 }
 
 pub const WMARK_MIN: Option<usize> = Some(0);
 pub const WMARK_LOW: Option<usize> = Some(1);
 pub const WMARK_HIGH: Option<usize> = Some(2);
+
+/// MIGRC paused for as long as the slow path runs (`migrc_resume` as it
+/// drops).
+struct MigrcPaused(std::sync::Arc<dyn Reclaimer>);
+
+impl Drop for MigrcPaused {
+    fn drop(&mut self) {
+        self.0.migrc_pause(false);
+    }
+}
 
 /// What the allocator asks of reclaim (mm/vmscan.c, above this layer): the
 /// machine registers itself ([`PhysMem::set_reclaimer`]).
@@ -144,6 +158,11 @@ pub trait Reclaimer: Send + Sync {
     /// `try_to_free_pages`: reclaim from `nid` in the calling thread, which
     /// plays CPU `cpu`; returns the pages reclaimed.
     fn try_to_free_pages(&self, nid: usize, order: u32, cpu: usize) -> u64;
+    /// `migrc_flush_free_folios` from the calling thread, CPU `cpu`:
+    /// whether any kept MIGRC source was freed.
+    fn migrc_flush_free(&self, cpu: usize) -> bool;
+    /// `migrc_pause` (true) / `migrc_resume` (false), around the slow path.
+    fn migrc_pause(&self, pause: bool);
 }
 
 std::thread_local! {
@@ -199,6 +218,7 @@ impl Zone {
                 .collect(),
             line: LineWriters::new(),
             watermark: [min, min + step, min + 2 * step],
+            migrc_pending: AtomicU64::new(0),
         }
     }
 
@@ -233,8 +253,10 @@ impl Zone {
         mark: Option<usize>,
         taken: u64,
     ) -> bool {
-        let free =
-            self.nr_free.load(Ordering::Relaxed) as i64 - taken as i64 - ((1i64 << order) - 1);
+        let free = self.nr_free.load(Ordering::Relaxed) as i64
+            + self.migrc_pending.load(Ordering::Relaxed) as i64
+            - taken as i64
+            - ((1i64 << order) - 1);
         let Some(mark) = mark else {
             return (order as usize..NR_ORDERS).any(|o| area.nr_free[o] > 0);
         };
@@ -387,8 +409,20 @@ impl PhysMem {
         flags: AllocFlags,
         mark: Option<usize>,
     ) -> Option<Pfn> {
-        self.allowed_zonelist(nid, flags)
-            .find_map(|n| self.rmqueue(&self.nodes[n], order, cpu, mark))
+        self.allowed_zonelist(nid, flags).find_map(|n| {
+            let node = &self.nodes[n];
+            self.rmqueue(node, order, cpu, mark).or_else(|| {
+                // MIGRC: a zone short of its watermark that holds kept
+                // sources flushes and frees them, and is tried again.
+                if node.zone.migrc_pending.load(Ordering::Relaxed) == 0 {
+                    return None;
+                }
+                let r = self.reclaimer.get().and_then(|w| w.upgrade())?;
+                r.migrc_flush_free(cpu)
+                    .then(|| self.rmqueue(node, order, cpu, mark))
+                    .flatten()
+            })
+        })
     }
 
     fn allowed_zonelist(&self, nid: usize, flags: AllocFlags) -> impl Iterator<Item = usize> + '_ {
@@ -410,6 +444,13 @@ impl PhysMem {
             return self.get_page_from_freelist(nid, order, cpu, flags, None);
         }
         let reclaim = self.reclaimer.get().and_then(|w| w.upgrade());
+        // MIGRC under pressure: no new deferral while in here, and what is
+        // kept is flushed and freed once.
+        let _paused = reclaim.clone().map(|r| {
+            r.migrc_pause(true);
+            r.migrc_flush_free(cpu);
+            MigrcPaused(r)
+        });
         if let (Some(r), false) = (&reclaim, flags.no_kswapd) {
             for n in self.allowed_zonelist(nid, flags) {
                 r.wakeup_kswapd(n, order);
@@ -475,7 +516,9 @@ impl PhysMem {
         // alone (a read of one shared word), the lists' orders under the
         // lock below.
         if let Some(m) = mark {
-            let free = zone.nr_free.load(Ordering::Relaxed) as i64 - ((1i64 << order) - 1);
+            let free = zone.nr_free.load(Ordering::Relaxed) as i64
+                + zone.migrc_pending.load(Ordering::Relaxed) as i64
+                - ((1i64 << order) - 1);
             if free <= zone.watermark[m] as i64 {
                 return None;
             }
@@ -582,6 +625,17 @@ impl PhysMem {
     /// descriptors (checking, as `free_pages_prepare` does, that nothing still
     /// maps them) and return the block to the pcp list or the buddy lists.
     pub fn free_pages(&self, pfn: Pfn, order: u32, cpu: usize) {
+        self.free_pages_to(pfn, order, cpu, true)
+    }
+
+    /// `__free_pages` straight to the buddy lists, bypassing the per-CPU
+    /// lists (MIGRC frees its kept sources so: they are cold, and a zone
+    /// short of free pages wants them counted at once).
+    pub fn free_pages_nopcp(&self, pfn: Pfn, order: u32, cpu: usize) {
+        self.free_pages_to(pfn, order, cpu, false)
+    }
+
+    fn free_pages_to(&self, pfn: Pfn, order: u32, cpu: usize, use_pcp: bool) {
         for (i, p) in self.pages(pfn, 1 << order).iter().enumerate() {
             debug_assert_eq!(
                 p.mapcount.load(Ordering::Relaxed),
@@ -618,7 +672,7 @@ impl PhysMem {
         let off = (pfn & ((1 << NODE_PFN_SHIFT) - 1)) as u32;
         let zone = &node.zone;
         let kernel_thread = cpu >= zone.pcp.len() - 1;
-        if let (Some(idx), false) = (pcp_index(order), kernel_thread) {
+        if let (Some(idx), false, true) = (pcp_index(order), kernel_thread, use_pcp) {
             let mut pcp = zone.pcp[cpu].lock();
             head.set(pg::PCP);
             pcp.lists[idx].push_back(off);

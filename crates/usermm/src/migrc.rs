@@ -1,0 +1,265 @@
+//! MIGRC, the F3 seed (Byungchul Park, "Migration Read Copy", v8,
+//! February 2024; not merged), selected by the tunable `migrc`.
+//!
+//! A demotion (`MR_DEMOTION`) or promotion (`MR_NUMA_MISPLACED`) of an
+//! order-0 folio that only clean, read-only PTEs mapped skips its TLB
+//! flush. The source is kept, pinned by an extra reference, until some
+//! later batched flush has covered every CPU that may still cache it: a
+//! stale translation to the source reads the same bytes as the
+//! destination, since no one could write either (the argument I1-I4 of
+//! the seed: no CPU holds a writable translation; the destination was
+//! copied after the PTEs were cleared; the only way to write it is a write
+//! fault, which flushes first; and a path that removes or downgrades the
+//! destination's PTE flushes its address, which removes the stale entry
+//! too).
+//!
+//! The state is global, as in the seed: the CPUs whose flush is owed
+//! (`migrc_ubc`) and the kept sources (`migrc_folios`), under one lock,
+//! with the count of batched flushes in progress (`migrc_flushing`), which
+//! makes a publication racing with a flush fall back to flushing now, and
+//! a pause count for memory pressure. Each kept source counts in its
+//! zone's `migrc_pending` and as free in watermark checks.
+//!
+//! Where the flush is forced: `do_wp_page` before any PTE can become
+//! writable ([`migrc_flush_free_folios`]), an allocation from a zone short
+//! of its watermark that holds kept sources, and the allocator's slow path
+//! (which also pauses MIGRC). Any batched flush that covers the pending
+//! CPUs releases the sources ([`Migrc::flush_end`]).
+//!
+//! # Locking
+//!
+//! `state` is `migrc_lock`: the pending mask and the kept list change only
+//! under it. `flushing` is raised (SeqCst, then a fence) before a batched
+//! flush sends its IPIs and lowered under the lock after it is done. A
+//! publication, after its PTE clears, fences and reads `flushing` under
+//! the lock: either it sees the flush in progress and flushes now itself,
+//! or that flush's IPIs come after the clears (the two SeqCst store-load
+//! pairs cannot both miss), so that its end may rightly count the CPUs it
+//! covered. Otherwise a flush sent before the clears, which a CPU
+//! outlived by caching the PTE again, would release a source that CPU can
+//! still read. `nr_kept` and `owed` mirror the state for a look without
+//! the lock. Model-checked in `tests/loom_migrc.rs`, with the check
+//! removed ([`Weakened::NoFlushingCheck`]) caught.
+
+use crate::machine::OnCpu;
+use crate::phys::{Folio, PhysMem};
+use crate::sync::checked::{AtomicU64, Mutex};
+use crate::sync::Ordering;
+
+/// A deliberately broken MIGRC, for the oracle's tests: each variant drops
+/// one rule the seed's argument needs, and the shadow memory must report
+/// what follows. Never set outside tests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Weakened {
+    /// MIGRC as the seed has it.
+    None = 0,
+    /// `do_wp_page` does not flush what is owed (I4 broken): a page made
+    /// writable is written while another CPU still reads its source.
+    NoWpFlush = 1,
+    /// The source is freed at once, not kept (I1 broken): a stale entry
+    /// reads whatever the page's next owner stores.
+    FreeSource = 2,
+    /// A publication does not look at `migrc_flushing` (steps 3 and 7): a
+    /// flush in flight may release what it never covered.
+    NoFlushingCheck = 3,
+}
+
+/// The global MIGRC state of a machine.
+///
+/// Its lock and atomics are [`crate::sync::checked`]'s, so that
+/// `tests/loom_migrc.rs` model-checks this very code.
+#[derive(Default)]
+pub struct Migrc {
+    state: Mutex<MigrcState>,
+    /// `migrc_flushing`: batched flushes in progress.
+    flushing: AtomicU64,
+    /// `migrc_pause_cnt`: allocations under pressure; no new deferral
+    /// while it is above zero.
+    pause: AtomicU64,
+    /// The kept list's length and the owed mask, mirrored for a look
+    /// without the lock (written under it).
+    nr_kept: AtomicU64,
+    owed: AtomicU64,
+    /// The most sources kept at once.
+    kept_peak: AtomicU64,
+    /// Tests only: [`Weakened`]. A std atomic: set before the threads
+    /// start, it is not part of the protocol the model checker explores.
+    weakened: std::sync::atomic::AtomicU8,
+}
+
+#[derive(Default)]
+struct MigrcState {
+    /// `migrc_ubc`: the CPUs that owe a flush for the kept sources.
+    cpumask: u64,
+    /// `migrc_folios`.
+    folios: Vec<Folio>,
+}
+
+impl Migrc {
+    /// Tests only: break MIGRC as `w` says.
+    pub fn set_weakened(&self, w: Weakened) {
+        self.weakened.store(w as u8, Ordering::Relaxed);
+    }
+
+    pub fn weakened(&self) -> Weakened {
+        match self.weakened.load(Ordering::Relaxed) {
+            1 => Weakened::NoWpFlush,
+            2 => Weakened::FreeSource,
+            3 => Weakened::NoFlushingCheck,
+            _ => Weakened::None,
+        }
+    }
+
+    /// Whether a publication must be refused: a batched flush is in
+    /// progress (the caller holds the lock).
+    fn flush_in_progress(&self) -> bool {
+        // SeqCst, after a SeqCst fence: the caller's PTE clears come before
+        // this load, and flush_start's increment before its IPIs; of the
+        // two store-load pairs one must see the other (Dekker), so either
+        // the flush is seen here, or its IPIs come after those clears.
+        crate::sync::checked::fence(Ordering::SeqCst);
+        self.flushing.load(Ordering::SeqCst) > 0 && self.weakened() != Weakened::NoFlushingCheck
+    }
+
+    /// `migrc_paused`.
+    pub fn paused(&self) -> bool {
+        self.pause.load(Ordering::Relaxed) > 0
+    }
+
+    /// `migrc_pause` / `migrc_resume`.
+    pub fn pause(&self) {
+        self.pause.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn resume(&self) {
+        self.pause.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Whether any source is kept or any flush owed.
+    pub fn pending(&self) -> bool {
+        // Relaxed: a hint for the forced-flush points, which run on the
+        // CPU that would use what they look for: a publication by another
+        // CPU is ordered before this CPU's next use of the migrated page
+        // by the page-table lock of the migration entry's removal.
+        self.nr_kept.load(Ordering::Relaxed) > 0 || self.owed.load(Ordering::Relaxed) != 0
+    }
+
+    /// The sources kept now.
+    pub fn kept(&self) -> Vec<Folio> {
+        self.state.lock().folios.clone()
+    }
+
+    /// The most sources kept at once.
+    pub fn kept_peak(&self) -> u64 {
+        self.kept_peak.load(Ordering::Relaxed)
+    }
+
+    /// The CPUs that owe a flush now.
+    pub fn owed(&self) -> u64 {
+        self.owed.load(Ordering::Relaxed)
+    }
+
+    /// `migrc_add_pending_ubc`: owe the flush of `cpumask`. Refused (false:
+    /// the caller flushes now) while a batched flush is in progress, whose
+    /// end might otherwise miss it.
+    pub fn add_pending_ubc(&self, cpumask: u64) -> bool {
+        let mut s = self.state.lock();
+        if self.flush_in_progress() {
+            return false;
+        }
+        s.cpumask |= cpumask;
+        self.owed.store(s.cpumask, Ordering::Relaxed);
+        true
+    }
+
+    /// `migrc_add_pending_folios`: keep `folios` until the owed flush is
+    /// done. Refused (given back) while a batched flush is in progress.
+    pub fn add_pending_folios(&self, folios: Vec<Folio>) -> Result<(), Vec<Folio>> {
+        let mut s = self.state.lock();
+        if self.flush_in_progress() {
+            return Err(folios);
+        }
+        s.folios.extend(folios);
+        let n = s.folios.len() as u64;
+        self.nr_kept.store(n, Ordering::Relaxed);
+        if n > self.kept_peak.load(Ordering::Relaxed) {
+            self.kept_peak.store(n, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// `migrc_flush_start`: a batched flush is about to be sent.
+    pub fn flush_start(&self) {
+        // SeqCst, then a fence: before the IPIs (see flush_in_progress).
+        self.flushing.fetch_add(1, Ordering::SeqCst);
+        crate::sync::checked::fence(Ordering::SeqCst);
+    }
+
+    /// `migrc_flush_end`: the CPUs of `flushed` were flushed in full; if
+    /// no CPU still owes a flush, every kept source is released (returned,
+    /// for [`migrc_release`]).
+    pub fn flush_end(&self, flushed: u64) -> Vec<Folio> {
+        let mut s = self.state.lock();
+        s.cpumask &= !flushed;
+        self.owed.store(s.cpumask, Ordering::Relaxed);
+        let released = if s.cpumask == 0 {
+            self.nr_kept.store(0, Ordering::Relaxed);
+            std::mem::take(&mut s.folios)
+        } else {
+            Vec::new()
+        };
+        // Under the lock: a publication that comes after sees it lowered.
+        self.flushing.fetch_sub(1, Ordering::Release);
+        released
+    }
+
+    /// Everything owed and kept, taken (for a forced flush).
+    pub fn take_all(&self) -> (Vec<Folio>, u64) {
+        let mut s = self.state.lock();
+        self.nr_kept.store(0, Ordering::Relaxed);
+        self.owed.store(0, Ordering::Relaxed);
+        (
+            std::mem::take(&mut s.folios),
+            std::mem::take(&mut s.cpumask),
+        )
+    }
+}
+
+/// Keep a migrated source: the extra reference that pins it, and its
+/// zone's count. (Weakened to [`Weakened::FreeSource`], it is not kept.)
+pub fn migrc_keep(mem: &PhysMem, folio: Folio) {
+    folio.get(mem);
+    mem.nodes[folio.nid()]
+        .zone
+        .migrc_pending
+        .fetch_add(folio.nr_pages(mem), Ordering::Relaxed);
+}
+
+/// Release kept sources: their zones' counts, and the extra reference,
+/// the last, which frees each straight to the buddy lists.
+pub fn migrc_release(mem: &PhysMem, folios: Vec<Folio>, cpu: usize) {
+    for f in folios {
+        mem.nodes[f.nid()]
+            .zone
+            .migrc_pending
+            .fetch_sub(f.nr_pages(mem), Ordering::Relaxed);
+        f.put_nopcp(mem, cpu);
+    }
+}
+
+/// `migrc_flush_free_folios`: flush what is owed now and release every
+/// kept source; whether any was kept.
+pub fn migrc_flush_free_folios(oncpu: &OnCpu) -> bool {
+    let m = &oncpu.m.migrc;
+    if !m.pending() {
+        return false;
+    }
+    let (folios, cpumask) = m.take_all();
+    let mut ubc = crate::tlbbatch::TlbflushUnmapBatch::new();
+    ubc.add_cpumask(cpumask);
+    ubc.flush(oncpu);
+    let any = !folios.is_empty();
+    migrc_release(oncpu.mem(), folios, oncpu.id());
+    any
+}

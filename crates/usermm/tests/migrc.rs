@@ -1,0 +1,305 @@
+//! MIGRC (tunable `migrc`): a demotion or promotion of pages that only
+//! clean read-only PTEs map skips its TLB flush and keeps the sources;
+//! stale translations to them read what the destinations hold, until a
+//! forced flush (a write fault, an allocation short of its watermark, the
+//! allocator's slow path) or any batched flush that covers the CPUs owed
+//! releases them. The shadow memory checks every load; each weakened
+//! variant of MIGRC (a rule of the seed's argument removed) must be caught
+//! by it.
+//!
+//! The scenes are staged so that the stale entries really are used: a
+//! reader CPU caches the pages, then spins in user mode (its loads poll
+//! for IPIs, so flushes reach it, but it never passes through the kernel,
+//! whose exit would catch up with the mm's TLB generation and drop them),
+//! while another CPU migrates and writes; its TLB misses are counted to
+//! show that its later loads went through the entries it had.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
+use std::sync::Arc;
+
+use usermm::check::check_invariants;
+use usermm::check::shadow::Shadow;
+use usermm::migrate::{
+    isolate_for_migration, migrate_pages, MigrateMode, MigrateReason, MigrationTarget,
+};
+use usermm::migrc::Weakened;
+use usermm::mm::Mm;
+use usermm::mmap::*;
+use usermm::pgtable::walk::hw_walk;
+use usermm::vmstat::Event;
+use usermm::{Machine, MachineConfig, OnCpu};
+
+const RW: u32 = PROT_READ | PROT_WRITE;
+const ANON: u32 = MAP_PRIVATE | MAP_ANONYMOUS;
+const PAGE: u64 = 4096;
+const NR: u64 = 8;
+
+fn machine() -> Arc<Machine> {
+    let m = Machine::new(MachineConfig::two_tiers(64 << 20, 64 << 20, 3)).unwrap();
+    m.tunables.set_migrc(true);
+    // A/D bits not carried across migration: a promoted or migrated page
+    // comes back clean, and read-only pages are eligible.
+    m.tunables.set_migration_entry_ad(false);
+    m
+}
+
+fn pages(a: u64) -> impl Iterator<Item = u64> {
+    (a..a + NR * PAGE).step_by(PAGE as usize)
+}
+
+/// The page-table view of `addr`: its frame and whether it is writable.
+fn pte_of(c: &OnCpu, mm: &Mm, addr: u64) -> (u64, bool) {
+    let t = hw_walk(c.mem(), mm.pgd.cr3(), addr, false).expect("mapped");
+    (t.frame_of(addr).0, t.writable)
+}
+
+/// `NR` pages on node 0, written once, then mapped read-only and clean:
+/// fork write-protects them, the child exits, and a round trip through
+/// node 1 (move_pages, which MIGRC leaves alone) drops the dirty bits.
+fn read_only_clean_pages(c: &OnCpu, shadow: &Shadow) -> (Arc<Mm>, u64) {
+    let mm = c.new_mm().unwrap();
+    let a = c.mmap(0, NR * PAGE, RW, ANON).unwrap();
+    for p in pages(a) {
+        shadow.store_u64(c, p, p | 1).unwrap();
+    }
+    let child = c.fork().unwrap();
+    c.switch_mm(&child);
+    c.exit_mm().unwrap();
+    c.switch_mm(&mm);
+    for node in [1, 0] {
+        let addrs: Vec<u64> = pages(a).collect();
+        let mut status = vec![0; addrs.len()];
+        let nodes = vec![node; addrs.len()];
+        c.move_pages(&addrs, Some(&nodes), &mut status).unwrap();
+        assert!(status.iter().all(|&s| s == node), "{status:?}");
+    }
+    for p in pages(a) {
+        assert!(!pte_of(c, &mm, p).1, "{p:#x} is read-only");
+    }
+    (mm, a)
+}
+
+/// Demote the pages at `a` to node 1 as kswapd does (`MR_DEMOTION`,
+/// asynchronous, `GFP_NOWAIT | __GFP_THISNODE`); the pages moved.
+fn demote(c: &OnCpu, mm: &Mm, a: u64) -> u64 {
+    let mem = c.mem();
+    let isolated = pages(a)
+        .map(|p| isolate_for_migration(mem, mem.page_folio(pte_of(c, mm, p).0)).unwrap())
+        .collect();
+    let out = migrate_pages(
+        c,
+        isolated,
+        MigrationTarget {
+            nid: 1,
+            this_node: true,
+            nowait: true,
+        },
+        MigrateMode::Async,
+        MigrateReason::Demotion,
+    );
+    assert!(out.failed.is_empty());
+    out.stats.nr_succeeded
+}
+
+/// What the staged scene does once the pages are demoted and CPU 1
+/// still caches their sources.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Then {
+    /// CPU 0 writes each page (a write fault on a read-only PTE).
+    Write,
+    /// CPU 0 faults in fresh pages on node 0, which would reuse the
+    /// sources were they freed.
+    Reuse,
+}
+
+struct Scene {
+    violations: usize,
+    kept: usize,
+    /// CPU 1's TLB misses over its second pass.
+    reader_misses: u64,
+    remote_flushes: u64,
+}
+
+/// CPU 1 reads the pages (caching them), CPU 0 demotes them and does
+/// `then`, CPU 1 reads them again: what the shadow memory saw. MIGRC as
+/// `arm` has it, or off (None).
+fn scene(arm: Option<Weakened>, then: Then) -> Scene {
+    let m = machine();
+    m.tunables.set_migrc(arm.is_some());
+    m.migrc.set_weakened(arm.unwrap_or(Weakened::None));
+    let shadow = Shadow::new();
+    let c0 = m.bind(0).unwrap();
+    let (mm, a) = read_only_clean_pages(&c0, &shadow);
+    let spin = c0.mmap(0, PAGE, RW, ANON).unwrap();
+    c0.store_u64(spin, 0).unwrap();
+    // 0: start; 1: CPU 1 cached the pages; 2: CPU 0 is done; 3: CPU 1 read.
+    let step = AtomicU32::new(0);
+    let stop = AtomicBool::new(false);
+    let mut out = Scene {
+        violations: 0,
+        kept: 0,
+        reader_misses: 0,
+        remote_flushes: 0,
+    };
+    std::thread::scope(|s| {
+        let (mm1, step1, shadow1, m1, stop1) = (mm.clone(), &step, &shadow, &m, &stop);
+        let reader = s.spawn(move || {
+            let c = m1.bind(1).unwrap();
+            c.switch_mm(&mm1);
+            for p in pages(a) {
+                shadow1.load_u64(&c, p).unwrap();
+            }
+            step1.store(1, Relaxed);
+            // Spin in user mode: loads poll for IPIs, no kernel entry.
+            while step1.load(Relaxed) < 2 && !stop1.load(Relaxed) {
+                c.load_u64(spin).unwrap();
+            }
+            let misses = m1.vmstat().event_on(1, Event::TLB_MISS);
+            for p in pages(a) {
+                shadow1.load_u64(&c, p).unwrap();
+            }
+            let misses = m1.vmstat().event_on(1, Event::TLB_MISS) - misses;
+            step1.store(3, Relaxed);
+            c.idle();
+            misses
+        });
+        let _stop = StopOnDrop(&stop);
+        while step.load(Relaxed) < 1 {
+            std::hint::spin_loop();
+        }
+        let before = m.vmstat().event(Event::NR_TLB_REMOTE_FLUSH);
+        assert_eq!(demote(&c0, &mm, a), NR);
+        out.remote_flushes = m.vmstat().event(Event::NR_TLB_REMOTE_FLUSH) - before;
+        out.kept = m.migrc.kept().len();
+        match then {
+            Then::Write => {
+                for p in pages(a) {
+                    shadow.store_u64(&c0, p, p | 2).unwrap();
+                }
+            }
+            Then::Reuse => {
+                let fresh = c0.mmap(0, 4 * NR * PAGE, RW, ANON).unwrap();
+                for (i, p) in (fresh..fresh + 4 * NR * PAGE)
+                    .step_by(PAGE as usize)
+                    .enumerate()
+                {
+                    for w in (0..PAGE).step_by(8) {
+                        c0.store_u64(p + w, 0xdead_0000 + i as u64).unwrap();
+                    }
+                }
+            }
+        }
+        // Leave user mode before waiting, or CPU 1's flushes would wait
+        // for this CPU.
+        c0.idle();
+        step.store(2, Relaxed);
+        out.reader_misses = reader.join().unwrap();
+    });
+    out.violations = shadow.violations().len();
+    // Whatever is still kept goes with the next forced flush.
+    c0.switch_mm(&mm);
+    usermm::migrc::migrc_flush_free_folios(&c0);
+    c0.idle();
+    m.kswapd_quiesce();
+    check_invariants(&m).unwrap();
+    out
+}
+
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Relaxed);
+    }
+}
+
+/// The seed's case: a demotion of read-only clean pages that another CPU
+/// caches sends no IPI and keeps every source; the other CPU goes on
+/// reading through its stale entries (no TLB miss) and sees the right
+/// bytes; a fault-in of fresh pages cannot reuse the sources.
+#[test]
+fn a_read_only_demotion_defers_its_flush_and_keeps_the_sources() {
+    let s = scene(Some(Weakened::None), Then::Reuse);
+    assert_eq!(s.kept, NR as usize, "every source kept");
+    assert_eq!(s.remote_flushes, 0, "no IPI sent");
+    assert_eq!(s.reader_misses, 0, "the reader used its stale entries");
+    assert_eq!(s.violations, 0);
+}
+
+/// A write fault forces the owed flush before the page becomes writable:
+/// the reader misses and reads the new bytes.
+#[test]
+fn a_write_fault_flushes_what_is_owed_first() {
+    let s = scene(Some(Weakened::None), Then::Write);
+    assert_eq!(s.kept, NR as usize);
+    assert!(s.reader_misses >= NR, "the reader's stale entries went");
+    assert_eq!(s.violations, 0);
+}
+
+/// With MIGRC off the same demotion flushes at once: an IPI, and the
+/// reader misses.
+#[test]
+fn without_migrc_the_demotion_flushes() {
+    let s = scene(None, Then::Reuse);
+    assert_eq!(s.kept, 0);
+    assert!(s.remote_flushes >= 1, "an IPI");
+    assert!(s.reader_misses >= NR);
+    assert_eq!(s.violations, 0);
+}
+
+/// The weakened variants: without `do_wp_page`'s flush the reader reads
+/// the source after the destination was written (a stale read); with the
+/// source freed at once it reads whatever the page's next owner stored.
+#[test]
+fn weakened_migrc_is_caught_by_the_shadow_memory() {
+    let s = scene(Some(Weakened::NoWpFlush), Then::Write);
+    assert_eq!(s.reader_misses, 0);
+    assert!(s.violations > 0, "a write past a stale entry was caught");
+    let s = scene(Some(Weakened::FreeSource), Then::Reuse);
+    assert_eq!(s.kept, 0);
+    assert!(s.violations > 0, "a read of a reused source was caught");
+}
+
+/// Kept sources count as free in the watermark checks, and an allocation
+/// that finds its zone short flushes and frees them; the allocator's slow
+/// path pauses MIGRC while it runs.
+#[test]
+fn kept_sources_count_as_free_and_go_under_pressure() {
+    let m = machine();
+    let shadow = Shadow::new();
+    let c0 = m.bind(0).unwrap();
+    let (mm, a) = read_only_clean_pages(&c0, &shadow);
+    // Another CPU runs the mm, so the flush is owed to it.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let c = m.bind(1).unwrap();
+            c.switch_mm(&mm);
+            c.load_u64(a).unwrap();
+            c.idle();
+        });
+    });
+    assert_eq!(demote(&c0, &mm, a), NR);
+    assert_eq!(m.migrc.kept().len(), NR as usize);
+    let zone = &c0.mem().nodes[0].zone;
+    assert_eq!(zone.migrc_pending.load(Relaxed), NR);
+    // Fill node 0 until its watermark fails: the kept pages go first.
+    c0.idle();
+    let big = 64 << 20;
+    let b = c0.mmap(0, big, RW, ANON).unwrap();
+    c0.mbind(b, big, usermm::mempolicy::MPOL_PREFERRED, &[1], 64, 0)
+        .unwrap();
+    let mut p = b;
+    while !m.migrc.kept().is_empty() && p < b + big {
+        c0.store_u64(p, p).unwrap();
+        p += PAGE;
+    }
+    assert!(m.migrc.kept().is_empty(), "pressure released the sources");
+    assert_eq!(zone.migrc_pending.load(Relaxed), 0);
+    assert!(!m.migrc.paused(), "resumed after the slow path");
+    for q in pages(a) {
+        assert_eq!(shadow.load_u64(&c0, q).unwrap(), q | 1);
+    }
+    c0.idle();
+    m.kswapd_quiesce();
+    check_invariants(&m).unwrap();
+}
