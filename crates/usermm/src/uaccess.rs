@@ -56,6 +56,9 @@ impl OnCpu<'_> {
                     }
                 }
                 vmstat.count(self.id(), Event::TLB_MISS, 1);
+                if write {
+                    vmstat.count(self.id(), Event::DTLB_STORE_MISS, 1);
+                }
                 let guard = crate::sync::epoch::pin();
                 match hw_walk(self.mem(), pgd, addr, write) {
                     Ok(t) => {

@@ -210,7 +210,7 @@ pub fn pgdat_balanced_on(m: &crate::machine::Machine, nid: usize) -> bool {
         return z.above(WMARK_HIGH);
     }
     let [_, low, high] = z.watermark;
-    z.nr_free_buddy() > high + (high - low)
+    z.nr_free_for_watermark() > high + (high - low)
 }
 
 /// `zone_watermark_ok` against the low watermark: does the node need
@@ -255,7 +255,7 @@ fn high_deficit(oncpu: &OnCpu, nid: usize) -> u64 {
     } else {
         high
     };
-    mark.saturating_sub(z.nr_free_buddy()) + 1
+    mark.saturating_sub(z.nr_free_for_watermark()) + 1
 }
 
 /// `try_to_free_pages`: direct reclaim by an allocation short of memory on

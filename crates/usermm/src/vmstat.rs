@@ -78,6 +78,7 @@ counters! {
         NR_TLB_LOCAL_FLUSH_ALL => "nr_tlb_local_flush_all",
         NR_TLB_LOCAL_FLUSH_ONE => "nr_tlb_local_flush_one",
         TLB_MISS => "usermm_tlb_miss",
+        DTLB_STORE_MISS => "usermm_dtlb_store_misses",
         TLB_LAZY_FLUSH => "usermm_tlb_lazy_flush",
         COW_FAULT => "usermm_cow_fault",
         WP_REUSE => "usermm_wp_reuse",

@@ -5,6 +5,7 @@
 mod batching;
 mod fault;
 mod migrate;
+mod migrc;
 mod pft;
 mod pt_reclaim;
 mod tiering;
@@ -19,7 +20,7 @@ use usermm::{Machine, MachineConfig};
 #[derive(clap::Args)]
 pub struct BenchArgs {
     /// Experiment: fault, munmap, dontneed, fork, vma, pt_reclaim, pft,
-    /// migrate or tiering
+    /// migrate, tiering or migrc
     /// (see --list). All when omitted.
     pub name: Option<String>,
     /// List the experiments with what each measures, and stop.
@@ -47,6 +48,9 @@ pub struct BenchArgs {
     /// the powers of two that leave the host a core for the writer.
     #[arg(long, value_delimiter = ',')]
     pub threads: Vec<usize>,
+    /// migrc: lookups per CPU, measured (after as many to warm up).
+    #[arg(long, default_value_t = migrc::LOOKUPS)]
+    pub lookups: u64,
     /// Folder for the results (JSON and SVG per experiment).
     #[arg(long, default_value = "results")]
     pub out: PathBuf,
@@ -120,7 +124,7 @@ pub struct Experiment {
 }
 
 /// Every experiment, in the order `usermm bench` runs them.
-pub const EXPERIMENTS: [Experiment; 9] = [
+pub const EXPERIMENTS: [Experiment; 10] = [
     fault::EXPERIMENT,
     batching::MUNMAP,
     batching::DONTNEED,
@@ -130,6 +134,7 @@ pub const EXPERIMENTS: [Experiment; 9] = [
     pft::EXPERIMENT,
     migrate::EXPERIMENT,
     tiering::EXPERIMENT,
+    migrc::EXPERIMENT,
 ];
 
 fn names() -> String {
@@ -151,6 +156,9 @@ fn validate(a: &BenchArgs) -> anyhow::Result<()> {
     }
     if a.iterations == 0 || a.iterations > 1 << 24 {
         anyhow::bail!("--iterations must be between 1 and {}", 1 << 24);
+    }
+    if a.lookups == 0 || a.lookups > 1 << 32 {
+        anyhow::bail!("--lookups must be between 1 and {}", 1u64 << 32);
     }
     if a.size_mb == 0 {
         anyhow::bail!("--size-mb must be at least 1");

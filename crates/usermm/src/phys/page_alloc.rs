@@ -238,6 +238,12 @@ impl Zone {
         self.nr_free.load(Ordering::Relaxed)
     }
 
+    /// The free pages a watermark check counts: the buddy lists' and, with
+    /// MIGRC, the kept sources a forced flush would free.
+    pub fn nr_free_for_watermark(&self) -> u64 {
+        self.nr_free.load(Ordering::Relaxed) + self.migrc_pending.load(Ordering::Relaxed)
+    }
+
     /// `__zone_watermark_ok` against `mark` (None: any free block will do),
     /// for a block of `order`.
     fn watermark_ok(&self, area: &FreeArea, order: u32, mark: Option<usize>) -> bool {
@@ -253,10 +259,7 @@ impl Zone {
         mark: Option<usize>,
         taken: u64,
     ) -> bool {
-        let free = self.nr_free.load(Ordering::Relaxed) as i64
-            + self.migrc_pending.load(Ordering::Relaxed) as i64
-            - taken as i64
-            - ((1i64 << order) - 1);
+        let free = self.nr_free_for_watermark() as i64 - taken as i64 - ((1i64 << order) - 1);
         let Some(mark) = mark else {
             return (order as usize..NR_ORDERS).any(|o| area.nr_free[o] > 0);
         };
@@ -516,9 +519,7 @@ impl PhysMem {
         // alone (a read of one shared word), the lists' orders under the
         // lock below.
         if let Some(m) = mark {
-            let free = zone.nr_free.load(Ordering::Relaxed) as i64
-                + zone.migrc_pending.load(Ordering::Relaxed) as i64
-                - ((1i64 << order) - 1);
+            let free = zone.nr_free_for_watermark() as i64 - ((1i64 << order) - 1);
             if free <= zone.watermark[m] as i64 {
                 return None;
             }

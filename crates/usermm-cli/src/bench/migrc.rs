@@ -1,0 +1,535 @@
+//! `bench migrc`: the MIGRC seed's experiment (XSBench on a two-tier
+//! machine, NUMA balancing in tiering mode, demotion on), scaled to the
+//! model, with the tunable `migrc` off and on, arms interleaved.
+//!
+//! The workload is an XSBench-like lookup kernel: a grid of sorted keys,
+//! half again as large as the fast node, is written once by CPU 0; then
+//! every CPU of the machine does a fixed number of lookups, each a binary
+//! search for a random key through the CPU's TLB followed by reads of the
+//! entries after the one found (XSBench's nuclide data), and a store of
+//! its result into a small array of its own. NUMA balancing's hinting
+//! faults promote the grid pages in use to the fast node throughout, and
+//! kswapd demotes others to make room: the migrations MIGRC defers.
+//!
+//! Every load of the grid is checked against the key its index must hold,
+//! and every result slot read back against what the CPU stored there last:
+//! a mismatch is a stale read or a lost write, counted (the model's shadow
+//! oracle for this workload; `tests/migrc.rs` checks MIGRC's rules with
+//! the full shadow memory).
+//!
+//! Each arm runs on a fresh machine, with `migration_entry_ad` on (the
+//! host: a written page keeps its dirty bit across migration, so it never
+//! becomes eligible) and off (migrated pages come back clean: what the
+//! seed's figures imply).
+//!
+//! Scaled for the model: the seed's guest had 1 GiB of DRAM, 8 GiB of slow
+//! memory, 16 CPUs and `XSBench -p 100000000` (about 5.6 GB of grids, a
+//! run of 38 minutes); here the fast node holds 16 MiB and the grid
+//! 24 MiB, with 4 CPUs and 300,000 measured lookups each (about a second),
+//! after as many to warm up; the scan period is 50 ms (the kernel's
+//! minimum is 1 s) and the first scan starts at once. The counters are
+//! those of the measured part, except the peak of pages kept (the whole
+//! run).
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Barrier;
+use std::time::Instant;
+
+use anyhow::anyhow;
+use serde::Serialize;
+use usermm::mmap::{MAP_ANONYMOUS, MAP_PRIVATE, PROT_READ, PROT_WRITE};
+use usermm::numa_balancing::NUMA_BALANCING_MEMORY_TIERING;
+use usermm::vmstat::Event;
+use usermm::{Machine, MachineConfig, OnCpu};
+
+use super::{median, progress, BenchArgs};
+use crate::plot;
+
+pub const EXPERIMENT: super::Experiment = super::Experiment {
+    name: "migrc",
+    description: "XSBench-like lookups on a grid larger than the fast node, promoted and \
+        demoted throughout (tiering), with migrc off and on: TLB flushes, misses, runtime (F3)",
+    run: experiment,
+};
+
+const PAGE: u64 = 4096;
+const FAST: u64 = 16 << 20;
+const SLOW: u64 = 64 << 20;
+const CPUS: usize = 4;
+/// Lookups per CPU, measured (`--lookups`), after as many to warm up: the pages the build left writable on the fast node cycle
+/// through the tiers first, as they would early in a long run.
+pub const LOOKUPS: u64 = 300_000;
+/// Entries read after the one found (the nuclide data).
+const NUCLIDE_READS: u64 = 4;
+/// NUMA balancing's scan period (the kernel's minimum is 1 s): dozens of
+/// scans in a run, as in the seed's.
+const SCAN_PERIOD_MS: u64 = 50;
+/// Result slots per CPU (one page).
+const RESULTS: u64 = PAGE / 8;
+
+/// The arms: the tunable's values.
+const ARMS: [&str; 2] = ["off", "migrc"];
+
+/// The seed's vmstat set, by their names.
+const COUNTERS: [Event; 6] = [
+    Event::NUMA_PAGE_MIGRATE,
+    Event::PGMIGRATE_SUCCESS,
+    Event::NR_TLB_REMOTE_FLUSH,
+    Event::NR_TLB_REMOTE_FLUSH_RECEIVED,
+    Event::NR_TLB_LOCAL_FLUSH_ALL,
+    Event::NR_TLB_LOCAL_FLUSH_ONE,
+];
+
+/// One run of one arm.
+#[derive(Clone, Copy, Default)]
+struct Sample {
+    counters: [u64; COUNTERS.len()],
+    dtlb_load_misses: u64,
+    dtlb_store_misses: u64,
+    kept_peak: u64,
+    stale_reads: u64,
+    lost_writes: u64,
+    runtime_s: f64,
+}
+
+#[derive(Serialize)]
+struct Row {
+    arm: &'static str,
+    migration_entry_ad: bool,
+    runs: usize,
+    numa_pages_migrated: u64,
+    pgmigrate_success: u64,
+    nr_tlb_remote_flush: u64,
+    nr_tlb_remote_flush_received: u64,
+    nr_tlb_local_flush_all: u64,
+    nr_tlb_local_flush_one: u64,
+    dtlb_load_misses: u64,
+    dtlb_store_misses: u64,
+    kept_peak: u64,
+    /// Summed over the runs (any is a failure).
+    stale_reads: u64,
+    lost_writes: u64,
+    /// Median seconds of the lookups, and the range.
+    runtime_s: f64,
+    runtime_s_min: f64,
+    runtime_s_max: f64,
+}
+
+/// The key at grid index `i`: odd, strictly increasing.
+fn key(i: u64) -> u64 {
+    2 * i + 1
+}
+
+fn machine(a: &BenchArgs) -> anyhow::Result<std::sync::Arc<Machine>> {
+    let config = a
+        .machine
+        .config(MachineConfig::two_tiers(FAST, SLOW, CPUS))?;
+    if config.nodes.len() < 2 {
+        anyhow::bail!("machine: bench migrc needs a fast and a slow node");
+    }
+    let m = Machine::new(config).map_err(|e| anyhow!("machine: {e}"))?;
+    a.tunables.apply(&m.tunables)?;
+    Ok(m)
+}
+
+fn experiment(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
+    let arms: Vec<(bool, usize)> = [false, true]
+        .into_iter()
+        .flat_map(|ad| (0..ARMS.len()).map(move |i| (ad, i)))
+        .collect();
+    let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); arms.len()];
+    let pb = progress("migrc", (a.runs * arms.len()) as u64);
+    let mut machine_desc = String::new();
+    let mut grid_mb = 0;
+    for _ in 0..a.runs {
+        for (k, &(ad, arm)) in arms.iter().enumerate() {
+            let m = machine(a)?;
+            m.tunables
+                .set("migrc", ARMS[arm])
+                .map_err(|e| anyhow!("{e}"))?;
+            m.tunables.set_migration_entry_ad(ad);
+            let (s, grid) = run_once(&m, a.lookups)?;
+            samples[k].push(s);
+            machine_desc = m.config.to_string();
+            grid_mb = grid >> 20;
+            pb.inc(1);
+        }
+    }
+    pb.finish_and_clear();
+    let rows: Vec<Row> = arms
+        .iter()
+        .zip(&samples)
+        .map(|(&(ad, arm), s)| row(ARMS[arm], ad, s))
+        .collect();
+    if !a.json {
+        print_table(&rows, grid_mb, a.lookups, &machine_desc);
+    }
+    plot_rows(a, &rows)?;
+    Ok(serde_json::json!({
+        "experiment": "migrc",
+        "machine": machine_desc,
+        "grid_mb": grid_mb,
+        "lookups_per_cpu": a.lookups,
+        "scan_period_ms": SCAN_PERIOD_MS,
+        "rows": rows,
+    }))
+}
+
+fn row(arm: &'static str, ad: bool, s: &[Sample]) -> Row {
+    let med = |f: &dyn Fn(&Sample) -> u64| median(s.iter().map(|x| f(x) as f64).collect()) as u64;
+    let c = |i: usize| med(&|x| x.counters[i]);
+    let times: Vec<f64> = s.iter().map(|x| x.runtime_s).collect();
+    Row {
+        arm,
+        migration_entry_ad: ad,
+        runs: s.len(),
+        numa_pages_migrated: c(0),
+        pgmigrate_success: c(1),
+        nr_tlb_remote_flush: c(2),
+        nr_tlb_remote_flush_received: c(3),
+        nr_tlb_local_flush_all: c(4),
+        nr_tlb_local_flush_one: c(5),
+        dtlb_load_misses: med(&|x| x.dtlb_load_misses),
+        dtlb_store_misses: med(&|x| x.dtlb_store_misses),
+        kept_peak: med(&|x| x.kept_peak),
+        stale_reads: s.iter().map(|x| x.stale_reads).sum(),
+        lost_writes: s.iter().map(|x| x.lost_writes).sum(),
+        runtime_s: median(times.clone()),
+        runtime_s_min: times.iter().copied().fold(f64::INFINITY, f64::min),
+        runtime_s_max: times.iter().copied().fold(0.0, f64::max),
+    }
+}
+
+/// Build the grid, then run the lookups on every CPU; the counters over
+/// the lookups, and the grid's size.
+fn run_once(m: &Machine, lookups: u64) -> anyhow::Result<(Sample, u64)> {
+    let warmup = lookups;
+    let fast = m.config.nodes[0].size_bytes;
+    let grid_len = (fast + fast / 2) & !(PAGE - 1);
+    m.prefault();
+    m.set_demotion_enabled(true);
+    m.thp.only_order(0);
+    m.numa.scan_delay_ms.store(0, Relaxed);
+    m.numa.scan_period_ms.store(SCAN_PERIOD_MS, Relaxed);
+    let cpus = m.cpus.len();
+    let c0 = m.bind(0).map_err(|e| anyhow!("bind: {e}"))?;
+    let mm = c0.new_mm().map_err(|e| anyhow!("mm: {e}"))?;
+    let rw = PROT_READ | PROT_WRITE;
+    let anon = MAP_PRIVATE | MAP_ANONYMOUS;
+    let grid = c0
+        .mmap(0, grid_len, rw, anon)
+        .map_err(|e| anyhow!("mmap: {e}"))?;
+    let results = c0
+        .mmap(0, cpus as u64 * PAGE, rw, anon)
+        .map_err(|e| anyhow!("mmap: {e}"))?;
+    let n = grid_len / 8;
+    for i in 0..n {
+        c0.store_u64(grid + 8 * i, key(i))
+            .map_err(|e| anyhow!("building the grid: {e}"))?;
+    }
+    c0.idle();
+    m.numa.mode.store(NUMA_BALANCING_MEMORY_TIERING, Relaxed);
+    let read = || {
+        let v = m.vmstat();
+        (
+            COUNTERS.map(|e| v.event(e)),
+            v.event(Event::TLB_MISS),
+            v.event(Event::DTLB_STORE_MISS),
+        )
+    };
+    let stale = AtomicU64::new(0);
+    let lost = AtomicU64::new(0);
+    // Every CPU warms up, then all measure together: between the two
+    // barriers CPU 0 reads the counters and the clock.
+    let barrier = Barrier::new(cpus);
+    let mut t0 = Instant::now();
+    let mut before = read();
+    let mut errors = Vec::new();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (1..cpus)
+            .map(|id| {
+                let (mm, stale, lost, barrier) = (mm.clone(), &stale, &lost, &barrier);
+                s.spawn(move || -> anyhow::Result<()> {
+                    let c = m.bind(id).map_err(|e| anyhow!("bind: {e}"))?;
+                    c.switch_mm(&mm);
+                    let mut cpu = LookupCpu::new(&c, id, grid, n, results, stale, lost);
+                    let warm = cpu.lookups(warmup);
+                    c.idle();
+                    barrier.wait();
+                    barrier.wait();
+                    let r = warm.and_then(|()| cpu.lookups(lookups));
+                    c.idle();
+                    r
+                })
+            })
+            .collect();
+        let mut cpu = LookupCpu::new(&c0, 0, grid, n, results, &stale, &lost);
+        let warm = cpu.lookups(warmup);
+        c0.idle();
+        barrier.wait();
+        before = read();
+        t0 = Instant::now();
+        barrier.wait();
+        errors.push(warm.and_then(|()| cpu.lookups(lookups)));
+        c0.idle();
+        for h in handles {
+            errors.push(h.join().expect("a lookup thread panicked"));
+        }
+    });
+    let runtime_s = t0.elapsed().as_secs_f64();
+    m.numa.mode.store(0, Relaxed);
+    errors.into_iter().collect::<anyhow::Result<()>>()?;
+    let after = read();
+    let misses = after.1 - before.1;
+    let store_misses = after.2 - before.2;
+    let sample = Sample {
+        counters: std::array::from_fn(|i| after.0[i] - before.0[i]),
+        dtlb_load_misses: misses - store_misses,
+        dtlb_store_misses: store_misses,
+        kept_peak: m.migrc.kept_peak(),
+        stale_reads: stale.load(Relaxed),
+        lost_writes: lost.load(Relaxed),
+        runtime_s,
+    };
+    c0.exit_mm().map_err(|e| anyhow!("exit: {e}"))?;
+    c0.idle();
+    m.kswapd_quiesce();
+    Ok((sample, grid_len))
+}
+
+/// One CPU's lookups, with what it stored in its result slots.
+struct LookupCpu<'a, 'm> {
+    c: &'a OnCpu<'m>,
+    grid: u64,
+    n: u64,
+    /// This CPU's result page.
+    mine: u64,
+    rng: u64,
+    /// Lookups done, and the value last stored in each slot.
+    done: u64,
+    last: Vec<u64>,
+    stale: &'a AtomicU64,
+    lost: &'a AtomicU64,
+}
+
+impl<'a, 'm> LookupCpu<'a, 'm> {
+    fn new(
+        c: &'a OnCpu<'m>,
+        id: usize,
+        grid: u64,
+        n: u64,
+        results: u64,
+        stale: &'a AtomicU64,
+        lost: &'a AtomicU64,
+    ) -> Self {
+        LookupCpu {
+            c,
+            grid,
+            n,
+            mine: results + id as u64 * PAGE,
+            rng: 0x9e37_79b9_7f4a_7c15u64 ^ (id as u64 + 1).wrapping_mul(0xbf58_476d_1ce4_e5b9),
+            done: 0,
+            last: vec![0; RESULTS as usize],
+            stale,
+            lost,
+        }
+    }
+
+    /// Load grid entry `i`, checking it.
+    fn load(&self, i: u64) -> anyhow::Result<u64> {
+        let v = self
+            .c
+            .load_u64(self.grid + 8 * i)
+            .map_err(|e| anyhow!("lookup: {e}"))?;
+        if v != key(i) {
+            self.stale.fetch_add(1, Relaxed);
+        }
+        Ok(v)
+    }
+
+    /// `count` lookups: a binary search for a random key, the entries
+    /// after it, the result stored; every value checked.
+    fn lookups(&mut self, count: u64) -> anyhow::Result<()> {
+        for _ in 0..count {
+            self.rng ^= self.rng << 13;
+            self.rng ^= self.rng >> 7;
+            self.rng ^= self.rng << 17;
+            let target = self.rng % (2 * self.n);
+            // The first entry whose key is at least the target.
+            let (mut lo, mut hi) = (0, self.n);
+            while lo < hi {
+                let mid = (lo + hi) / 2;
+                if self.load(mid)? < target {
+                    lo = mid + 1;
+                } else {
+                    hi = mid;
+                }
+            }
+            let mut acc = lo;
+            for j in lo..(lo + NUCLIDE_READS).min(self.n) {
+                acc = acc.wrapping_add(self.load(j)?);
+            }
+            let slot = (self.done % RESULTS) as usize;
+            let at = self.mine + 8 * slot as u64;
+            let was = self.c.load_u64(at).map_err(|e| anyhow!("result: {e}"))?;
+            if was != self.last[slot] {
+                self.lost.fetch_add(1, Relaxed);
+            }
+            self.c
+                .store_u64(at, acc)
+                .map_err(|e| anyhow!("result: {e}"))?;
+            self.last[slot] = acc;
+            self.done += 1;
+        }
+        Ok(())
+    }
+}
+
+fn print_table(rows: &[Row], grid_mb: u64, lookups: u64, machine: &str) {
+    crate::outln!(
+        "bench migrc: {lookups} lookups per CPU in a {grid_mb} MiB grid, NUMA balancing in tiering mode, demotion on\n"
+    );
+    for ad in [true, false] {
+        let arm = |name: &str| {
+            rows.iter()
+                .find(|r| r.arm == name && r.migration_entry_ad == ad)
+        };
+        let (Some(off), Some(on)) = (arm("off"), arm("migrc")) else {
+            continue;
+        };
+        crate::outln!(
+            "migration_entry_ad {} (medians of {} runs)",
+            if ad { "on (the host)" } else { "off" },
+            off.runs
+        );
+        crate::outln!(
+            "{:<30} {:>14} {:>14} {:>9}",
+            "metric",
+            "off",
+            "migrc",
+            "change"
+        );
+        let line = |name: &str, a: f64, b: f64| {
+            let change = if a > 0.0 {
+                format!("{:+.1}%", 100.0 * (b - a) / a)
+            } else {
+                "-".into()
+            };
+            crate::outln!("{name:<30} {a:>14} {b:>14} {change:>9}");
+        };
+        line(
+            "numa_pages_migrated",
+            off.numa_pages_migrated as f64,
+            on.numa_pages_migrated as f64,
+        );
+        line(
+            "pgmigrate_success",
+            off.pgmigrate_success as f64,
+            on.pgmigrate_success as f64,
+        );
+        line(
+            "nr_tlb_remote_flush",
+            off.nr_tlb_remote_flush as f64,
+            on.nr_tlb_remote_flush as f64,
+        );
+        line(
+            "nr_tlb_remote_flush_received",
+            off.nr_tlb_remote_flush_received as f64,
+            on.nr_tlb_remote_flush_received as f64,
+        );
+        line(
+            "nr_tlb_local_flush_all",
+            off.nr_tlb_local_flush_all as f64,
+            on.nr_tlb_local_flush_all as f64,
+        );
+        line(
+            "nr_tlb_local_flush_one",
+            off.nr_tlb_local_flush_one as f64,
+            on.nr_tlb_local_flush_one as f64,
+        );
+        line(
+            "dTLB-load-misses",
+            off.dtlb_load_misses as f64,
+            on.dtlb_load_misses as f64,
+        );
+        line(
+            "dTLB-store-misses",
+            off.dtlb_store_misses as f64,
+            on.dtlb_store_misses as f64,
+        );
+        line(
+            "pages kept (peak)",
+            off.kept_peak as f64,
+            on.kept_peak as f64,
+        );
+        line(
+            "stale reads (all runs)",
+            off.stale_reads as f64,
+            on.stale_reads as f64,
+        );
+        line(
+            "lost writes (all runs)",
+            off.lost_writes as f64,
+            on.lost_writes as f64,
+        );
+        crate::outln!(
+            "{:<30} {:>14} {:>14} {:>9}",
+            "runtime (s), min-max",
+            format!("{:.3}", off.runtime_s),
+            format!("{:.3}", on.runtime_s),
+            format!(
+                "{:+.1}%",
+                100.0 * (on.runtime_s - off.runtime_s) / off.runtime_s
+            )
+        );
+        crate::outln!(
+            "{:<30} {:>14} {:>14}\n",
+            "",
+            format!("{:.3}-{:.3}", off.runtime_s_min, off.runtime_s_max),
+            format!("{:.3}-{:.3}", on.runtime_s_min, on.runtime_s_max)
+        );
+    }
+    crate::outln!("machine: {machine}\n");
+}
+
+/// migrc's counters as a share of off's, per migration_entry_ad setting.
+fn plot_rows(a: &BenchArgs, rows: &[Row]) -> anyhow::Result<()> {
+    type Get = fn(&Row) -> u64;
+    let metrics: [(&str, Get); 7] = [
+        ("remote flush", |r| r.nr_tlb_remote_flush),
+        ("received", |r| r.nr_tlb_remote_flush_received),
+        ("local all", |r| r.nr_tlb_local_flush_all),
+        ("local one", |r| r.nr_tlb_local_flush_one),
+        ("migrated", |r| r.pgmigrate_success),
+        ("dTLB load miss", |r| r.dtlb_load_misses),
+        ("dTLB store miss", |r| r.dtlb_store_misses),
+    ];
+    let groups: Vec<String> = metrics.iter().map(|(n, _)| n.to_string()).collect();
+    let bars: Vec<plot::Bars> = [true, false]
+        .into_iter()
+        .filter_map(|ad| {
+            let arm = |name: &str| {
+                rows.iter()
+                    .find(|r| r.arm == name && r.migration_entry_ad == ad)
+            };
+            let (off, on) = (arm("off")?, arm("migrc")?);
+            Some(plot::Bars {
+                label: format!(
+                    "migrc / off, migration_entry_ad {}",
+                    if ad { "on" } else { "off" }
+                ),
+                values: metrics
+                    .iter()
+                    .map(|(_, g)| (g(off) > 0).then(|| 100.0 * g(on) as f64 / g(off) as f64))
+                    .collect(),
+            })
+        })
+        .collect();
+    plot::bar_plot(
+        &a.out.join("migrc.svg"),
+        "migrc: each counter as a share of off's (%)",
+        &groups,
+        "% of off",
+        &bars,
+    )
+}

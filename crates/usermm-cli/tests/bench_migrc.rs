@@ -1,0 +1,28 @@
+//! `usermm bench migrc` end to end, briefly: every arm's loads and result
+//! read-backs agree with what was stored (no stale read, no lost write);
+//! only MIGRC keeps sources, and only when migrated pages come back clean
+//! (`migration_entry_ad` off): with the host's A/D bits carried, a page
+//! written once stays dirty and is never eligible.
+
+mod common;
+
+#[test]
+fn migrc_keeps_sources_only_when_pages_come_back_clean() {
+    let v = common::bench_json("migrc", &["--runs", "1", "--lookups", "50000"], |_| {
+        Vec::new()
+    });
+    let rows = v["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 4, "{v}");
+    for r in rows {
+        assert_eq!(r["stale_reads"], 0, "{r}");
+        assert_eq!(r["lost_writes"], 0, "{r}");
+        assert!(r["pgmigrate_success"].as_u64().unwrap() > 0, "{r}");
+        let kept = r["kept_peak"].as_u64().unwrap();
+        let clean = r["migration_entry_ad"] == false;
+        if r["arm"] == "migrc" && clean {
+            assert!(kept > 0, "{r}");
+        } else {
+            assert_eq!(kept, 0, "{r}");
+        }
+    }
+}
