@@ -12,21 +12,27 @@
 //!
 //! A flusher (`flush_tlb_mm_range`, after changing PTEs):
 //! 1. bumps `mm.tlb_gen` (SeqCst);
-//! 2. for each other CPU in `mm_cpumask`, reads its `state` (SeqCst); if it is
-//!    in user mode, posts the request in its mailbox;
+//! 2. for each other CPU in `mm_cpumask`, raises its `missed` flag and then
+//!    reads its `state` (SeqCst both); if it is in user mode, posts the
+//!    request in its mailbox;
 //! 3. waits until each such CPU has acknowledged the request *or* changed
-//!    state (it left user mode, so it will re-check `tlb_gen` before using its
-//!    TLB again).
+//!    state (it left user mode: it handles what was posted at its next
+//!    access, or sees its flag on the way back).
 //!
 //! A CPU in user mode polls its mailbox before every access, handles the
 //! requests (`flush_tlb_func`) and acknowledges with Release, so that its
 //! earlier stores happen before the flusher frees the pages. A CPU entering
-//! user mode stores its new state (SeqCst) and then compares its slot's
-//! `tlb_gen` with `mm.tlb_gen` (SeqCst), flushing if behind. Either the
-//! flusher sees it in user mode and waits for it, or it sees the flusher's
-//! generation: the two SeqCst store/load pairs cannot both miss (Dekker).
-//! This is x86's scheme, where lazy-TLB and idle CPUs catch up on
-//! `tlb_gen` instead of taking IPIs.
+//! user mode stores its new state (SeqCst) and then takes its `missed` flag
+//! (SeqCst); if a flush raised it, it compares its slot's `tlb_gen` with
+//! `mm.tlb_gen`, flushing if behind. Either the flusher sees it in user
+//! mode and waits for it, or it sees the flag: the two SeqCst store/load
+//! pairs cannot both miss (Dekker). This is x86's scheme for lazy-TLB CPUs,
+//! which catch up on `tlb_gen` instead of taking IPIs; here a CPU out of
+//! user mode is treated alike. A generation bumped with no flush sent
+//! (a batched unmap flush still queued, or owed by MIGRC) makes no CPU
+//! flush by itself: as on x86, a CPU running the mm keeps its entries
+//! until a flush reaches it (which is then a full one, its generation
+//! being more than one behind) or it switches mm.
 //!
 //! A hardware walk and the TLB fill it makes are one step of an access, so a
 //! request is handled either before the walk or after the fill: a fill made
@@ -208,16 +214,17 @@ impl<M: TlbMm> Cpu<M> {
     }
 
     /// Enter user mode (return from the kernel): catch up with flushes that
-    /// skipped us while we were away.
+    /// skipped us while we were away (only if one did).
     pub fn enter_user(&self, vmstat: &VmStat) {
         if self.in_user() {
             return;
         }
+        if !self.mode.return_to_user() {
+            return;
+        }
         let loaded = self.loaded.lock();
-        let gen = self
-            .mode
-            .return_to_user(loaded.as_ref().map(|(mm, _)| mm.tlb_gen()));
-        if let (Some((_, slot)), Some(gen)) = (loaded.as_ref(), gen) {
+        if let Some((mm, slot)) = loaded.as_ref() {
+            let gen = mm.tlb_gen().load(Ordering::SeqCst);
             let mut tlb = self.tlb.lock();
             if tlb.slots[*slot].tlb_gen < gen {
                 tlb.flush_slot(*slot);

@@ -8,14 +8,28 @@
 //! allows a load to return.
 //!
 //! Two store-then-load pairs make it work (a Dekker handshake): the
-//! flusher's bump of `tlb_gen` before its read of the target's mode, and the
-//! target's mode change before its read of `tlb_gen`. Either the flusher
-//! sees the target in user mode (and waits for it), or the target sees the
-//! new generation (and flushes before it uses its TLB). Each pair has a
-//! SeqCst fence between its store and its load (the kernel's `smp_mb()`):
-//! on x86 the locked read-modify-write already is one, and the explicit
-//! fence is what the C++ model, and loom, need to order a store before a
-//! later load of another location.
+//! flusher's raise of the target's `missed` flag before its read of the
+//! target's mode, and the target's mode change before its read (and
+//! clearing) of `missed`. Either the flusher sees the target in user mode
+//! (and posts the request and waits for it), or the target sees the flag
+//! (and compares its TLB's generation with the mm's, flushing if behind,
+//! before it uses its TLB). Each pair has a SeqCst fence between its store
+//! and its load (the kernel's `smp_mb()`): on x86 the locked
+//! read-modify-write already is one, and the explicit fence is what the
+//! C++ model, and loom, need to order a store before a later load of
+//! another location.
+//!
+//! Only a CPU that some flush looked at since its last return to user
+//! mode catches up on the next one: a generation bumped without a flush
+//! being sent (the queue of a batched unmap flush, which MIGRC may defer)
+//! leaves the CPUs that run the mm with their entries, as on x86, where a
+//! CPU compares generations only when a flush reaches it or it switches
+//! mm. The flag is lowered only there: a target that lowered it while
+//! handling its mailbox could then leave user mode before a flusher that
+//! raised it earlier reads its mode, and that flusher would skip it (the
+//! interleaving `tests/loom_shootdown.rs` finds). A flag raised for a CPU
+//! that was sent the request costs at most one needless comparison, or a
+//! flush if the generation moved again meanwhile.
 
 use crate::sync::checked::{fence, AtomicBool, AtomicU64};
 use crate::sync::Ordering;
@@ -26,6 +40,9 @@ const USER: u64 = 1;
 /// the CPU runs user accesses. Only the owning CPU writes it.
 pub struct CpuMode {
     word: AtomicU64,
+    /// Raised by a flusher before it looks at the mode: a flush may have
+    /// skipped this CPU while it was out of user mode.
+    missed: AtomicBool,
     /// Model checking only: do [`CpuMode::return_to_user`]'s two steps in
     /// the wrong order, to show that the checker catches it.
     #[cfg(loom)]
@@ -36,6 +53,7 @@ impl Default for CpuMode {
     fn default() -> Self {
         CpuMode {
             word: AtomicU64::new(0),
+            missed: AtomicBool::new(false),
             #[cfg(loom)]
             broken_return: false,
         }
@@ -60,21 +78,21 @@ impl CpuMode {
         self.word.load(Ordering::Relaxed) & USER != 0
     }
 
-    /// Target, on return to user mode: announce it, then read the loaded
-    /// mm's generation, which the caller compares with its TLB's. SeqCst on
-    /// both (see the module doc). None if no mm is loaded.
+    /// Target, on return to user mode: announce it, then take the `missed`
+    /// flag; if it was raised, the caller compares the loaded mm's
+    /// generation with its TLB's. SeqCst on both (see the module doc).
     #[inline]
-    pub fn return_to_user(&self, mm_tlb_gen: Option<&AtomicU64>) -> Option<u64> {
+    pub fn return_to_user(&self) -> bool {
         debug_assert!(!self.in_user());
         #[cfg(loom)]
         if self.broken_return {
-            let gen = mm_tlb_gen.map(|g| g.load(Ordering::SeqCst));
+            let missed = self.missed.swap(false, Ordering::SeqCst);
             self.word.fetch_add(1, Ordering::SeqCst);
-            return gen;
+            return missed;
         }
         self.word.fetch_add(1, Ordering::SeqCst);
         fence(Ordering::SeqCst);
-        mm_tlb_gen.map(|g| g.load(Ordering::SeqCst))
+        self.missed.swap(false, Ordering::SeqCst)
     }
 
     /// Target, on leaving user mode (after handling what was posted).
@@ -85,16 +103,24 @@ impl CpuMode {
         }
     }
 
-    /// Flusher, after [`next_tlb_gen`]: if the target runs user accesses it
-    /// must be sent the request; returns the mode word seen, to wait on.
+    /// Flusher, after [`next_tlb_gen`]: raise the target's `missed` flag,
+    /// then look at its mode: if it runs user accesses it must be sent the
+    /// request; returns the mode word seen, to wait on. Otherwise it will
+    /// see the flag before its next user access.
     #[inline]
     pub fn needs_request(&self) -> Option<u64> {
+        // A read-modify-write, as the target's take is: one modification
+        // order for both (loom, whose SeqCst stores are weaker than C++'s,
+        // lets a plain store here be missed by the target's swap).
+        self.missed.swap(true, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
         let s = self.word.load(Ordering::SeqCst);
         (s & USER != 0).then_some(s)
     }
 
-    /// Flusher: has the target left the mode it was seen in? Then it will
-    /// read the new generation before its next user access.
+    /// Flusher: has the target left the mode it was seen in? Then it
+    /// handles what was posted before its next user access (its mailbox
+    /// is polled before each), or sees its flag on the way back.
     #[inline]
     pub fn changed_since(&self, seen: u64) -> bool {
         self.word.load(Ordering::SeqCst) != seen
