@@ -207,3 +207,93 @@ pub fn pin_to_cpu(cpu: usize) {
         libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
     }
 }
+
+/// What a TLB shootdown costs on this host, measured: the initiator's wait
+/// per shootdown, and the time the target loses handling one.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+pub struct ShootdownCost {
+    pub send_ns: u64,
+    pub recv_ns: u64,
+    /// Shootdowns per measurement.
+    pub samples: u64,
+}
+
+/// Calibrate [`ShootdownCost`]: CPU 0 zaps and refaults one page
+/// (`MADV_DONTNEED`, then a write) `n` times, alone in its process and
+/// then with a second thread on CPU 1 spinning on loads of another page of
+/// the same process (so that each zap's flush is an IPI to it); the
+/// difference per zap is the send cost. The spinning thread's loads per
+/// second, with CPU 0 sleeping and with it zapping, give the receive
+/// cost. None if the host has fewer than two CPUs.
+pub fn shootdown_cost(n: u64) -> Option<ShootdownCost> {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+    // SAFETY: sysconf has no preconditions.
+    if unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) } < 2 {
+        return None;
+    }
+    let mut zapped = HostRegion::map(4096);
+    zapped.touch();
+    let mut other = HostRegion::map(4096);
+    other.touch();
+    let (zp, op) = (zapped.ptr as usize, other.ptr as usize);
+    let zaps = |n: u64| -> f64 {
+        let t = Instant::now();
+        for i in 0..n {
+            // SAFETY: `zp` is a live private anonymous page of this
+            // process; MADV_DONTNEED on it is defined (it reads as zero
+            // afterwards), and the write refaults it.
+            unsafe {
+                libc::madvise(zp as *mut libc::c_void, 4096, libc::MADV_DONTNEED);
+                std::ptr::write_volatile(zp as *mut u64, i);
+            }
+        }
+        t.elapsed().as_secs_f64()
+    };
+    pin_to_cpu(0);
+    zaps(n / 10);
+    let alone = zaps(n);
+    let stop = AtomicBool::new(false);
+    let go = AtomicBool::new(false);
+    let spins = AtomicU64::new(0);
+    let (busy, idle_rate, busy_rate) = std::thread::scope(|s| {
+        s.spawn(|| {
+            pin_to_cpu(1);
+            while !stop.load(Relaxed) {
+                let mut k = 0u64;
+                while go.load(Relaxed) && !stop.load(Relaxed) {
+                    // SAFETY: `op` is a live page of this process, never
+                    // zapped: a load of it is defined.
+                    unsafe { std::ptr::read_volatile(op as *const u64) };
+                    k += 1;
+                    if k.is_multiple_of(4096) {
+                        spins.fetch_add(4096, Relaxed);
+                    }
+                }
+                std::hint::spin_loop();
+            }
+        });
+        go.store(true, Relaxed);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        // The spinner's rate with CPU 0 asleep, then with it zapping.
+        let t = Instant::now();
+        let s0 = spins.load(Relaxed);
+        std::thread::sleep(std::time::Duration::from_secs_f64(alone.max(0.05)));
+        let idle_rate = (spins.load(Relaxed) - s0) as f64 / t.elapsed().as_secs_f64();
+        let s1 = spins.load(Relaxed);
+        let busy = zaps(n);
+        let busy_rate = (spins.load(Relaxed) - s1) as f64 / busy;
+        stop.store(true, Relaxed);
+        (busy, idle_rate, busy_rate)
+    });
+    let send_s = ((busy - alone) / n as f64).max(0.0);
+    let lost = if idle_rate > 0.0 {
+        (1.0 - busy_rate / idle_rate).max(0.0) * busy
+    } else {
+        0.0
+    };
+    Some(ShootdownCost {
+        send_ns: (send_s * 1e9) as u64,
+        recv_ns: (lost / n as f64 * 1e9) as u64,
+        samples: n,
+    })
+}

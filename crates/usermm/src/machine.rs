@@ -409,6 +409,14 @@ impl Machine {
         self.demotion_enabled.load(Ordering::Relaxed)
     }
 
+    /// The shootdown cost model on every CPU (see [`crate::cpu::Cpu::set_ipi_cost`]);
+    /// `(0, 0)`, the default, is off.
+    pub fn set_ipi_cost(&self, send_ns: u64, recv_ns: u64) {
+        for c in self.cpus.iter() {
+            c.set_ipi_cost(send_ns, recv_ns);
+        }
+    }
+
     pub fn set_demotion_enabled(&self, on: bool) {
         self.demotion_enabled.store(on, Ordering::Relaxed);
     }

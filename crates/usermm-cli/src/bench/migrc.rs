@@ -132,7 +132,48 @@ fn machine(a: &BenchArgs) -> anyhow::Result<std::sync::Arc<Machine>> {
     Ok(m)
 }
 
+/// What `--ipi-cost` asks for.
+pub enum IpiCostArg {
+    Off,
+    Host,
+    Given { send_ns: u64, recv_ns: u64 },
+}
+
+pub fn parse_ipi_cost(s: &str) -> anyhow::Result<IpiCostArg> {
+    match s {
+        "off" => Ok(IpiCostArg::Off),
+        "host" => Ok(IpiCostArg::Host),
+        _ => {
+            let parsed = s
+                .split_once(',')
+                .and_then(|(a, b)| Some((a.trim().parse().ok()?, b.trim().parse().ok()?)));
+            match parsed {
+                Some((send_ns, recv_ns)) if send_ns <= 1_000_000 && recv_ns <= 1_000_000 => {
+                    Ok(IpiCostArg::Given { send_ns, recv_ns })
+                }
+                _ => anyhow::bail!(
+                    "--ipi-cost {s:?}: expected off, host, or SEND_NS,RECV_NS (each at most 1000000)"
+                ),
+            }
+        }
+    }
+}
+
+/// The cost model's (send, receive) nanoseconds, and how they were had.
+fn ipi_cost(a: &BenchArgs) -> anyhow::Result<(u64, u64, &'static str)> {
+    Ok(match parse_ipi_cost(&a.ipi_cost)? {
+        IpiCostArg::Off => (0, 0, "off"),
+        IpiCostArg::Given { send_ns, recv_ns } => (send_ns, recv_ns, "given"),
+        IpiCostArg::Host => {
+            let c = crate::native::shootdown_cost(20_000)
+                .ok_or_else(|| anyhow!("--ipi-cost host: calibrating needs two host CPUs"))?;
+            (c.send_ns, c.recv_ns, "host")
+        }
+    })
+}
+
 fn experiment(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
+    let (send_ns, recv_ns, cost_from) = ipi_cost(a)?;
     let arms: Vec<(bool, usize)> = [false, true]
         .into_iter()
         .flat_map(|ad| (0..ARMS.len()).map(move |i| (ad, i)))
@@ -148,6 +189,7 @@ fn experiment(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
                 .set("migrc", ARMS[arm])
                 .map_err(|e| anyhow!("{e}"))?;
             m.tunables.set_migration_entry_ad(ad);
+            m.set_ipi_cost(send_ns, recv_ns);
             let (s, grid) = run_once(&m, a.lookups)?;
             samples[k].push(s);
             machine_desc = m.config.to_string();
@@ -163,6 +205,11 @@ fn experiment(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         .collect();
     if !a.json {
         print_table(&rows, grid_mb, a.lookups, &machine_desc);
+        if cost_from != "off" {
+            crate::outln!(
+                "shootdown cost model ({cost_from}): {send_ns} ns per shootdown sent, {recv_ns} ns per request handled\n"
+            );
+        }
     }
     plot_rows(a, &rows)?;
     Ok(serde_json::json!({
@@ -171,6 +218,7 @@ fn experiment(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         "grid_mb": grid_mb,
         "lookups_per_cpu": a.lookups,
         "scan_period_ms": SCAN_PERIOD_MS,
+        "ipi_cost": { "from": cost_from, "send_ns": send_ns, "recv_ns": recv_ns },
         "rows": rows,
     }))
 }

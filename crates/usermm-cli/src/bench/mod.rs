@@ -51,6 +51,11 @@ pub struct BenchArgs {
     /// migrc: lookups per CPU, measured (after as many to warm up).
     #[arg(long, default_value_t = migrc::LOOKUPS)]
     pub lookups: u64,
+    /// migrc: the shootdown cost model: `off` (the default: an IPI costs
+    /// what the model's mailbox costs), `host` (calibrated on this host
+    /// first), or `SEND_NS,RECV_NS`.
+    #[arg(long, default_value = "off")]
+    pub ipi_cost: String,
     /// Folder for the results (JSON and SVG per experiment).
     #[arg(long, default_value = "results")]
     pub out: PathBuf,
@@ -160,6 +165,7 @@ fn validate(a: &BenchArgs) -> anyhow::Result<()> {
     if a.lookups == 0 || a.lookups > 1 << 32 {
         anyhow::bail!("--lookups must be between 1 and {}", 1u64 << 32);
     }
+    migrc::parse_ipi_cost(&a.ipi_cost)?;
     if a.size_mb == 0 {
         anyhow::bail!("--size-mb must be at least 1");
     }

@@ -134,6 +134,34 @@ pub struct Cpu<M: TlbMm = Mm> {
     /// taken per access.
     cr3_pgd: AtomicU64,
     cr3_slot: AtomicU64,
+    /// The shootdown cost model ([`Cpu::set_ipi_cost`]).
+    ipi_cost: IpiCost,
+}
+
+/// A cost model for TLB shootdowns, off by default: what an IPI costs on
+/// hardware that the model's mailbox does not (the initiator's interrupt
+/// send and wait, the target's interrupt entry and exit), in nanoseconds
+/// of busy time, so that a run's time can be read with it. Calibrated on
+/// the host by `usermm bench migrc --ipi-cost host`. Not part of the
+/// shootdown protocol: std atomics, set before the CPUs run.
+#[derive(Default)]
+struct IpiCost {
+    send_ns: std::sync::atomic::AtomicU64,
+    recv_ns: std::sync::atomic::AtomicU64,
+}
+
+/// Busy for `ns` nanoseconds (the cost model's time; never under loom).
+#[inline]
+fn busy_ns(ns: u64) {
+    #[cfg(not(loom))]
+    if ns > 0 {
+        let t = Instant::now();
+        while (t.elapsed().as_nanos() as u64) < ns {
+            std::hint::spin_loop();
+        }
+    }
+    #[cfg(loom)]
+    let _ = ns;
 }
 
 impl<M: TlbMm> Cpu<M> {
@@ -149,7 +177,17 @@ impl<M: TlbMm> Cpu<M> {
             loaded: Mutex::new(None),
             cr3_pgd: AtomicU64::new(NO_PGD),
             cr3_slot: AtomicU64::new(0),
+            ipi_cost: IpiCost::default(),
         }
+    }
+
+    /// The shootdown cost model: each shootdown this CPU sends costs it
+    /// `send_ns`, each request it handles `recv_ns` (0, 0: off, the
+    /// default).
+    pub fn set_ipi_cost(&self, send_ns: u64, recv_ns: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.ipi_cost.send_ns.store(send_ns, Relaxed);
+        self.ipi_cost.recv_ns.store(recv_ns, Relaxed);
     }
 
     /// Model checking only: this CPU returns to user mode with the
@@ -264,7 +302,12 @@ impl<M: TlbMm> Cpu<M> {
         }
         let loaded = self.loaded.lock();
         let mut tlb = self.tlb.lock();
+        let recv_ns = self
+            .ipi_cost
+            .recv_ns
+            .load(std::sync::atomic::Ordering::Relaxed);
         for req in reqs {
+            busy_ns(recv_ns);
             vmstat.count(self.id, Event::NR_TLB_REMOTE_FLUSH_RECEIVED, 1);
             flush_tlb_func(&mut tlb, &req, loaded.as_ref(), None, vmstat);
             req.acks.ack(self.id);
@@ -429,6 +472,13 @@ fn flush_tlb_multi<M: TlbMm>(
             cpu.post(req.clone());
             targets.push((cpu, seen));
         }
+    }
+    if !targets.is_empty() {
+        busy_ns(
+            me.ipi_cost
+                .send_ns
+                .load(std::sync::atomic::Ordering::Relaxed),
+        );
     }
     let deadline = Instant::now() + SHOOTDOWN_TIMEOUT;
     for (cpu, seen) in targets {
