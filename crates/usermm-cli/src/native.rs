@@ -208,6 +208,31 @@ pub fn pin_to_cpu(cpu: usize) {
     }
 }
 
+/// The calling thread's CPU affinity, put back on drop.
+struct AffinityRestore(libc::cpu_set_t);
+
+impl AffinityRestore {
+    fn save() -> AffinityRestore {
+        // SAFETY: the set is zeroed, then filled by sched_getaffinity for
+        // the calling thread (0), within its size.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set);
+            AffinityRestore(set)
+        }
+    }
+}
+
+impl Drop for AffinityRestore {
+    fn drop(&mut self) {
+        // SAFETY: the set was filled by sched_getaffinity; 0 names the
+        // calling thread.
+        unsafe {
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &self.0);
+        }
+    }
+}
+
 /// What a TLB shootdown costs on this host, measured: the initiator's wait
 /// per shootdown, and the time the target loses handling one.
 #[derive(Clone, Copy, Debug, serde::Serialize)]
@@ -236,6 +261,9 @@ pub fn shootdown_cost(n: u64) -> Option<ShootdownCost> {
     let mut other = HostRegion::map(4096);
     other.touch();
     let (zp, op) = (zapped.ptr as usize, other.ptr as usize);
+    // The caller's affinity, restored on the way out: threads it spawns
+    // later inherit it.
+    let _restore = AffinityRestore::save();
     let zaps = |n: u64| -> f64 {
         let t = Instant::now();
         for i in 0..n {

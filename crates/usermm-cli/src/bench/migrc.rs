@@ -106,6 +106,10 @@ struct Row {
     dtlb_load_misses: u64,
     dtlb_store_misses: u64,
     kept_peak: u64,
+    /// Medians per run of shootdowns sent, and of CPUs that handled one,
+    /// per 1000 pages migrated (the migrations a run makes vary widely).
+    remote_flush_per_k_migrated: f64,
+    remote_flush_received_per_k_migrated: f64,
     /// Summed over the runs (any is a failure).
     stale_reads: u64,
     lost_writes: u64,
@@ -240,12 +244,23 @@ fn row(arm: &'static str, ad: bool, s: &[Sample]) -> Row {
         dtlb_load_misses: med(&|x| x.dtlb_load_misses),
         dtlb_store_misses: med(&|x| x.dtlb_store_misses),
         kept_peak: med(&|x| x.kept_peak),
+        remote_flush_per_k_migrated: per_k(s, 2),
+        remote_flush_received_per_k_migrated: per_k(s, 3),
         stale_reads: s.iter().map(|x| x.stale_reads).sum(),
         lost_writes: s.iter().map(|x| x.lost_writes).sum(),
         runtime_s: median(times.clone()),
         runtime_s_min: times.iter().copied().fold(f64::INFINITY, f64::min),
         runtime_s_max: times.iter().copied().fold(0.0, f64::max),
     }
+}
+
+/// The median over the runs of counter `i` per 1000 pages migrated.
+fn per_k(s: &[Sample], i: usize) -> f64 {
+    median(
+        s.iter()
+            .map(|x| 1000.0 * x.counters[i] as f64 / x.counters[1].max(1) as f64)
+            .collect(),
+    )
 }
 
 /// Build the grid, then run the lookups on every CPU; the counters over
@@ -504,6 +519,16 @@ fn print_table(rows: &[Row], grid_mb: u64, lookups: u64, machine: &str) {
             "dTLB-store-misses",
             off.dtlb_store_misses as f64,
             on.dtlb_store_misses as f64,
+        );
+        line(
+            "remote flush per 1000 migrated",
+            off.remote_flush_per_k_migrated.round(),
+            on.remote_flush_per_k_migrated.round(),
+        );
+        line(
+            "  received per 1000 migrated",
+            off.remote_flush_received_per_k_migrated.round(),
+            on.remote_flush_received_per_k_migrated.round(),
         );
         line(
             "pages kept (peak)",
