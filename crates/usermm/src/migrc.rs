@@ -63,6 +63,10 @@ pub enum Weakened {
     /// A publication does not look at `migrc_flushing` (steps 3 and 7): a
     /// flush in flight may release what it never covered.
     NoFlushingCheck = 3,
+    /// A forced flush clears the owed mask before its flush is done (as
+    /// the seed's `migrc_flush_free_folios` does): meanwhile a refused
+    /// publication or a write fault sees nothing owed.
+    ForcedFlushForgets = 4,
 }
 
 /// The global MIGRC state of a machine.
@@ -107,6 +111,7 @@ impl Migrc {
             1 => Weakened::NoWpFlush,
             2 => Weakened::FreeSource,
             3 => Weakened::NoFlushingCheck,
+            4 => Weakened::ForcedFlushForgets,
             _ => Weakened::None,
         }
     }
@@ -214,15 +219,23 @@ impl Migrc {
         released
     }
 
-    /// Everything owed and kept, taken (for a forced flush).
-    pub fn take_all(&self) -> (Vec<Folio>, u64) {
+    /// For a forced flush: every kept source, taken, and the CPUs that owe
+    /// a flush, read. The owed mask stays until the forced flush's own end
+    /// ([`Migrc::flush_end`]) clears what it covered: a CPU that looks
+    /// meanwhile (a write fault, a refused publication) must still see a
+    /// flush owed and make one itself, or it would act as if no CPU could
+    /// read a source that the forced flush has not reached yet.
+    /// (Weakened to [`Weakened::ForcedFlushForgets`], the mask is cleared
+    /// here, as the seed's `fold_ubc` into the caller's batch does.)
+    pub fn take_for_flush(&self) -> (Vec<Folio>, u64) {
         let mut s = self.state.lock();
         self.nr_kept.store(0, Ordering::Relaxed);
-        self.owed.store(0, Ordering::Relaxed);
-        (
-            std::mem::take(&mut s.folios),
-            std::mem::take(&mut s.cpumask),
-        )
+        let folios = std::mem::take(&mut s.folios);
+        if self.weakened() == Weakened::ForcedFlushForgets {
+            self.owed.store(0, Ordering::Relaxed);
+            return (folios, std::mem::take(&mut s.cpumask));
+        }
+        (folios, s.cpumask)
     }
 }
 
@@ -255,7 +268,10 @@ pub fn migrc_flush_free_folios(oncpu: &OnCpu) -> bool {
     if !m.pending() {
         return false;
     }
-    let (folios, cpumask) = m.take_all();
+    let (folios, cpumask) = m.take_for_flush();
+    // A batched flush, bracketed (something is pending): its end clears
+    // the CPUs it covered and releases what was kept meanwhile, if no
+    // flush is owed any more.
     let mut ubc = crate::tlbbatch::TlbflushUnmapBatch::new();
     ubc.add_cpumask(cpumask);
     ubc.flush(oncpu);

@@ -19,16 +19,22 @@
 //!   free it if refused).
 //! - A third thread runs an unrelated batched flush that covers the CPU
 //!   (`migrc_flush_start`, the IPI, `migrc_flush_end`), which releases
-//!   whatever is kept once no CPU owes a flush.
+//!   whatever is kept once no CPU owes a flush; or a forced flush
+//!   (`migrc_flush_free_folios`, as a write fault elsewhere runs it).
 //!
 //! The property (I1 of the seed): a source is never released while the
-//! CPU's TLB still holds a translation to it. Two scenes: a first
-//! migration, and a destination migrated again while its own source is
-//! still kept. The same models with the publication's look at
-//! `migrc_flushing` removed ([`Weakened::NoFlushingCheck`]) must be caught:
-//! the flush's IPI runs before the PTE is cleared, the CPU caches the
-//! source again, and the flush's end, which now sees the owed mask,
-//! releases the source.
+//! CPU's TLB still holds a translation to it. Three scenes: a first
+//! migration, a destination migrated again while its own source is still
+//! kept, and a first migration against a forced flush. Broken variants
+//! that must be caught:
+//! - the publication's look at `migrc_flushing` removed
+//!   ([`Weakened::NoFlushingCheck`]): the flush's IPI runs before the PTE
+//!   is cleared, the CPU caches the source again, and the flush's end,
+//!   which now sees the owed mask, releases the source;
+//! - a forced flush that clears the owed mask before its flush is done,
+//!   as the seed's does ([`Weakened::ForcedFlushForgets`]): the
+//!   publication it makes refuse finds nothing owed, flushes nothing, and
+//!   frees its source while the CPU still caches it.
 #![cfg(loom)]
 
 use loom::sync::atomic::{AtomicU64, Ordering};
@@ -62,11 +68,16 @@ impl World {
         }
     }
 
-    /// `migrc_flush_free_folios`: flush what is owed, release everything.
+    /// `migrc_flush_free_folios`: take the kept sources, flush what is
+    /// owed (a bracketed batched flush, whose end releases what was kept
+    /// since), then release them.
     fn flush_free_folios(&self) {
-        let (kept, owed) = self.migrc.take_all();
+        let (kept, owed) = self.migrc.take_for_flush();
         if owed != 0 {
+            self.migrc.flush_start();
             self.flush_cpu();
+            let released = self.migrc.flush_end(owed);
+            self.release(released);
         }
         self.release(kept);
     }
@@ -113,10 +124,28 @@ fn batched_flush(w: &World) {
     w.release(released);
 }
 
+/// What the third thread does while the migration runs.
+#[derive(Clone, Copy)]
+enum Other {
+    /// An unrelated batched flush that covers the CPU.
+    BatchedFlush,
+    /// A forced flush (a write fault elsewhere, `do_wp_page`).
+    ForcedFlush,
+}
+
 /// Run the model: the PTE maps `mapped`, the TLB caches `cached`; if
 /// `kept` is set, that earlier source is kept with its flush owed. The
-/// migrating thread moves `mapped` to `dst`.
-fn run(mapped: u64, cached: u64, kept: Option<u64>, dst: u64, broken: bool, bound: usize) {
+/// migrating thread moves `mapped` to `dst` while `other` runs, MIGRC
+/// broken as `weakened` says.
+fn run(
+    mapped: u64,
+    cached: u64,
+    kept: Option<u64>,
+    dst: u64,
+    other: Other,
+    weakened: Weakened,
+    bound: usize,
+) {
     let mut b = loom::model::Builder::new();
     b.preemption_bound = Some(bound);
     b.check(move || {
@@ -125,9 +154,7 @@ fn run(mapped: u64, cached: u64, kept: Option<u64>, dst: u64, broken: bool, boun
             pte: AtomicU64::new(mapped),
             tlb: Mutex::new(Some(cached)),
         });
-        if broken {
-            w.migrc.set_weakened(Weakened::NoFlushingCheck);
-        }
+        w.migrc.set_weakened(weakened);
         if let Some(s) = kept {
             assert!(w.migrc.add_pending_ubc(CPU));
             assert!(w.migrc.add_pending_folios(vec![Folio(s)]).is_ok());
@@ -139,7 +166,10 @@ fn run(mapped: u64, cached: u64, kept: Option<u64>, dst: u64, broken: bool, boun
             },
             {
                 let w = w.clone();
-                thread::spawn(move || batched_flush(&w))
+                thread::spawn(move || match other {
+                    Other::BatchedFlush => batched_flush(&w),
+                    Other::ForcedFlush => w.flush_free_folios(),
+                })
             },
         ];
         migrate(&w, mapped, dst);
@@ -149,27 +179,76 @@ fn run(mapped: u64, cached: u64, kept: Option<u64>, dst: u64, broken: bool, boun
     });
 }
 
+use Other::{BatchedFlush, ForcedFlush};
+use Weakened::{ForcedFlushForgets, NoFlushingCheck};
+
 /// A first migration: S (0x100) to D (0x200), the CPU caching S.
 #[test]
 fn a_publication_racing_a_batched_flush() {
-    run(0x100, 0x100, None, 0x200, false, 3);
+    run(0x100, 0x100, None, 0x200, BatchedFlush, Weakened::None, 3);
 }
 
 /// D (0x200) migrated again to D2 (0x300) while its source S (0x100) is
 /// still kept and the CPU still caches S.
 #[test]
 fn a_destination_migrated_again_while_its_source_is_kept() {
-    run(0x200, 0x100, Some(0x100), 0x300, false, 3);
+    run(
+        0x200,
+        0x100,
+        Some(0x100),
+        0x300,
+        BatchedFlush,
+        Weakened::None,
+        3,
+    );
+}
+
+/// A forced flush (a write fault elsewhere) runs while the migration
+/// publishes: a publication it makes refuse must still see the flush owed
+/// until that flush is done, and make its own before freeing the source.
+#[test]
+fn a_publication_racing_a_forced_flush() {
+    run(0x100, 0x100, None, 0x200, ForcedFlush, Weakened::None, 3);
 }
 
 #[test]
 fn a_publication_without_the_flushing_check_is_caught() {
-    let r = std::panic::catch_unwind(|| run(0x100, 0x100, None, 0x200, true, 3));
+    let r = std::panic::catch_unwind(|| {
+        run(0x100, 0x100, None, 0x200, BatchedFlush, NoFlushingCheck, 3)
+    });
     assert!(r.is_err(), "loom should find a source freed while cached");
 }
 
 #[test]
 fn a_second_migration_without_the_flushing_check_is_caught() {
-    let r = std::panic::catch_unwind(|| run(0x200, 0x100, Some(0x100), 0x300, true, 3));
+    let r = std::panic::catch_unwind(|| {
+        run(
+            0x200,
+            0x100,
+            Some(0x100),
+            0x300,
+            BatchedFlush,
+            NoFlushingCheck,
+            3,
+        )
+    });
+    assert!(r.is_err(), "loom should find a source freed while cached");
+}
+
+/// The seed's forced flush, which forgets the owed CPUs before its flush
+/// is done: the refused publication then frees its source at once.
+#[test]
+fn a_forced_flush_that_forgets_what_is_owed_is_caught() {
+    let r = std::panic::catch_unwind(|| {
+        run(
+            0x100,
+            0x100,
+            None,
+            0x200,
+            ForcedFlush,
+            ForcedFlushForgets,
+            3,
+        )
+    });
     assert!(r.is_err(), "loom should find a source freed while cached");
 }

@@ -32,7 +32,8 @@
 //! (a batched unmap flush still queued, or owed by MIGRC) makes no CPU
 //! flush by itself: as on x86, a CPU running the mm keeps its entries
 //! until a flush reaches it (which is then a full one, its generation
-//! being more than one behind) or it switches mm.
+//! being more than one behind) or it switches mm; unless a flush looked
+//! at it since its last return to user mode (see [`shootdown`]).
 //!
 //! A hardware walk and the TLB fill it makes are one step of an access, so a
 //! request is handled either before the walk or after the fill: a fill made

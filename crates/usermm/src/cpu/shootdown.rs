@@ -28,8 +28,15 @@
 //! handling its mailbox could then leave user mode before a flusher that
 //! raised it earlier reads its mode, and that flusher would skip it (the
 //! interleaving `tests/loom_shootdown.rs` finds). A flag raised for a CPU
-//! that was sent the request costs at most one needless comparison, or a
-//! flush if the generation moved again meanwhile.
+//! that was sent the request and handled it costs one needless comparison
+//! at its next return to user mode, or a full flush if the generation
+//! moved again meanwhile. So where the mm's flushes are frequent (NUMA
+//! scans), a generation bumped without a flush still costs the CPUs their
+//! entries at their next fault or system call, which x86 would not do:
+//! it compares generations only when a flush reaches the CPU or it leaves
+//! lazy mode. Posting every request to every CPU of the mask, in kernel
+//! mode too, as x86 interrupts them, would remove the return-to-user
+//! comparison altogether.
 
 use crate::sync::checked::{fence, AtomicBool, AtomicU64};
 use crate::sync::Ordering;
