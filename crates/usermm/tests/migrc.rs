@@ -433,3 +433,40 @@ fn readers_and_writers_under_promotion_demotion_forks_and_munmaps() {
             .collect::<String>()
     );
 }
+
+/// The invariant checker accepts a stale entry that a CPU will use
+/// without a flush only if it maps a source MIGRC keeps: CPU 1 caches the
+/// pages and idles, CPU 0 demotes them. With the sources freed at once
+/// (weakened), the checker reports CPU 1's entries.
+#[test]
+fn the_checker_accepts_stale_entries_to_kept_sources_only() {
+    for (w, clean) in [(Weakened::None, true), (Weakened::FreeSource, false)] {
+        let m = machine();
+        m.migrc.set_weakened(w);
+        let shadow = Shadow::new();
+        let c0 = m.bind(0).unwrap();
+        let (mm, a) = read_only_clean_pages(&c0, &shadow);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let c = m.bind(1).unwrap();
+                c.switch_mm(&mm);
+                for p in pages(a) {
+                    c.load_u64(p).unwrap();
+                }
+                c.idle();
+            });
+        });
+        assert_eq!(demote(&c0, &mm, a), NR);
+        c0.idle();
+        let r = check_invariants(&m);
+        assert_eq!(r.is_ok(), clean, "{w:?}: {r:?}");
+        if let Err(e) = r {
+            assert!(e.contains("will be used without a flush"), "{e}");
+        }
+        usermm::migrc::migrc_flush_free_folios(&c0);
+        c0.idle();
+        if clean {
+            check_invariants(&m).unwrap();
+        }
+    }
+}

@@ -642,13 +642,39 @@ impl CheckWalk<'_> {
     }
 }
 
+/// A TLB entry a CPU will use without a flush, behind its mm's
+/// generation (see [`check_tlbs`]).
+fn check_owed_entry(
+    cpu: usize,
+    e: &crate::cpu::tlb::CachedTranslation,
+    leaves: &Leaves,
+    kept: &HashSet<Pfn>,
+) -> Result<(), String> {
+    for i in 0..e.size / PAGE_SIZE {
+        let (a, pfn) = (e.vaddr + i * PAGE_SIZE, e.pfn + i);
+        let agrees = matches!(leaves.get(&a), Some(&(p, w)) if p == pfn && (w || !e.writable));
+        let kept_source = kept.contains(&pfn) && !e.writable;
+        if !(agrees || kept_source) {
+            return Err(format!(
+                "CPU {cpu}: TLB entry {a:#x} -> {pfn:#x} (w={}) will be used without a flush, and neither the page tables ({:?}) nor MIGRC's kept sources account for it",
+                e.writable,
+                leaves.get(&a)
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn check_tlbs(
     m: &Machine,
     mms: &[Arc<Mm>],
     leaves: &HashMap<u64, Leaves>,
     free: &HashSet<Pfn>,
 ) -> Result<(), String> {
+    let kept: HashSet<Pfn> = m.migrc.kept().iter().map(|f| f.pfn()).collect();
     for cpu in m.cpus.iter() {
+        let loaded = cpu.loaded_mm().map(|mm| mm.id);
+        let catches_up = cpu.catches_up_on_return();
         let tlb = cpu.tlb.lock();
         for e in tlb.entries() {
             let Some(mm) = mms.iter().find(|mm| mm.id == e.mm_id) else {
@@ -656,6 +682,16 @@ fn check_tlbs(
             };
             let pending = e.slot_tlb_gen < mm.tlb_gen.load(Ordering::Acquire);
             if pending {
+                // Behind its mm: flushed before use if the CPU switches to
+                // it, or catches up on its return to user mode. Otherwise
+                // (the loaded mm, no flush looked at the CPU: a flush still
+                // owed by MIGRC) it will be used as it is, so it must read
+                // what the page tables map, or a source MIGRC keeps,
+                // read-only.
+                if loaded != Some(mm.id) || catches_up {
+                    continue;
+                }
+                check_owed_entry(cpu.id, &e, &leaves[&mm.id], &kept)?;
                 continue;
             }
             for i in 0..e.size / PAGE_SIZE {

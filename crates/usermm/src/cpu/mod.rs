@@ -225,6 +225,12 @@ impl<M: TlbMm> Cpu<M> {
         self.mode.in_user()
     }
 
+    /// Whether this CPU compares its loaded mm's generation on its next
+    /// return to user mode (a flush looked at it since the last one).
+    pub fn catches_up_on_return(&self) -> bool {
+        self.mode.missed_raised()
+    }
+
     pub fn loaded_mm(&self) -> Option<Arc<M>> {
         self.loaded.lock().as_ref().map(|(mm, _)| mm.clone())
     }

@@ -102,6 +102,12 @@ impl CpuMode {
         self.missed.swap(false, Ordering::SeqCst)
     }
 
+    /// Whether a flush raised the flag since the CPU last returned to
+    /// user mode (for the invariant checker, at rest).
+    pub fn missed_raised(&self) -> bool {
+        self.missed.load(Ordering::SeqCst)
+    }
+
     /// Target, on leaving user mode (after handling what was posted).
     #[inline]
     pub fn leave_user(&self) {
