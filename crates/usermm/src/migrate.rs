@@ -409,7 +409,8 @@ fn migrate_pages_batch(
             let migrc = run.do_migrc
                 && flags.batch_flush
                 && !oncpu.m.migrc.paused()
-                && iso.folio.order(mem) == 0;
+                && (iso.folio.order(mem) == 0
+                    || oncpu.m.tunables.migrc_mode() == crate::tunable::MigrcMode::MigrcLarge);
             ubc.can_migrc_init(migrc);
             let r = migrate_folio_unmap(oncpu, iso, target, mode, flags, &mut ubc);
             match r {

@@ -2,7 +2,8 @@
 //! February 2024; not merged), selected by the tunable `migrc`.
 //!
 //! A demotion (`MR_DEMOTION`) or promotion (`MR_NUMA_MISPLACED`) of an
-//! order-0 folio that only clean, read-only PTEs mapped skips its TLB
+//! order-0 folio (with `migrc_large`, beyond the seed, of a large folio
+//! mapped by PTEs too) that only clean, read-only PTEs mapped skips its TLB
 //! flush. The source is kept, pinned by an extra reference, until some
 //! later batched flush has covered every CPU that may still cache it: a
 //! stale translation to the source reads the same bytes as the

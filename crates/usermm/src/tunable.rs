@@ -110,6 +110,18 @@ pub enum PtReclaim {
     PteRef = 2,
 }
 
+/// What MIGRC defers, as [`Tunable::Migrc`] selects it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum MigrcMode {
+    /// Every migration flushes (the kernel).
+    Off = 0,
+    /// The seed: order-0 folios only.
+    Migrc = 1,
+    /// Beyond the seed: large folios mapped by PTEs too.
+    MigrcLarge = 2,
+}
+
 /// The lock a page fault takes, as [`Tunable::FaultLock`] selects it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
@@ -276,6 +288,12 @@ pub const TUNABLES: [TunableInfo; 8] = [
                     MR_NUMA_MISPLACED keep their source, pinned; a write \
                     fault, an allocation short of its watermark or memory \
                     pressure forces the flush",
+            },
+            TunableValue {
+                name: "migrc_large",
+                description: "as migrc, and large folios mapped by PTEs too \
+                    (beyond the seed, which keeps order-0 folios only; a \
+                    PMD-mapped THP's flush is never batched)",
             },
         ],
         default: 0,
@@ -479,8 +497,23 @@ impl Tunables {
         self.index(Tunable::Migrc) != 0
     }
 
+    /// `migrc`: which folios may defer their flush.
+    #[inline]
+    pub fn migrc_mode(&self) -> MigrcMode {
+        match self.index(Tunable::Migrc) {
+            0 => MigrcMode::Off,
+            1 => MigrcMode::Migrc,
+            _ => MigrcMode::MigrcLarge,
+        }
+    }
+
+    /// `migrc` on (the seed's) or off.
     pub fn set_migrc(&self, on: bool) {
-        self.set_on(Tunable::Migrc, on)
+        self.set_migrc_mode(if on { MigrcMode::Migrc } else { MigrcMode::Off })
+    }
+
+    pub fn set_migrc_mode(&self, mode: MigrcMode) {
+        self.values[Tunable::Migrc as usize].store(mode as u8, Ordering::Relaxed);
     }
 }
 

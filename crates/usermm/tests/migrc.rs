@@ -470,3 +470,74 @@ fn the_checker_accepts_stale_entries_to_kept_sources_only() {
         }
     }
 }
+
+/// Beyond the seed (`migrc_large`): a 64 KiB folio that only clean
+/// read-only PTEs map keeps its source too, whole, with another CPU's
+/// stale entries to its 16 pages accepted by the checker; the seed's
+/// `migrc` flushes it.
+#[test]
+fn a_large_folio_is_kept_only_with_migrc_large() {
+    use usermm::tunable::MigrcMode;
+    const LARGE: u64 = 64 << 10;
+    for (mode, kept) in [(MigrcMode::Migrc, 0), (MigrcMode::MigrcLarge, 1)] {
+        let m = machine();
+        m.tunables.set_migrc_mode(mode);
+        m.thp.only_order(4);
+        let c0 = m.bind(0).unwrap();
+        let mm = c0.new_mm().unwrap();
+        let r = c0.mmap(0, 2 * LARGE, RW, ANON).unwrap();
+        let a = (r + LARGE - 1) & !(LARGE - 1);
+        for p in (a..a + LARGE).step_by(PAGE as usize) {
+            c0.store_u64(p, p).unwrap();
+        }
+        let mem = c0.mem();
+        assert_eq!(mem.page_folio(pte_of(&c0, &mm, a).0).nr_pages(mem), 16);
+        // Read-only (fork, the child gone) and clean (a round trip).
+        let child = c0.fork().unwrap();
+        c0.switch_mm(&child);
+        c0.exit_mm().unwrap();
+        c0.switch_mm(&mm);
+        for node in [1, 0] {
+            let mut status = [0];
+            c0.move_pages(&[a], Some(&[node]), &mut status).unwrap();
+            assert_eq!(status, [node]);
+        }
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let c = m.bind(1).unwrap();
+                c.switch_mm(&mm);
+                for p in (a..a + LARGE).step_by(PAGE as usize) {
+                    assert_eq!(c.load_u64(p).unwrap(), p);
+                }
+                c.idle();
+            });
+        });
+        let folio = mem.page_folio(pte_of(&c0, &mm, a).0);
+        assert_eq!(folio.nr_pages(mem), 16, "still one 64 KiB folio");
+        let out = migrate_pages(
+            &c0,
+            vec![isolate_for_migration(mem, folio).unwrap()],
+            MigrationTarget {
+                nid: 1,
+                this_node: true,
+                nowait: true,
+            },
+            MigrateMode::Async,
+            MigrateReason::Demotion,
+        );
+        assert_eq!(out.stats.nr_succeeded, 16, "{mode:?}");
+        assert_eq!(m.migrc.kept().len(), kept, "{mode:?}");
+        assert_eq!(
+            mem.nodes[0].zone.migrc_pending.load(Relaxed),
+            16 * kept as u64
+        );
+        c0.idle();
+        check_invariants(&m).unwrap_or_else(|e| panic!("{mode:?}: {e}"));
+        usermm::migrc::migrc_flush_free_folios(&c0);
+        for p in (a..a + LARGE).step_by(PAGE as usize) {
+            assert_eq!(c0.load_u64(p).unwrap(), p);
+        }
+        c0.idle();
+        check_invariants(&m).unwrap_or_else(|e| panic!("{mode:?}: {e}"));
+    }
+}

@@ -671,7 +671,13 @@ fn check_tlbs(
     leaves: &HashMap<u64, Leaves>,
     free: &HashSet<Pfn>,
 ) -> Result<(), String> {
-    let kept: HashSet<Pfn> = m.migrc.kept().iter().map(|f| f.pfn()).collect();
+    let mem = &m.mem;
+    let kept: HashSet<Pfn> = m
+        .migrc
+        .kept()
+        .iter()
+        .flat_map(|f| f.pfn()..f.pfn() + f.nr_pages(mem))
+        .collect();
     for cpu in m.cpus.iter() {
         let loaded = cpu.loaded_mm().map(|mm| mm.id);
         let catches_up = cpu.catches_up_on_return();
