@@ -404,35 +404,26 @@ fn migrate_pages_batch(
         let mut retry = Vec::new();
         let mut todo = std::mem::take(&mut from).into_iter();
         while let Some(iso) = todo.next() {
-            // MIGRC: an order-0 folio's clean read-only PTEs are queued
-            // apart, to be owed rather than flushed.
-            let migrc = run.do_migrc
-                && flags.batch_flush
-                && !oncpu.m.migrc.paused()
-                && (iso.folio.order(mem) == 0
-                    || oncpu.m.tunables.migrc_mode() == crate::tunable::MigrcMode::MigrcLarge);
-            ubc.can_migrc_init(migrc);
+            // MIGRC: an eligible folio's clean read-only PTEs are queued
+            // apart, to be owed rather than flushed if it is unmapped.
+            ubc.can_migrc_init(migrc_may_defer(oncpu, run, flags, iso.folio));
             let r = migrate_folio_unmap(oncpu, iso, target, mode, flags, &mut ubc);
+            let owed = matches!(r, Unmap::Unmapped(_)) && ubc.can_migrc();
+            if owed {
+                migrc_pending |= ubc.take_ro();
+            }
+            ubc.can_migrc_init(false);
             match r {
                 Unmap::Unmapped(mut u) => {
-                    if ubc.can_migrc() {
-                        migrc_pending |= ubc.take_ro();
-                        u.migrc = true;
-                    }
-                    ubc.can_migrc_init(false);
+                    u.migrc = owed;
                     unmapped.push(u);
                 }
                 Unmap::Done { nr, thp } => {
-                    ubc.can_migrc_init(false);
                     run.stats.nr_succeeded += nr;
                     run.stats.nr_thp_succeeded += thp as u64;
                 }
-                Unmap::Again(iso) => {
-                    ubc.can_migrc_init(false);
-                    retry.push(iso);
-                }
+                Unmap::Again(iso) => retry.push(iso),
                 Unmap::NoMem(iso) => {
-                    ubc.can_migrc_init(false);
                     let thp = iso.folio.order(mem) == HPAGE_PMD_ORDER;
                     let iso = if iso.folio.is_large(mem) && !run.nosplit {
                         // Counted as one failure, and its pieces tried
@@ -599,6 +590,16 @@ fn migrate_folio_unmap(
     dst.unlock(mem);
     dst.put(mem, oncpu.id());
     Unmap::Again(iso)
+}
+
+/// MIGRC's per-folio test (`do_migrc` and the seed's order-0 rule, or any
+/// order with `migrc_large`): may this folio's read-only flushes be owed?
+fn migrc_may_defer(oncpu: &OnCpu, run: &MigrateRun, flags: TtuFlags, folio: Folio) -> bool {
+    use crate::tunable::MigrcMode;
+    run.do_migrc
+        && flags.batch_flush
+        && !oncpu.m.migrc.paused()
+        && (folio.order(oncpu.mem()) == 0 || oncpu.m.tunables.migrc_mode() == MigrcMode::MigrcLarge)
 }
 
 /// `migrate_folio_move`: copy, hand over, remap; the source is freed, or,

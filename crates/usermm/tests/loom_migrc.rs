@@ -133,21 +133,28 @@ enum Other {
     ForcedFlush,
 }
 
-/// Run the model: the PTE maps `mapped`, the TLB caches `cached`; if
-/// `kept` is set, that earlier source is kept with its flush owed. The
-/// migrating thread moves `mapped` to `dst` while `other` runs, MIGRC
-/// broken as `weakened` says.
-fn run(
-    mapped: u64,
-    cached: u64,
-    kept: Option<u64>,
-    dst: u64,
-    other: Other,
-    weakened: Weakened,
-    bound: usize,
-) {
+/// The migration the model makes.
+#[derive(Clone, Copy)]
+enum Scene {
+    /// S (0x100) to D (0x200), the CPU caching S.
+    First,
+    /// D (0x200) to D2 (0x300) while its own source S (0x100) is still
+    /// kept, its flush owed, and the CPU still caches S.
+    Again,
+}
+
+/// The preemption bound of every model.
+const BOUND: usize = 3;
+
+/// Run the model: `scene`'s migration while `other` runs, MIGRC broken
+/// as `weakened` says.
+fn run(scene: Scene, other: Other, weakened: Weakened) {
+    let (mapped, cached, kept, dst) = match scene {
+        Scene::First => (0x100, 0x100, None, 0x200),
+        Scene::Again => (0x200, 0x100, Some(0x100), 0x300),
+    };
     let mut b = loom::model::Builder::new();
-    b.preemption_bound = Some(bound);
+    b.preemption_bound = Some(BOUND);
     b.check(move || {
         let w = Arc::new(World {
             migrc: Migrc::default(),
@@ -180,27 +187,25 @@ fn run(
 }
 
 use Other::{BatchedFlush, ForcedFlush};
+use Scene::{Again, First};
 use Weakened::{ForcedFlushForgets, NoFlushingCheck};
 
-/// A first migration: S (0x100) to D (0x200), the CPU caching S.
-#[test]
-fn a_publication_racing_a_batched_flush() {
-    run(0x100, 0x100, None, 0x200, BatchedFlush, Weakened::None, 3);
+/// The broken model must fail: loom finds a source freed while cached.
+fn caught(scene: Scene, other: Other, weakened: Weakened) {
+    let r = std::panic::catch_unwind(|| run(scene, other, weakened));
+    assert!(r.is_err(), "loom should find a source freed while cached");
 }
 
-/// D (0x200) migrated again to D2 (0x300) while its source S (0x100) is
-/// still kept and the CPU still caches S.
+/// A first migration against a batched flush.
+#[test]
+fn a_publication_racing_a_batched_flush() {
+    run(First, BatchedFlush, Weakened::None);
+}
+
+/// A destination migrated again while its source is still kept.
 #[test]
 fn a_destination_migrated_again_while_its_source_is_kept() {
-    run(
-        0x200,
-        0x100,
-        Some(0x100),
-        0x300,
-        BatchedFlush,
-        Weakened::None,
-        3,
-    );
+    run(Again, BatchedFlush, Weakened::None);
 }
 
 /// A forced flush (a write fault elsewhere) runs while the migration
@@ -208,47 +213,22 @@ fn a_destination_migrated_again_while_its_source_is_kept() {
 /// until that flush is done, and make its own before freeing the source.
 #[test]
 fn a_publication_racing_a_forced_flush() {
-    run(0x100, 0x100, None, 0x200, ForcedFlush, Weakened::None, 3);
+    run(First, ForcedFlush, Weakened::None);
 }
 
 #[test]
 fn a_publication_without_the_flushing_check_is_caught() {
-    let r = std::panic::catch_unwind(|| {
-        run(0x100, 0x100, None, 0x200, BatchedFlush, NoFlushingCheck, 3)
-    });
-    assert!(r.is_err(), "loom should find a source freed while cached");
+    caught(First, BatchedFlush, NoFlushingCheck);
 }
 
 #[test]
 fn a_second_migration_without_the_flushing_check_is_caught() {
-    let r = std::panic::catch_unwind(|| {
-        run(
-            0x200,
-            0x100,
-            Some(0x100),
-            0x300,
-            BatchedFlush,
-            NoFlushingCheck,
-            3,
-        )
-    });
-    assert!(r.is_err(), "loom should find a source freed while cached");
+    caught(Again, BatchedFlush, NoFlushingCheck);
 }
 
 /// The seed's forced flush, which forgets the owed CPUs before its flush
 /// is done: the refused publication then frees its source at once.
 #[test]
 fn a_forced_flush_that_forgets_what_is_owed_is_caught() {
-    let r = std::panic::catch_unwind(|| {
-        run(
-            0x100,
-            0x100,
-            None,
-            0x200,
-            ForcedFlush,
-            ForcedFlushForgets,
-            3,
-        )
-    });
-    assert!(r.is_err(), "loom should find a source freed while cached");
+    caught(First, ForcedFlush, ForcedFlushForgets);
 }

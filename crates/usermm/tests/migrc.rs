@@ -29,6 +29,9 @@ use usermm::pgtable::walk::hw_walk;
 use usermm::vmstat::Event;
 use usermm::{Machine, MachineConfig, OnCpu};
 
+mod common;
+use common::StopOnDrop;
+
 const RW: u32 = PROT_READ | PROT_WRITE;
 const ANON: u32 = MAP_PRIVATE | MAP_ANONYMOUS;
 const PAGE: u64 = 4096;
@@ -77,6 +80,22 @@ fn read_only_clean_pages(c: &OnCpu, shadow: &Shadow) -> (Arc<Mm>, u64) {
         assert!(!pte_of(c, &mm, p).1, "{p:#x} is read-only");
     }
     (mm, a)
+}
+
+/// CPU 1 runs `mm` and loads `addrs`, caching them, then idles (no flush
+/// looked at it: it keeps its entries); the values it loaded.
+fn cache_on_cpu1(m: &Machine, mm: &Arc<Mm>, addrs: impl Iterator<Item = u64> + Send) -> Vec<u64> {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let c = m.bind(1).unwrap();
+            c.switch_mm(mm);
+            let values = addrs.map(|p| c.load_u64(p).unwrap()).collect();
+            c.idle();
+            values
+        })
+        .join()
+        .unwrap()
+    })
 }
 
 /// Demote the pages at `a` to node 1 as kswapd does (`MR_DEMOTION`,
@@ -205,14 +224,6 @@ fn scene(arm: Option<Weakened>, then: Then) -> Scene {
     out
 }
 
-struct StopOnDrop<'a>(&'a AtomicBool);
-
-impl Drop for StopOnDrop<'_> {
-    fn drop(&mut self) {
-        self.0.store(true, Relaxed);
-    }
-}
-
 /// The seed's case: a demotion of read-only clean pages that another CPU
 /// caches sends no IPI and keeps every source; the other CPU goes on
 /// reading through its stale entries (no TLB miss) and sees the right
@@ -270,14 +281,7 @@ fn kept_sources_count_as_free_and_go_under_pressure() {
     let c0 = m.bind(0).unwrap();
     let (mm, a) = read_only_clean_pages(&c0, &shadow);
     // Another CPU runs the mm, so the flush is owed to it.
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let c = m.bind(1).unwrap();
-            c.switch_mm(&mm);
-            c.load_u64(a).unwrap();
-            c.idle();
-        });
-    });
+    cache_on_cpu1(&m, &mm, std::iter::once(a));
     assert_eq!(demote(&c0, &mm, a), NR);
     assert_eq!(m.migrc.kept().len(), NR as usize);
     let zone = &c0.mem().nodes[0].zone;
@@ -446,16 +450,7 @@ fn the_checker_accepts_stale_entries_to_kept_sources_only() {
         let shadow = Shadow::new();
         let c0 = m.bind(0).unwrap();
         let (mm, a) = read_only_clean_pages(&c0, &shadow);
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                let c = m.bind(1).unwrap();
-                c.switch_mm(&mm);
-                for p in pages(a) {
-                    c.load_u64(p).unwrap();
-                }
-                c.idle();
-            });
-        });
+        cache_on_cpu1(&m, &mm, pages(a));
         assert_eq!(demote(&c0, &mm, a), NR);
         c0.idle();
         let r = check_invariants(&m);
@@ -502,16 +497,8 @@ fn a_large_folio_is_kept_only_with_migrc_large() {
             c0.move_pages(&[a], Some(&[node]), &mut status).unwrap();
             assert_eq!(status, [node]);
         }
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                let c = m.bind(1).unwrap();
-                c.switch_mm(&mm);
-                for p in (a..a + LARGE).step_by(PAGE as usize) {
-                    assert_eq!(c.load_u64(p).unwrap(), p);
-                }
-                c.idle();
-            });
-        });
+        let large = || (a..a + LARGE).step_by(PAGE as usize);
+        assert!(cache_on_cpu1(&m, &mm, large()).into_iter().eq(large()));
         let folio = mem.page_folio(pte_of(&c0, &mm, a).0);
         assert_eq!(folio.nr_pages(mem), 16, "still one 64 KiB folio");
         let out = migrate_pages(

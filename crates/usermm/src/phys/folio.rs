@@ -123,10 +123,7 @@ impl Folio {
     /// buddy lists (MIGRC's release of a kept source).
     pub fn put_nopcp(self, mem: &PhysMem, cpu: usize) {
         if self.ref_sub_and_test(mem, 1) {
-            let mut lruvec = None;
-            mem.page_cache_release(&mut lruvec, self);
-            drop(lruvec);
-            self.free_frozen_to(mem, cpu, false);
+            self.free_to(mem, cpu, false);
         }
     }
 
@@ -148,10 +145,15 @@ impl Folio {
     /// `__folio_put`: the last reference is gone. Off the LRU, then back to
     /// the allocator.
     fn free(self, mem: &PhysMem, cpu: usize) {
+        self.free_to(mem, cpu, true)
+    }
+
+    /// [`Folio::free`], to the per-CPU lists or straight to the buddy's.
+    fn free_to(self, mem: &PhysMem, cpu: usize, use_pcp: bool) {
         let mut lruvec = None;
         mem.page_cache_release(&mut lruvec, self);
         drop(lruvec);
-        self.free_frozen(mem, cpu);
+        self.free_frozen_to(mem, cpu, use_pcp);
     }
 
     /// `free_frozen_pages` of a folio with no references left and off the
@@ -177,11 +179,7 @@ impl Folio {
                     .mod_mthp(order, MthpStat::NR_ANON_PARTIALLY_MAPPED, -1);
             }
         }
-        if use_pcp {
-            mem.free_pages(self.0, order, cpu);
-        } else {
-            mem.free_pages_nopcp(self.0, order, cpu);
-        }
+        mem.free_pages_to(self.0, order, cpu, use_pcp);
     }
 
     /// The folio-wide counters of a large folio, which live in its first

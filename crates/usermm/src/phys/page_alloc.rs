@@ -629,14 +629,11 @@ impl PhysMem {
         self.free_pages_to(pfn, order, cpu, true)
     }
 
-    /// `__free_pages` straight to the buddy lists, bypassing the per-CPU
-    /// lists (MIGRC frees its kept sources so: they are cold, and a zone
-    /// short of free pages wants them counted at once).
-    pub fn free_pages_nopcp(&self, pfn: Pfn, order: u32, cpu: usize) {
-        self.free_pages_to(pfn, order, cpu, false)
-    }
-
-    fn free_pages_to(&self, pfn: Pfn, order: u32, cpu: usize, use_pcp: bool) {
+    /// [`PhysMem::free_pages`], or with `use_pcp` false straight to the
+    /// buddy lists, bypassing the per-CPU lists (MIGRC frees its kept
+    /// sources so: they are cold, and a zone short of free pages wants
+    /// them counted at once).
+    pub(crate) fn free_pages_to(&self, pfn: Pfn, order: u32, cpu: usize, use_pcp: bool) {
         for (i, p) in self.pages(pfn, 1 << order).iter().enumerate() {
             debug_assert_eq!(
                 p.mapcount.load(Ordering::Relaxed),
