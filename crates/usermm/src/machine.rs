@@ -621,6 +621,26 @@ impl crate::phys::page_alloc::Reclaimer for Machine {
         crate::migrc::migrc_flush_free_folios(&oncpu)
     }
 
+    fn luf_flush(&self, cpu: usize, cpumask: u64) {
+        // The thread that plays `cpu` flushes as it; any other (a kernel
+        // thread: kswapd's slot is shared by the nodes' threads) sends as
+        // a kswapd CPU, which no user mm is loaded on and no mask names.
+        let me = match self.cpus.get(cpu) {
+            Some(c) if crate::sync::this_cpu(self.mem.machine_id()) == cpu => c,
+            _ => match self.kswapd.first() {
+                Some(k) => &k.cpu,
+                None => return,
+            },
+        };
+        let oncpu = std::mem::ManuallyDrop::new(OnCpu {
+            m: self,
+            cpu: me,
+            _not_send: PhantomData,
+            numa_tick: std::cell::Cell::new(0),
+        });
+        crate::migrc::luf_flush_cpus(&oncpu, cpumask);
+    }
+
     fn migrc_pause(&self, pause: bool) {
         if pause {
             self.migrc.pause();

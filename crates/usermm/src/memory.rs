@@ -353,7 +353,31 @@ pub fn handle_mm_fault<'a>(
         Err(e) => return e.into(),
     };
     let mut vmf = VmFault::new(oncpu, mm, vma, addr, flags, pmd);
-    mm_account_fault(oncpu, __handle_mm_fault(&mut vmf))
+    let r = mm_account_fault(oncpu, __handle_mm_fault(&mut vmf));
+    luf_flush_after_fault(oncpu, mm, vma, flags);
+    r
+}
+
+/// LUF's forced flush at the end of `handle_mm_fault` (v12): after a write
+/// fault, or any fault in a VMA that is or may become writable, no CPU may
+/// keep a stale translation that this mm's migrations left, since a page
+/// of the VMA may now be written (or be about to be, by a CPU that walks
+/// the new PTE). v12 flushes after the fault is handled, not before the
+/// PTE changes; every CPU that writes the page faults first (its
+/// translation was read-only or absent) and makes this flush too before
+/// it returns, save one that walks the new PTE before the flush is done.
+fn luf_flush_after_fault(oncpu: &OnCpu, mm: &Mm, vma: &Vma, flags: FaultFlags) {
+    use crate::migrc::Weakened;
+    if !flags.write() && vma.flags() & (VM_WRITE | VM_MAYWRITE) == 0 {
+        return;
+    }
+    if matches!(
+        oncpu.m.migrc.weakened(),
+        Weakened::LufNoFaultFlush | Weakened::LufNoMmFlush
+    ) {
+        return;
+    }
+    crate::migrc::luf_flush_mm(oncpu, mm);
 }
 
 /// `mm_account_fault`: a fault that completed (not retried, not an error)
@@ -392,7 +416,11 @@ pub fn handle_mm_fault_speculative<'a>(
     if !pgtable::pmd_is_table(vmf.orig_pmd) {
         return vmf.spf_abort(Event::SPF_ABORT_PMD);
     }
-    mm_account_fault(oncpu, handle_pte_fault(&mut vmf))
+    let r = mm_account_fault(oncpu, handle_pte_fault(&mut vmf));
+    if r.handled() {
+        luf_flush_after_fault(oncpu, mm, vma, flags);
+    }
+    r
 }
 
 /// `__handle_mm_fault` below the PMD allocation: the huge paths, then the
@@ -930,6 +958,24 @@ pub fn unmap_page_range(
             addr = addr_end(addr, end, PUD_SIZE);
         }
     }
+    tlb_end_vma_luf(oncpu, tlb);
+}
+
+/// LUF's forced flush in `tlb_end_vma` (v12): an unmapped range leaves no
+/// stale translation behind that a new mapping at the same addresses
+/// could be read through. A whole-mm teardown (`fullmm`) skips it, as
+/// `tlb_end_vma` does: nothing can be mapped in the mm again.
+fn tlb_end_vma_luf(oncpu: &OnCpu, tlb: &MmuGather) {
+    use crate::migrc::Weakened;
+    if tlb.fullmm
+        || matches!(
+            oncpu.m.migrc.weakened(),
+            Weakened::LufNoEndVmaFlush | Weakened::LufNoMmFlush
+        )
+    {
+        return;
+    }
+    crate::migrc::luf_flush_mm(oncpu, tlb.mm);
 }
 
 /// One step of `zap_pmd_range`.

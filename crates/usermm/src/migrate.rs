@@ -48,6 +48,7 @@ use crate::machine::OnCpu;
 use crate::mm::{AnonVma, Mm, Vma};
 use crate::pgtable::swapops::{Migration, MigrationBits, SwpEntry, SwpKind};
 use crate::pgtable::{self, Pte, PteLocked, PteRead};
+use crate::phys::luf::LufBatch;
 use crate::phys::memmap::pg;
 use crate::phys::{AllocFlags, Folio, PhysMem, HPAGE_PMD_NR, HPAGE_PMD_ORDER};
 use crate::rmap::{self, RmapFlags};
@@ -175,6 +176,9 @@ struct Unmapped {
     /// MIGRC: the flush of its PTEs is deferred, and the source is kept
     /// when it has moved.
     migrc: bool,
+    /// LUF: the flush of its PTEs is deferred, and the source is freed
+    /// stamped with this batch when it has moved.
+    luf: Option<LufBatch>,
 }
 
 /// Isolate a mapped `folio` for migration (`folio_isolate_lru`, with the
@@ -236,7 +240,7 @@ pub fn migrate_pages(
         stats: MigrateStats::default(),
         nosplit: reason == MigrateReason::NumaMisplaced,
         split_folios: Vec::new(),
-        do_migrc: oncpu.m.tunables.migrc()
+        do_migrc: (oncpu.m.tunables.migrc() || oncpu.m.tunables.luf())
             && matches!(
                 reason,
                 MigrateReason::Demotion | MigrateReason::NumaMisplaced
@@ -394,12 +398,15 @@ fn migrate_pages_batch(
         split_huge_pmd: false,
     };
     let mut ubc = TlbflushUnmapBatch::new();
+    ubc.set_ro_uncounted(oncpu.m.migrc.weakened() == crate::migrc::Weakened::LufNoMmFlush);
     let mut failed = Vec::new();
     let mut untried = Vec::new();
     let mut nomem = false;
     let mut unmapped: Vec<Unmapped> = Vec::new();
-    // MIGRC's `pending_ubc`: the CPUs whose flush this batch may owe.
+    // MIGRC's `pending_ubc`: the CPUs whose flush this batch may owe;
+    // with LUF, the address spaces too.
     let mut migrc_pending = 0u64;
+    let mut luf_mms = Vec::new();
     'unmap: for _ in 0..nr_pass {
         let mut retry = Vec::new();
         let mut todo = std::mem::take(&mut from).into_iter();
@@ -410,7 +417,9 @@ fn migrate_pages_batch(
             let r = migrate_folio_unmap(oncpu, iso, target, mode, flags, &mut ubc);
             let owed = matches!(r, Unmap::Unmapped(_)) && ubc.can_migrc();
             if owed {
-                migrc_pending |= ubc.take_ro();
+                let (cpus, mms) = ubc.take_ro_mms();
+                migrc_pending |= cpus;
+                luf_mms.extend(mms);
             }
             ubc.can_migrc_init(false);
             match r {
@@ -458,6 +467,23 @@ fn migrate_pages_batch(
         }
     }
     failed.append(&mut from);
+    // LUF: the read-only flushes are owed by the sources' pages, under a
+    // generation drawn now that their PTEs are clear, and by the address
+    // spaces they were cleared from.
+    if migrc_pending != 0 && oncpu.m.tunables.luf() {
+        let batch = LufBatch {
+            cpumask: migrc_pending,
+            ugen: mem.luf.new_ugen(),
+        };
+        for mm in &luf_mms {
+            mm.luf_batch.lock().fold(batch);
+        }
+        for u in unmapped.iter_mut().filter(|u| u.migrc) {
+            u.migrc = false;
+            u.luf = Some(batch);
+        }
+        migrc_pending = 0;
+    }
     // MIGRC (`migrc_add_pending_ubc`): owe the read-only flushes, unless
     // MIGRC was paused meanwhile or a batched flush is under way; then
     // they are flushed with the rest, and no source is kept.
@@ -578,6 +604,7 @@ fn migrate_folio_unmap(
             dst,
             was_mapped,
             migrc: false,
+            luf: None,
         });
     }
     // Some mapping could not be replaced: put back what was.
@@ -598,7 +625,7 @@ fn migrc_may_defer(oncpu: &OnCpu, run: &MigrateRun, flags: TtuFlags, folio: Foli
     use crate::tunable::MigrcMode;
     run.do_migrc
         && flags.batch_flush
-        && !oncpu.m.migrc.paused()
+        && (oncpu.m.tunables.luf() || !oncpu.m.migrc.paused())
         && (folio.order(oncpu.mem()) == 0 || oncpu.m.tunables.migrc_mode() == MigrcMode::MigrcLarge)
 }
 
@@ -627,6 +654,13 @@ fn migrate_folio_move(oncpu: &OnCpu, u: Unmapped) -> Result<Option<Folio>, Unmap
         crate::migrc::migrc_keep(mem, src);
         src
     });
+    // LUF: the source is freed, its pages stamped with the owed flush
+    // (unless a test broke that rule on purpose).
+    if let Some(batch) = u.luf {
+        if oncpu.m.migrc.weakened() != crate::migrc::Weakened::LufNoTakeoffFlush {
+            mem.luf_stamp(src.pfn(), src.nr_pages(mem), batch);
+        }
+    }
     migrate_folio_done(oncpu, u.src);
     Ok(kept)
 }

@@ -68,6 +68,18 @@ pub enum Weakened {
     /// the seed's `migrc_flush_free_folios` does): meanwhile a refused
     /// publication or a write fault sees nothing owed.
     ForcedFlushForgets = 4,
+    /// LUF frees the source without its stamp: the page is handed out
+    /// again with no flush (the takeoff check sees nothing owed).
+    LufNoTakeoffFlush = 5,
+    /// LUF makes no forced flush after a fault in a writable VMA.
+    LufNoFaultFlush = 6,
+    /// LUF makes no forced flush at the end of a VMA's unmap
+    /// (`tlb_end_vma`).
+    LufNoEndVmaFlush = 7,
+    /// LUF makes neither of those two forced flushes, and the unmaps that
+    /// defer their flush do not count in `tlb_flush_batched` either (so
+    /// that `flush_tlb_batched_pending` does not flush for them).
+    LufNoMmFlush = 8,
 }
 
 /// The global MIGRC state of a machine.
@@ -113,6 +125,10 @@ impl Migrc {
             2 => Weakened::FreeSource,
             3 => Weakened::NoFlushingCheck,
             4 => Weakened::ForcedFlushForgets,
+            5 => Weakened::LufNoTakeoffFlush,
+            6 => Weakened::LufNoFaultFlush,
+            7 => Weakened::LufNoEndVmaFlush,
+            8 => Weakened::LufNoMmFlush,
             _ => Weakened::None,
         }
     }
@@ -279,4 +295,39 @@ pub fn migrc_flush_free_folios(oncpu: &OnCpu) -> bool {
     let any = !folios.is_empty();
     migrc_release(oncpu.mem(), folios, oncpu.id());
     any
+}
+
+/// LUF's forced flush for `mm` (v12's flush after a fault in a writable
+/// VMA, and at `tlb_end_vma`): the CPUs its migrations left with stale
+/// translations that have not flushed since are flushed now. Nothing is
+/// sent when every one of them has (v12 skips flushes already done per
+/// mm). Whether a flush was sent.
+pub fn luf_flush_mm(oncpu: &OnCpu, mm: &crate::mm::Mm) -> bool {
+    // Relaxed: a hint. The batch of a migration that this CPU must see is
+    // ordered before its fault by the page-table lock under which the
+    // migration put the new PTE in place.
+    if !oncpu.mem().luf.used() {
+        return false;
+    }
+    let batch = *mm.luf_batch.lock();
+    if batch.ugen == 0 {
+        return false;
+    }
+    let pending = oncpu.mem().luf.pending(batch);
+    if pending == 0 {
+        return false;
+    }
+    oncpu
+        .vmstat()
+        .count(oncpu.id(), crate::vmstat::Event::LUF_FORCED_FLUSH, 1);
+    luf_flush_cpus(oncpu, pending);
+    true
+}
+
+/// A full flush of `cpumask`'s TLBs, as a batched flush (which records
+/// the generation it covered on each).
+pub fn luf_flush_cpus(oncpu: &OnCpu, cpumask: u64) {
+    let mut ubc = crate::tlbbatch::TlbflushUnmapBatch::new();
+    ubc.add_cpumask(cpumask);
+    ubc.flush(oncpu);
 }

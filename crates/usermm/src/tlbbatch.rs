@@ -90,6 +90,12 @@ pub struct TlbflushUnmapBatch {
     /// `can_migrc`: every PTE queued while tracking was clean and
     /// read-only.
     can_migrc: bool,
+    /// The address spaces of the read-only queue (LUF records its
+    /// generation in each).
+    ro_mms: Vec<Arc<Mm>>,
+    /// Tests only ([`crate::migrc::Weakened::LufNoMmFlush`]): the
+    /// read-only queue does not count in `tlb_flush_batched`.
+    ro_uncounted: bool,
 }
 
 impl TlbflushUnmapBatch {
@@ -104,15 +110,21 @@ impl TlbflushUnmapBatch {
 
     /// `set_tlb_ubc_flush_pending`: `pteval` was cleared from `mm`
     /// without a flush; queue one, if any CPU may cache it.
-    pub fn set_flush_pending(&mut self, mm: &Mm, pteval: Pte) {
+    pub fn set_flush_pending(&mut self, mm: &Arc<Mm>, pteval: Pte) {
         if !pte_accessible(mm, pteval) {
             return;
         }
         if self.track_ro && !pteval.write() && !pteval.dirty() {
-            cpu::arch_tlbbatch_add_pending(&mut self.ro_cpumask, mm);
+            cpu::arch_tlbbatch_add_pending(&mut self.ro_cpumask, &**mm);
             self.ro_flush_required = true;
+            if !self.ro_mms.iter().any(|m| Arc::ptr_eq(m, mm)) {
+                self.ro_mms.push(mm.clone());
+            }
+            if self.ro_uncounted {
+                return;
+            }
         } else {
-            cpu::arch_tlbbatch_add_pending(&mut self.cpumask, mm);
+            cpu::arch_tlbbatch_add_pending(&mut self.cpumask, &**mm);
             self.flush_required = true;
             self.can_migrc = false;
         }
@@ -151,6 +163,11 @@ impl TlbflushUnmapBatch {
         self.can_migrc = on;
     }
 
+    /// Tests only: leave the read-only queue out of `tlb_flush_batched`.
+    pub fn set_ro_uncounted(&mut self, on: bool) {
+        self.ro_uncounted = on;
+    }
+
     /// Whether the folio unmapped since [`Self::can_migrc_init`] may defer
     /// its flush: only clean read-only PTEs, and at least one of them.
     pub fn can_migrc(&self) -> bool {
@@ -160,7 +177,15 @@ impl TlbflushUnmapBatch {
     /// Take the read-only queue's CPUs (for the caller to owe them).
     pub fn take_ro(&mut self) -> u64 {
         self.ro_flush_required = false;
+        self.ro_mms.clear();
         std::mem::take(&mut self.ro_cpumask)
+    }
+
+    /// Take the read-only queue: its CPUs, and the address spaces whose
+    /// PTEs it cleared.
+    pub fn take_ro_mms(&mut self) -> (u64, Vec<Arc<Mm>>) {
+        let mms = std::mem::take(&mut self.ro_mms);
+        (self.take_ro(), mms)
     }
 
     /// `fold_ubc(tlb_ubc, tlb_ubc_ro)`: the read-only queue joins the main.
@@ -192,7 +217,17 @@ impl TlbflushUnmapBatch {
         if bracket {
             migrc.flush_start();
         }
+        // LUF: the generation this full flush covers, read before its
+        // IPIs, recorded on its CPUs once they are done.
+        let luf = oncpu
+            .m
+            .tunables
+            .luf()
+            .then(|| oncpu.mem().luf.flush_start());
         cpu::arch_tlbbatch_flush(&oncpu.m.cpus, oncpu.cpu, self.cpumask, oncpu.vmstat());
+        if let Some(ugen) = luf {
+            oncpu.mem().luf.flush_done(self.cpumask, ugen);
+        }
         if bracket {
             let released = migrc.flush_end(self.cpumask);
             crate::migrc::migrc_release(oncpu.mem(), released, oncpu.id());

@@ -120,6 +120,8 @@ pub enum MigrcMode {
     Migrc = 1,
     /// Beyond the seed: large folios mapped by PTEs too.
     MigrcLarge = 2,
+    /// LUF v12: the source is freed, its flush owed before reuse.
+    Luf = 3,
 }
 
 /// The lock a page fault takes, as [`Tunable::FaultLock`] selects it.
@@ -275,7 +277,8 @@ pub const TUNABLES: [TunableInfo; 8] = [
         name: "migrc",
         description: "whether a demotion or promotion whose folio only clean \
             read-only PTEs mapped may skip its TLB flush, keeping the source \
-            until a later flush covers the CPUs that may cache it",
+            until a later flush covers the CPUs that may cache it (migrc), or \
+            freeing it and flushing before it is handed out again (luf)",
         values: &[
             TunableValue {
                 name: "off",
@@ -294,6 +297,14 @@ pub const TUNABLES: [TunableInfo; 8] = [
                 description: "as migrc, and large folios mapped by PTEs too \
                     (beyond the seed, which keeps order-0 folios only; a \
                     PMD-mapped THP's flush is never batched)",
+            },
+            TunableValue {
+                name: "luf",
+                description: "LUF v12 (Byungchul Park, 2025, not merged), for \
+                    migrations: order-0 sources are freed at once, stamped \
+                    with an unmap generation; the stamped CPUs are flushed \
+                    before a page leaves the free lists, after a fault in a \
+                    writable VMA and at the end of a VMA's unmap",
             },
         ],
         default: 0,
@@ -491,10 +502,18 @@ impl Tunables {
         self.set_on(Tunable::MigrationEntryAd, on)
     }
 
-    /// `migrc`: may migrations between tiers defer read-only flushes?
+    /// `migrc` or `migrc_large`: do migrations keep the sources whose
+    /// read-only flushes they defer?
     #[inline]
     pub fn migrc(&self) -> bool {
-        self.index(Tunable::Migrc) != 0
+        matches!(self.index(Tunable::Migrc), 1 | 2)
+    }
+
+    /// `luf`: do migrations free the sources whose read-only flushes they
+    /// defer, owing the flush before reuse?
+    #[inline]
+    pub fn luf(&self) -> bool {
+        self.index(Tunable::Migrc) == 3
     }
 
     /// `migrc`: which folios may defer their flush.
@@ -503,7 +522,8 @@ impl Tunables {
         match self.index(Tunable::Migrc) {
             0 => MigrcMode::Off,
             1 => MigrcMode::Migrc,
-            _ => MigrcMode::MigrcLarge,
+            2 => MigrcMode::MigrcLarge,
+            _ => MigrcMode::Luf,
         }
     }
 

@@ -532,6 +532,8 @@ fn shrink_folio_list(
 ) -> (u64, Vec<Folio>) {
     let mem = oncpu.mem();
     let mut list = ShrinkList::default();
+    list.ubc
+        .set_ro_uncounted(oncpu.m.migrc.weakened() == crate::migrc::Weakened::LufNoMmFlush);
     let demotion_target = next_demotion_node(oncpu, nid);
     for folio in folios {
         shrink_one(oncpu, folio, demotion_target.is_some(), &mut list);
@@ -551,6 +553,9 @@ fn shrink_folio_list(
             shrink_one(oncpu, f, false, &mut list);
         }
     }
+    // LUF: the discarded folios that only clean read-only PTEs mapped
+    // owe their flush from their free pages on.
+    luf_defer_discards(oncpu, &mut list);
     // The discarded folios' PTEs are cleared; their TLB entries must go
     // before the pages do.
     list.ubc.flush(oncpu);
@@ -568,6 +573,31 @@ fn shrink_folio_list(
     (list.reclaimed, list.keep)
 }
 
+/// LUF in reclaim: a generation for the deferred flushes of the discarded
+/// folios (drawn now that their PTEs are clear), recorded in the address
+/// spaces they left and stamped on their pages, which are then freed with
+/// the rest.
+fn luf_defer_discards(oncpu: &OnCpu, list: &mut ShrinkList) {
+    if list.luf.is_empty() {
+        return;
+    }
+    let mem = oncpu.mem();
+    let batch = crate::phys::luf::LufBatch {
+        cpumask: list.luf_cpumask,
+        ugen: mem.luf.new_ugen(),
+    };
+    for mm in list.luf_mms.drain(..) {
+        mm.luf_batch.lock().fold(batch);
+    }
+    let stamp = oncpu.m.migrc.weakened() != crate::migrc::Weakened::LufNoTakeoffFlush;
+    for folio in list.luf.drain(..) {
+        if stamp {
+            mem.luf_stamp(folio.pfn(), folio.nr_pages(mem), batch);
+        }
+    }
+    list.luf_cpumask = 0;
+}
+
 /// Where [`shrink_folio_list`] sends its folios.
 #[derive(Default)]
 struct ShrinkList {
@@ -576,6 +606,11 @@ struct ShrinkList {
     /// Unmapped lazyfree folios, locked, freed once the flush is done.
     discard: Vec<Folio>,
     ubc: TlbflushUnmapBatch,
+    /// LUF: the discarded folios whose flush is deferred, the CPUs that
+    /// may cache them, and the address spaces they were mapped in.
+    luf: Vec<Folio>,
+    luf_cpumask: u64,
+    luf_mms: Vec<crate::sync::Arc<crate::mm::Mm>>,
     activated: u64,
     reclaimed: u64,
 }
@@ -597,7 +632,19 @@ fn shrink_one(oncpu: &OnCpu, folio: Folio, demote: bool, list: &mut ShrinkList) 
             return;
         }
         FolioReferences::Reclaim if anon && !head.test(pg::SWAPBACKED) => {
-            if try_to_unmap_lazyfree(oncpu, folio, &mut list.ubc) {
+            // LUF (v10 on): an order-0 folio whose PTEs were all clean and
+            // read-only may defer their flush.
+            let luf = oncpu.m.tunables.luf() && folio.order(mem) == 0;
+            list.ubc.can_migrc_init(luf);
+            let unmapped = try_to_unmap_lazyfree(oncpu, folio, &mut list.ubc);
+            if unmapped && list.ubc.can_migrc() {
+                let (cpus, mms) = list.ubc.take_ro_mms();
+                list.luf_cpumask |= cpus;
+                list.luf_mms.extend(mms);
+                list.luf.push(folio);
+            }
+            list.ubc.can_migrc_init(false);
+            if unmapped {
                 list.discard.push(folio);
                 return;
             }

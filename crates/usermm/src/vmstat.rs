@@ -110,6 +110,8 @@ counters! {
         SPF_ATTEMPT_PTE => "SPF_ATTEMPT_PTE",
         SPF_ATTEMPT_WP => "SPF_ATTEMPT_WP",
         SHARED_LINE_WRITES => "usermm_shared_line_writes",
+        LUF_TAKEOFF_FLUSH => "usermm_luf_takeoff_flush",
+        LUF_FORCED_FLUSH => "usermm_luf_forced_flush",
     }
 }
 

@@ -26,6 +26,7 @@ use usermm::migrc::Weakened;
 use usermm::mm::Mm;
 use usermm::mmap::*;
 use usermm::pgtable::walk::hw_walk;
+use usermm::tunable::MigrcMode;
 use usermm::vmstat::Event;
 use usermm::{Machine, MachineConfig, OnCpu};
 
@@ -129,6 +130,9 @@ enum Then {
     /// CPU 0 faults in fresh pages on node 0, which would reuse the
     /// sources were they freed.
     Reuse,
+    /// As `Reuse`, in an address space of its own (whose faults owe no
+    /// flush for the first).
+    ReuseElsewhere,
 }
 
 struct Scene {
@@ -137,15 +141,28 @@ struct Scene {
     /// CPU 1's TLB misses over its second pass.
     reader_misses: u64,
     remote_flushes: u64,
+    /// LUF's flushes at takeoff, and forced ones.
+    takeoff_flushes: u64,
+    forced_flushes: u64,
 }
 
 /// CPU 1 reads the pages (caching them), CPU 0 demotes them and does
 /// `then`, CPU 1 reads them again: what the shadow memory saw. MIGRC as
 /// `arm` has it, or off (None).
 fn scene(arm: Option<Weakened>, then: Then) -> Scene {
+    let mode = if arm.is_some() {
+        MigrcMode::Migrc
+    } else {
+        MigrcMode::Off
+    };
+    scene_in(mode, arm.unwrap_or(Weakened::None), then)
+}
+
+/// [`scene`] with the tunable at `mode`, weakened as `w` says.
+fn scene_in(mode: MigrcMode, w: Weakened, then: Then) -> Scene {
     let m = machine();
-    m.tunables.set_migrc(arm.is_some());
-    m.migrc.set_weakened(arm.unwrap_or(Weakened::None));
+    m.tunables.set_migrc_mode(mode);
+    m.migrc.set_weakened(w);
     let shadow = Shadow::new();
     let c0 = m.bind(0).unwrap();
     let (mm, a) = read_only_clean_pages(&c0, &shadow);
@@ -159,7 +176,11 @@ fn scene(arm: Option<Weakened>, then: Then) -> Scene {
         kept: 0,
         reader_misses: 0,
         remote_flushes: 0,
+        takeoff_flushes: 0,
+        forced_flushes: 0,
     };
+    // The address space of `Then::ReuseElsewhere`, torn down at the end.
+    let mut other = None;
     std::thread::scope(|s| {
         let (mm1, step1, shadow1, m1, stop1) = (mm.clone(), &step, &shadow, &m, &stop);
         let reader = s.spawn(move || {
@@ -196,7 +217,10 @@ fn scene(arm: Option<Weakened>, then: Then) -> Scene {
                     shadow.store_u64(&c0, p, p | 2).unwrap();
                 }
             }
-            Then::Reuse => {
+            Then::Reuse | Then::ReuseElsewhere => {
+                if then == Then::ReuseElsewhere {
+                    other = Some(c0.new_mm().unwrap());
+                }
                 let fresh = c0.mmap(0, 4 * NR * PAGE, RW, ANON).unwrap();
                 for (i, p) in (fresh..fresh + 4 * NR * PAGE)
                     .step_by(PAGE as usize)
@@ -215,6 +239,17 @@ fn scene(arm: Option<Weakened>, then: Then) -> Scene {
         out.reader_misses = reader.join().unwrap();
     });
     out.violations = shadow.violations().len();
+    out.takeoff_flushes = m.vmstat().event(Event::LUF_TAKEOFF_FLUSH);
+    out.forced_flushes = m.vmstat().event(Event::LUF_FORCED_FLUSH);
+    if w != Weakened::None {
+        // A weakened run leaves stale entries behind, which the checker
+        // reports (as its own test shows): flushed, to check the rest.
+        usermm::migrc::luf_flush_cpus(&c0, 0b111);
+    }
+    if let Some(other) = other {
+        c0.switch_mm(&other);
+        c0.exit_mm().unwrap();
+    }
     // Whatever is still kept goes with the next forced flush.
     c0.switch_mm(&mm);
     usermm::migrc::migrc_flush_free_folios(&c0);
@@ -313,6 +348,8 @@ struct Stress {
     violations: Vec<usermm::check::shadow::Violation>,
     kept_peak: u64,
     loads: u64,
+    /// LUF's flushes, at takeoff and forced.
+    luf_flushes: u64,
 }
 
 /// Everything at once: two CPUs read and one writes (rarely) a working set
@@ -321,10 +358,10 @@ struct Stress {
 /// reads, then exits) and munmaps and maps again a region of its own.
 /// Migrated pages come back clean (`migration_entry_ad` off), so that
 /// MIGRC keeps sources throughout.
-fn stress(run_for: std::time::Duration) -> Stress {
+fn stress(mode: MigrcMode, run_for: std::time::Duration) -> Stress {
     use usermm::numa_balancing::NUMA_BALANCING_MEMORY_TIERING;
     let m = Machine::new(MachineConfig::two_tiers(16 << 20, 64 << 20, 4)).unwrap();
-    m.tunables.set_migrc(true);
+    m.tunables.set_migrc_mode(mode);
     m.tunables.set_migration_entry_ad(false);
     m.thp.only_order(0);
     m.set_demotion_enabled(true);
@@ -409,6 +446,8 @@ fn stress(run_for: std::time::Duration) -> Stress {
         violations: shadow.violations(),
         kept_peak: m.migrc.kept_peak(),
         loads: shadow.loads_checked(),
+        luf_flushes: m.vmstat().event(Event::LUF_TAKEOFF_FLUSH)
+            + m.vmstat().event(Event::LUF_FORCED_FLUSH),
     };
     usermm::migrc::migrc_flush_free_folios(&c0);
     c0.idle();
@@ -424,9 +463,13 @@ fn stress(run_for: std::time::Duration) -> Stress {
 /// the staged scenes above make that happen on purpose.)
 #[test]
 fn readers_and_writers_under_promotion_demotion_forks_and_munmaps() {
-    let s = stress(std::time::Duration::from_millis(1500));
+    let s = stress(MigrcMode::Migrc, std::time::Duration::from_millis(1500));
     eprintln!("kept at peak {}, loads checked {}", s.kept_peak, s.loads);
     assert!(s.kept_peak > 0, "MIGRC kept sources");
+    assert_no_violation(&s);
+}
+
+fn assert_no_violation(s: &Stress) {
     assert!(
         s.violations.is_empty(),
         "{}",
@@ -472,7 +515,6 @@ fn the_checker_accepts_stale_entries_to_kept_sources_only() {
 /// `migrc` flushes it.
 #[test]
 fn a_large_folio_is_kept_only_with_migrc_large() {
-    use usermm::tunable::MigrcMode;
     const LARGE: u64 = 64 << 10;
     for (mode, kept) in [(MigrcMode::Migrc, 0), (MigrcMode::MigrcLarge, 1)] {
         let m = machine();
@@ -527,4 +569,221 @@ fn a_large_folio_is_kept_only_with_migrc_large() {
         c0.idle();
         check_invariants(&m).unwrap_or_else(|e| panic!("{mode:?}: {e}"));
     }
+}
+
+// ---------------------------------------------------------------------------
+// LUF (the tunable's value `luf`): the sources are freed at once, stamped;
+// the stamped CPUs are flushed before a page is handed out again, after a
+// fault in a writable VMA, and at the end of a VMA's unmap.
+
+/// A demotion under LUF sends no IPI and keeps nothing; the reader goes on
+/// through its stale entries to the free sources until another address
+/// space's faults take the pages off the free lists: the takeoff flushes
+/// the reader first, which then misses and reads the right bytes.
+#[test]
+fn luf_frees_the_sources_and_flushes_before_they_are_reused() {
+    let s = scene_in(MigrcMode::Luf, Weakened::None, Then::ReuseElsewhere);
+    assert_eq!(s.kept, 0, "nothing kept");
+    assert_eq!(s.remote_flushes, 0, "no IPI at the demotion");
+    assert!(s.takeoff_flushes >= 1, "a flush at takeoff");
+    assert!(s.reader_misses >= NR, "the reader's stale entries went");
+    assert_eq!(s.violations, 0);
+}
+
+/// A write fault on a destination under LUF flushes what the mm owes
+/// once the fault is handled, before the writer returns to user mode.
+#[test]
+fn luf_flushes_after_a_write_fault() {
+    let s = scene_in(MigrcMode::Luf, Weakened::None, Then::Write);
+    assert!(s.forced_flushes >= 1, "a forced flush");
+    assert!(s.reader_misses >= NR);
+    assert_eq!(s.violations, 0);
+}
+
+/// The weakened LUFs: a source handed out again with no stamp is read
+/// through the reader's stale entries after its next owner wrote it; with
+/// no flush after the write fault, the reader reads the source after the
+/// destination was written.
+#[test]
+fn weakened_luf_is_caught_by_the_shadow_memory() {
+    let s = scene_in(
+        MigrcMode::Luf,
+        Weakened::LufNoTakeoffFlush,
+        Then::ReuseElsewhere,
+    );
+    assert_eq!(s.takeoff_flushes, 0);
+    assert_eq!(s.reader_misses, 0);
+    assert!(s.violations > 0, "a read of a reused page was caught");
+    let s = scene_in(MigrcMode::Luf, Weakened::LufNoFaultFlush, Then::Write);
+    assert_eq!(s.reader_misses, 0);
+    assert!(s.violations > 0, "a write past a stale entry was caught");
+}
+
+/// What [`reviewers_scene`] saw.
+#[derive(Debug)]
+struct Reviewers {
+    violations: usize,
+    reader_misses: u64,
+    /// IPIs sent by the reclaim that discarded the pages.
+    reclaim_flushes: u64,
+    forced_flushes: u64,
+}
+
+/// The reviewers' question (Dave Hansen on LUF v10): a read-only page is
+/// unmapped under LUF and freed, and a new page is mapped at the same
+/// address (MAP_FIXED) while another CPU still caches the old translation:
+/// which one does that CPU read? Here: lazyfree pages made read-only,
+/// which CPU 1 caches; CPU 2 reclaims them (discarded with their flush
+/// deferred, freed to its own lists, so that no takeoff flushes); CPU 0
+/// maps fresh memory over them with MAP_FIXED and writes it; CPU 1 reads.
+fn reviewers_scene(mode: MigrcMode, w: Weakened) -> Reviewers {
+    use usermm::madvise::MADV_FREE;
+    let m = machine();
+    m.tunables.set_migrc_mode(mode);
+    m.migrc.set_weakened(w);
+    let shadow = Shadow::new();
+    let c0 = m.bind(0).unwrap();
+    let mm = c0.new_mm().unwrap();
+    let a = c0.mmap(0, NR * PAGE, RW, ANON).unwrap();
+    for p in pages(a) {
+        shadow.store_u64(&c0, p, p | 1).unwrap();
+    }
+    c0.madvise(a, NR * PAGE, MADV_FREE).unwrap();
+    c0.mprotect(a, NR * PAGE, PROT_READ).unwrap();
+    // Onto the lazyfree list from this CPU's batch.
+    usermm::swap::lru_add_drain(c0.mem(), 0);
+    let spin = c0.mmap(0, PAGE, RW, ANON).unwrap();
+    c0.store_u64(spin, 0).unwrap();
+    c0.idle();
+    let step = AtomicU32::new(0);
+    let stop = AtomicBool::new(false);
+    let mut out = Reviewers {
+        violations: 0,
+        reader_misses: 0,
+        reclaim_flushes: 0,
+        forced_flushes: 0,
+    };
+    std::thread::scope(|s| {
+        let (mm1, step1, m1, stop1, shadow1) = (mm.clone(), &step, &m, &stop, &shadow);
+        let reader = s.spawn(move || {
+            let c = m1.bind(1).unwrap();
+            c.switch_mm(&mm1);
+            for p in pages(a) {
+                assert_eq!(c.load_u64(p).unwrap(), p | 1);
+            }
+            step1.store(1, Relaxed);
+            while step1.load(Relaxed) < 2 && !stop1.load(Relaxed) {
+                c.load_u64(spin).unwrap();
+            }
+            let misses = m1.vmstat().event_on(1, Event::TLB_MISS);
+            for p in pages(a) {
+                shadow1.load_u64(&c, p).unwrap();
+            }
+            let misses = m1.vmstat().event_on(1, Event::TLB_MISS) - misses;
+            c.idle();
+            misses
+        });
+        let _stop = StopOnDrop(&stop);
+        while step.load(Relaxed) < 1 {
+            std::hint::spin_loop();
+        }
+        let before = m.vmstat().event(Event::NR_TLB_REMOTE_FLUSH);
+        s.spawn(|| {
+            let c2 = m.bind(2).unwrap();
+            for _ in 0..4 {
+                if m.vmstat().event(Event::PGLAZYFREED) >= NR {
+                    break;
+                }
+                usermm::vmscan::try_to_free_pages(&c2, 0, 0);
+            }
+            c2.idle();
+        })
+        .join()
+        .unwrap();
+        assert_eq!(m.vmstat().event(Event::PGLAZYFREED), NR, "discarded");
+        out.reclaim_flushes = m.vmstat().event(Event::NR_TLB_REMOTE_FLUSH) - before;
+        c0.switch_mm(&mm);
+        shadow.zap(&c0, mm.id, a, a + NR * PAGE, || {
+            c0.mmap(a, NR * PAGE, RW, ANON | MAP_FIXED).unwrap();
+        });
+        for p in pages(a) {
+            shadow.store_u64(&c0, p, p | 2).unwrap();
+        }
+        c0.idle();
+        step.store(2, Relaxed);
+        out.reader_misses = reader.join().unwrap();
+    });
+    out.violations = shadow.violations().len();
+    out.forced_flushes = m.vmstat().event(Event::LUF_FORCED_FLUSH);
+    m.kswapd_quiesce();
+    check_invariants(&m).unwrap();
+    out
+}
+
+/// The answer, for anonymous memory: LUF as specified is safe here, three
+/// times over. The MAP_FIXED unmap zaps the old range, and its
+/// `flush_tlb_batched_pending` flushes the whole mm, since the deferred
+/// unmap counted in `tlb_flush_batched` like any batched one; the end of
+/// that VMA's unmap (`tlb_end_vma`) flushes what the mm owes; and the
+/// write faults on the new pages flush after they are handled. Any one of
+/// them alone covers the reader; with all three removed, the reader reads
+/// the freed page through its stale entry after the new one was written,
+/// and the shadow memory reports it.
+#[test]
+fn luf_and_the_reviewers_question_a_page_mapped_anew_over_a_stale_entry() {
+    let off = reviewers_scene(MigrcMode::Off, Weakened::None);
+    assert!(off.reclaim_flushes >= 1, "{off:?}");
+    assert_eq!(off.violations, 0, "{off:?}");
+    for w in [
+        Weakened::None,
+        Weakened::LufNoEndVmaFlush,
+        Weakened::LufNoFaultFlush,
+    ] {
+        let r = reviewers_scene(MigrcMode::Luf, w);
+        assert_eq!(
+            r.reclaim_flushes, 0,
+            "{w:?}: the discard deferred its flush"
+        );
+        assert!(r.reader_misses >= NR, "{w:?}: {r:?}");
+        assert_eq!(r.violations, 0, "{w:?}: {r:?}");
+    }
+    let r = reviewers_scene(MigrcMode::Luf, Weakened::LufNoMmFlush);
+    assert_eq!(r.reclaim_flushes, 0);
+    assert_eq!(r.reader_misses, 0, "{r:?}");
+    assert!(r.violations > 0, "the stale read was caught: {r:?}");
+}
+
+/// The checker accepts a stale entry to a free page only while the
+/// page's LUF stamp still owes that CPU's flush; unstamped (weakened),
+/// the same entry is reported.
+#[test]
+fn the_checker_accepts_stale_entries_to_stamped_free_pages_only() {
+    for (w, clean) in [(Weakened::None, true), (Weakened::LufNoTakeoffFlush, false)] {
+        let m = machine();
+        m.tunables.set_migrc_mode(MigrcMode::Luf);
+        m.migrc.set_weakened(w);
+        let shadow = Shadow::new();
+        let c0 = m.bind(0).unwrap();
+        let (mm, a) = read_only_clean_pages(&c0, &shadow);
+        cache_on_cpu1(&m, &mm, pages(a));
+        assert_eq!(demote(&c0, &mm, a), NR);
+        c0.idle();
+        let r = check_invariants(&m);
+        assert_eq!(r.is_ok(), clean, "{w:?}: {r:?}");
+        if let Err(e) = r {
+            assert!(e.contains("will be used without a flush"), "{e}");
+        }
+    }
+}
+
+/// LUF under everything at once: promotions and demotions free their
+/// sources stamped throughout, forks and munmaps meanwhile; no load ever
+/// returns a value the program did not store last.
+#[test]
+fn luf_readers_and_writers_under_promotion_demotion_forks_and_munmaps() {
+    let s = stress(MigrcMode::Luf, std::time::Duration::from_millis(1500));
+    eprintln!("LUF flushes {}, loads checked {}", s.luf_flushes, s.loads);
+    assert_eq!(s.kept_peak, 0);
+    assert!(s.luf_flushes > 0, "LUF deferred and then flushed");
+    assert_no_violation(&s);
 }

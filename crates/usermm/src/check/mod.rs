@@ -649,14 +649,18 @@ fn check_owed_entry(
     e: &crate::cpu::tlb::CachedTranslation,
     leaves: &Leaves,
     kept: &HashSet<Pfn>,
+    luf_owed: impl Fn(Pfn) -> bool,
 ) -> Result<(), String> {
     for i in 0..e.size / PAGE_SIZE {
         let (a, pfn) = (e.vaddr + i * PAGE_SIZE, e.pfn + i);
         let agrees = matches!(leaves.get(&a), Some(&(p, w)) if p == pfn && (w || !e.writable));
         let kept_source = kept.contains(&pfn) && !e.writable;
-        if !(agrees || kept_source) {
+        // LUF: a free frame whose key still owes this CPU's flush, which
+        // its takeoff will make before anyone else may write it.
+        let luf_source = !e.writable && luf_owed(pfn);
+        if !(agrees || kept_source || luf_source) {
             return Err(format!(
-                "CPU {cpu}: TLB entry {a:#x} -> {pfn:#x} (w={}) will be used without a flush, and neither the page tables ({:?}) nor MIGRC's kept sources account for it",
+                "CPU {cpu}: TLB entry {a:#x} -> {pfn:#x} (w={}) will be used without a flush, and neither the page tables ({:?}) nor MIGRC's kept sources nor LUF's owed free pages account for it",
                 e.writable,
                 leaves.get(&a)
             ));
@@ -697,7 +701,10 @@ fn check_tlbs(
                 if loaded != Some(mm.id) || catches_up {
                     continue;
                 }
-                check_owed_entry(cpu.id, &e, &leaves[&mm.id], &kept)?;
+                let luf_owed = |pfn: Pfn| {
+                    free.contains(&pfn) && mem.luf_takeoff_pending(pfn, 0) & cpu.bit() != 0
+                };
+                check_owed_entry(cpu.id, &e, &leaves[&mm.id], &kept, luf_owed)?;
                 continue;
             }
             for i in 0..e.size / PAGE_SIZE {

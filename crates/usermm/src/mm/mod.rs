@@ -152,6 +152,11 @@ pub struct Mm {
     /// `mm->tlb_flush_batched`: batched unmap flushes queued for this mm
     /// (low half) and completed (high half); see [`crate::tlbbatch`].
     pub tlb_flush_batched: crate::sync::AtomicU32,
+    /// `mm->luf_batch` (LUF): the CPUs that may still cache translations
+    /// this mm's migrations cleared without a flush, and their unmap
+    /// generation; the forced flushes of [`crate::migrc::luf_flush_mm`]
+    /// flush what of it is not done.
+    pub luf_batch: crate::sync::Mutex<crate::phys::luf::LufBatch>,
     /// `mm->total_vm`, in pages.
     pub total_vm: AtomicU64,
     /// Set by exit_mmap; no new faults.
@@ -217,6 +222,7 @@ impl Mm {
             tlb_gen: crate::sync::checked::AtomicU64::new(1),
             tlb_flush_pending: AtomicI32::new(0),
             tlb_flush_batched: crate::sync::AtomicU32::new(0),
+            luf_batch: Default::default(),
             mempolicy: crate::sync::Mutex::new(None),
             numa_scan: Default::default(),
             total_vm: AtomicU64::new(0),

@@ -78,6 +78,9 @@ pub struct Page {
     /// In `page[1]` of a large folio: `_large_mapcount` and `_entire_mapcount`.
     pub lru_next: AtomicU32,
     pub lru_prev: AtomicU32,
+    /// `luf_key` (LUF, [`super::luf`]): while the page is free, the batch
+    /// of CPUs to flush before it is handed out again; 0 for none.
+    pub luf_key: AtomicU32,
     /// The split page-table lock (`ptdesc->ptl`) when this frame is a table.
     pub ptl: SpinLock,
 }
@@ -94,6 +97,7 @@ impl Default for Page {
             private: AtomicU64::new(0),
             lru_next: AtomicU32::new(LIST_NONE),
             lru_prev: AtomicU32::new(LIST_NONE),
+            luf_key: AtomicU32::new(0),
             ptl: SpinLock::new(),
         }
     }

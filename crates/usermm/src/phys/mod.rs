@@ -12,6 +12,7 @@
 
 pub mod arena;
 pub mod folio;
+pub mod luf;
 pub mod memmap;
 pub mod mm_inline;
 pub mod page_alloc;
@@ -98,6 +99,8 @@ pub struct PhysMem {
     pub lru_disable_count: crate::sync::AtomicU32,
     /// Reclaim, which the allocator's slow path calls on.
     reclaimer: crate::sync::OnceLock<std::sync::Weak<dyn page_alloc::Reclaimer>>,
+    /// LUF's generations and batches ([`luf`]).
+    pub luf: luf::Luf,
 }
 
 impl PhysMem {
@@ -134,6 +137,7 @@ impl PhysMem {
             cpu_fbatches: (0..=nr_cpus).map(|_| Default::default()).collect(),
             lru_disable_count: crate::sync::AtomicU32::new(0),
             reclaimer: crate::sync::OnceLock::new(),
+            luf: luf::Luf::new(nr_cpus),
         };
         for node in &mem.nodes {
             page_alloc::init_free_area(&mem, node);

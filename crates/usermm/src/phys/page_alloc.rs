@@ -163,6 +163,9 @@ pub trait Reclaimer: Send + Sync {
     fn migrc_flush_free(&self, cpu: usize) -> bool;
     /// `migrc_pause` (true) / `migrc_resume` (false), around the slow path.
     fn migrc_pause(&self, pause: bool);
+    /// LUF: flush the TLBs of `cpumask` in full, from the calling thread,
+    /// CPU `cpu` (a block about to be handed out needs it).
+    fn luf_flush(&self, cpu: usize, cpumask: u64);
 }
 
 std::thread_local! {
@@ -397,6 +400,7 @@ impl PhysMem {
         let pfn = self
             .get_page_from_freelist(nid, order, cpu, flags, WMARK_LOW)
             .or_else(|| self.alloc_pages_slowpath(nid, order, cpu, flags))?;
+        self.luf_takeoff(pfn, order, cpu);
         self.prep_new_page(pfn, order, flags);
         self.vmstat.count(cpu, Event::PGALLOC, 1 << order);
         Some(pfn)
@@ -584,6 +588,25 @@ impl PhysMem {
         // The unlock, as the guard drops.
         zone.line.write();
         true
+    }
+
+    /// LUF's takeoff check: a block whose pages were freed with their
+    /// flush deferred is handed out only once every CPU that may still
+    /// cache them has flushed (v12 checks as pages leave the buddy and the
+    /// per-CPU lists; the model checks once, as the block leaves either).
+    fn luf_takeoff(&self, pfn: Pfn, order: u32, cpu: usize) {
+        let pending = self.luf_takeoff_pending(pfn, order);
+        if pending != 0 {
+            let r = self.reclaimer.get().and_then(|w| w.upgrade());
+            // Keys exist only on a machine's memory, which registered
+            // itself: the flush is always made.
+            debug_assert!(r.is_some(), "a LUF key on memory with no machine");
+            if let Some(r) = r {
+                r.luf_flush(cpu, pending);
+            }
+            self.vmstat.count(cpu, Event::LUF_TAKEOFF_FLUSH, 1);
+        }
+        self.luf_takeoff_clear(pfn, order);
     }
 
     /// `prep_new_page` / `prep_compound_page`.
