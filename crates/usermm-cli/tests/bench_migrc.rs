@@ -2,7 +2,8 @@
 //! read-backs agree with what was stored (no stale read, no lost write);
 //! only MIGRC keeps sources, and only when migrated pages come back clean
 //! (`migration_entry_ad` off): with the host's A/D bits carried, a page
-//! written once stays dirty and is never eligible.
+//! written once stays dirty and is never eligible. LUF keeps nothing, and
+//! defers (then flushes) only when pages come back clean.
 
 mod common;
 
@@ -12,7 +13,7 @@ fn migrc_keeps_sources_only_when_pages_come_back_clean() {
         Vec::new()
     });
     let rows = v["rows"].as_array().expect("rows");
-    assert_eq!(rows.len(), 4, "{v}");
+    assert_eq!(rows.len(), 6, "{v}");
     for r in rows {
         assert_eq!(r["stale_reads"], 0, "{r}");
         assert_eq!(r["lost_writes"], 0, "{r}");
@@ -23,6 +24,12 @@ fn migrc_keeps_sources_only_when_pages_come_back_clean() {
             assert!(kept > 0, "{r}");
         } else {
             assert_eq!(kept, 0, "{r}");
+        }
+        let luf = r["luf_flushes"].as_u64().unwrap();
+        if r["arm"] == "luf" && clean {
+            assert!(luf > 0, "{r}");
+        } else {
+            assert_eq!(luf, 0, "{r}");
         }
     }
 }

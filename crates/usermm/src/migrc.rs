@@ -27,6 +27,12 @@
 //! (which also pauses MIGRC). Any batched flush that covers the pending
 //! CPUs releases the sources ([`Migrc::flush_end`]).
 //!
+//! Its successor LUF (the tunable's value `luf`) frees the source instead,
+//! stamped with what it owes ([`crate::phys::luf`]); the forced flushes it
+//! adds above the allocator are here ([`luf_flush_mm`]: after a fault in a
+//! writable VMA, and at `tlb_end_vma`), and the weakened variants that
+//! remove them are [`Weakened`]'s too.
+//!
 //! # Locking
 //!
 //! `state` is `migrc_lock`: the pending mask and the kept list change only

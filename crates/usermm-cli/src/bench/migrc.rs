@@ -1,6 +1,7 @@
 //! `bench migrc`: the MIGRC seed's experiment (XSBench on a two-tier
 //! machine, NUMA balancing in tiering mode, demotion on), scaled to the
-//! model, with the tunable `migrc` off and on, arms interleaved.
+//! model, with the tunable `migrc` at `off`, `migrc` (the seed) and `luf`
+//! (its successor), arms interleaved.
 //!
 //! The workload is an XSBench-like lookup kernel: a grid of sorted keys,
 //! half again as large as the fast node, is written once by CPU 0; then
@@ -9,7 +10,7 @@
 //! entries after the one found (XSBench's nuclide data), and a store of
 //! its result into a small array of its own. NUMA balancing's hinting
 //! faults promote the grid pages in use to the fast node throughout, and
-//! kswapd demotes others to make room: the migrations MIGRC defers.
+//! kswapd demotes others to make room: the migrations MIGRC and LUF defer.
 //!
 //! Every load of the grid is checked against the key its index must hold,
 //! and every result slot read back against what the CPU stored there last:
@@ -48,7 +49,7 @@ use crate::plot;
 pub const EXPERIMENT: super::Experiment = super::Experiment {
     name: "migrc",
     description: "XSBench-like lookups on a grid larger than the fast node, promoted and \
-        demoted throughout (tiering), with migrc off and on: TLB flushes, misses, runtime (F3)",
+        demoted throughout (tiering), with migrc off, migrc and luf: TLB flushes, misses, runtime (F3)",
     run: experiment,
 };
 
@@ -68,7 +69,7 @@ const SCAN_PERIOD_MS: u64 = 50;
 const RESULTS: u64 = PAGE / 8;
 
 /// The arms: the tunable's values.
-const ARMS: [&str; 2] = ["off", "migrc"];
+const ARMS: [&str; 3] = ["off", "migrc", "luf"];
 
 /// The seed's vmstat set, by their names.
 const COUNTERS: [Event; 6] = [
@@ -87,6 +88,7 @@ struct Sample {
     dtlb_load_misses: u64,
     dtlb_store_misses: u64,
     kept_peak: u64,
+    luf_flushes: u64,
     stale_reads: u64,
     lost_writes: u64,
     runtime_s: f64,
@@ -106,6 +108,9 @@ struct Row {
     dtlb_load_misses: u64,
     dtlb_store_misses: u64,
     kept_peak: u64,
+    /// LUF's flushes: at takeoff and forced (after faults, at
+    /// `tlb_end_vma`).
+    luf_flushes: u64,
     /// Medians per run of shootdowns sent, and of CPUs that handled one,
     /// per 1000 pages migrated (the migrations a run makes vary widely).
     remote_flush_per_k_migrated: f64,
@@ -244,6 +249,7 @@ fn row(arm: &'static str, ad: bool, s: &[Sample]) -> Row {
         dtlb_load_misses: med(&|x| x.dtlb_load_misses),
         dtlb_store_misses: med(&|x| x.dtlb_store_misses),
         kept_peak: med(&|x| x.kept_peak),
+        luf_flushes: med(&|x| x.luf_flushes),
         remote_flush_per_k_migrated: per_k(s, 2),
         remote_flush_received_per_k_migrated: per_k(s, 3),
         stale_reads: s.iter().map(|x| x.stale_reads).sum(),
@@ -298,6 +304,7 @@ fn run_once(m: &Machine, lookups: u64) -> anyhow::Result<(Sample, u64)> {
             COUNTERS.map(|e| v.event(e)),
             v.event(Event::TLB_MISS),
             v.event(Event::DTLB_STORE_MISS),
+            v.event(Event::LUF_TAKEOFF_FLUSH) + v.event(Event::LUF_FORCED_FLUSH),
         )
     };
     let stale = AtomicU64::new(0);
@@ -350,6 +357,7 @@ fn run_once(m: &Machine, lookups: u64) -> anyhow::Result<(Sample, u64)> {
         dtlb_load_misses: misses - store_misses,
         dtlb_store_misses: store_misses,
         kept_peak: m.migrc.kept_peak(),
+        luf_flushes: after.3 - before.3,
         stale_reads: stale.load(Relaxed),
         lost_writes: lost.load(Relaxed),
         runtime_s,
@@ -453,11 +461,14 @@ fn print_table(rows: &[Row], grid_mb: u64, lookups: u64, machine: &str) {
         "bench migrc: {lookups} lookups per CPU in a {grid_mb} MiB grid, NUMA balancing in tiering mode, demotion on\n"
     );
     for ad in [true, false] {
-        let arm = |name: &str| {
-            rows.iter()
-                .find(|r| r.arm == name && r.migration_entry_ad == ad)
-        };
-        let (Some(off), Some(on)) = (arm("off"), arm("migrc")) else {
+        let arms: Vec<&Row> = ARMS
+            .iter()
+            .filter_map(|name| {
+                rows.iter()
+                    .find(|r| r.arm == *name && r.migration_entry_ad == ad)
+            })
+            .collect();
+        let Some((off, others)) = arms.split_first() else {
             continue;
         };
         crate::outln!(
@@ -465,107 +476,65 @@ fn print_table(rows: &[Row], grid_mb: u64, lookups: u64, machine: &str) {
             if ad { "on (the host)" } else { "off" },
             off.runs
         );
-        crate::outln!(
-            "{:<30} {:>14} {:>14} {:>9}",
-            "metric",
-            "off",
-            "migrc",
-            "change"
-        );
-        let line = |name: &str, a: f64, b: f64| {
-            let change = if a > 0.0 {
-                format!("{:+.1}%", 100.0 * (b - a) / a)
-            } else {
-                "-".into()
-            };
-            crate::outln!("{name:<30} {a:>14} {b:>14} {change:>9}");
+        let mut head = format!("{:<30} {:>12}", "metric", "off");
+        for r in others {
+            head += &format!(" {:>12} {:>8}", r.arm, "change");
+        }
+        crate::outln!("{head}");
+        let line = |name: &str, get: &dyn Fn(&Row) -> f64| {
+            let a = get(off);
+            let mut l = format!("{name:<30} {a:>12}");
+            for r in others {
+                let b = get(r);
+                let change = if a > 0.0 {
+                    format!("{:+.1}%", 100.0 * (b - a) / a)
+                } else {
+                    "-".into()
+                };
+                l += &format!(" {b:>12} {change:>8}");
+            }
+            crate::outln!("{l}");
         };
-        line(
-            "numa_pages_migrated",
-            off.numa_pages_migrated as f64,
-            on.numa_pages_migrated as f64,
-        );
-        line(
-            "pgmigrate_success",
-            off.pgmigrate_success as f64,
-            on.pgmigrate_success as f64,
-        );
-        line(
-            "nr_tlb_remote_flush",
-            off.nr_tlb_remote_flush as f64,
-            on.nr_tlb_remote_flush as f64,
-        );
-        line(
-            "nr_tlb_remote_flush_received",
-            off.nr_tlb_remote_flush_received as f64,
-            on.nr_tlb_remote_flush_received as f64,
-        );
-        line(
-            "nr_tlb_local_flush_all",
-            off.nr_tlb_local_flush_all as f64,
-            on.nr_tlb_local_flush_all as f64,
-        );
-        line(
-            "nr_tlb_local_flush_one",
-            off.nr_tlb_local_flush_one as f64,
-            on.nr_tlb_local_flush_one as f64,
-        );
-        line(
-            "dTLB-load-misses",
-            off.dtlb_load_misses as f64,
-            on.dtlb_load_misses as f64,
-        );
-        line(
-            "dTLB-store-misses",
-            off.dtlb_store_misses as f64,
-            on.dtlb_store_misses as f64,
-        );
-        line(
-            "remote flush per 1000 migrated",
-            off.remote_flush_per_k_migrated.round(),
-            on.remote_flush_per_k_migrated.round(),
-        );
-        line(
-            "  received per 1000 migrated",
-            off.remote_flush_received_per_k_migrated.round(),
-            on.remote_flush_received_per_k_migrated.round(),
-        );
-        line(
-            "pages kept (peak)",
-            off.kept_peak as f64,
-            on.kept_peak as f64,
-        );
-        line(
-            "stale reads (all runs)",
-            off.stale_reads as f64,
-            on.stale_reads as f64,
-        );
-        line(
-            "lost writes (all runs)",
-            off.lost_writes as f64,
-            on.lost_writes as f64,
-        );
-        crate::outln!(
-            "{:<30} {:>14} {:>14} {:>9}",
-            "runtime (s), min-max",
-            format!("{:.3}", off.runtime_s),
-            format!("{:.3}", on.runtime_s),
-            format!(
-                "{:+.1}%",
-                100.0 * (on.runtime_s - off.runtime_s) / off.runtime_s
-            )
-        );
-        crate::outln!(
-            "{:<30} {:>14} {:>14}\n",
-            "",
-            format!("{:.3}-{:.3}", off.runtime_s_min, off.runtime_s_max),
-            format!("{:.3}-{:.3}", on.runtime_s_min, on.runtime_s_max)
-        );
+        line("numa_pages_migrated", &|r| r.numa_pages_migrated as f64);
+        line("pgmigrate_success", &|r| r.pgmigrate_success as f64);
+        line("nr_tlb_remote_flush", &|r| r.nr_tlb_remote_flush as f64);
+        line("nr_tlb_remote_flush_received", &|r| {
+            r.nr_tlb_remote_flush_received as f64
+        });
+        line("nr_tlb_local_flush_all", &|r| {
+            r.nr_tlb_local_flush_all as f64
+        });
+        line("nr_tlb_local_flush_one", &|r| {
+            r.nr_tlb_local_flush_one as f64
+        });
+        line("dTLB-load-misses", &|r| r.dtlb_load_misses as f64);
+        line("dTLB-store-misses", &|r| r.dtlb_store_misses as f64);
+        line("remote flush per 1000 migrated", &|r| {
+            r.remote_flush_per_k_migrated.round()
+        });
+        line("  received per 1000 migrated", &|r| {
+            r.remote_flush_received_per_k_migrated.round()
+        });
+        line("pages kept (peak)", &|r| r.kept_peak as f64);
+        line("LUF flushes", &|r| r.luf_flushes as f64);
+        line("stale reads (all runs)", &|r| r.stale_reads as f64);
+        line("lost writes (all runs)", &|r| r.lost_writes as f64);
+        line("runtime (s)", &|r| (r.runtime_s * 1000.0).round() / 1000.0);
+        let mut range = format!("{:<30} {:>12}", "  min-max", span(off));
+        for r in others {
+            range += &format!(" {:>12} {:>8}", span(r), "");
+        }
+        crate::outln!("{range}\n");
     }
     crate::outln!("machine: {machine}\n");
 }
 
-/// migrc's counters as a share of off's, per migration_entry_ad setting.
+fn span(r: &Row) -> String {
+    format!("{:.3}-{:.3}", r.runtime_s_min, r.runtime_s_max)
+}
+
+/// migrc's and luf's counters as a share of off's, per migration_entry_ad
+/// setting.
 fn plot_rows(a: &BenchArgs, rows: &[Row]) -> anyhow::Result<()> {
     type Get = fn(&Row) -> u64;
     let metrics: [(&str, Get); 7] = [
@@ -581,26 +550,30 @@ fn plot_rows(a: &BenchArgs, rows: &[Row]) -> anyhow::Result<()> {
     let bars: Vec<plot::Bars> = [true, false]
         .into_iter()
         .filter_map(|ad| {
-            let arm = |name: &str| {
+            let arm = move |name: &str| {
                 rows.iter()
                     .find(|r| r.arm == name && r.migration_entry_ad == ad)
             };
-            let (off, on) = (arm("off")?, arm("migrc")?);
-            Some(plot::Bars {
-                label: format!(
-                    "migrc / off, migration_entry_ad {}",
-                    if ad { "on" } else { "off" }
-                ),
-                values: metrics
-                    .iter()
-                    .map(|(_, g)| (g(off) > 0).then(|| 100.0 * g(on) as f64 / g(off) as f64))
-                    .collect(),
-            })
+            let off = arm("off")?;
+            Some(ARMS[1..].iter().filter_map(move |&name| {
+                let on = arm(name)?;
+                Some(plot::Bars {
+                    label: format!(
+                        "{name} / off, migration_entry_ad {}",
+                        if ad { "on" } else { "off" }
+                    ),
+                    values: metrics
+                        .iter()
+                        .map(|(_, g)| (g(off) > 0).then(|| 100.0 * g(on) as f64 / g(off) as f64))
+                        .collect(),
+                })
+            }))
         })
+        .flatten()
         .collect();
     plot::bar_plot(
         &a.out.join("migrc.svg"),
-        "migrc: each counter as a share of off's (%)",
+        "migrc and luf: each counter as a share of off's (%)",
         &groups,
         "% of off",
         &bars,
