@@ -25,7 +25,8 @@ fn migrc_keeps_sources_only_when_pages_come_back_clean() {
         } else {
             assert_eq!(kept, 0, "{r}");
         }
-        let luf = r["luf_flushes"].as_u64().unwrap();
+        let luf =
+            r["luf_takeoff_flushes"].as_u64().unwrap() + r["luf_forced_flushes"].as_u64().unwrap();
         if r["arm"] == "luf" && clean {
             assert!(luf > 0, "{r}");
         } else {

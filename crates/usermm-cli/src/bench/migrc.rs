@@ -88,7 +88,8 @@ struct Sample {
     dtlb_load_misses: u64,
     dtlb_store_misses: u64,
     kept_peak: u64,
-    luf_flushes: u64,
+    luf_takeoff_flushes: u64,
+    luf_forced_flushes: u64,
     stale_reads: u64,
     lost_writes: u64,
     runtime_s: f64,
@@ -108,9 +109,10 @@ struct Row {
     dtlb_load_misses: u64,
     dtlb_store_misses: u64,
     kept_peak: u64,
-    /// LUF's flushes: at takeoff and forced (after faults, at
-    /// `tlb_end_vma`).
-    luf_flushes: u64,
+    /// LUF's flushes: at takeoff, and forced (after faults in writable
+    /// VMAs, at `tlb_end_vma`).
+    luf_takeoff_flushes: u64,
+    luf_forced_flushes: u64,
     /// Medians per run of shootdowns sent, and of CPUs that handled one,
     /// per 1000 pages migrated (the migrations a run makes vary widely).
     remote_flush_per_k_migrated: f64,
@@ -249,7 +251,8 @@ fn row(arm: &'static str, ad: bool, s: &[Sample]) -> Row {
         dtlb_load_misses: med(&|x| x.dtlb_load_misses),
         dtlb_store_misses: med(&|x| x.dtlb_store_misses),
         kept_peak: med(&|x| x.kept_peak),
-        luf_flushes: med(&|x| x.luf_flushes),
+        luf_takeoff_flushes: med(&|x| x.luf_takeoff_flushes),
+        luf_forced_flushes: med(&|x| x.luf_forced_flushes),
         remote_flush_per_k_migrated: per_k(s, 2),
         remote_flush_received_per_k_migrated: per_k(s, 3),
         stale_reads: s.iter().map(|x| x.stale_reads).sum(),
@@ -304,7 +307,8 @@ fn run_once(m: &Machine, lookups: u64) -> anyhow::Result<(Sample, u64)> {
             COUNTERS.map(|e| v.event(e)),
             v.event(Event::TLB_MISS),
             v.event(Event::DTLB_STORE_MISS),
-            v.event(Event::LUF_TAKEOFF_FLUSH) + v.event(Event::LUF_FORCED_FLUSH),
+            v.event(Event::LUF_TAKEOFF_FLUSH),
+            v.event(Event::LUF_FORCED_FLUSH),
         )
     };
     let stale = AtomicU64::new(0);
@@ -357,7 +361,8 @@ fn run_once(m: &Machine, lookups: u64) -> anyhow::Result<(Sample, u64)> {
         dtlb_load_misses: misses - store_misses,
         dtlb_store_misses: store_misses,
         kept_peak: m.migrc.kept_peak(),
-        luf_flushes: after.3 - before.3,
+        luf_takeoff_flushes: after.3 - before.3,
+        luf_forced_flushes: after.4 - before.4,
         stale_reads: stale.load(Relaxed),
         lost_writes: lost.load(Relaxed),
         runtime_s,
@@ -516,7 +521,8 @@ fn print_table(rows: &[Row], grid_mb: u64, lookups: u64, machine: &str) {
             r.remote_flush_received_per_k_migrated.round()
         });
         line("pages kept (peak)", &|r| r.kept_peak as f64);
-        line("LUF flushes", &|r| r.luf_flushes as f64);
+        line("LUF flushes at takeoff", &|r| r.luf_takeoff_flushes as f64);
+        line("LUF forced flushes", &|r| r.luf_forced_flushes as f64);
         line("stale reads (all runs)", &|r| r.stale_reads as f64);
         line("lost writes (all runs)", &|r| r.lost_writes as f64);
         line("runtime (s)", &|r| (r.runtime_s * 1000.0).round() / 1000.0);
