@@ -121,6 +121,38 @@ fn demote(c: &OnCpu, mm: &Mm, a: u64) -> u64 {
     out.stats.nr_succeeded
 }
 
+/// The reader of the staged scenes, on CPU 1: it loads the pages at `a`
+/// (caching them) and says so (`step` 1), spins in user mode on `spin`
+/// until `step` reaches 2, then loads the pages again through the shadow
+/// memory; the TLB misses of that second pass.
+fn spinning_reader(
+    m: &Machine,
+    mm: &Arc<Mm>,
+    a: u64,
+    spin: u64,
+    step: &AtomicU32,
+    stop: &AtomicBool,
+    shadow: &Shadow,
+) -> u64 {
+    let c = m.bind(1).unwrap();
+    c.switch_mm(mm);
+    for p in pages(a) {
+        shadow.load_u64(&c, p).unwrap();
+    }
+    step.store(1, Relaxed);
+    // Spin in user mode: loads poll for IPIs, no kernel entry.
+    while step.load(Relaxed) < 2 && !stop.load(Relaxed) {
+        c.load_u64(spin).unwrap();
+    }
+    let misses = m.vmstat().event_on(1, Event::TLB_MISS);
+    for p in pages(a) {
+        shadow.load_u64(&c, p).unwrap();
+    }
+    let misses = m.vmstat().event_on(1, Event::TLB_MISS) - misses;
+    c.idle();
+    misses
+}
+
 /// What the staged scene does once the pages are demoted and CPU 1
 /// still caches their sources.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -168,7 +200,7 @@ fn scene_in(mode: MigrcMode, w: Weakened, then: Then) -> Scene {
     let (mm, a) = read_only_clean_pages(&c0, &shadow);
     let spin = c0.mmap(0, PAGE, RW, ANON).unwrap();
     c0.store_u64(spin, 0).unwrap();
-    // 0: start; 1: CPU 1 cached the pages; 2: CPU 0 is done; 3: CPU 1 read.
+    // 0: start; 1: CPU 1 cached the pages; 2: CPU 0 is done.
     let step = AtomicU32::new(0);
     let stop = AtomicBool::new(false);
     let mut out = Scene {
@@ -183,26 +215,7 @@ fn scene_in(mode: MigrcMode, w: Weakened, then: Then) -> Scene {
     let mut other = None;
     std::thread::scope(|s| {
         let (mm1, step1, shadow1, m1, stop1) = (mm.clone(), &step, &shadow, &m, &stop);
-        let reader = s.spawn(move || {
-            let c = m1.bind(1).unwrap();
-            c.switch_mm(&mm1);
-            for p in pages(a) {
-                shadow1.load_u64(&c, p).unwrap();
-            }
-            step1.store(1, Relaxed);
-            // Spin in user mode: loads poll for IPIs, no kernel entry.
-            while step1.load(Relaxed) < 2 && !stop1.load(Relaxed) {
-                c.load_u64(spin).unwrap();
-            }
-            let misses = m1.vmstat().event_on(1, Event::TLB_MISS);
-            for p in pages(a) {
-                shadow1.load_u64(&c, p).unwrap();
-            }
-            let misses = m1.vmstat().event_on(1, Event::TLB_MISS) - misses;
-            step1.store(3, Relaxed);
-            c.idle();
-            misses
-        });
+        let reader = s.spawn(move || spinning_reader(m1, &mm1, a, spin, step1, stop1, shadow1));
         let _stop = StopOnDrop(&stop);
         while step.load(Relaxed) < 1 {
             std::hint::spin_loop();
@@ -665,24 +678,7 @@ fn reviewers_scene(mode: MigrcMode, w: Weakened) -> Reviewers {
     };
     std::thread::scope(|s| {
         let (mm1, step1, m1, stop1, shadow1) = (mm.clone(), &step, &m, &stop, &shadow);
-        let reader = s.spawn(move || {
-            let c = m1.bind(1).unwrap();
-            c.switch_mm(&mm1);
-            for p in pages(a) {
-                assert_eq!(c.load_u64(p).unwrap(), p | 1);
-            }
-            step1.store(1, Relaxed);
-            while step1.load(Relaxed) < 2 && !stop1.load(Relaxed) {
-                c.load_u64(spin).unwrap();
-            }
-            let misses = m1.vmstat().event_on(1, Event::TLB_MISS);
-            for p in pages(a) {
-                shadow1.load_u64(&c, p).unwrap();
-            }
-            let misses = m1.vmstat().event_on(1, Event::TLB_MISS) - misses;
-            c.idle();
-            misses
-        });
+        let reader = s.spawn(move || spinning_reader(m1, &mm1, a, spin, step1, stop1, shadow1));
         let _stop = StopOnDrop(&stop);
         while step.load(Relaxed) < 1 {
             std::hint::spin_loop();
