@@ -595,6 +595,11 @@ impl PhysMem {
     /// cache them has flushed (v12 checks as pages leave the buddy and the
     /// per-CPU lists; the model checks once, as the block leaves either).
     fn luf_takeoff(&self, pfn: Pfn, order: u32, cpu: usize) {
+        // No key exists before the first deferred unmap: no page to read
+        // (a THP's block is 512).
+        if !self.luf.used() {
+            return;
+        }
         let pending = self.luf_takeoff_pending(pfn, order);
         if pending != 0 {
             let r = self.reclaimer.get().and_then(|w| w.upgrade());
