@@ -208,8 +208,17 @@ pub fn pin_to_cpu(cpu: usize) {
     }
 }
 
+/// Pin the calling thread to host CPU `cpu` until the guard drops, which
+/// puts its former affinity back.
+pub fn pin_thread(cpu: usize) -> AffinityRestore {
+    let saved = AffinityRestore::save();
+    pin_to_cpu(cpu);
+    saved
+}
+
 /// The calling thread's CPU affinity, put back on drop.
-struct AffinityRestore(libc::cpu_set_t);
+#[must_use = "the affinity is put back as soon as the guard drops"]
+pub struct AffinityRestore(libc::cpu_set_t);
 
 impl AffinityRestore {
     fn save() -> AffinityRestore {

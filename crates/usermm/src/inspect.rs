@@ -110,7 +110,7 @@ pub fn inspect(m: &Machine) -> Inspection {
         .iter()
         .map(|c| {
             let mut by: BTreeMap<(u64, u64), usize> = BTreeMap::new();
-            for e in c.tlb.lock().entries() {
+            for e in c.tlb.entries() {
                 *by.entry((e.mm_id, e.size >> 10)).or_default() += 1;
             }
             TlbInfo {

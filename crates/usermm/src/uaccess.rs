@@ -40,7 +40,39 @@ impl OnCpu<'_> {
     }
 
     /// Translate `addr` for a load or store, faulting as needed.
+    #[inline(always)]
     fn translate(&self, addr: u64, write: bool) -> KResult<(Pfn, u64)> {
+        match self.translate_hit(addr, write) {
+            Some(hit) => Ok(hit),
+            None => self.translate_slow(addr, write),
+        }
+    }
+
+    /// The common case, inlined into every access: the CPU is in user mode
+    /// already, no request waits in its mailbox, NUMA balancing's tick is
+    /// not due, and the TLB holds a translation that allows the access.
+    /// A few relaxed loads of the CPU's own state; no lock, no
+    /// read-modify-write. Anything else goes the slow way, which does the
+    /// same steps in full.
+    #[inline(always)]
+    fn translate_hit(&self, addr: u64, write: bool) -> Option<(Pfn, u64)> {
+        let t = self.numa_tick.get().wrapping_add(1);
+        if t.is_multiple_of(NUMA_TICK_ACCESSES) || !self.cpu.in_user() || self.cpu.mail_waiting() {
+            return None;
+        }
+        let (_, slot) = self.cpu.loaded_pgd()?;
+        let e = self.cpu.tlb.lookup(slot, addr)?;
+        if write && !(e.writable && e.dirty) {
+            return None;
+        }
+        self.numa_tick.set(t);
+        Some((e.pfn, addr % PAGE_SIZE))
+    }
+
+    /// Every other access: tick, return to user mode, take the mailbox,
+    /// look up, walk, fault.
+    #[inline(never)]
+    fn translate_slow(&self, addr: u64, write: bool) -> KResult<(Pfn, u64)> {
         let vmstat = self.vmstat();
         self.numa_tick();
         self.user_enter();
@@ -49,7 +81,7 @@ impl OnCpu<'_> {
             self.cpu.poll(vmstat);
             let (pgd, slot) = self.cpu.loaded_pgd().ok_or(Errno::EFAULT)?;
             {
-                let mut tlb = self.cpu.tlb.lock();
+                let tlb = &self.cpu.tlb;
                 if let Some(e) = tlb.lookup(slot, addr) {
                     if !write || (e.writable && e.dirty) {
                         return Ok((e.pfn, addr % PAGE_SIZE));
@@ -84,13 +116,14 @@ impl OnCpu<'_> {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn byte_ptr(&self, pfn: Pfn, off: u64) -> *mut u8 {
         // SAFETY: off < PAGE_SIZE, inside the frame.
         unsafe { self.mem().frame_ptr(pfn).add(off as usize) }
     }
 
     /// Load `N` bytes from an address aligned to `N` (one page).
+    #[inline(always)]
     fn load_aligned<const N: usize>(&self, addr: u64) -> KResult<u64> {
         let (pfn, off) = self.translate(addr, false)?;
         let p = self.byte_ptr(pfn, off);
@@ -106,6 +139,7 @@ impl OnCpu<'_> {
         })
     }
 
+    #[inline(always)]
     fn store_aligned<const N: usize>(&self, addr: u64, v: u64) -> KResult<()> {
         let (pfn, off) = self.translate(addr, true)?;
         let p = self.byte_ptr(pfn, off);
@@ -121,6 +155,7 @@ impl OnCpu<'_> {
         Ok(())
     }
 
+    #[inline(always)]
     fn load_n<const N: usize>(&self, addr: u64) -> KResult<u64> {
         if addr.is_multiple_of(N as u64) {
             return self.load_aligned::<N>(addr);
@@ -135,6 +170,7 @@ impl OnCpu<'_> {
         Ok(v)
     }
 
+    #[inline(always)]
     fn store_n<const N: usize>(&self, addr: u64, v: u64) -> KResult<()> {
         if addr.is_multiple_of(N as u64) {
             return self.store_aligned::<N>(addr, v);
@@ -155,45 +191,78 @@ impl OnCpu<'_> {
         Ok(())
     }
 
+    #[inline]
     pub fn load_u8(&self, addr: u64) -> KResult<u8> {
         self.load_n::<1>(addr).map(|v| v as u8)
     }
+    #[inline]
     pub fn load_u16(&self, addr: u64) -> KResult<u16> {
         self.load_n::<2>(addr).map(|v| v as u16)
     }
+    #[inline]
     pub fn load_u32(&self, addr: u64) -> KResult<u32> {
         self.load_n::<4>(addr).map(|v| v as u32)
     }
+    #[inline]
     pub fn load_u64(&self, addr: u64) -> KResult<u64> {
         self.load_n::<8>(addr)
     }
+    #[inline]
     pub fn store_u8(&self, addr: u64, v: u8) -> KResult<()> {
         self.store_n::<1>(addr, v as u64)
     }
+    #[inline]
     pub fn store_u16(&self, addr: u64, v: u16) -> KResult<()> {
         self.store_n::<2>(addr, v as u64)
     }
+    #[inline]
     pub fn store_u32(&self, addr: u64, v: u32) -> KResult<()> {
         self.store_n::<4>(addr, v as u64)
     }
+    #[inline]
     pub fn store_u64(&self, addr: u64, v: u64) -> KResult<()> {
         self.store_n::<8>(addr, v)
     }
 
-    /// Read `buf.len()` bytes from `addr` (page by page).
+    /// Read `buf.len()` bytes from `addr` (`copy_from_user`): one
+    /// translation per page, then the page's part copied word by word.
     pub fn read_bytes(&self, addr: u64, buf: &mut [u8]) -> KResult<()> {
-        for (i, b) in buf.iter_mut().enumerate() {
-            let a = addr.checked_add(i as u64).ok_or(Errno::EFAULT)?;
-            *b = self.load_aligned::<1>(a)? as u8;
-        }
-        Ok(())
+        self.for_each_page(addr, buf.len(), false, |p, at, n| {
+            // SAFETY: `p` points at `n` bytes inside one live frame (a page's
+            // part of the range, just translated).
+            unsafe { copy_from_frame(p, &mut buf[at..at + n]) }
+        })
     }
 
-    /// Write `buf` at `addr`.
+    /// Write `buf` at `addr` (`copy_to_user`): as [`OnCpu::read_bytes`].
+    /// A fault on a later page leaves the earlier ones written, as the
+    /// kernel's copy does.
     pub fn write_bytes(&self, addr: u64, buf: &[u8]) -> KResult<()> {
-        for (i, &b) in buf.iter().enumerate() {
-            let a = addr.checked_add(i as u64).ok_or(Errno::EFAULT)?;
-            self.store_aligned::<1>(a, b as u64)?;
+        self.for_each_page(addr, buf.len(), true, |p, at, n| {
+            // SAFETY: as in read_bytes.
+            unsafe { copy_to_frame(&buf[at..at + n], p) }
+        })
+    }
+
+    /// Translate each page of `[addr, addr + len)` for a load or store and
+    /// hand `f` the frame's bytes: (pointer, offset in the range, length).
+    /// The mailbox is polled between pages, as an interrupt is taken
+    /// between iterations of a string copy.
+    fn for_each_page(
+        &self,
+        addr: u64,
+        len: usize,
+        write: bool,
+        mut f: impl FnMut(*mut u8, usize, usize),
+    ) -> KResult<()> {
+        addr.checked_add(len as u64).ok_or(Errno::EFAULT)?;
+        let mut done = 0;
+        while done < len {
+            let a = addr + done as u64;
+            let n = ((PAGE_SIZE - a % PAGE_SIZE) as usize).min(len - done);
+            let (pfn, off) = self.translate(a, write)?;
+            f(self.byte_ptr(pfn, off), done, n);
+            done += n;
         }
         Ok(())
     }
@@ -207,5 +276,66 @@ impl OnCpu<'_> {
             a += PAGE_SIZE;
         }
         Ok(())
+    }
+}
+
+/// Copy `dst.len()` bytes of a frame, from `src`: 8-byte relaxed atomic
+/// loads between byte loads at the unaligned ends (what the byte-wise path
+/// reads, a word at a time: another CPU's concurrent stores stay defined
+/// behaviour, and an aligned word is never torn, as on x86).
+///
+/// # Safety
+///
+/// `src .. src + dst.len()` lies inside one live frame.
+unsafe fn copy_from_frame(src: *const u8, dst: &mut [u8]) {
+    let n = dst.len();
+    let head = (src.align_offset(8)).min(n);
+    let words = (n - head) / 8;
+    for (i, d) in dst[..head].iter_mut().enumerate() {
+        // SAFETY: inside the frame (the caller's promise).
+        *d = unsafe { AtomicU8::from_ptr(src.add(i) as *mut u8) }.load(Ordering::Relaxed);
+    }
+    let out = dst.as_mut_ptr();
+    for w in 0..words {
+        let at = head + w * 8;
+        // SAFETY: inside the frame, 8-aligned (head aligned it); `out + at`
+        // has 8 bytes of `dst` (words counts whole words left).
+        unsafe {
+            let v = AtomicU64::from_ptr(src.add(at) as *mut u64).load(Ordering::Relaxed);
+            std::ptr::write_unaligned(out.add(at) as *mut u64, v);
+        }
+    }
+    for (i, d) in dst.iter_mut().enumerate().skip(head + words * 8) {
+        // SAFETY: inside the frame.
+        *d = unsafe { AtomicU8::from_ptr(src.add(i) as *mut u8) }.load(Ordering::Relaxed);
+    }
+}
+
+/// Copy `src` into a frame at `dst`, as [`copy_from_frame`] reads.
+///
+/// # Safety
+///
+/// `dst .. dst + src.len()` lies inside one live frame.
+unsafe fn copy_to_frame(src: &[u8], dst: *mut u8) {
+    let n = src.len();
+    let head = (dst.align_offset(8)).min(n);
+    let words = (n - head) / 8;
+    for (i, &b) in src[..head].iter().enumerate() {
+        // SAFETY: inside the frame (the caller's promise).
+        unsafe { AtomicU8::from_ptr(dst.add(i)) }.store(b, Ordering::Relaxed);
+    }
+    let from = src.as_ptr();
+    for w in 0..words {
+        let at = head + w * 8;
+        // SAFETY: `from + at` has 8 bytes of `src`; the frame's side is
+        // inside it and 8-aligned.
+        unsafe {
+            let v = std::ptr::read_unaligned(from.add(at) as *const u64);
+            AtomicU64::from_ptr(dst.add(at) as *mut u64).store(v, Ordering::Relaxed);
+        }
+    }
+    for (i, &b) in src.iter().enumerate().skip(head + words * 8) {
+        // SAFETY: inside the frame.
+        unsafe { AtomicU8::from_ptr(dst.add(i)) }.store(b, Ordering::Relaxed);
     }
 }

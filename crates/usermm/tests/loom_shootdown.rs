@@ -65,7 +65,7 @@ struct World {
 fn access(w: &World, cpu: &Cpu<ModelMm>) {
     cpu.poll(&w.vmstat);
     let (_, slot) = cpu.loaded_pgd().expect("an mm is loaded");
-    let mut tlb = cpu.tlb.lock();
+    let tlb = &cpu.tlb;
     if let Some(e) = tlb.lookup(slot, ADDR) {
         assert!(
             !w.freed.load(Ordering::SeqCst),

@@ -4,7 +4,7 @@
 //! batching tunable off (the pre-v6.9 per-PTE path) and on, interleaved, and
 //! the same operation is timed on the host kernel in the same invocation.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context};
 use serde::Serialize;
@@ -14,7 +14,8 @@ use usermm::tunable::Tunable;
 use usermm::vmstat::{MthpStat, NodeStat};
 use usermm::{Machine, OnCpu};
 
-use super::{median, BenchArgs};
+use super::stats::{median, Budget, Estimate, Rounds};
+use super::BenchArgs;
 use crate::{native, plot};
 
 pub const MUNMAP: super::Experiment = super::Experiment {
@@ -152,13 +153,27 @@ pub struct Row {
     pub mapping: &'static str,
     pub baseline_s: f64,
     pub batched_s: f64,
-    /// batched / baseline (medians).
+    /// batched / baseline: the median of the per-round ratios, and its
+    /// 95% interval.
     pub ratio: f64,
+    pub ci_low: f64,
+    pub ci_high: f64,
+    /// Rounds run.
+    pub runs: usize,
     pub host_s: Option<f64>,
     /// batched / host.
     pub batched_host_ratio: Option<f64>,
     pub seed_change_pct: Option<f64>,
     pub host_note: Option<String>,
+    /// Every round's times: baseline, batched and host (when run).
+    pub samples: Samples,
+}
+
+#[derive(Serialize, Default)]
+pub struct Samples {
+    pub baseline_s: Vec<f64>,
+    pub batched_s: Vec<f64>,
+    pub host_s: Vec<f64>,
 }
 
 impl Row {
@@ -170,25 +185,36 @@ impl Row {
         }
         .label()
     }
+
+    /// batched / baseline with its interval.
+    pub fn estimate(&self) -> Estimate {
+        Estimate {
+            value: self.ratio,
+            ci_low: self.ci_low,
+            ci_high: self.ci_high,
+            n: self.runs,
+        }
+    }
 }
 
 /// Run one batching experiment; returns its rows and the machine it ran on.
 pub fn run(a: &BenchArgs, op: Op) -> anyhow::Result<(Vec<Row>, String)> {
     let len = a.size_mb << 20;
-    let runs = a.runs.max(1);
+    // CPU 0's thread (this one) on host CPU 0, as the reference programs
+    // pin theirs, with the host's loop on the same CPU.
+    let _pinned = native::pin_thread(0);
     let m = super::experiment_machine(a, super::region_machine_bytes(a.size_mb))?;
     m.prefault();
     let mut rows = vec![];
-    let ncases = CASES
-        .iter()
-        .filter(|c| a.sizes.is_empty() || a.sizes.contains(&c.kb))
-        .count();
-    let pb = super::progress(op.name(), (ncases * runs) as u64);
-    for case in CASES
+    let cases: Vec<Case> = CASES
         .into_iter()
         .filter(|c| a.sizes.is_empty() || a.sizes.contains(&c.kb))
-    {
-        let (mut base, mut batched, mut host) = (vec![], vec![], vec![]);
+        .collect();
+    let pb = super::progress(op.name(), (cases.len() * Rounds::expected(a.runs())) as u64);
+    let budget = Budget::new(Duration::from_secs(a.budget_s));
+    let ncases = cases.len();
+    for (i, case) in cases.into_iter().enumerate() {
+        let mut s = Samples::default();
         let knobs = if a.no_host {
             Err("not run".to_string())
         } else {
@@ -196,45 +222,47 @@ pub fn run(a: &BenchArgs, op: Op) -> anyhow::Result<(Vec<Row>, String)> {
         };
         let mut note = knobs.as_ref().err().cloned();
         pb.set_message(case.label());
-        for run in 0..runs {
+        let mut rounds = Rounds::new(a.runs(), budget.share(ncases - i));
+        while rounds.more(|| !Estimate::ratio(&s.batched_s, &s.baseline_s).wide()) {
             pb.inc(1);
             // Alternate which arm goes first, so that neither always runs on
             // the allocator state the other left.
-            let arms = if run % 2 == 0 {
-                [false, true]
-            } else {
-                [true, false]
-            };
-            for on in arms {
+            let first = rounds.done().is_multiple_of(2);
+            for on in [!first, first] {
                 let t = engine_once(&m, op, case, len, on)
                     .with_context(|| format!("{} {}", op.name(), case.label()))?;
                 if on {
-                    batched.push(t);
+                    s.batched_s.push(t);
                 } else {
-                    base.push(t);
+                    s.baseline_s.push(t);
                 }
             }
             if knobs.is_ok() {
                 match host_once(op, case, len as usize) {
-                    Ok(t) => host.push(t),
+                    Ok(t) => s.host_s.push(t),
                     Err(e) => note = Some(e),
                 }
             }
         }
         drop(knobs);
-        let (b, p) = (median(base), median(batched));
-        let host_s = (!host.is_empty() && note.is_none()).then(|| median(host));
+        let r = Estimate::ratio(&s.batched_s, &s.baseline_s);
+        let (b, p) = (median(&s.baseline_s), median(&s.batched_s));
+        let host_s = (!s.host_s.is_empty() && note.is_none()).then(|| median(&s.host_s));
         rows.push(Row {
             op: op.name(),
             folio_kb: case.kb,
             mapping: if case.pmd { "pmd" } else { "pte" },
             baseline_s: b,
             batched_s: p,
-            ratio: p / b,
+            ratio: r.value,
+            ci_low: r.ci_low,
+            ci_high: r.ci_high,
+            runs: r.n,
             host_s,
             batched_host_ratio: host_s.map(|h| p / h),
             seed_change_pct: (!case.pmd).then(|| op.seed_change(case.kb)).flatten(),
             host_note: note,
+            samples: s,
         });
     }
     pb.finish_and_clear();
@@ -354,18 +382,18 @@ fn host_once(op: Op, case: Case, len: usize) -> Result<f64, String> {
 /// The table in the seeds' shape, with the host beside it.
 pub fn print_table(op: Op, rows: &[Row], a: &BenchArgs) {
     outln!(
-        "bench {}: {} MiB of folios of one size; tunable {} off (baseline) vs on; medians of {} runs, interleaved",
+        "bench {}: {} MiB of folios of one size; tunable {} off (baseline) vs on, interleaved; medians of the rounds (runs {})",
         op.name(),
         a.size_mb,
         op.tunable().info().name,
-        a.runs.max(1)
+        a.runs()
     );
     outln!(
-        "{:<10} {:>12} {:>12} {:>8} {:>8} {:>12} {:>9}",
+        "{:<10} {:>12} {:>12} {:>20} {:>8} {:>12} {:>9}",
         "folio",
         "baseline(s)",
         "batched(s)",
-        "change",
+        "change [95% CI]",
         "seed",
         "host(s)",
         "bat/host"
@@ -379,16 +407,26 @@ pub fn print_table(op: Op, rows: &[Row], a: &BenchArgs) {
             .batched_host_ratio
             .map_or("-".into(), |q| format!("{q:.2}"));
         outln!(
-            "{:<10} {:>12.6} {:>12.6} {:>7.0}% {:>8} {:>12} {:>9}  {}",
+            "{:<10} {:>12.6} {:>12.6} {:>20} {:>8} {:>12} {:>9}  {}",
             r.label(),
             r.baseline_s,
             r.batched_s,
-            (r.ratio - 1.0) * 100.0,
+            r.estimate().change_pct(),
             seed,
             host,
             bh,
             r.host_note.clone().unwrap_or_default()
         );
+    }
+    let n: Vec<usize> = rows.iter().map(|r| r.runs).collect();
+    let (lo, hi) = (n.iter().min(), n.iter().max());
+    if let (Some(lo), Some(hi)) = (lo, hi) {
+        let rounds = if lo == hi {
+            format!("{lo} rounds")
+        } else {
+            format!("{lo} to {hi} rounds")
+        };
+        outln!("{}", super::stats::footnote(&rounds));
     }
 }
 
@@ -435,7 +473,7 @@ fn experiment(a: &BenchArgs, op: Op) -> anyhow::Result<serde_json::Value> {
         "tunable": op.tunable().info().name,
         "machine": machine,
         "size_mb": a.size_mb,
-        "runs": a.runs.max(1),
+        "runs": a.runs().to_string(),
         "rows": rows,
     }))
 }

@@ -29,7 +29,7 @@ struct Row {
 /// `bench fault`: populate by write faults, then munmap, per folio size.
 fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let len = a.size_mb << 20;
-    let runs = a.runs.max(1);
+    let runs = a.runs().fixed();
     let m = experiment_machine(a, region_machine_bytes(a.size_mb))?;
     m.prefault();
     let mut rows = vec![];

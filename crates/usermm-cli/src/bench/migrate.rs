@@ -100,8 +100,8 @@ fn experiment(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         .flat_map(|b| [1, 2].map(|c| (b, c)))
         .collect();
     let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); sizes.len() * arms.len()];
-    let pb = progress("migrate", (a.runs * samples.len()) as u64);
-    for _ in 0..a.runs {
+    let pb = progress("migrate", (a.runs().fixed() * samples.len()) as u64);
+    for _ in 0..a.runs().fixed() {
         for (si, &kb) in sizes.iter().enumerate() {
             for (ai, &(batch, cpus)) in arms.iter().enumerate() {
                 m.tunables.set_migrate_batch_flush(batch);
@@ -143,7 +143,7 @@ fn experiment(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         "experiment": "migrate",
         "machine": m.config.to_string(),
         "size_mb": a.size_mb,
-        "runs": a.runs,
+        "runs": a.runs().fixed(),
         "rows": rows,
     }))
 }

@@ -190,10 +190,10 @@ fn experiment(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         .flat_map(|ad| (0..ARMS.len()).map(move |i| (ad, i)))
         .collect();
     let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); arms.len()];
-    let pb = progress("migrc", (a.runs * arms.len()) as u64);
+    let pb = progress("migrc", (a.runs().fixed() * arms.len()) as u64);
     let mut machine_desc = String::new();
     let mut grid_mb = 0;
-    for _ in 0..a.runs {
+    for _ in 0..a.runs().fixed() {
         for (k, &(ad, arm)) in arms.iter().enumerate() {
             let m = machine(a)?;
             m.tunables

@@ -2,12 +2,14 @@
 //! engine and natively in the same invocation, prints its table, writes its
 //! plot, and returns its JSON object (with a `rows` array).
 
+mod access;
 mod batching;
 mod fault;
 mod migrate;
 mod migrc;
 mod pft;
 mod pt_reclaim;
+pub mod stats;
 mod tiering;
 mod vma;
 
@@ -19,16 +21,25 @@ use usermm::{Machine, MachineConfig};
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    /// Experiment: fault, munmap, dontneed, fork, vma, pt_reclaim, pft,
+    /// Experiment: access, fault, munmap, dontneed, fork, vma, pt_reclaim, pft,
     /// migrate, tiering or migrc
     /// (see --list). All when omitted.
     pub name: Option<String>,
     /// List the experiments with what each measures, and stop.
     #[arg(long)]
     pub list: bool,
-    /// Runs per size; medians are reported.
-    #[arg(long, default_value_t = 7)]
-    pub runs: usize,
+    /// Rounds per row (each runs every arm once, interleaved): a count,
+    /// or `auto`, which runs 6 and then more until every ratio's 95%
+    /// interval is within ±5% or the experiment's budget is spent.
+    /// Medians are reported.
+    /// (Parsed by [`BenchArgs::runs`], once [`validate`] has checked it, so
+    /// that a bad value is one line of error like every other option's.)
+    #[arg(long = "runs", default_value = "auto")]
+    pub runs_arg: String,
+    /// Seconds an experiment's rounds may take under `--runs auto`, shared
+    /// among its rows (each still runs six).
+    #[arg(long, default_value_t = 60)]
+    pub budget_s: u64,
     /// Region size in MiB.
     #[arg(long, default_value_t = 1024)]
     pub size_mb: u64,
@@ -67,6 +78,13 @@ pub struct BenchArgs {
     /// compares itself, arm by arm.
     #[command(flatten)]
     pub tunables: crate::tunable_args::TunableArgs,
+}
+
+impl BenchArgs {
+    /// `--runs`, checked by [`validate`].
+    pub fn runs(&self) -> stats::Runs {
+        self.runs_arg.parse().expect("--runs is validated first")
+    }
 }
 
 /// Memory an experiment over `size_mb` needs on node 0: the region, its
@@ -114,9 +132,9 @@ pub fn progress(name: &str, n: u64) -> indicatif::ProgressBar {
     pb
 }
 
-pub fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
+/// The median of `v` ([`stats::median`], for a vector built in place).
+pub fn median(v: Vec<f64>) -> f64 {
+    stats::median(&v)
 }
 
 /// One experiment of `usermm bench`.
@@ -129,7 +147,8 @@ pub struct Experiment {
 }
 
 /// Every experiment, in the order `usermm bench` runs them.
-pub const EXPERIMENTS: [Experiment; 10] = [
+pub const EXPERIMENTS: [Experiment; 11] = [
+    access::EXPERIMENT,
     fault::EXPERIMENT,
     batching::MUNMAP,
     batching::DONTNEED,
@@ -149,9 +168,9 @@ fn names() -> String {
 /// Check the options before anything is allocated: each experiment's
 /// machine holds the region and half as much again, in host memory.
 fn validate(a: &BenchArgs) -> anyhow::Result<()> {
-    if a.runs == 0 {
-        anyhow::bail!("--runs must be at least 1");
-    }
+    a.runs_arg
+        .parse::<stats::Runs>()
+        .map_err(|e| anyhow::anyhow!(e))?;
     a.tunables.parsed()?;
     if let Some(kb) = a.sizes.iter().find(|k| !SIZES_KB.contains(k)) {
         anyhow::bail!(

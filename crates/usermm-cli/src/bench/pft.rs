@@ -120,7 +120,7 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let counts = thread_counts(a, cores);
     let max_threads = *counts.last().expect("at least one thread count");
-    let runs = a.runs.max(1);
+    let runs = a.runs().fixed();
     let need = max_threads as u64 * slice * 3 / 2 + (64 << 20);
     let host_bytes = crate::host_memory_bytes();
     if host_bytes > 0 && need > host_bytes {

@@ -139,7 +139,7 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     };
     let pb = progress(
         "pt_reclaim",
-        (Mode::ALL.len() * (arms.len() + 1) + a.runs * designs.len()) as u64,
+        (Mode::ALL.len() * (arms.len() + 1) + a.runs().fixed() * designs.len()) as u64,
     );
     let mut host = vec![];
     for mode in Mode::ALL {
@@ -207,7 +207,7 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         "machine": m.config.to_string(),
         "iterations": iterations,
         "fault_region_mb": a.size_mb,
-        "runs": a.runs,
+        "runs": a.runs().fixed(),
         "host_note": host_note,
         "rows": json_rows,
     }))
@@ -295,8 +295,8 @@ fn fault_cost(
     let faults = (len / PAGE as u64) as f64;
     let mut fps = vec![vec![]; designs.len()];
     let mut ratios = vec![vec![]; designs.len()];
-    for round in 0..a.runs {
-        pb.set_message(format!("fault cost {}/{}", round + 1, a.runs));
+    for round in 0..a.runs().fixed() {
+        pb.set_message(format!("fault cost {}/{}", round + 1, a.runs().fixed()));
         for (i, d) in designs.iter().enumerate() {
             m.tunables.set(Tunable::PtReclaim.info().name, d.name)?;
             fps[i].push(faults / populate_s(m, len)?);
@@ -325,7 +325,7 @@ fn fault_cost(
                 ratio_to_off: median(ratios[i].clone()),
                 ratio_min: rlo,
                 ratio_max: rhi,
-                runs: a.runs,
+                runs: a.runs().fixed(),
             }
         })
         .collect())
@@ -407,7 +407,7 @@ fn print_tables(
     outln!(
         "fault cost: write faults on a fresh {} MiB region, 4 KiB folios; medians of {} rounds, designs interleaved",
         a.size_mb,
-        a.runs
+        a.runs().fixed()
     );
     outln!(
         "{:<9} {:>12} {:>12} {:>12} {:>8} {:>15}",

@@ -223,7 +223,7 @@ pub const EXPERIMENT: super::Experiment = super::Experiment {
 };
 
 fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
-    let runs = a.runs.max(1);
+    let runs = a.runs().fixed();
     // Room for the largest chain's page tables and pages (five frames a
     // process) and the VMA loop's tables.
     let m = super::experiment_machine(a, 512 << 20)?;

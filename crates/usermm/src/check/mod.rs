@@ -685,8 +685,7 @@ fn check_tlbs(
     for cpu in m.cpus.iter() {
         let loaded = cpu.loaded_mm().map(|mm| mm.id);
         let catches_up = cpu.catches_up_on_return();
-        let tlb = cpu.tlb.lock();
-        for e in tlb.entries() {
+        for e in cpu.tlb.entries() {
             let Some(mm) = mms.iter().find(|mm| mm.id == e.mm_id) else {
                 continue;
             };

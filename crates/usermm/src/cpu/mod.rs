@@ -126,7 +126,8 @@ pub struct Cpu<M: TlbMm = Mm> {
     bound: AtomicBool,
     mail: MailFlag,
     mailbox: Mutex<Vec<Arc<FlushRequest<M>>>>,
-    pub tlb: Mutex<Tlb>,
+    /// Written only by the thread that plays this CPU (see [`tlb`]).
+    pub tlb: Tlb,
     /// The loaded mm and its ASID slot (`cpu_tlbstate.loaded_mm`).
     loaded: Mutex<Option<(Arc<M>, usize)>>,
     /// The loaded mm's PGD ([`NO_PGD`]: none) and ASID slot, for the access path
@@ -174,7 +175,7 @@ impl<M: TlbMm> Cpu<M> {
             bound: AtomicBool::new(false),
             mail: MailFlag::default(),
             mailbox: Mutex::new(Vec::new()),
-            tlb: Mutex::new(Tlb::default()),
+            tlb: Tlb::default(),
             loaded: Mutex::new(None),
             cr3_pgd: AtomicU64::new(NO_PGD),
             cr3_slot: AtomicU64::new(0),
@@ -220,7 +221,7 @@ impl<M: TlbMm> Cpu<M> {
         self.bound.load(Ordering::Relaxed)
     }
 
-    #[inline]
+    #[inline(always)]
     pub fn in_user(&self) -> bool {
         self.mode.in_user()
     }
@@ -252,7 +253,7 @@ impl<M: TlbMm> Cpu<M> {
     }
 
     /// The loaded mm's PGD and ASID slot, for the access path. Owner only.
-    #[inline]
+    #[inline(always)]
     pub fn loaded_pgd(&self) -> Option<(crate::phys::Pfn, usize)> {
         let pgd = self.cr3_pgd.load(Ordering::Relaxed);
         (pgd != NO_PGD).then(|| (pgd, self.cr3_slot.load(Ordering::Relaxed) as usize))
@@ -270,10 +271,10 @@ impl<M: TlbMm> Cpu<M> {
         let loaded = self.loaded.lock();
         if let Some((mm, slot)) = loaded.as_ref() {
             let gen = mm.tlb_gen().load(Ordering::SeqCst);
-            let mut tlb = self.tlb.lock();
-            if tlb.slots[*slot].tlb_gen < gen {
+            let tlb = &self.tlb;
+            if tlb.slot_tlb_gen(*slot) < gen {
                 tlb.flush_slot(*slot);
-                tlb.slots[*slot].tlb_gen = gen;
+                tlb.set_slot_tlb_gen(*slot, gen);
                 vmstat.count(self.id, Event::TLB_LAZY_FLUSH, 1);
             }
         }
@@ -287,6 +288,12 @@ impl<M: TlbMm> Cpu<M> {
         }
         self.handle_flush_requests(vmstat);
         self.mode.leave_user();
+    }
+
+    /// Whether a request waits in the mailbox (one relaxed load).
+    #[inline(always)]
+    pub fn mail_waiting(&self) -> bool {
+        self.mail.is_raised()
     }
 
     /// Poll the mailbox (a cheap load when empty), as an interrupt would be
@@ -308,7 +315,6 @@ impl<M: TlbMm> Cpu<M> {
             return;
         }
         let loaded = self.loaded.lock();
-        let mut tlb = self.tlb.lock();
         let recv_ns = self
             .ipi_cost
             .recv_ns
@@ -316,7 +322,7 @@ impl<M: TlbMm> Cpu<M> {
         for req in reqs {
             busy_ns(recv_ns);
             vmstat.count(self.id, Event::NR_TLB_REMOTE_FLUSH_RECEIVED, 1);
-            flush_tlb_func(&mut tlb, &req, loaded.as_ref(), None, vmstat);
+            flush_tlb_func(&self.tlb, &req, loaded.as_ref(), None, vmstat);
             req.acks.ack(self.id);
         }
     }
@@ -339,12 +345,12 @@ impl<M: TlbMm> Cpu<M> {
             next.cpumask().fetch_or(1 << self.id, Ordering::SeqCst);
             checked::fence(Ordering::SeqCst);
             let gen = next.tlb_gen().load(Ordering::SeqCst);
-            let mut tlb = self.tlb.lock();
+            let tlb = &self.tlb;
             let (slot, _new) = tlb.assign_slot(next.tlb_id(), gen);
-            if tlb.slots[slot].tlb_gen < gen {
+            if tlb.slot_tlb_gen(slot) < gen {
                 tlb.flush_slot(slot);
             }
-            tlb.slots[slot].tlb_gen = gen;
+            tlb.set_slot_tlb_gen(slot, gen);
             *loaded = Some((next.clone(), slot));
             self.cr3_slot.store(slot as u64, Ordering::Relaxed);
             self.cr3_pgd.store(next.cr3(), Ordering::Relaxed);
@@ -356,7 +362,7 @@ impl<M: TlbMm> Cpu<M> {
 /// `loaded` (mm, ASID slot). `local` is the initiating CPU's id when this
 /// is the local flush (it counts the local events).
 fn flush_tlb_func<M: TlbMm>(
-    tlb: &mut Tlb,
+    tlb: &Tlb,
     req: &FlushRequest<M>,
     loaded: Option<&(Arc<M>, usize)>,
     local: Option<usize>,
@@ -370,11 +376,11 @@ fn flush_tlb_func<M: TlbMm>(
             return;
         };
         let mm_gen = mm.tlb_gen().load(Ordering::Acquire);
-        if tlb.slots[*slot].tlb_gen >= mm_gen {
+        if tlb.slot_tlb_gen(*slot) >= mm_gen {
             return;
         }
         tlb.flush_slot(*slot);
-        tlb.slots[*slot].tlb_gen = mm_gen;
+        tlb.set_slot_tlb_gen(*slot, mm_gen);
         if let Some(cpu) = local {
             vmstat.count(cpu, Event::NR_TLB_LOCAL_FLUSH_ALL, 1);
         }
@@ -383,7 +389,7 @@ fn flush_tlb_func<M: TlbMm>(
     let Some(slot) = tlb.slot_of(mm.tlb_id()) else {
         return;
     };
-    let local_gen = tlb.slots[slot].tlb_gen;
+    let local_gen = tlb.slot_tlb_gen(slot);
     let mm_gen = mm.tlb_gen().load(Ordering::Acquire);
     if local_gen >= req.new_tlb_gen {
         // An earlier full flush already covered this request.
@@ -397,13 +403,13 @@ fn flush_tlb_func<M: TlbMm>(
             addr += 1 << req.stride_shift;
             nr += 1;
         }
-        tlb.slots[slot].tlb_gen = req.new_tlb_gen;
+        tlb.set_slot_tlb_gen(slot, req.new_tlb_gen);
         if let Some(cpu) = local {
             vmstat.count(cpu, Event::NR_TLB_LOCAL_FLUSH_ONE, nr);
         }
     } else {
         tlb.flush_slot(slot);
-        tlb.slots[slot].tlb_gen = mm_gen;
+        tlb.set_slot_tlb_gen(slot, mm_gen);
         if let Some(cpu) = local {
             vmstat.count(cpu, Event::NR_TLB_LOCAL_FLUSH_ALL, 1);
         }
@@ -446,13 +452,7 @@ pub fn flush_tlb_mm_range<M: TlbMm>(
             .as_ref()
             .is_some_and(|(m, _)| m.tlb_id() == mm.tlb_id())
         {
-            flush_tlb_func(
-                &mut me.tlb.lock(),
-                &req,
-                loaded.as_ref(),
-                Some(me.id),
-                vmstat,
-            );
+            flush_tlb_func(&me.tlb, &req, loaded.as_ref(), Some(me.id), vmstat);
         }
     }
 
@@ -531,13 +531,7 @@ pub fn arch_tlbbatch_flush<M: TlbMm>(cpus: &[Cpu<M>], me: &Cpu<M>, batch: u64, v
     });
     if batch & me.bit() != 0 {
         let loaded = me.loaded.lock();
-        flush_tlb_func(
-            &mut me.tlb.lock(),
-            &req,
-            loaded.as_ref(),
-            Some(me.id),
-            vmstat,
-        );
+        flush_tlb_func(&me.tlb, &req, loaded.as_ref(), Some(me.id), vmstat);
     }
     flush_tlb_multi(cpus, me, batch & !me.bit(), &req, vmstat);
 }

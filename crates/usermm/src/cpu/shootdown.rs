@@ -180,7 +180,7 @@ pub fn target_done(mode: &CpuMode, seen: u64, acks: &Acks, cpu: usize) -> bool {
 }
 
 /// The "mail waiting" flag in front of a CPU's mailbox: set (Release) after
-/// a request is queued, tested (Acquire) before every user access, cleared
+/// a request is queued, tested (Relaxed) before every user access, cleared
 /// by the target with the mailbox lock held before it empties the queue.
 pub struct MailFlag(AtomicBool);
 
@@ -195,9 +195,14 @@ impl MailFlag {
     pub fn raise(&self) {
         self.0.store(true, Ordering::Release);
     }
+    /// One relaxed load, before every user access. Relaxed suffices: the
+    /// requests are read under the mailbox lock, which the poster held to
+    /// queue them before it raised the flag, so a target that saw the flag
+    /// takes the lock after the poster released it (coherence: had it
+    /// taken it before, its look at the flag would precede the raise).
     #[inline]
     pub fn is_raised(&self) -> bool {
-        self.0.load(Ordering::Acquire)
+        self.0.load(Ordering::Relaxed)
     }
     /// With the mailbox lock held: a request queued after this is seen by
     /// the next [`MailFlag::is_raised`].

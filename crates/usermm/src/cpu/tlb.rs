@@ -7,25 +7,109 @@
 //! flush happened meanwhile. A full flush of a slot bumps the slot's
 //! generation, which invalidates all its entries at once, as `INVPCID`
 //! single-context does.
+//!
+//! # Who reads and writes it
+//!
+//! Like a hardware TLB, it belongs to its CPU: only the thread that plays
+//! the CPU fills, flushes or looks it up (the access path, the mailbox, a
+//! local flush, `switch_mm`). That thread reads it with plain relaxed
+//! loads, takes no lock and makes no read-modify-write: a user access that
+//! hits costs a few loads. Every word is an atomic all the same, so that
+//! other threads (the invariant checker, `inspect`) may read it at any
+//! time; they read a consistent picture by a sequence count, as the
+//! kernel's `seqcount_t` readers do:
+//!
+//! - the owner opens a write section ([`Tlb::write`]) around each change:
+//!   it stores the count + 1 (odd), a Release fence orders that store before
+//!   the section's stores, and closing stores the count + 2 with Release.
+//!   The owner is the only writer, so a load and a store suffice;
+//! - a reader ([`Tlb::entries`]) loads the count (Acquire), reads the
+//!   entries, issues an Acquire fence and loads the count again: if it was
+//!   odd or moved, a write overlapped and it reads again. The fence orders
+//!   the entry loads before the second load, and pairs with the writer's
+//!   fence: a reader that saw a section's store saw its odd count too.
+//!
+//! `tests/loom_tlb.rs` model-checks the reader against the owner's fills
+//! and flushes, on this very code, with a reader that skips the second
+//! look caught reading a torn entry.
 
 use crate::pgtable::walk::Translation;
 use crate::phys::{Pfn, PAGE_SHIFT};
+use crate::sync::checked::{fence, AtomicU32, AtomicU64};
+use crate::sync::Ordering::{Acquire, Relaxed, Release};
 
+#[cfg(not(loom))]
 pub const NR_DYN_ASIDS: usize = 6;
-const SETS_4K: usize = 256;
-const WAYS_4K: usize = 8;
-const SETS_2M: usize = 16;
-const WAYS_2M: usize = 4;
+/// Under the model checker, one slot (every word is a checked atomic).
+#[cfg(loom)]
+pub const NR_DYN_ASIDS: usize = 1;
+#[cfg(not(loom))]
+mod geometry {
+    pub const SETS_4K: usize = 256;
+    pub const WAYS_4K: usize = 8;
+    pub const SETS_2M: usize = 16;
+    pub const WAYS_2M: usize = 4;
+}
+/// Under the model checker, the smallest TLB (every word of it is a
+/// checked atomic): each fill replaces the last.
+#[cfg(loom)]
+mod geometry {
+    pub const SETS_4K: usize = 1;
+    pub const WAYS_4K: usize = 1;
+    pub const SETS_2M: usize = 1;
+    pub const WAYS_2M: usize = 1;
+}
+use geometry::*;
 
-#[derive(Clone, Copy, Default)]
+/// A translation found in the TLB.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TlbEntry {
-    /// Virtual page number + 1 (0 = invalid), of the 4 KiB or 2 MiB page.
-    tag: u64,
-    asid: u8,
-    gen: u32,
     pub pfn: Pfn,
     pub writable: bool,
     pub dirty: bool,
+}
+
+/// One way of a set, in three words:
+/// - `key`: (page number + 1) << 3 | ASID slot (0: invalid), of the 4 KiB
+///   or 2 MiB page;
+/// - `val`: pfn << 2 | writable << 1 | dirty;
+/// - `gen`: the slot generation it was filled under.
+struct Way {
+    key: AtomicU64,
+    val: AtomicU64,
+    gen: AtomicU32,
+}
+
+impl Default for Way {
+    fn default() -> Self {
+        Way {
+            key: AtomicU64::new(0),
+            val: AtomicU64::new(0),
+            gen: AtomicU32::new(0),
+        }
+    }
+}
+
+const ASID_BITS: u32 = 3;
+const _: () = assert!(NR_DYN_ASIDS <= 1 << ASID_BITS);
+
+#[inline]
+fn key_of(page_number: u64, asid: usize) -> u64 {
+    ((page_number + 1) << ASID_BITS) | asid as u64
+}
+
+#[inline]
+fn val_of(pfn: Pfn, writable: bool, dirty: bool) -> u64 {
+    (pfn << 2) | (writable as u64) << 1 | dirty as u64
+}
+
+#[inline]
+fn entry_of(val: u64) -> TlbEntry {
+    TlbEntry {
+        pfn: val >> 2,
+        writable: val & 2 != 0,
+        dirty: val & 1 != 0,
+    }
 }
 
 /// `cpu_tlbstate.ctxs[]`: which address space a slot holds and up to which
@@ -36,18 +120,29 @@ pub struct AsidSlot {
     pub tlb_gen: u64,
 }
 
+struct Slot {
+    mm_id: AtomicU64,
+    tlb_gen: AtomicU64,
+    /// Stamped into the entries filled for the slot; bumping it flushes
+    /// the slot.
+    gen: AtomicU32,
+}
+
 pub struct Tlb {
-    small: Box<[[TlbEntry; WAYS_4K]]>,
-    huge: Box<[[TlbEntry; WAYS_2M]]>,
-    /// Per-slot generation stamped into entries; bumping it flushes the slot.
-    slot_gen: [u32; NR_DYN_ASIDS],
-    pub slots: [AsidSlot; NR_DYN_ASIDS],
-    next_slot: usize,
-    victim: u32,
+    small: Box<[[Way; WAYS_4K]]>,
+    huge: Box<[[Way; WAYS_2M]]>,
+    slots: [Slot; NR_DYN_ASIDS],
+    next_slot: AtomicU32,
+    victim: AtomicU32,
+    /// The sequence count of the readers' protocol (see the module doc).
+    seq: AtomicU64,
+    /// Model checking only: a reader that does not look at the count again.
+    #[cfg(loom)]
+    broken_reader: bool,
 }
 
 /// One cached translation, as the invariant checker sees it.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CachedTranslation {
     pub mm_id: u64,
     pub slot_tlb_gen: u64,
@@ -60,124 +155,216 @@ pub struct CachedTranslation {
 impl Default for Tlb {
     fn default() -> Self {
         Tlb {
-            small: vec![[TlbEntry::default(); WAYS_4K]; SETS_4K].into_boxed_slice(),
-            huge: vec![[TlbEntry::default(); WAYS_2M]; SETS_2M].into_boxed_slice(),
-            slot_gen: [1; NR_DYN_ASIDS],
-            slots: [AsidSlot::default(); NR_DYN_ASIDS],
-            next_slot: 0,
-            victim: 0,
+            small: (0..SETS_4K).map(|_| Default::default()).collect(),
+            huge: (0..SETS_2M).map(|_| Default::default()).collect(),
+            slots: std::array::from_fn(|_| Slot {
+                mm_id: AtomicU64::new(0),
+                tlb_gen: AtomicU64::new(0),
+                gen: AtomicU32::new(1),
+            }),
+            next_slot: AtomicU32::new(0),
+            victim: AtomicU32::new(0),
+            seq: AtomicU64::new(0),
+            #[cfg(loom)]
+            broken_reader: false,
         }
     }
 }
 
-/// Put `e` in its set: over an entry for the same page and slot, else in
-/// the way `victim` picks.
-#[inline]
-fn fill_way(set: &mut [TlbEntry], e: TlbEntry, victim: u32) {
-    let way = set
-        .iter()
-        .position(|x| x.tag == e.tag && x.asid == e.asid)
-        .unwrap_or(victim as usize % set.len());
-    set[way] = e;
+/// An open write section of the owner ([`Tlb::write`]); closes on drop.
+#[must_use = "the section closes as soon as the guard is dropped"]
+pub struct TlbWrite<'a> {
+    tlb: &'a Tlb,
+    seq: u64,
+}
+
+impl Drop for TlbWrite<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        // Release: the section's stores before the even count.
+        self.tlb.seq.store(self.seq + 2, Release);
+    }
 }
 
 impl Tlb {
-    /// Find the slot caching `mm_id`.
+    /// Open a write section. Owner only (the one writer, so no RMW).
+    #[inline]
+    fn write(&self) -> TlbWrite<'_> {
+        let seq = self.seq.load(Relaxed);
+        debug_assert!(seq.is_multiple_of(2), "TLB write sections do not nest");
+        self.seq.store(seq + 1, Relaxed);
+        // Orders the odd count before the section's stores (smp_wmb).
+        fence(Release);
+        TlbWrite { tlb: self, seq }
+    }
+
+    /// Model checking only: [`Tlb::entries`] without its second look at
+    /// the count, for the test that must catch it.
+    #[cfg(loom)]
+    pub fn break_reader(&mut self) {
+        self.broken_reader = true;
+    }
+
+    /// Find the slot caching `mm_id`. Owner only.
     pub fn slot_of(&self, mm_id: u64) -> Option<usize> {
-        self.slots.iter().position(|s| s.mm_id == mm_id)
+        self.slots
+            .iter()
+            .position(|s| s.mm_id.load(Relaxed) == mm_id)
+    }
+
+    /// The generation up to which slot `slot` is current. Owner only.
+    #[inline]
+    pub fn slot_tlb_gen(&self, slot: usize) -> u64 {
+        self.slots[slot].tlb_gen.load(Relaxed)
+    }
+
+    /// Record that slot `slot` is current up to `gen`. Owner only.
+    #[inline]
+    pub fn set_slot_tlb_gen(&self, slot: usize, gen: u64) {
+        let _w = self.write();
+        self.slots[slot].tlb_gen.store(gen, Relaxed);
     }
 
     /// Give `mm_id` a slot, evicting round-robin (`choose_new_asid`). Returns
-    /// the slot and whether it was newly assigned (and so flushed).
-    pub fn assign_slot(&mut self, mm_id: u64, tlb_gen: u64) -> (usize, bool) {
+    /// the slot and whether it was newly assigned (and so flushed). Owner
+    /// only.
+    pub fn assign_slot(&self, mm_id: u64, tlb_gen: u64) -> (usize, bool) {
         if let Some(s) = self.slot_of(mm_id) {
             return (s, false);
         }
-        let s = self.next_slot;
-        self.next_slot = (s + 1) % NR_DYN_ASIDS;
-        self.flush_slot(s);
-        self.slots[s] = AsidSlot { mm_id, tlb_gen };
+        let s = self.next_slot.load(Relaxed) as usize;
+        self.next_slot
+            .store(((s + 1) % NR_DYN_ASIDS) as u32, Relaxed);
+        let _w = self.write();
+        self.bump_slot_gen(s);
+        self.slots[s].mm_id.store(mm_id, Relaxed);
+        self.slots[s].tlb_gen.store(tlb_gen, Relaxed);
         (s, true)
     }
 
-    #[inline]
-    fn live(&self, e: &TlbEntry, tag: u64, asid: usize) -> bool {
-        e.tag == tag && e.asid as usize == asid && e.gen == self.slot_gen[asid]
-    }
-
-    /// Look up `vaddr` in slot `asid`.
+    /// Look up `vaddr` in slot `asid`. Owner only.
     #[inline]
     pub fn lookup(&self, asid: usize, vaddr: u64) -> Option<TlbEntry> {
+        let gen = self.slots[asid].gen.load(Relaxed);
         let vpn = vaddr >> PAGE_SHIFT;
-        let tag = vpn + 1;
+        let key = key_of(vpn, asid);
         let set = &self.small[vpn as usize % SETS_4K];
-        if let Some(e) = set.iter().find(|e| self.live(e, tag, asid)) {
-            return Some(*e);
+        if let Some(w) = set
+            .iter()
+            .find(|w| w.key.load(Relaxed) == key && w.gen.load(Relaxed) == gen)
+        {
+            return Some(entry_of(w.val.load(Relaxed)));
         }
         let hpn = vaddr >> 21;
-        let htag = hpn + 1;
-        let hset = &self.huge[hpn as usize % SETS_2M];
-        hset.iter()
-            .find(|e| self.live(e, htag, asid))
-            .map(|e| TlbEntry {
-                pfn: e.pfn + (vpn & 511),
-                ..*e
+        let hkey = key_of(hpn, asid);
+        self.huge[hpn as usize % SETS_2M]
+            .iter()
+            .find(|w| w.key.load(Relaxed) == hkey && w.gen.load(Relaxed) == gen)
+            .map(|w| {
+                let e = entry_of(w.val.load(Relaxed));
+                TlbEntry {
+                    pfn: e.pfn + (vpn & 511),
+                    ..e
+                }
             })
     }
 
-    /// Cache a translation for `vaddr`.
-    pub fn insert(&mut self, asid: usize, vaddr: u64, t: &Translation) {
-        self.victim = self.victim.wrapping_add(1);
-        let mut e = TlbEntry {
-            tag: 0,
-            asid: asid as u8,
-            gen: self.slot_gen[asid],
-            pfn: t.pfn,
-            writable: t.writable,
-            dirty: t.dirty,
-        };
-        if t.size == crate::pgtable::PMD_SIZE {
+    /// Cache a translation for `vaddr`: over an entry for the same page and
+    /// slot, else in the way a rotating victim picks. Owner only.
+    pub fn insert(&self, asid: usize, vaddr: u64, t: &Translation) {
+        let victim = self.victim.load(Relaxed).wrapping_add(1);
+        self.victim.store(victim, Relaxed);
+        let (set, key): (&[Way], u64) = if t.size == crate::pgtable::PMD_SIZE {
             let hpn = vaddr >> 21;
-            e.tag = hpn + 1;
-            fill_way(&mut self.huge[hpn as usize % SETS_2M], e, self.victim);
+            (&self.huge[hpn as usize % SETS_2M], key_of(hpn, asid))
         } else {
             let vpn = vaddr >> PAGE_SHIFT;
-            e.tag = vpn + 1;
-            fill_way(&mut self.small[vpn as usize % SETS_4K], e, self.victim);
-        }
+            (&self.small[vpn as usize % SETS_4K], key_of(vpn, asid))
+        };
+        let way = set
+            .iter()
+            .position(|w| w.key.load(Relaxed) == key)
+            .unwrap_or(victim as usize % set.len());
+        let _w = self.write();
+        let w = &set[way];
+        w.key.store(key, Relaxed);
+        w.val.store(val_of(t.pfn, t.writable, t.dirty), Relaxed);
+        w.gen.store(self.slots[asid].gen.load(Relaxed), Relaxed);
     }
 
-    /// `INVLPG`-like: drop whatever maps `vaddr` in slot `asid`, 4 KiB or 2 MiB.
-    pub fn flush_one(&mut self, asid: usize, vaddr: u64) {
+    /// `INVLPG`-like: drop whatever maps `vaddr` in slot `asid`, 4 KiB or
+    /// 2 MiB. Owner only.
+    pub fn flush_one(&self, asid: usize, vaddr: u64) {
         let vpn = vaddr >> PAGE_SHIFT;
-        for e in self.small[vpn as usize % SETS_4K].iter_mut() {
-            if e.tag == vpn + 1 && e.asid as usize == asid {
-                e.tag = 0;
-            }
-        }
         let hpn = vaddr >> 21;
-        for e in self.huge[hpn as usize % SETS_2M].iter_mut() {
-            if e.tag == hpn + 1 && e.asid as usize == asid {
-                e.tag = 0;
+        let _w = self.write();
+        for (set, key) in [
+            (&self.small[vpn as usize % SETS_4K][..], key_of(vpn, asid)),
+            (&self.huge[hpn as usize % SETS_2M][..], key_of(hpn, asid)),
+        ] {
+            for w in set.iter().filter(|w| w.key.load(Relaxed) == key) {
+                w.key.store(0, Relaxed);
             }
         }
     }
 
-    /// Drop every entry of slot `asid`.
-    pub fn flush_slot(&mut self, asid: usize) {
-        self.slot_gen[asid] = self.slot_gen[asid].wrapping_add(1);
+    /// Drop every entry of slot `asid`. Owner only.
+    pub fn flush_slot(&self, asid: usize) {
+        let _w = self.write();
+        self.bump_slot_gen(asid);
     }
 
-    /// Every live entry (for the invariant checker and `inspect`).
+    /// Within a write section.
+    fn bump_slot_gen(&self, asid: usize) {
+        let g = &self.slots[asid].gen;
+        g.store(g.load(Relaxed).wrapping_add(1), Relaxed);
+    }
+
+    /// Every live entry, read by any thread (the invariant checker,
+    /// `inspect`) by the sequence count's protocol (see the module doc).
     pub fn entries(&self) -> Vec<CachedTranslation> {
+        loop {
+            let seq = self.seq.load(Acquire);
+            if !seq.is_multiple_of(2) {
+                crate::sync::spin_until(|| self.seq.load(Relaxed) != seq);
+                continue;
+            }
+            let out = self.read_entries();
+            // Orders the entry loads before the second look (smp_rmb).
+            fence(Acquire);
+            #[cfg(loom)]
+            if self.broken_reader {
+                return out;
+            }
+            if self.seq.load(Relaxed) == seq {
+                return out;
+            }
+        }
+    }
+
+    /// The entries as they are read, torn if a write overlaps.
+    fn read_entries(&self) -> Vec<CachedTranslation> {
+        let slots: [(AsidSlot, u32); NR_DYN_ASIDS] = std::array::from_fn(|a| {
+            let s = &self.slots[a];
+            (
+                AsidSlot {
+                    mm_id: s.mm_id.load(Relaxed),
+                    tlb_gen: s.tlb_gen.load(Relaxed),
+                },
+                s.gen.load(Relaxed),
+            )
+        });
         let mut out = vec![];
-        let mut push = |e: &TlbEntry, size: u64, shift: u32| {
-            let a = e.asid as usize;
-            if e.tag != 0 && e.gen == self.slot_gen[a] {
+        let mut push = |w: &Way, size: u64, shift: u32| {
+            let key = w.key.load(Relaxed);
+            let (gen, val) = (w.gen.load(Relaxed), w.val.load(Relaxed));
+            let a = (key & ((1 << ASID_BITS) - 1)) as usize;
+            if key != 0 && a < NR_DYN_ASIDS && gen == slots[a].1 {
+                let e = entry_of(val);
                 out.push(CachedTranslation {
-                    mm_id: self.slots[a].mm_id,
-                    slot_tlb_gen: self.slots[a].tlb_gen,
-                    vaddr: (e.tag - 1) << shift,
+                    mm_id: slots[a].0.mm_id,
+                    slot_tlb_gen: slots[a].0.tlb_gen,
+                    vaddr: ((key >> ASID_BITS) - 1) << shift,
                     size,
                     pfn: e.pfn,
                     writable: e.writable,
@@ -187,11 +374,11 @@ impl Tlb {
         self.small
             .iter()
             .flatten()
-            .for_each(|e| push(e, 4096, PAGE_SHIFT));
+            .for_each(|w| push(w, 4096, PAGE_SHIFT));
         self.huge
             .iter()
             .flatten()
-            .for_each(|e| push(e, 2 << 20, 21));
+            .for_each(|w| push(w, 2 << 20, 21));
         out
     }
 }
@@ -211,7 +398,7 @@ mod tests {
 
     #[test]
     fn insert_lookup_flush() {
-        let mut tlb = Tlb::default();
+        let tlb = Tlb::default();
         let (a, new) = tlb.assign_slot(7, 1);
         assert!(new);
         tlb.insert(a, 0x1000, &t(42, 4096));
@@ -234,7 +421,7 @@ mod tests {
 
     #[test]
     fn slots_are_separate_address_spaces() {
-        let mut tlb = Tlb::default();
+        let tlb = Tlb::default();
         let (a, _) = tlb.assign_slot(1, 1);
         let (b, _) = tlb.assign_slot(2, 1);
         tlb.insert(a, 0x1000, &t(10, 4096));

@@ -1,0 +1,46 @@
+//! `usermm bench munmap` end to end, small: the rounds, the ratio's
+//! interval and the samples it came from are in every row.
+
+mod common;
+
+#[test]
+fn munmap_rows_carry_their_interval_and_samples() {
+    let v = common::bench_json(
+        "munmap",
+        &[
+            "--runs",
+            "6",
+            "--size-mb",
+            "8",
+            "--sizes",
+            "4,64",
+            "--no-host",
+        ],
+        |_| vec![],
+    );
+    assert_eq!(v["runs"], "6");
+    let rows = v["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 2);
+    for r in rows {
+        assert_eq!(r["runs"], 6, "{r}");
+        let s = &r["samples"];
+        assert_eq!(s["baseline_s"].as_array().map(Vec::len), Some(6));
+        assert_eq!(s["batched_s"].as_array().map(Vec::len), Some(6));
+        assert_eq!(s["host_s"].as_array().map(Vec::len), Some(0));
+        // The median of the per-round ratios, between the extremes (the
+        // interval of 6 rounds).
+        let ratios: Vec<f64> = s["batched_s"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(s["baseline_s"].as_array().unwrap())
+            .map(|(p, b)| p.as_f64().unwrap() / b.as_f64().unwrap())
+            .collect();
+        let lo = ratios.iter().cloned().fold(f64::INFINITY, f64::min);
+        let hi = ratios.iter().cloned().fold(0.0, f64::max);
+        assert_eq!(r["ci_low"].as_f64(), Some(lo));
+        assert_eq!(r["ci_high"].as_f64(), Some(hi));
+        let q = r["ratio"].as_f64().unwrap();
+        assert!(lo <= q && q <= hi, "{r}");
+    }
+}
