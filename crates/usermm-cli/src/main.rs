@@ -8,6 +8,7 @@ mod host_pt_reclaim;
 mod machine_args;
 mod native;
 mod plot;
+mod report;
 mod scenario;
 mod stress;
 mod tunable_args;
@@ -36,6 +37,9 @@ enum Cmd {
     /// Run a scenario in usermm, then show the VMAs, page tables, folios,
     /// TLBs and counters (a `dump` line in the scenario shows them there).
     Inspect(InspectArgs),
+    /// Write one HTML page from a results folder: every experiment's table
+    /// and plots, the run's command and host, and a scenario's page tables.
+    Report(report::ReportArgs),
     /// Random operations on one CPU while the others load and store, with
     /// the shadow memory, the invariant checker, a watchdog and a leak check.
     /// Exit status: 0 clean, 1 something broke, 3 a stall.
@@ -204,6 +208,7 @@ fn run_command(cmd: Cmd) -> anyhow::Result<i32> {
         Cmd::Bench(a) => bench::run(a).map(|()| 0),
         Cmd::Run(a) => run_scenario(a),
         Cmd::Inspect(a) => inspect(a),
+        Cmd::Report(a) => report::run(a),
         Cmd::Stress(a) => stress::run(a),
         Cmd::HostForkChain { depth, vmas } => host_chain::main(depth, vmas),
         Cmd::HostPtReclaim { mode, iterations } => host_pt_reclaim::main(mode, iterations),

@@ -241,3 +241,34 @@ fn tunables_on_the_command_line_are_checked_and_shown() {
         "{text}"
     );
 }
+
+/// A report of a folder that is not there, or holds no results, or holds
+/// a file that is not JSON, is one line of error and status 1.
+#[test]
+fn report_of_no_results_is_one_line() {
+    let dir = std::env::temp_dir().join(format!("usermm-report-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let d = dir.to_str().unwrap().to_string();
+    let missing = format!("{d}/missing");
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["report", "--out", &missing],
+        vec!["report", "--out", &d],
+    ];
+    for (i, args) in cases.iter().enumerate() {
+        if i == 1 {
+            std::fs::write(dir.join("munmap.json"), b"{ not json").unwrap();
+        }
+        let mut c = usermm();
+        c.args(args);
+        let (code, err) = finish(c, Duration::from_secs(10));
+        assert_eq!(code, 1, "{args:?}: exit {code}, stderr: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: one line of error: {err}");
+    }
+    let mut c = usermm();
+    c.args(["report", "--out", &d, "--scenario", &missing]);
+    std::fs::remove_file(dir.join("munmap.json")).unwrap();
+    std::fs::write(dir.join("munmap.json"), b"{\"rows\": []}").unwrap();
+    let (code, err) = finish(c, Duration::from_secs(10));
+    assert_eq!(code, 1, "a missing scenario: exit {code}, stderr: {err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

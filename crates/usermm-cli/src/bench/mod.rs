@@ -226,6 +226,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     };
     validate(&a)?;
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    crate::report::write_run_info(&a.out)?;
     let mut all = serde_json::Map::new();
     for e in chosen {
         if crate::out::closed() {
@@ -233,7 +234,13 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             return Ok(());
         }
         let name = e.name;
-        let v = (e.run)(&a)?;
+        let mut v = (e.run)(&a)?;
+        // Which invocation made it, for a report of a folder that holds
+        // several.
+        if let Some(o) = v.as_object_mut() {
+            o.insert("date".into(), crate::report::utc_now().into());
+            o.insert("command".into(), crate::report::command_line().into());
+        }
         std::fs::write(
             a.out.join(format!("{name}.json")),
             serde_json::to_string_pretty(&v)?,
@@ -248,8 +255,13 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             serde_json::Value::Object(all)
         };
         outln!("{v}");
+    }
+    let page = crate::report::write(&a.out, None)?;
+    if a.json {
+        eprintln!("report: {}", page.display());
     } else {
         outln!("results in {}/", a.out.display());
+        outln!("report: {}", page.display());
     }
     Ok(())
 }
