@@ -280,9 +280,12 @@ impl OnCpu<'_> {
 }
 
 /// Copy `dst.len()` bytes of a frame, from `src`: 8-byte relaxed atomic
-/// loads between byte loads at the unaligned ends (what the byte-wise path
-/// reads, a word at a time: another CPU's concurrent stores stay defined
-/// behaviour, and an aligned word is never torn, as on x86).
+/// loads between byte loads at the unaligned ends, so that an aligned word
+/// another CPU stores concurrently is read whole, as on x86. (Racing
+/// atomics of different sizes on one word, an 8-byte load here against a
+/// 1-byte store there, are outside Rust's memory model, as they already
+/// were between `load_u64` and `store_u8`; on x86 each is one plain move,
+/// and the hardware defines the result.)
 ///
 /// # Safety
 ///

@@ -38,7 +38,7 @@ pub struct BenchArgs {
     pub runs_arg: String,
     /// Seconds an experiment's rounds may take under `--runs auto`, shared
     /// among its rows (each still runs six).
-    #[arg(long, default_value_t = 60)]
+    #[arg(long, default_value_t = 40)]
     pub budget_s: u64,
     /// Region size in MiB.
     #[arg(long, default_value_t = 1024)]

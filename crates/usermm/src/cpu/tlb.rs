@@ -99,6 +99,11 @@ fn key_of(page_number: u64, asid: usize) -> u64 {
 }
 
 #[inline]
+fn asid_of(key: u64) -> usize {
+    (key & ((1 << ASID_BITS) - 1)) as usize
+}
+
+#[inline]
 fn val_of(pfn: Pfn, writable: bool, dirty: bool) -> u64 {
     (pfn << 2) | (writable as u64) << 1 | dirty as u64
 }
@@ -131,9 +136,11 @@ struct Slot {
 pub struct Tlb {
     small: Box<[[Way; WAYS_4K]]>,
     huge: Box<[[Way; WAYS_2M]]>,
+    /// Each set's next victim (round-robin within the set), 4 KiB sets
+    /// then 2 MiB sets. Owner only.
+    victims: Box<[AtomicU32]>,
     slots: [Slot; NR_DYN_ASIDS],
     next_slot: AtomicU32,
-    victim: AtomicU32,
     /// The sequence count of the readers' protocol (see the module doc).
     seq: AtomicU64,
     /// Model checking only: a reader that does not look at the count again.
@@ -157,18 +164,33 @@ impl Default for Tlb {
         Tlb {
             small: (0..SETS_4K).map(|_| Default::default()).collect(),
             huge: (0..SETS_2M).map(|_| Default::default()).collect(),
+            victims: (0..SETS_4K + SETS_2M).map(|_| AtomicU32::new(0)).collect(),
             slots: std::array::from_fn(|_| Slot {
                 mm_id: AtomicU64::new(0),
                 tlb_gen: AtomicU64::new(0),
                 gen: AtomicU32::new(1),
             }),
             next_slot: AtomicU32::new(0),
-            victim: AtomicU32::new(0),
             seq: AtomicU64::new(0),
             #[cfg(loom)]
             broken_reader: false,
         }
     }
+}
+
+/// The owner's writers: private to the crate, whose only callers run on
+/// the thread that plays the CPU; public only to the model checker's
+/// tests, which play the owner themselves. (Two writers could leave the
+/// sequence count odd for good, and a reader waiting forever.)
+macro_rules! owner_fn {
+    ($(#[$m:meta])* fn $name:ident($($args:tt)*) $(-> $ret:ty)? $body:block) => {
+        $(#[$m])*
+        #[cfg(loom)]
+        pub fn $name($($args)*) $(-> $ret)? $body
+        $(#[$m])*
+        #[cfg(not(loom))]
+        pub(crate) fn $name($($args)*) $(-> $ret)? $body
+    };
 }
 
 /// An open write section of the owner ([`Tlb::write`]); closes on drop.
@@ -218,28 +240,32 @@ impl Tlb {
         self.slots[slot].tlb_gen.load(Relaxed)
     }
 
-    /// Record that slot `slot` is current up to `gen`. Owner only.
-    #[inline]
-    pub fn set_slot_tlb_gen(&self, slot: usize, gen: u64) {
-        let _w = self.write();
-        self.slots[slot].tlb_gen.store(gen, Relaxed);
+    owner_fn! {
+        /// Record that slot `slot` is current up to `gen`. Owner only.
+        #[inline]
+        fn set_slot_tlb_gen(&self, slot: usize, gen: u64) {
+            let _w = self.write();
+            self.slots[slot].tlb_gen.store(gen, Relaxed);
+        }
     }
 
-    /// Give `mm_id` a slot, evicting round-robin (`choose_new_asid`). Returns
-    /// the slot and whether it was newly assigned (and so flushed). Owner
-    /// only.
-    pub fn assign_slot(&self, mm_id: u64, tlb_gen: u64) -> (usize, bool) {
-        if let Some(s) = self.slot_of(mm_id) {
-            return (s, false);
+    owner_fn! {
+        /// Give `mm_id` a slot, evicting round-robin (`choose_new_asid`). Returns
+        /// the slot and whether it was newly assigned (and so flushed). Owner
+        /// only.
+        fn assign_slot(&self, mm_id: u64, tlb_gen: u64) -> (usize, bool) {
+            if let Some(s) = self.slot_of(mm_id) {
+                return (s, false);
+            }
+            let s = self.next_slot.load(Relaxed) as usize;
+            self.next_slot
+                .store(((s + 1) % NR_DYN_ASIDS) as u32, Relaxed);
+            let _w = self.write();
+            self.bump_slot_gen(s);
+            self.slots[s].mm_id.store(mm_id, Relaxed);
+            self.slots[s].tlb_gen.store(tlb_gen, Relaxed);
+            (s, true)
         }
-        let s = self.next_slot.load(Relaxed) as usize;
-        self.next_slot
-            .store(((s + 1) % NR_DYN_ASIDS) as u32, Relaxed);
-        let _w = self.write();
-        self.bump_slot_gen(s);
-        self.slots[s].mm_id.store(mm_id, Relaxed);
-        self.slots[s].tlb_gen.store(tlb_gen, Relaxed);
-        (s, true)
     }
 
     /// Look up `vaddr` in slot `asid`. Owner only.
@@ -269,49 +295,69 @@ impl Tlb {
             })
     }
 
-    /// Cache a translation for `vaddr`: over an entry for the same page and
-    /// slot, else in the way a rotating victim picks. Owner only.
-    pub fn insert(&self, asid: usize, vaddr: u64, t: &Translation) {
-        let victim = self.victim.load(Relaxed).wrapping_add(1);
-        self.victim.store(victim, Relaxed);
-        let (set, key): (&[Way], u64) = if t.size == crate::pgtable::PMD_SIZE {
-            let hpn = vaddr >> 21;
-            (&self.huge[hpn as usize % SETS_2M], key_of(hpn, asid))
-        } else {
-            let vpn = vaddr >> PAGE_SHIFT;
-            (&self.small[vpn as usize % SETS_4K], key_of(vpn, asid))
-        };
-        let way = set
-            .iter()
-            .position(|w| w.key.load(Relaxed) == key)
-            .unwrap_or(victim as usize % set.len());
-        let _w = self.write();
-        let w = &set[way];
-        w.key.store(key, Relaxed);
-        w.val.store(val_of(t.pfn, t.writable, t.dirty), Relaxed);
-        w.gen.store(self.slots[asid].gen.load(Relaxed), Relaxed);
+    owner_fn! {
+        /// Cache a translation for `vaddr`: over an entry for the same page and
+        /// slot, else in a way that holds nothing live, else in the way the
+        /// set's round-robin pointer names (a hardware TLB evicts by a
+        /// pseudo-LRU per set; a pointer shared by all sets would make every
+        /// sequential run of pages land in one way of each set). Owner only.
+        fn insert(&self, asid: usize, vaddr: u64, t: &Translation) {
+            let (set, key, victim): (&[Way], u64, &AtomicU32) = if t.size == crate::pgtable::PMD_SIZE {
+                let i = (vaddr >> 21) as usize % SETS_2M;
+                (&self.huge[i], key_of(vaddr >> 21, asid), &self.victims[SETS_4K + i])
+            } else {
+                let i = (vaddr >> PAGE_SHIFT) as usize % SETS_4K;
+                (&self.small[i], key_of(vaddr >> PAGE_SHIFT, asid), &self.victims[i])
+            };
+            let way = set
+                .iter()
+                .position(|w| w.key.load(Relaxed) == key)
+                .or_else(|| set.iter().position(|w| !self.live(w)))
+                .unwrap_or_else(|| {
+                    let v = victim.load(Relaxed);
+                    victim.store(v.wrapping_add(1), Relaxed);
+                    v as usize % set.len()
+                });
+            let _w = self.write();
+            let w = &set[way];
+            w.key.store(key, Relaxed);
+            w.val.store(val_of(t.pfn, t.writable, t.dirty), Relaxed);
+            w.gen.store(self.slots[asid].gen.load(Relaxed), Relaxed);
+        }
     }
 
-    /// `INVLPG`-like: drop whatever maps `vaddr` in slot `asid`, 4 KiB or
-    /// 2 MiB. Owner only.
-    pub fn flush_one(&self, asid: usize, vaddr: u64) {
-        let vpn = vaddr >> PAGE_SHIFT;
-        let hpn = vaddr >> 21;
-        let _w = self.write();
-        for (set, key) in [
-            (&self.small[vpn as usize % SETS_4K][..], key_of(vpn, asid)),
-            (&self.huge[hpn as usize % SETS_2M][..], key_of(hpn, asid)),
-        ] {
-            for w in set.iter().filter(|w| w.key.load(Relaxed) == key) {
-                w.key.store(0, Relaxed);
+    /// Whether a way holds a translation its slot still stands by. Owner
+    /// only.
+    #[inline]
+    fn live(&self, w: &Way) -> bool {
+        let key = w.key.load(Relaxed);
+        key != 0 && w.gen.load(Relaxed) == self.slots[asid_of(key)].gen.load(Relaxed)
+    }
+
+    owner_fn! {
+        /// `INVLPG`-like: drop whatever maps `vaddr` in slot `asid`, 4 KiB or
+        /// 2 MiB. Owner only.
+        fn flush_one(&self, asid: usize, vaddr: u64) {
+            let vpn = vaddr >> PAGE_SHIFT;
+            let hpn = vaddr >> 21;
+            let _w = self.write();
+            for (set, key) in [
+                (&self.small[vpn as usize % SETS_4K][..], key_of(vpn, asid)),
+                (&self.huge[hpn as usize % SETS_2M][..], key_of(hpn, asid)),
+            ] {
+                for w in set.iter().filter(|w| w.key.load(Relaxed) == key) {
+                    w.key.store(0, Relaxed);
+                }
             }
         }
     }
 
-    /// Drop every entry of slot `asid`. Owner only.
-    pub fn flush_slot(&self, asid: usize) {
-        let _w = self.write();
-        self.bump_slot_gen(asid);
+    owner_fn! {
+        /// Drop every entry of slot `asid`. Owner only.
+        fn flush_slot(&self, asid: usize) {
+            let _w = self.write();
+            self.bump_slot_gen(asid);
+        }
     }
 
     /// Within a write section.
@@ -358,7 +404,7 @@ impl Tlb {
         let mut push = |w: &Way, size: u64, shift: u32| {
             let key = w.key.load(Relaxed);
             let (gen, val) = (w.gen.load(Relaxed), w.val.load(Relaxed));
-            let a = (key & ((1 << ASID_BITS) - 1)) as usize;
+            let a = asid_of(key);
             if key != 0 && a < NR_DYN_ASIDS && gen == slots[a].1 {
                 let e = entry_of(val);
                 out.push(CachedTranslation {
@@ -417,6 +463,25 @@ mod tests {
         tlb.flush_slot(a);
         assert!(tlb.lookup(a, 0x5000).is_none());
         assert!(tlb.entries().is_empty());
+    }
+
+    #[test]
+    fn a_sequential_run_fills_every_way() {
+        // As many 4 KiB pages in a row as the TLB holds: each set takes
+        // its share in all its ways, and every page then hits.
+        let tlb = Tlb::default();
+        let (a, _) = tlb.assign_slot(1, 1);
+        let pages = (SETS_4K * WAYS_4K) as u64;
+        for p in 0..pages {
+            tlb.insert(a, p << PAGE_SHIFT, &t(100 + p, 4096));
+        }
+        let hits = (0..pages)
+            .filter(|&p| tlb.lookup(a, p << PAGE_SHIFT).map(|e| e.pfn) == Some(100 + p))
+            .count();
+        assert_eq!(hits as u64, pages);
+        // One more evicts one entry of its set, round-robin.
+        tlb.insert(a, pages << PAGE_SHIFT, &t(1, 4096));
+        assert_eq!(tlb.entries().len() as u64, pages);
     }
 
     #[test]
