@@ -369,6 +369,13 @@ fn page_table_picture(src: &str) -> anyhow::Result<String> {
     let mut svg = String::new();
     for mm in &ins.mms {
         let vmas: Vec<_> = mm.vmas.iter().collect();
+        // Each PTE table's entries in use, by the address it maps from.
+        let tables: std::collections::HashMap<u64, usize> = mm
+            .page_tables
+            .pte_tables
+            .iter()
+            .map(|t| (t.addr, t.present))
+            .collect();
         const CELL: u64 = 2 << 20;
         let cells = |s: u64, e: u64| (e.div_ceil(CELL) - s / CELL) as usize;
         let width = vmas
@@ -403,27 +410,22 @@ fn page_table_picture(src: &str) -> anyhow::Result<String> {
             );
             for c in 0..cells(v.start, v.end).min(width) {
                 let base = (v.start / CELL + c as u64) * CELL;
-                let used: usize = mm
-                    .page_tables
-                    .pte_tables
-                    .iter()
-                    .filter(|t| t.addr == base)
-                    .map(|t| t.present)
-                    .sum();
-                let has = mm.page_tables.pte_tables.iter().any(|t| t.addr == base);
-                let fill = if has {
-                    let f = used as f64 / 512.0;
-                    let shade = (235.0 - 200.0 * f) as u8;
-                    format!("rgb({shade},{shade},255)")
-                } else {
-                    "white".into()
+                let (fill, what) = match tables.get(&base) {
+                    Some(&used) => {
+                        let shade = (235.0 - 200.0 * used as f64 / 512.0) as u8;
+                        (
+                            format!("rgb({shade},{shade},255)"),
+                            format!("PTE table, {used}/512 used"),
+                        )
+                    }
+                    None => ("white".into(), "no PTE table".into()),
                 };
                 let _ = writeln!(
                     svg,
                     "<rect x=\"{}\" y=\"{y}\" width=\"{}\" height=\"{ch}\" fill=\"{fill}\" stroke=\"#888\"><title>{base:#x}: {}</title></rect>",
                     label + c * cw,
                     cw - 2,
-                    if has { format!("PTE table, {used}/512 used") } else { "no PTE table".into() }
+                    what
                 );
             }
         }

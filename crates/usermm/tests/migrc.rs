@@ -494,6 +494,30 @@ fn assert_no_violation(s: &Stress) {
     );
 }
 
+/// The checker's scene: CPU 1 caches clean read-only pages and idles, CPU 0
+/// demotes them under `mode` and `w`; whether the checker then accepts
+/// CPU 1's stale entries must be `clean` (a rejection names them). Returns
+/// the machine, CPU 0 unbound, for what the caller checks after.
+fn checker_scene(mode: MigrcMode, w: Weakened, clean: bool) -> Arc<Machine> {
+    let m = machine();
+    m.tunables.set_migrc_mode(mode);
+    m.migrc.set_weakened(w);
+    let shadow = Shadow::new();
+    {
+        let c0 = m.bind(0).unwrap();
+        let (mm, a) = read_only_clean_pages(&c0, &shadow);
+        cache_on_cpu1(&m, &mm, pages(a));
+        assert_eq!(demote(&c0, &mm, a), NR);
+        c0.idle();
+    }
+    let r = check_invariants(&m);
+    assert_eq!(r.is_ok(), clean, "{mode:?} {w:?}: {r:?}");
+    if let Err(e) = r {
+        assert!(e.contains("will be used without a flush"), "{e}");
+    }
+    m
+}
+
 /// The invariant checker accepts a stale entry that a CPU will use
 /// without a flush only if it maps a source MIGRC keeps: CPU 1 caches the
 /// pages and idles, CPU 0 demotes them. With the sources freed at once
@@ -501,19 +525,8 @@ fn assert_no_violation(s: &Stress) {
 #[test]
 fn the_checker_accepts_stale_entries_to_kept_sources_only() {
     for (w, clean) in [(Weakened::None, true), (Weakened::FreeSource, false)] {
-        let m = machine();
-        m.migrc.set_weakened(w);
-        let shadow = Shadow::new();
+        let m = checker_scene(MigrcMode::Migrc, w, clean);
         let c0 = m.bind(0).unwrap();
-        let (mm, a) = read_only_clean_pages(&c0, &shadow);
-        cache_on_cpu1(&m, &mm, pages(a));
-        assert_eq!(demote(&c0, &mm, a), NR);
-        c0.idle();
-        let r = check_invariants(&m);
-        assert_eq!(r.is_ok(), clean, "{w:?}: {r:?}");
-        if let Err(e) = r {
-            assert!(e.contains("will be used without a flush"), "{e}");
-        }
         usermm::migrc::migrc_flush_free_folios(&c0);
         c0.idle();
         if clean {
@@ -755,20 +768,7 @@ fn luf_and_the_reviewers_question_a_page_mapped_anew_over_a_stale_entry() {
 #[test]
 fn the_checker_accepts_stale_entries_to_stamped_free_pages_only() {
     for (w, clean) in [(Weakened::None, true), (Weakened::LufNoTakeoffFlush, false)] {
-        let m = machine();
-        m.tunables.set_migrc_mode(MigrcMode::Luf);
-        m.migrc.set_weakened(w);
-        let shadow = Shadow::new();
-        let c0 = m.bind(0).unwrap();
-        let (mm, a) = read_only_clean_pages(&c0, &shadow);
-        cache_on_cpu1(&m, &mm, pages(a));
-        assert_eq!(demote(&c0, &mm, a), NR);
-        c0.idle();
-        let r = check_invariants(&m);
-        assert_eq!(r.is_ok(), clean, "{w:?}: {r:?}");
-        if let Err(e) = r {
-            assert!(e.contains("will be used without a flush"), "{e}");
-        }
+        checker_scene(MigrcMode::Luf, w, clean);
     }
 }
 
