@@ -193,6 +193,8 @@ fn run_scenario(a: RunArgs) -> anyhow::Result<i32> {
 /// Errors are one line on stderr and exit status 1, never a panic or a
 /// backtrace: they are the user's to read.
 fn main() {
+    // The CPUs to pin to, read before any thread is pinned.
+    native::process_cpus();
     let code = match run_command(Cli::parse().cmd) {
         Ok(code) => code,
         Err(e) => {

@@ -196,9 +196,43 @@ pub fn smaps_range_kb(start: usize, len: usize, field: &str) -> Option<u64> {
     Some(total)
 }
 
-/// Pin the calling thread to host CPU `cpu` (as the reference programs pin
-/// their fault threads); does nothing if the CPU cannot be had.
-pub fn pin_to_cpu(cpu: usize) {
+/// The host CPUs this process may run on, as the first call found them:
+/// [`main`](crate) calls it before any thread is pinned, since a pinned
+/// thread's own affinity (which the threads it spawns inherit) would say
+/// one.
+pub fn process_cpus() -> &'static [usize] {
+    static CPUS: std::sync::OnceLock<Vec<usize>> = std::sync::OnceLock::new();
+    CPUS.get_or_init(|| {
+        // SAFETY: the set is zeroed, then filled by sched_getaffinity for
+        // the calling thread (0) within its size; CPU_ISSET reads it.
+        let cpus: Vec<usize> = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+                return vec![0];
+            }
+            (0..libc::CPU_SETSIZE as usize)
+                .filter(|&c| libc::CPU_ISSET(c, &set))
+                .collect()
+        };
+        if cpus.is_empty() {
+            vec![0]
+        } else {
+            cpus
+        }
+    })
+}
+
+/// How many host CPUs this process may use ([`process_cpus`]).
+pub fn host_cpus() -> usize {
+    process_cpus().len()
+}
+
+/// Pin the calling thread to the `i`-th of this process's host CPUs,
+/// modulo their number (as the reference programs pin their threads);
+/// does nothing if the CPU cannot be had.
+pub fn pin_to_cpu(i: usize) {
+    let cpus = process_cpus();
+    let cpu = cpus[i % cpus.len()];
     // SAFETY: the cpu_set_t is zeroed and filled by the libc helper before
     // sched_setaffinity reads it; 0 names the calling thread.
     unsafe {
@@ -208,8 +242,8 @@ pub fn pin_to_cpu(cpu: usize) {
     }
 }
 
-/// Pin the calling thread to host CPU `cpu` until the guard drops, which
-/// puts its former affinity back.
+/// Pin the calling thread to host CPU `cpu` ([`pin_to_cpu`]) until the
+/// guard drops, which puts its former affinity back.
 pub fn pin_thread(cpu: usize) -> AffinityRestore {
     let saved = AffinityRestore::save();
     pin_to_cpu(cpu);

@@ -271,14 +271,26 @@ fn plots_of(dir: &Path, name: &str) -> anyhow::Result<Vec<PathBuf>> {
     Ok(v)
 }
 
-/// The rows as a table: every scalar field, in the rows' order; a `ratio`
-/// with `ci_low`/`ci_high` beside it shown as one cell with its interval.
+/// The fields that hold the 95% interval of field `c`: `ci_low` and
+/// `ci_high` for `ratio`, `c_ci_low` and `c_ci_high` for any other.
+fn interval_fields(c: &str) -> (String, String) {
+    if c == "ratio" {
+        ("ci_low".into(), "ci_high".into())
+    } else {
+        (format!("{c}_ci_low"), format!("{c}_ci_high"))
+    }
+}
+
+/// The rows as a table: every scalar field, in the rows' order; a value
+/// with its interval's fields beside it ([`interval_fields`]) shown as one
+/// cell with its interval.
 fn rows_table(h: &mut String, rows: &[Value]) {
     let mut cols: Vec<String> = vec![];
     for r in rows {
         for (k, x) in r.as_object().into_iter().flatten() {
             let scalar = !(x.is_array() || x.is_object());
-            if scalar && k != "ci_low" && k != "ci_high" && !cols.contains(k) {
+            let bound = k.ends_with("ci_low") || k.ends_with("ci_high");
+            if scalar && !bound && !cols.contains(k) {
                 cols.push(k.clone());
             }
         }
@@ -292,8 +304,14 @@ fn rows_table(h: &mut String, rows: &[Value]) {
         let _ = write!(h, "<tr>");
         for c in &cols {
             let x = &r[c.as_str()];
-            let (cell, class) = if c == "ratio" && r.get("ci_low").is_some_and(|l| !l.is_null()) {
-                ratio_cell(r)
+            let (lo, hi) = interval_fields(c);
+            let (cell, class) = if r.get(&lo).is_some_and(|l| !l.is_null()) {
+                ratio_cell(
+                    x,
+                    &r[&lo],
+                    &r[&hi],
+                    r["runs"].as_u64().unwrap_or(0) as usize,
+                )
             } else {
                 scalar_cell(x)
             };
@@ -304,13 +322,13 @@ fn rows_table(h: &mut String, rows: &[Value]) {
     let _ = writeln!(h, "</table>");
 }
 
-fn ratio_cell(r: &Value) -> (String, &'static str) {
+/// A value with its interval over `n` rounds, shaded when wide.
+fn ratio_cell(value: &Value, low: &Value, high: &Value, n: usize) -> (String, &'static str) {
     let (q, lo, hi) = (
-        r["ratio"].as_f64().unwrap_or(f64::NAN),
-        r["ci_low"].as_f64().unwrap_or(f64::NAN),
-        r["ci_high"].as_f64().unwrap_or(f64::NAN),
+        value.as_f64().unwrap_or(f64::NAN),
+        low.as_f64().unwrap_or(f64::NAN),
+        high.as_f64().unwrap_or(f64::NAN),
     );
-    let n = r["runs"].as_u64().unwrap_or(0) as usize;
     let e = crate::bench::stats::Estimate {
         value: q,
         ci_low: lo,

@@ -28,7 +28,7 @@ use usermm::mm::Mm;
 use usermm::mmap::{MAP_ANONYMOUS, MAP_PRIVATE, PROT_READ, PROT_WRITE};
 use usermm::{Machine, OnCpu};
 
-use super::stats::{Budget, Estimate, Rounds};
+use super::stats::{self, Estimate, Rounds};
 use super::{experiment_machine, BenchArgs};
 use crate::{native, plot};
 
@@ -36,6 +36,7 @@ pub const EXPERIMENT: super::Experiment = super::Experiment {
     name: "access",
     description: "loads and stores per second on TLB hits and misses, and byte-range copies, in the engine beside host memory",
     run,
+    budget_s: 20,
 };
 
 const PAGE: u64 = 4096;
@@ -174,35 +175,37 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     m.thp.only_order(0);
     let eng = engine_layout(&m, miss_len, copy_len, hit_len)?;
     let host = HostMemory::new(miss_len, copy_len, hit_len);
-    let runs = a.runs();
-    let budget = Budget::new(std::time::Duration::from_secs(a.budget_s));
-    let mut rows_left = OPS.len() * cpus_list.len();
-    let pb = super::progress(
-        "access",
-        (OPS.len() * cpus_list.len() * Rounds::expected(runs)) as u64,
-    );
-    let mut rows = vec![];
-    for op in OPS {
-        for &cpus in &cpus_list {
-            pb.set_message(format!("{} x{cpus}", op.name()));
-            let (mut e, mut h) = (vec![], vec![]);
-            let mut rounds = Rounds::new(runs, budget.share(rows_left));
-            rows_left -= 1;
-            while rounds.more(|| !Estimate::ratio(&e, &h).wide()) {
-                pb.inc(1);
-                let order = rounds.done().is_multiple_of(2);
-                for engine_first in [order, !order] {
-                    if engine_first {
-                        e.push(op.rate(engine_sample(&m, &eng, op, cpus)?));
-                    } else {
-                        h.push(op.rate(host_sample(&host.layout, op, cpus)));
-                    }
-                }
+    let arms: Vec<(Op, usize)> = OPS
+        .iter()
+        .flat_map(|&op| cpus_list.iter().map(move |&c| (op, c)))
+        .collect();
+    let pb = super::progress("access", (arms.len() * Rounds::expected(a.runs())) as u64);
+    // Per arm: the engine's rates and the host's, round by round.
+    let mut state: Vec<(Vec<f64>, Vec<f64>)> = vec![(vec![], vec![]); arms.len()];
+    let round = |state: &mut Vec<(Vec<f64>, Vec<f64>)>, i: usize, k: usize| {
+        let (op, cpus) = arms[i];
+        let (e, h) = &mut state[i];
+        pb.set_message(format!("{} x{cpus}", op.name()));
+        let order = k.is_multiple_of(2);
+        for engine_first in [order, !order] {
+            if engine_first {
+                e.push(op.rate(engine_sample(&m, &eng, op, cpus)?));
+            } else {
+                h.push(op.rate(host_sample(&host.layout, op, cpus)));
             }
-            let r = Estimate::ratio(&e, &h);
-            rows.push(row(op, cpus, false, &e, Some(r)));
-            rows.push(row(op, cpus, true, &h, None));
         }
+        anyhow::Ok(())
+    };
+    let spread = |state: &Vec<(Vec<f64>, Vec<f64>)>, i: usize| {
+        Estimate::ratio(&state[i].0, &state[i].1).spread()
+    };
+    let budget = std::time::Duration::from_secs(a.budget_s);
+    stats::rounds_by_row(a.runs(), budget, &pb, &mut state, arms.len(), round, spread)?;
+    let mut rows = vec![];
+    for (&(op, cpus), (e, h)) in arms.iter().zip(&state) {
+        let r = Estimate::ratio(e, h);
+        rows.push(row(op, cpus, false, e, Some(r)));
+        rows.push(row(op, cpus, true, h, None));
     }
     pb.finish_and_clear();
     drop(host);

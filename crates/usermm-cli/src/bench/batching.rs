@@ -14,7 +14,7 @@ use usermm::tunable::Tunable;
 use usermm::vmstat::{MthpStat, NodeStat};
 use usermm::{Machine, OnCpu};
 
-use super::stats::{median, Budget, Estimate, Rounds};
+use super::stats::{self, median, Estimate, Rounds};
 use super::BenchArgs;
 use crate::{native, plot};
 
@@ -22,6 +22,7 @@ pub const MUNMAP: super::Experiment = super::Experiment {
     name: "munmap",
     description: "munmap of a region of folios of one size, with zap_batch off and on (F2, v6.9)",
     run: |a| experiment(a, Op::Munmap),
+    budget_s: 75,
 };
 
 pub const DONTNEED: super::Experiment = super::Experiment {
@@ -29,12 +30,14 @@ pub const DONTNEED: super::Experiment = super::Experiment {
     description:
         "MADV_DONTNEED of a region of folios of one size, with zap_batch off and on (F2, v6.9)",
     run: |a| experiment(a, Op::Dontneed),
+    budget_s: 45,
 };
 
 pub const FORK: super::Experiment = super::Experiment {
     name: "fork",
     description: "fork of a process mapping a region of folios of one size, with fork_batch off and on (F1, v6.9)",
     run: |a| experiment(a, Op::Fork),
+    budget_s: 45,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -200,51 +203,66 @@ impl Row {
 /// Run one batching experiment; returns its rows and the machine it ran on.
 pub fn run(a: &BenchArgs, op: Op) -> anyhow::Result<(Vec<Row>, String)> {
     let len = a.size_mb << 20;
-    // CPU 0's thread (this one) on host CPU 0, as the reference programs
-    // pin theirs, with the host's loop on the same CPU.
-    let _pinned = native::pin_thread(0);
     let m = super::experiment_machine(a, super::region_machine_bytes(a.size_mb))?;
+    // CPU 0's thread (this one) on host CPU 0, as the reference programs
+    // pin theirs, with the host's loop on the same CPU; after the machine
+    // is made, whose own threads (kswapd, RCU) must not inherit the pin.
+    let _pinned = native::pin_thread(0);
     m.prefault();
-    let mut rows = vec![];
     let cases: Vec<Case> = CASES
         .into_iter()
         .filter(|c| a.sizes.is_empty() || a.sizes.contains(&c.kb))
         .collect();
     let pb = super::progress(op.name(), (cases.len() * Rounds::expected(a.runs())) as u64);
-    let budget = Budget::new(Duration::from_secs(a.budget_s));
-    let ncases = cases.len();
-    for (i, case) in cases.into_iter().enumerate() {
-        let mut s = Samples::default();
-        let knobs = if a.no_host {
-            Err("not run".to_string())
-        } else {
-            native::HostKnobs::only_size(case.kb).map_err(|e| e.to_string())
-        };
-        let mut note = knobs.as_ref().err().cloned();
+    // Per case: its samples, and why the host's figure is missing or not
+    // to be trusted.
+    let mut state: Vec<(Samples, Option<String>)> = cases
+        .iter()
+        .map(|_| (Samples::default(), a.no_host.then(|| "not run".to_string())))
+        .collect();
+    let round = |state: &mut Vec<(Samples, Option<String>)>, i: usize, k: usize| {
+        let case = cases[i];
+        let (s, note) = &mut state[i];
         pb.set_message(case.label());
-        let mut rounds = Rounds::new(a.runs(), budget.share(ncases - i));
-        while rounds.more(|| !Estimate::ratio(&s.batched_s, &s.baseline_s).wide()) {
-            pb.inc(1);
-            // Alternate which arm goes first, so that neither always runs on
-            // the allocator state the other left.
-            let first = rounds.done().is_multiple_of(2);
-            for on in [!first, first] {
-                let t = engine_once(&m, op, case, len, on)
-                    .with_context(|| format!("{} {}", op.name(), case.label()))?;
-                if on {
-                    s.batched_s.push(t);
-                } else {
-                    s.baseline_s.push(t);
-                }
-            }
-            if knobs.is_ok() {
-                match host_once(op, case, len as usize) {
-                    Ok(t) => s.host_s.push(t),
-                    Err(e) => note = Some(e),
-                }
+        // Alternate which arm goes first, so that neither always runs on
+        // the allocator state the other left.
+        let first = k.is_multiple_of(2);
+        for on in [!first, first] {
+            let t = engine_once(&m, op, case, len, on)
+                .with_context(|| format!("{} {}", op.name(), case.label()))?;
+            if on {
+                s.batched_s.push(t);
+            } else {
+                s.baseline_s.push(t);
             }
         }
-        drop(knobs);
+        if !a.no_host && note.is_none() {
+            match native::HostKnobs::only_size(case.kb) {
+                Ok(_knobs) => match host_once(op, case, len as usize) {
+                    Ok(t) => s.host_s.push(t),
+                    Err(e) => *note = Some(e),
+                },
+                Err(e) => *note = Some(e.to_string()),
+            }
+        }
+        Ok(())
+    };
+    let spread = |state: &Vec<(Samples, Option<String>)>, i: usize| {
+        let s = &state[i].0;
+        Estimate::ratio(&s.batched_s, &s.baseline_s).spread()
+    };
+    let budget = Duration::from_secs(a.budget_s);
+    stats::rounds_by_row(
+        a.runs(),
+        budget,
+        &pb,
+        &mut state,
+        cases.len(),
+        round,
+        spread,
+    )?;
+    let mut rows = vec![];
+    for (case, (s, note)) in cases.into_iter().zip(state) {
         let r = Estimate::ratio(&s.batched_s, &s.baseline_s);
         let (b, p) = (median(&s.baseline_s), median(&s.batched_s));
         let host_s = (!s.host_s.is_empty() && note.is_none()).then(|| median(&s.host_s));

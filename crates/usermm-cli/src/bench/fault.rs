@@ -1,110 +1,161 @@
 //! `bench fault`: populate a region by write faults, then munmap it, per
 //! folio size, in the engine and on the host kernel.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use usermm::mmap::{MAP_ANONYMOUS, MAP_PRIVATE, PROT_READ, PROT_WRITE};
 use usermm::Machine;
 
-use super::{experiment_machine, median, progress, region_machine_bytes, BenchArgs, SIZES_KB};
+use super::stats::{self, Estimate, Rounds};
+use super::{experiment_machine, progress, region_machine_bytes, BenchArgs, SIZES_KB};
 use crate::{native, plot};
 
 pub const EXPERIMENT: super::Experiment = super::Experiment {
     name: "fault",
     description: "populate a region by write faults, then munmap it, per folio size; engine against the host kernel",
     run,
+    budget_s: 30,
 };
 
 #[derive(Serialize)]
 struct Row {
     op: &'static str,
     folio_kb: u64,
+    /// Medians over the rounds.
     engine_s: f64,
     host_s: Option<f64>,
+    /// engine / host: the median of the per-round ratios and its 95%
+    /// interval.
     ratio: Option<f64>,
+    ci_low: Option<f64>,
+    ci_high: Option<f64>,
+    runs: usize,
     host_note: Option<String>,
+    samples: Samples,
+}
+
+/// Every round's seconds.
+#[derive(Serialize, Default, Clone)]
+struct Samples {
+    engine_s: Vec<f64>,
+    host_s: Vec<f64>,
+}
+
+/// The two operations timed in the rounds of a size, each with its
+/// samples.
+#[derive(Default)]
+struct Round {
+    populate: Samples,
+    munmap: Samples,
+}
+
+impl Round {
+    /// The wider spread of the two ratios, when the host ran every round.
+    fn spread(&self) -> f64 {
+        [&self.populate, &self.munmap]
+            .iter()
+            .filter(|s| s.host_s.len() == s.engine_s.len())
+            .map(|s| Estimate::ratio(&s.engine_s, &s.host_s).spread())
+            .fold(0.0, f64::max)
+    }
 }
 
 /// `bench fault`: populate by write faults, then munmap, per folio size.
 fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let len = a.size_mb << 20;
-    let runs = a.runs().fixed();
     let m = experiment_machine(a, region_machine_bytes(a.size_mb))?;
+    // CPU 0's thread (this one) on host CPU 0, the host's loop beside it
+    // (after the machine is made: its own threads float).
+    let _pinned = native::pin_thread(0);
     m.prefault();
-    let mut rows = vec![];
-    let nsizes = SIZES_KB
-        .iter()
+    let sizes: Vec<u64> = SIZES_KB
+        .into_iter()
         .filter(|k| a.sizes.is_empty() || a.sizes.contains(k))
-        .count();
-    let pb = progress("fault", (nsizes * runs) as u64);
-    for &kb in SIZES_KB
+        .collect();
+    let pb = progress("fault", (sizes.len() * Rounds::expected(a.runs())) as u64);
+    // Per size: its samples, and why the host's figure is missing or not
+    // the size's.
+    let mut state: Vec<(Round, Option<String>)> = sizes
         .iter()
-        .filter(|k| a.sizes.is_empty() || a.sizes.contains(k))
-    {
-        let order = (kb / 4).trailing_zeros();
-        // Order 0 leaves every size at never.
-        m.thp.only_order(order);
-        let (mut pe, mut me, mut ph, mut mh) = (vec![], vec![], vec![], vec![]);
-        let host = if a.no_host {
-            Err("not run".to_string())
-        } else {
-            native::HostKnobs::only_size(kb).map_err(|e| e.to_string())
-        };
-        let mut note = host.as_ref().err().cloned();
+        .map(|_| (Round::default(), a.no_host.then(|| "not run".to_string())))
+        .collect();
+    let round = |state: &mut Vec<(Round, Option<String>)>, i: usize, k: usize| {
+        let kb = sizes[i];
+        let (r, note) = &mut state[i];
         pb.set_message(format!("{kb}K"));
-        for _ in 0..runs {
-            pb.inc(1);
-            let (p, u) = engine_populate_munmap(&m, len)?;
-            pe.push(p);
-            me.push(u);
-            if host.is_ok() {
-                let before = if kb > 4 {
-                    native::anon_fault_alloc(kb)
-                } else {
-                    0
-                };
-                let (p, u) = native::populate_munmap(len as usize);
-                if kb > 4 && native::anon_fault_alloc(kb) - before < (len / (kb << 10)) * 9 / 10 {
-                    note = Some(format!("host did not give {kb}K folios"));
+        // Order 0 leaves every size at never.
+        m.thp.only_order((kb / 4).trailing_zeros());
+        // The host first in every other round.
+        let host_first = k.is_multiple_of(2);
+        for engine in [!host_first, host_first] {
+            if engine {
+                let (p, u) = engine_populate_munmap(&m, len)?;
+                r.populate.engine_s.push(p);
+                r.munmap.engine_s.push(u);
+            } else if note.is_none() {
+                match native::HostKnobs::only_size(kb) {
+                    Ok(_knobs) => {
+                        let (p, u) = host_populate_munmap(kb, len, note);
+                        r.populate.host_s.push(p);
+                        r.munmap.host_s.push(u);
+                    }
+                    Err(e) => *note = Some(e.to_string()),
                 }
-                ph.push(p);
-                mh.push(u);
             }
         }
-        drop(host);
-        for (op, e, h) in [("populate", pe, ph), ("munmap", me, mh)] {
-            let engine_s = median(e);
-            let host_s = (!h.is_empty()).then(|| median(h));
+        anyhow::Ok(())
+    };
+    let spread = |state: &Vec<(Round, Option<String>)>, i: usize| state[i].0.spread();
+    let budget = Duration::from_secs(a.budget_s);
+    stats::rounds_by_row(
+        a.runs(),
+        budget,
+        &pb,
+        &mut state,
+        sizes.len(),
+        round,
+        spread,
+    )?;
+    let mut rows = vec![];
+    for (kb, (r, note)) in sizes.into_iter().zip(state) {
+        for (op, s) in [("populate", r.populate), ("munmap", r.munmap)] {
+            let q = (!s.host_s.is_empty() && s.host_s.len() == s.engine_s.len())
+                .then(|| Estimate::ratio(&s.engine_s, &s.host_s));
             rows.push(Row {
                 op,
                 folio_kb: kb,
-                engine_s,
-                host_s,
-                ratio: host_s.map(|h| engine_s / h),
+                engine_s: stats::median(&s.engine_s),
+                host_s: (!s.host_s.is_empty()).then(|| stats::median(&s.host_s)),
+                ratio: q.map(|q| q.value),
+                ci_low: q.map(|q| q.ci_low),
+                ci_high: q.map(|q| q.ci_high),
+                runs: s.engine_s.len(),
                 host_note: note.clone(),
+                samples: s,
             });
         }
     }
     pb.finish_and_clear();
     if !a.json {
         outln!(
-            "bench fault: populate {} MiB by write faults, then munmap; medians of {runs} runs",
-            a.size_mb
+            "bench fault: populate {} MiB by write faults, then munmap; engine and host interleaved; medians of the rounds (runs {})",
+            a.size_mb,
+            a.runs()
         );
         outln!(
-            "{:<9} {:>8} {:>12} {:>12} {:>8}",
+            "{:<9} {:>8} {:>12} {:>12} {:>22}",
             "op",
             "folio",
             "engine (s)",
             "host (s)",
-            "eng/host"
+            "eng/host [95% CI]"
         );
         for r in &rows {
             let h = r.host_s.map_or("-".into(), |h| format!("{h:.6}"));
-            let q = r.ratio.map_or("-".into(), |q| format!("{q:.2}"));
+            let q = r.estimate().map_or("-".into(), |e| e.ratio_text());
             outln!(
-                "{:<9} {:>7}K {:>12.6} {:>12} {:>8}  {}",
+                "{:<9} {:>7}K {:>12.6} {:>12} {:>22}  {}",
                 r.op,
                 r.folio_kb,
                 r.engine_s,
@@ -113,6 +164,15 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
                 r.host_note.clone().unwrap_or_default()
             );
         }
+        let n: Vec<usize> = rows.iter().map(|r| r.runs).collect();
+        outln!(
+            "{}",
+            stats::footnote(&format!(
+                "{}-{} rounds",
+                n.iter().min().unwrap_or(&0),
+                n.iter().max().unwrap_or(&0)
+            ))
+        );
         outln!("machine: {}", m.config);
         outln!();
     }
@@ -145,8 +205,35 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         )?;
     }
     Ok(
-        serde_json::json!({ "experiment": "fault", "machine": m.config.to_string(), "size_mb": a.size_mb, "runs": runs, "rows": rows }),
+        serde_json::json!({ "experiment": "fault", "machine": m.config.to_string(), "size_mb": a.size_mb, "runs": a.runs().to_string(), "rows": rows }),
     )
+}
+
+impl Row {
+    /// engine / host with its interval, when the host ran.
+    fn estimate(&self) -> Option<Estimate> {
+        Some(Estimate {
+            value: self.ratio?,
+            ci_low: self.ci_low?,
+            ci_high: self.ci_high?,
+            n: self.runs,
+        })
+    }
+}
+
+/// One round on the host: populate then munmap; `note` says why the
+/// timing is not the folio size's, if the host gave other folios.
+fn host_populate_munmap(kb: u64, len: u64, note: &mut Option<String>) -> (f64, f64) {
+    let before = if kb > 4 {
+        native::anon_fault_alloc(kb)
+    } else {
+        0
+    };
+    let t = native::populate_munmap(len as usize);
+    if kb > 4 && native::anon_fault_alloc(kb) - before < (len / (kb << 10)) * 9 / 10 {
+        *note = Some(format!("host did not give {kb}K folios"));
+    }
+    t
 }
 
 fn engine_populate_munmap(m: &Machine, len: u64) -> anyhow::Result<(f64, f64)> {

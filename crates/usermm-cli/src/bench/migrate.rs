@@ -7,15 +7,17 @@
 //! For each folio size the region is populated on node 0 and moved to node
 //! 1 by one move_pages call naming the first page of each folio (naming
 //! every page would end the kernel's queue at each folio's second page,
-//! which is busy, and migrate folio by folio), arms interleaved run by run: the time of the move_pages call and the
-//! TLB counters it caused (`nr_tlb_remote_flush` is one per shootdown sent,
-//! `_received` one per CPU that handled one), per arm the median over the
-//! runs with its range. The host has one node here, so there is no host
-//! column: the figures are the engine's. A 2 MiB folio is mapped by a PMD
+//! which is busy, and migrate folio by folio), the four arms interleaved
+//! round by round: the time of the move_pages call and the TLB counters it
+//! caused (`nr_tlb_remote_flush` is one per shootdown sent, `_received` one
+//! per CPU that handled one), per arm the median over the rounds, and for
+//! the batched arms the ratio of their time to the unbatched arm's with as
+//! many CPUs, with its 95% interval. The host has one node here, so there
+//! is no host column: the figures are the engine's. A 2 MiB folio is mapped by a PMD
 //! and migrates by its PTEs in the model (see usermm's `migrate` module).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::anyhow;
 use serde::Serialize;
@@ -23,14 +25,16 @@ use usermm::mmap::{MAP_ANONYMOUS, MAP_PRIVATE, PROT_READ, PROT_WRITE};
 use usermm::vmstat::Event;
 use usermm::{Machine, MachineConfig, OnCpu};
 
-use super::{median, progress, BenchArgs, SIZES_KB};
-use crate::plot;
+use super::stats::{self, Estimate, Rounds};
+use super::{progress, BenchArgs, SIZES_KB};
+use crate::{native, plot};
 
 pub const EXPERIMENT: super::Experiment = super::Experiment {
     name: "migrate",
     description: "move_pages of a region from node 0 to node 1 per folio size, with \
         migrate_batch_flush off and on, the mm on 1 and 2 CPUs: time and TLB flushes (v6.3)",
     run: experiment,
+    budget_s: 40,
 };
 
 const PAGE: u64 = 4096;
@@ -50,10 +54,14 @@ struct Row {
     batch_flush: bool,
     cpus: usize,
     runs: usize,
-    /// Median seconds of the move_pages call, and the range.
+    /// Median seconds of the move_pages call.
     time_s: f64,
-    time_s_min: f64,
-    time_s_max: f64,
+    /// Batched rows: the time over the unbatched arm's with as many CPUs
+    /// in the same round, the median of those ratios, and its 95%
+    /// interval.
+    ratio: Option<f64>,
+    ci_low: Option<f64>,
+    ci_high: Option<f64>,
     nr_tlb_remote_flush: u64,
     nr_tlb_remote_flush_received: u64,
     nr_tlb_local_flush_all: u64,
@@ -61,6 +69,19 @@ struct Row {
     pgmigrate_success: u64,
     /// Shootdowns sent per MiB moved.
     remote_flush_per_mib: f64,
+    /// Every round's seconds.
+    samples_time_s: Vec<f64>,
+}
+
+impl Row {
+    fn estimate(&self) -> Option<Estimate> {
+        Some(Estimate {
+            value: self.ratio?,
+            ci_low: self.ci_low?,
+            ci_high: self.ci_high?,
+            n: self.runs,
+        })
+    }
 }
 
 /// One arm of one run: seconds, and the counters' changes.
@@ -87,63 +108,105 @@ fn machine(a: &BenchArgs, len: u64) -> anyhow::Result<std::sync::Arc<Machine>> {
     Ok(m)
 }
 
+/// The region moved: a quarter of `--size-mb` (256 MiB by default). The
+/// counters scale with it, and a move of 256 MiB takes a tenth of a second
+/// or more, long enough to time; a quarter keeps the rounds of all nine
+/// sizes within the main job's time.
+pub fn region_mb(a: &BenchArgs) -> u64 {
+    (a.size_mb / 4).max(1)
+}
+
+/// The arms, in their rows' order: (batched flush, CPUs).
+const ARMS: [(bool, usize); 4] = [(false, 1), (false, 2), (true, 1), (true, 2)];
+
+/// The index in [`ARMS`] of the unbatched arm with the same CPUs.
+fn base_arm(ai: usize) -> usize {
+    ARMS.iter()
+        .position(|&(b, c)| !b && c == ARMS[ai].1)
+        .expect("an unbatched arm per CPU count")
+}
+
 fn experiment(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
-    let len = a.size_mb << 20;
+    let len = region_mb(a) << 20;
     let m = machine(a, len)?;
+    // CPU 0's thread (this one) on host CPU 0, the second CPU's on host
+    // CPU 1 (after the machine is made: its own threads float).
+    let _pinned = native::pin_thread(0);
     m.prefault();
     let sizes: Vec<u64> = SIZES_KB
         .into_iter()
         .filter(|k| a.sizes.is_empty() || a.sizes.contains(k))
         .collect();
-    let arms: Vec<(bool, usize)> = [false, true]
-        .into_iter()
-        .flat_map(|b| [1, 2].map(|c| (b, c)))
-        .collect();
-    let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); sizes.len() * arms.len()];
-    let pb = progress("migrate", (a.runs().fixed() * samples.len()) as u64);
-    for _ in 0..a.runs().fixed() {
-        for (si, &kb) in sizes.iter().enumerate() {
-            for (ai, &(batch, cpus)) in arms.iter().enumerate() {
-                m.tunables.set_migrate_batch_flush(batch);
-                samples[si * arms.len() + ai].push(move_once(&m, kb, len, cpus)?);
-                pb.inc(1);
-            }
+    let pb = progress("migrate", (Rounds::expected(a.runs()) * sizes.len()) as u64);
+    let times = |s: &[Sample]| -> Vec<f64> { s.iter().map(|x| x.0).collect() };
+    // The batched arms' time over the unbatched's, CPUs alike.
+    let ratio =
+        |s: &[Vec<Sample>], ai: usize| Estimate::ratio(&times(&s[ai]), &times(&s[base_arm(ai)]));
+    let mut state: Vec<Vec<Vec<Sample>>> = vec![vec![vec![]; ARMS.len()]; sizes.len()];
+    let round = |state: &mut Vec<Vec<Vec<Sample>>>, si: usize, k: usize| {
+        let kb = sizes[si];
+        pb.set_message(format!("{kb}K"));
+        // The arms in an order that turns round by round.
+        for j in 0..ARMS.len() {
+            let ai = (j + k) % ARMS.len();
+            let (batch, cpus) = ARMS[ai];
+            m.tunables.set_migrate_batch_flush(batch);
+            state[si][ai].push(move_once(&m, kb, len, cpus)?);
         }
-    }
-    pb.finish_and_clear();
-    m.tunables.set_migrate_batch_flush(true);
+        anyhow::Ok(())
+    };
+    let spread = |state: &Vec<Vec<Vec<Sample>>>, si: usize| {
+        (0..ARMS.len())
+            .filter(|&ai| ARMS[ai].0)
+            .map(|ai| ratio(&state[si], ai).spread())
+            .fold(0.0, f64::max)
+    };
+    let budget = Duration::from_secs(a.budget_s);
+    stats::rounds_by_row(
+        a.runs(),
+        budget,
+        &pb,
+        &mut state,
+        sizes.len(),
+        round,
+        spread,
+    )?;
     let mut rows = Vec::new();
-    for (si, &kb) in sizes.iter().enumerate() {
-        for (ai, &(batch, cpus)) in arms.iter().enumerate() {
-            let s = &samples[si * arms.len() + ai];
-            let times: Vec<f64> = s.iter().map(|x| x.0).collect();
-            let c = |i: usize| median(s.iter().map(|x| x.1[i] as f64).collect()) as u64;
+    for (&kb, samples) in sizes.iter().zip(&state) {
+        for (ai, &(batch, cpus)) in ARMS.iter().enumerate() {
+            let s = &samples[ai];
+            let c = |i: usize| super::median(s.iter().map(|x| x.1[i] as f64).collect()) as u64;
+            let q = batch.then(|| ratio(samples, ai));
             rows.push(Row {
                 folio_kb: kb,
                 batch_flush: batch,
                 cpus,
                 runs: s.len(),
-                time_s: median(times.clone()),
-                time_s_min: times.iter().copied().fold(f64::INFINITY, f64::min),
-                time_s_max: times.iter().copied().fold(0.0, f64::max),
+                time_s: stats::median(&times(s)),
+                ratio: q.map(|q| q.value),
+                ci_low: q.map(|q| q.ci_low),
+                ci_high: q.map(|q| q.ci_high),
                 nr_tlb_remote_flush: c(0),
                 nr_tlb_remote_flush_received: c(1),
                 nr_tlb_local_flush_all: c(2),
                 nr_tlb_local_flush_one: c(3),
                 pgmigrate_success: c(4),
-                remote_flush_per_mib: c(0) as f64 / a.size_mb as f64,
+                remote_flush_per_mib: c(0) as f64 / region_mb(a) as f64,
+                samples_time_s: times(s),
             });
         }
     }
+    pb.finish_and_clear();
+    m.tunables.set_migrate_batch_flush(true);
     if !a.json {
-        print_table(&rows, a.size_mb, &m);
+        print_table(&rows, region_mb(a), a, &m);
     }
     plot_rows(a, &sizes, &rows)?;
     Ok(serde_json::json!({
         "experiment": "migrate",
         "machine": m.config.to_string(),
-        "size_mb": a.size_mb,
-        "runs": a.runs().fixed(),
+        "region_mb": region_mb(a),
+        "runs": a.runs().to_string(),
         "rows": rows,
     }))
 }
@@ -177,6 +240,7 @@ fn move_once(m: &Machine, kb: u64, len: u64, cpus: usize) -> anyhow::Result<Samp
         let other = (cpus > 1).then(|| {
             let (mm, stop, running) = (mm.clone(), &stop, &running);
             s.spawn(move || -> anyhow::Result<()> {
+                native::pin_to_cpu(1);
                 let c1 = m.bind(1).map_err(|e| anyhow!("bind: {e}"))?;
                 c1.switch_mm(&mm);
                 c1.load_u64(own).map_err(|e| anyhow!("load: {e}"))?;
@@ -224,17 +288,18 @@ fn move_pages(
         .map_err(|e| anyhow!("move_pages: {e}"))
 }
 
-fn print_table(rows: &[Row], size_mb: u64, m: &Machine) {
+fn print_table(rows: &[Row], size_mb: u64, a: &BenchArgs, m: &Machine) {
     crate::outln!(
-        "bench migrate: move_pages of {size_mb} MiB from node 0 to node 1; medians of {} runs\n",
-        rows.first().map_or(0, |r| r.runs)
+        "bench migrate: move_pages of {size_mb} MiB from node 0 to node 1; arms interleaved; medians of the rounds (runs {})\n",
+        a.runs()
     );
     crate::outln!(
-        "{:<7} {:>4} {:>5} {:>10} {:>12} {:>10} {:>10} {:>10} {:>11}",
+        "{:<7} {:>4} {:>5} {:>10} {:>22} {:>12} {:>10} {:>10} {:>10} {:>11}",
         "folio",
         "CPUs",
         "batch",
         "time (s)",
+        "on/off [95% CI]",
         "remote/MiB",
         "received",
         "local all",
@@ -243,11 +308,12 @@ fn print_table(rows: &[Row], size_mb: u64, m: &Machine) {
     );
     for r in rows {
         crate::outln!(
-            "{:<7} {:>4} {:>5} {:>10.4} {:>12.2} {:>10} {:>10} {:>10} {:>11}",
+            "{:<7} {:>4} {:>5} {:>10.4} {:>22} {:>12.2} {:>10} {:>10} {:>10} {:>11}",
             format!("{}K", r.folio_kb),
             r.cpus,
             if r.batch_flush { "on" } else { "off" },
             r.time_s,
+            r.estimate().map_or("-".into(), |e| e.ratio_text()),
             r.remote_flush_per_mib,
             r.nr_tlb_remote_flush_received,
             r.nr_tlb_local_flush_all,
@@ -270,6 +336,15 @@ fn print_table(rows: &[Row], size_mb: u64, m: &Machine) {
             );
         }
     }
+    let n: Vec<usize> = rows.iter().map(|r| r.runs).collect();
+    crate::outln!(
+        "{}",
+        stats::footnote(&format!(
+            "{}-{} rounds",
+            n.iter().min().unwrap_or(&0),
+            n.iter().max().unwrap_or(&0)
+        ))
+    );
     crate::outln!("machine: {}\n", m.config);
 }
 
@@ -299,7 +374,7 @@ fn plot_rows(a: &BenchArgs, sizes: &[u64], rows: &[Row]) -> anyhow::Result<()> {
         &a.out.join("migrate.svg"),
         &format!(
             "migrate: move_pages of {} MiB to the slow node (ms)",
-            a.size_mb
+            region_mb(a)
         ),
         &labels,
         ("folio size", "ms"),

@@ -34,7 +34,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Barrier;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::anyhow;
 use serde::Serialize;
@@ -43,7 +43,8 @@ use usermm::numa_balancing::NUMA_BALANCING_MEMORY_TIERING;
 use usermm::vmstat::Event;
 use usermm::{Machine, MachineConfig, OnCpu};
 
-use super::{median, progress, BenchArgs};
+use super::stats::{self, Estimate, Rounds};
+use super::{progress, BenchArgs};
 use crate::plot;
 
 pub const EXPERIMENT: super::Experiment = super::Experiment {
@@ -51,6 +52,7 @@ pub const EXPERIMENT: super::Experiment = super::Experiment {
     description: "XSBench-like lookups on a grid larger than the fast node, promoted and \
         demoted throughout (tiering), with migrc off, migrc and luf: TLB flushes, misses, runtime (F3)",
     run: experiment,
+    budget_s: 60,
 };
 
 const PAGE: u64 = 4096;
@@ -120,10 +122,48 @@ struct Row {
     /// Summed over the runs (any is a failure).
     stale_reads: u64,
     lost_writes: u64,
-    /// Median seconds of the lookups, and the range.
+    /// Median seconds of the lookups.
     runtime_s: f64,
-    runtime_s_min: f64,
-    runtime_s_max: f64,
+    /// migrc and luf rows: the runtime over `off`'s with the same
+    /// `migration_entry_ad` in the same round, the median of those ratios,
+    /// and its 95% interval.
+    ratio: Option<f64>,
+    ci_low: Option<f64>,
+    ci_high: Option<f64>,
+    /// The same for the shootdowns sent per 1000 pages migrated.
+    remote_flush_ratio: Option<f64>,
+    remote_flush_ratio_ci_low: Option<f64>,
+    remote_flush_ratio_ci_high: Option<f64>,
+    /// Every round's seconds.
+    samples_runtime_s: Vec<f64>,
+}
+
+impl Row {
+    fn estimate(&self) -> Option<Estimate> {
+        Some(Estimate {
+            value: self.ratio?,
+            ci_low: self.ci_low?,
+            ci_high: self.ci_high?,
+            n: self.runs,
+        })
+    }
+
+    fn remote_flush_estimate(&self) -> Option<Estimate> {
+        Some(Estimate {
+            value: self.remote_flush_ratio?,
+            ci_low: self.remote_flush_ratio_ci_low?,
+            ci_high: self.remote_flush_ratio_ci_high?,
+            n: self.runs,
+        })
+    }
+}
+
+impl Sample {
+    /// Shootdowns sent per 1000 pages migrated (the migrations a run
+    /// makes vary widely).
+    fn remote_flush_per_k(&self) -> f64 {
+        1000.0 * self.counters[2] as f64 / self.counters[1].max(1) as f64
+    }
 }
 
 /// The key at grid index `i`: odd, strictly increasing.
@@ -190,11 +230,29 @@ fn experiment(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         .flat_map(|ad| (0..ARMS.len()).map(move |i| (ad, i)))
         .collect();
     let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); arms.len()];
-    let pb = progress("migrc", (a.runs().fixed() * arms.len()) as u64);
+    let pb = progress("migrc", (Rounds::expected(a.runs()) * arms.len()) as u64);
     let mut machine_desc = String::new();
     let mut grid_mb = 0;
-    for _ in 0..a.runs().fixed() {
-        for (k, &(ad, arm)) in arms.iter().enumerate() {
+    // The index of `off` with the same migration_entry_ad.
+    let off_of = |k: usize| {
+        arms.iter()
+            .position(|&(ad, arm)| ad == arms[k].0 && arm == 0)
+            .expect("an off arm per setting")
+    };
+    let runtime = |s: &[Sample]| -> Vec<f64> { s.iter().map(|x| x.runtime_s).collect() };
+    let flushes = |s: &[Sample]| -> Vec<f64> { s.iter().map(Sample::remote_flush_per_k).collect() };
+    let narrow = |samples: &[Vec<Sample>]| {
+        (0..arms.len()).all(|k| {
+            let base = &samples[off_of(k)];
+            !Estimate::ratio(&runtime(&samples[k]), &runtime(base)).wide()
+        })
+    };
+    let mut rounds = Rounds::new(a.runs(), Duration::from_secs(a.budget_s));
+    while rounds.more(|| narrow(&samples)) {
+        // The arms in an order that turns round by round.
+        for i in 0..arms.len() {
+            let k = (i + rounds.done()) % arms.len();
+            let (ad, arm) = arms[k];
             let m = machine(a)?;
             m.tunables
                 .set("migrc", ARMS[arm])
@@ -211,8 +269,22 @@ fn experiment(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     pb.finish_and_clear();
     let rows: Vec<Row> = arms
         .iter()
-        .zip(&samples)
-        .map(|(&(ad, arm), s)| row(ARMS[arm], ad, s))
+        .enumerate()
+        .map(|(k, &(ad, arm))| {
+            let mut r = row(ARMS[arm], ad, &samples[k]);
+            if arm != 0 {
+                let base = &samples[off_of(k)];
+                let q = Estimate::ratio(&runtime(&samples[k]), &runtime(base));
+                (r.ratio, r.ci_low, r.ci_high) = (Some(q.value), Some(q.ci_low), Some(q.ci_high));
+                let f = Estimate::ratio(&flushes(&samples[k]), &flushes(base));
+                (
+                    r.remote_flush_ratio,
+                    r.remote_flush_ratio_ci_low,
+                    r.remote_flush_ratio_ci_high,
+                ) = (Some(f.value), Some(f.ci_low), Some(f.ci_high));
+            }
+            r
+        })
         .collect();
     if !a.json {
         print_table(&rows, grid_mb, a.lookups, &machine_desc);
@@ -235,7 +307,8 @@ fn experiment(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
 }
 
 fn row(arm: &'static str, ad: bool, s: &[Sample]) -> Row {
-    let med = |f: &dyn Fn(&Sample) -> u64| median(s.iter().map(|x| f(x) as f64).collect()) as u64;
+    let med =
+        |f: &dyn Fn(&Sample) -> u64| super::median(s.iter().map(|x| f(x) as f64).collect()) as u64;
     let c = |i: usize| med(&|x| x.counters[i]);
     let times: Vec<f64> = s.iter().map(|x| x.runtime_s).collect();
     Row {
@@ -257,15 +330,20 @@ fn row(arm: &'static str, ad: bool, s: &[Sample]) -> Row {
         remote_flush_received_per_k_migrated: per_k(s, 3),
         stale_reads: s.iter().map(|x| x.stale_reads).sum(),
         lost_writes: s.iter().map(|x| x.lost_writes).sum(),
-        runtime_s: median(times.clone()),
-        runtime_s_min: times.iter().copied().fold(f64::INFINITY, f64::min),
-        runtime_s_max: times.iter().copied().fold(0.0, f64::max),
+        runtime_s: stats::median(&times),
+        ratio: None,
+        ci_low: None,
+        ci_high: None,
+        remote_flush_ratio: None,
+        remote_flush_ratio_ci_low: None,
+        remote_flush_ratio_ci_high: None,
+        samples_runtime_s: times,
     }
 }
 
 /// The median over the runs of counter `i` per 1000 pages migrated.
 fn per_k(s: &[Sample], i: usize) -> f64 {
-    median(
+    super::median(
         s.iter()
             .map(|x| 1000.0 * x.counters[i] as f64 / x.counters[1].max(1) as f64)
             .collect(),
@@ -284,6 +362,7 @@ fn run_once(m: &Machine, lookups: u64) -> anyhow::Result<(Sample, u64)> {
     m.numa.scan_delay_ms.store(0, Relaxed);
     m.numa.scan_period_ms.store(SCAN_PERIOD_MS, Relaxed);
     let cpus = m.cpus.len();
+    let _pinned = crate::native::pin_thread(0);
     let c0 = m.bind(0).map_err(|e| anyhow!("bind: {e}"))?;
     let mm = c0.new_mm().map_err(|e| anyhow!("mm: {e}"))?;
     let rw = PROT_READ | PROT_WRITE;
@@ -324,6 +403,9 @@ fn run_once(m: &Machine, lookups: u64) -> anyhow::Result<(Sample, u64)> {
             .map(|id| {
                 let (mm, stale, lost, barrier) = (mm.clone(), &stale, &lost, &barrier);
                 s.spawn(move || -> anyhow::Result<()> {
+                    // CPU i on host CPU i modulo the host's: the model's
+                    // four CPUs share what the host has.
+                    crate::native::pin_to_cpu(id);
                     let c = m.bind(id).map_err(|e| anyhow!("bind: {e}"))?;
                     c.switch_mm(&mm);
                     let mut cpu = LookupCpu::new(&c, id, grid, n, results, stale, lost);
@@ -477,7 +559,7 @@ fn print_table(rows: &[Row], grid_mb: u64, lookups: u64, machine: &str) {
             continue;
         };
         crate::outln!(
-            "migration_entry_ad {} (medians of {} runs)",
+            "migration_entry_ad {} (medians of {} rounds, arms interleaved)",
             if ad { "on (the host)" } else { "off" },
             off.runs
         );
@@ -526,17 +608,22 @@ fn print_table(rows: &[Row], grid_mb: u64, lookups: u64, machine: &str) {
         line("stale reads (all runs)", &|r| r.stale_reads as f64);
         line("lost writes (all runs)", &|r| r.lost_writes as f64);
         line("runtime (s)", &|r| (r.runtime_s * 1000.0).round() / 1000.0);
-        let mut range = format!("{:<30} {:>12}", "  min-max", span(off));
-        for r in others {
-            range += &format!(" {:>12} {:>8}", span(r), "");
-        }
-        crate::outln!("{range}\n");
+        let ratios = |name: &str, get: &dyn Fn(&Row) -> Option<Estimate>| {
+            let mut l = format!("{name:<30} {:>12}", "");
+            for r in others {
+                l += &format!(" {:>21}", get(r).map_or("-".into(), |e| e.ratio_text()));
+            }
+            crate::outln!("{l}");
+        };
+        ratios("  runtime / off's [95% CI]", &|r| r.estimate());
+        ratios("  remote per 1000 / off's", &|r| r.remote_flush_estimate());
+        crate::outln!();
     }
+    crate::outln!(
+        "{}",
+        stats::footnote(&format!("{} rounds", rows.first().map_or(0, |r| r.runs)))
+    );
     crate::outln!("machine: {machine}\n");
-}
-
-fn span(r: &Row) -> String {
-    format!("{:.3}-{:.3}", r.runtime_s_min, r.runtime_s_max)
 }
 
 /// migrc's and luf's counters as a share of off's, per migration_entry_ad

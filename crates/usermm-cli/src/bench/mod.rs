@@ -19,7 +19,7 @@ use anyhow::Context;
 
 use usermm::{Machine, MachineConfig};
 
-#[derive(clap::Args)]
+#[derive(clap::Args, Clone)]
 pub struct BenchArgs {
     /// Experiment: access, fault, munmap, dontneed, fork, vma, pt_reclaim, pft,
     /// migrate, tiering or migrc
@@ -36,9 +36,16 @@ pub struct BenchArgs {
     /// that a bad value is one line of error like every other option's.)
     #[arg(long = "runs", default_value = "auto")]
     pub runs_arg: String,
-    /// Seconds an experiment's rounds may take under `--runs auto`, shared
-    /// among its rows (each still runs six).
-    #[arg(long, default_value_t = 40)]
+    /// Seconds an experiment's rounds may take under `--runs auto`, the
+    /// minimum six included: after those, further rounds go to the rows
+    /// whose intervals are widest. By default each experiment's own
+    /// (`--list` shows them), which keep the whole bench within ten
+    /// minutes on two cores.
+    #[arg(long = "budget-s")]
+    pub budget_arg: Option<u64>,
+    /// The budget in force: `--budget-s`, or the experiment's own (set by
+    /// [`run`] before the experiment runs).
+    #[arg(skip)]
     pub budget_s: u64,
     /// Region size in MiB.
     #[arg(long, default_value_t = 1024)]
@@ -141,6 +148,8 @@ pub fn median(v: Vec<f64>) -> f64 {
 pub struct Experiment {
     pub name: &'static str,
     pub description: &'static str,
+    /// Seconds its rounds may take by default under `--runs auto`.
+    pub budget_s: u64,
     /// Run it: print its table (unless `--json`), write its plot, and
     /// return its JSON object.
     pub run: fn(&BenchArgs) -> anyhow::Result<serde_json::Value>,
@@ -213,8 +222,9 @@ fn validate(a: &BenchArgs) -> anyhow::Result<()> {
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     if a.list {
         for e in &EXPERIMENTS {
-            outln!("{:<10} {}", e.name, e.description);
+            outln!("{:<10} {:>4} s  {}", e.name, e.budget_s, e.description);
         }
+        outln!("(the seconds: the experiment's budget for its rounds under --runs auto)");
         return Ok(());
     }
     let chosen: Vec<&Experiment> = match a.name.as_deref() {
@@ -234,7 +244,9 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             return Ok(());
         }
         let name = e.name;
-        let mut v = (e.run)(&a)?;
+        let mut own = a.clone();
+        own.budget_s = a.budget_arg.unwrap_or(e.budget_s);
+        let mut v = (e.run)(&own)?;
         // Which invocation made it, for a report of a folder that holds
         // several.
         if let Some(o) = v.as_object_mut() {

@@ -15,7 +15,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use usermm::madvise::MADV_NOHUGEPAGE;
@@ -24,7 +24,8 @@ use usermm::tunable::FaultLock;
 use usermm::vmstat::Event;
 use usermm::{Machine, MachineConfig};
 
-use super::{median, progress, BenchArgs};
+use super::stats::{self, Estimate, Rounds};
+use super::{progress, BenchArgs};
 use crate::plot;
 
 pub const EXPERIMENT: super::Experiment = super::Experiment {
@@ -33,6 +34,7 @@ pub const EXPERIMENT: super::Experiment = super::Experiment {
         write-fault their own slices, with no writer, a writer that mmaps/touches/munmaps, or one that does not touch; \
         per fault_lock mode and on the host",
     run,
+    budget_s: 30,
 };
 
 const PAGE: u64 = 4096;
@@ -70,10 +72,13 @@ struct Row {
     writer: &'static str,
     /// The fault and writer threads outnumber the host's cores.
     oversubscribed: bool,
+    /// The median over the rounds.
     faults_per_s: f64,
-    /// Smallest and largest of the runs.
-    faults_per_s_min: f64,
-    faults_per_s_max: f64,
+    /// faults/s over `mmap_lock`'s in the same round (engine rows): the
+    /// median of the per-round ratios, and its 95% interval.
+    ratio: Option<f64>,
+    ci_low: Option<f64>,
+    ci_high: Option<f64>,
     p50_ns: f64,
     p99_ns: f64,
     /// Lockless attempts that fell back to mmap_lock (None on the host).
@@ -85,6 +90,24 @@ struct Row {
     #[serde(skip_serializing_if = "Option::is_none")]
     spf_abort_reasons: Option<std::collections::BTreeMap<&'static str, u64>>,
     runs: usize,
+    /// Every round's faults/s.
+    samples_faults_per_s: Vec<f64>,
+}
+
+impl Row {
+    fn estimate(&self) -> Option<Estimate> {
+        Some(Estimate {
+            value: self.ratio?,
+            ci_low: self.ci_low?,
+            ci_high: self.ci_high?,
+            n: self.runs,
+        })
+    }
+}
+
+/// Per-round faults/s of an arm.
+fn rates(samples: &[Sample]) -> Vec<f64> {
+    samples.iter().map(|s| s.faults_per_s).collect()
 }
 
 /// The seed's abort reasons the model can count.
@@ -117,10 +140,9 @@ struct Sample {
 
 fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let slice = (a.size_mb / 4).clamp(1, 256) << 20;
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cores = crate::native::host_cpus();
     let counts = thread_counts(a, cores);
     let max_threads = *counts.last().expect("at least one thread count");
-    let runs = a.runs().fixed();
     let need = max_threads as u64 * slice * 3 / 2 + (64 << 20);
     let host_bytes = crate::host_memory_bytes();
     if host_bytes > 0 && need > host_bytes {
@@ -144,19 +166,41 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         .iter()
         .flat_map(|&t| WRITERS.iter().map(move |&w| (t, w)))
         .collect();
-    let pb = progress("pft", (runs * arms.len()) as u64);
+    let pb = progress("pft", (Rounds::expected(a.runs()) * arms.len()) as u64);
     let mut engine: Vec<Vec<Sample>> = (0..arms.len() * MODES.len()).map(|_| vec![]).collect();
     let mut host: Vec<Vec<Sample>> = (0..arms.len()).map(|_| vec![]).collect();
-    for _ in 0..runs {
+    // Every mode's ratio to mmap_lock's narrow, in every arm whose threads
+    // each have a core: an oversubscribed arm's rates are the host
+    // scheduler's to choose, and more rounds would not settle them.
+    let fits =
+        |&(threads, writer): &(usize, &str)| threads + usize::from(writer != "none") <= cores;
+    let narrow = |engine: &[Vec<Sample>]| {
+        engine
+            .chunks(MODES.len())
+            .zip(&arms)
+            .filter(|(_, arm)| fits(arm))
+            .all(|(modes, _)| {
+                modes
+                    .iter()
+                    .all(|e| !Estimate::ratio(&rates(e), &rates(&modes[0])).wide())
+            })
+    };
+    let mut rounds = Rounds::new(a.runs(), Duration::from_secs(a.budget_s));
+    while rounds.more(|| narrow(&engine)) {
         for (i, &(threads, writer)) in arms.iter().enumerate() {
             pb.inc(1);
             pb.set_message(format!("{threads} threads, writer {writer}"));
-            for (j, &(_, lock)) in MODES.iter().enumerate() {
-                m.tunables.set_fault_lock(lock);
-                engine[i * MODES.len() + j].push(engine_pft(&m, threads, writer, slice)?);
-            }
-            if !a.no_host {
-                host[i].push(host_pft(threads, writer, slice));
+            // The modes and the host in an order that turns round by round.
+            let n = MODES.len() + 1;
+            for k in 0..n {
+                match (k + rounds.done()) % n {
+                    j if j < MODES.len() => {
+                        m.tunables.set_fault_lock(MODES[j].1);
+                        engine[i * MODES.len() + j].push(engine_pft(&m, threads, writer, slice)?);
+                    }
+                    _ if !a.no_host => host[i].push(host_pft(threads, writer, slice)),
+                    _ => {}
+                }
             }
         }
     }
@@ -165,14 +209,11 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     for (i, &(threads, writer)) in arms.iter().enumerate() {
         let oversubscribed = threads + usize::from(writer != "none") > cores;
         for (j, &(mode, _)) in MODES.iter().enumerate() {
-            rows.push(summarize(
-                mode,
-                threads,
-                writer,
-                oversubscribed,
-                &engine[i * MODES.len() + j],
-                true,
-            ));
+            let arm = &engine[i * MODES.len() + j];
+            let mut row = summarize(mode, threads, writer, oversubscribed, arm, true);
+            let q = Estimate::ratio(&rates(arm), &rates(&engine[i * MODES.len()]));
+            (row.ratio, row.ci_low, row.ci_high) = (Some(q.value), Some(q.ci_low), Some(q.ci_high));
+            rows.push(row);
         }
         if !host[i].is_empty() {
             rows.push(summarize(
@@ -186,7 +227,7 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         }
     }
     if !a.json {
-        print_table(&rows, slice, runs, cores, &m);
+        print_table(&rows, slice, a, cores, &m);
     }
     plot_rows(a, &rows)?;
     if counts.len() > 2 {
@@ -196,7 +237,7 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         "experiment": "pft",
         "machine": m.config.to_string(),
         "slice_mb": slice >> 20,
-        "runs": runs,
+        "runs": a.runs().to_string(),
         "host_cores": cores,
         "rows": rows,
     }))
@@ -210,7 +251,7 @@ fn summarize(
     samples: &[Sample],
     engine: bool,
 ) -> Row {
-    let rates: Vec<f64> = samples.iter().map(|s| s.faults_per_s).collect();
+    let rates = rates(samples);
     let mut lat: Vec<u32> = samples
         .iter()
         .flat_map(|s| s.latencies.iter().copied())
@@ -227,16 +268,17 @@ fn summarize(
         threads,
         writer,
         oversubscribed,
-        faults_per_s: median(rates.clone()),
-        faults_per_s_min: rates.iter().copied().fold(f64::INFINITY, f64::min),
-        faults_per_s_max: rates.iter().copied().fold(0.0, f64::max),
+        faults_per_s: stats::median(&rates),
+        ratio: None,
+        ci_low: None,
+        ci_high: None,
         p50_ns: pct(0.5),
         p99_ns: pct(0.99),
         abort_rate: (engine && lockless)
             .then(|| sum(|s| s.fallbacks) / sum(|s| s.attempts).max(1.0)),
         shared_writes_per_fault: engine
             .then(|| sum(|s| s.shared_writes) / sum(|s| s.faults).max(1.0)),
-        writer_ops_per_s: median(samples.iter().map(|s| s.writer_ops_per_s).collect()),
+        writer_ops_per_s: super::median(samples.iter().map(|s| s.writer_ops_per_s).collect()),
         spf_abort_reasons: (engine && mode == "spf").then(|| {
             SPF_REASONS
                 .iter()
@@ -246,6 +288,7 @@ fn summarize(
                 .collect()
         }),
         runs: samples.len(),
+        samples_faults_per_s: rates,
     }
 }
 
@@ -290,6 +333,8 @@ fn engine_pft(
             .map(|id| {
                 let (m, mm, start, done) = (&**m, mm.clone(), &start, &done);
                 s.spawn(move || -> anyhow::Result<(Instant, Instant, Vec<u32>)> {
+                    // Pinned as the host's fault threads are.
+                    crate::native::pin_to_cpu(id);
                     let c = m.bind(id).map_err(|e| anyhow::anyhow!("bind: {e}"))?;
                     c.switch_mm(&mm);
                     let mine = base + id as u64 * slice;
@@ -381,13 +426,12 @@ fn host_pft(threads: usize, writer: &str, slice: u64) -> Sample {
     let base = region.ptr as usize;
     let start = Barrier::new(threads + 1);
     let done = AtomicUsize::new(0);
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let (elapsed, latencies, ops) = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|id| {
                 let (start, done) = (&start, &done);
                 s.spawn(move || {
-                    crate::native::pin_to_cpu(id % cores);
+                    crate::native::pin_to_cpu(id);
                     let mine = base + id * slice as usize;
                     let mut lat = Vec::with_capacity((slice / PAGE) as usize);
                     start.wait();
@@ -441,37 +485,32 @@ fn host_pft(threads: usize, writer: &str, slice: u64) -> Sample {
     }
 }
 
-fn print_table(rows: &[Row], slice: u64, runs: usize, cores: usize, m: &Machine) {
+fn print_table(rows: &[Row], slice: u64, a: &BenchArgs, cores: usize, m: &Machine) {
     outln!(
-        "bench pft: each fault thread write-faults its own {} MiB, 4 KiB folios; medians of {runs} runs (min-max), arms interleaved; this host has {cores} cores",
-        slice >> 20
+        "bench pft: each fault thread write-faults its own {} MiB, 4 KiB folios; arms interleaved; medians of the rounds (runs {}); this host has {cores} cores",
+        slice >> 20,
+        a.runs()
     );
     outln!(
-        "{:>7} {:<8} {:<10} {:>12} {:>19} {:>9} {:>8} {:>8} {:>8} {:>9}",
+        "{:>7} {:<8} {:<10} {:>12} {:>22} {:>8} {:>8} {:>8} {:>9}",
         "threads",
         "writer",
         "mode",
         "faults/s",
-        "(min-max)",
-        "vs mmap",
+        "vs mmap_lock [95% CI]",
         "p50 ns",
         "p99 ns",
         "abort %",
         "shared/f"
     );
     for r in rows {
-        let base = rows
-            .iter()
-            .find(|b| b.threads == r.threads && b.writer == r.writer && b.mode == "mmap_lock")
-            .map_or(f64::NAN, |b| b.faults_per_s);
         outln!(
-            "{:>7} {:<8} {:<10} {:>12.0} {:>19} {:>9.2} {:>8.0} {:>8.0} {:>8} {:>9}{}",
+            "{:>7} {:<8} {:<10} {:>12.0} {:>22} {:>8.0} {:>8.0} {:>8} {:>9}{}",
             r.threads,
             r.writer,
             r.mode,
             r.faults_per_s,
-            format!("({:.0}-{:.0})", r.faults_per_s_min, r.faults_per_s_max),
-            r.faults_per_s / base,
+            r.estimate().map_or("-".into(), |e| e.ratio_text()),
             r.p50_ns,
             r.p99_ns,
             r.abort_rate
@@ -496,6 +535,10 @@ fn print_table(rows: &[Row], slice: u64, runs: usize, cores: usize, m: &Machine)
             r.spf_abort_reasons.as_ref().expect("filtered")
         );
     }
+    outln!(
+        "{}",
+        stats::footnote(&format!("{} rounds", rows.first().map_or(0, |r| r.runs)))
+    );
     outln!("machine: {}", m.config);
     outln!();
 }

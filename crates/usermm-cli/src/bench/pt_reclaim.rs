@@ -7,7 +7,7 @@
 //! cost on the fault path: 4 KiB write-fault throughput per design, the
 //! designs interleaved round by round.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::anyhow;
 use serde::Serialize;
@@ -15,7 +15,8 @@ use usermm::mmap::{MAP_ANONYMOUS, MAP_NORESERVE, MAP_PRIVATE, PROT_READ, PROT_WR
 use usermm::tunable::Tunable;
 use usermm::Machine;
 
-use super::{experiment_machine, median, progress, region_machine_bytes, BenchArgs};
+use super::stats::{self, Estimate, Rounds};
+use super::{experiment_machine, progress, region_machine_bytes, BenchArgs};
 use crate::host_pt_reclaim::{self, Figures, LoopResult, Mode, CHUNK, PAGE};
 use crate::{native, plot};
 
@@ -23,6 +24,7 @@ pub const EXPERIMENT: super::Experiment = super::Experiment {
     name: "pt_reclaim",
     description: "the seed's loop (50 GiB; per 2 MiB chunk: write it, give it back) in four modes with each pt_reclaim design: VmPTE after, against the seed and the host kernel; and 4 KiB fault throughput per design (F4)",
     run,
+    budget_s: 10,
 };
 
 /// The seed's loop: 25 x 1024 chunks of 2 MiB, 50 GiB.
@@ -110,89 +112,108 @@ struct LoopRow {
 struct FaultCostRow {
     op: &'static str,
     design: &'static str,
+    /// The median over rounds.
     faults_per_s: f64,
-    faults_per_s_min: f64,
-    faults_per_s_max: f64,
-    /// Median over rounds of this design's throughput over `off`'s in the
-    /// same round.
-    ratio_to_off: f64,
-    ratio_min: f64,
-    ratio_max: f64,
+    /// The median over rounds of this design's throughput over `off`'s in
+    /// the same round, and its 95% interval.
+    ratio: f64,
+    ci_low: f64,
+    ci_high: f64,
     runs: usize,
+    /// Every round's throughput.
+    samples_faults_per_s: Vec<f64>,
+}
+
+impl FaultCostRow {
+    fn estimate(&self) -> Estimate {
+        Estimate {
+            value: self.ratio,
+            ci_low: self.ci_low,
+            ci_high: self.ci_high,
+            n: self.runs,
+        }
+    }
 }
 
 fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let iterations = a.iterations;
     let designs = Tunable::PtReclaim.info().values;
     let arms = Arm::all();
-    // The loop's own memory: one table per chunk when none is freed, the
-    // chunk being written, and slack; the fault-cost region besides.
-    let loop_need = (iterations as u64 * PAGE as u64 + (64 << 20)).next_multiple_of(1 << 20);
-    let m = experiment_machine(a, loop_need.max(region_machine_bytes(a.size_mb)))?;
-    m.prefault();
-    // 4 KiB folios only, as the seed measured and the host runs below.
-    m.thp.only_order(0);
     let host_knobs = if a.no_host {
         Err("not run".to_string())
     } else {
         native::HostKnobs::only_size(4).map_err(|e| e.to_string())
     };
+    let mut jobs: Vec<Job> = vec![];
+    if host_knobs.is_ok() {
+        jobs.extend(Mode::ALL.map(Job::Host));
+    }
+    for mode in Mode::ALL {
+        jobs.extend(arms.iter().map(|&arm| Job::Engine(mode, arm)));
+    }
     let pb = progress(
         "pt_reclaim",
-        (Mode::ALL.len() * (arms.len() + 1) + a.runs().fixed() * designs.len()) as u64,
+        (jobs.len() + Rounds::expected(a.runs()) * designs.len()) as u64,
     );
-    let mut host = vec![];
-    for mode in Mode::ALL {
-        pb.set_message(format!("host {}", mode.name()));
-        let r = match &host_knobs {
-            Ok(_) => host_pt_reclaim::run(mode, iterations).map_err(|e| e.to_string()),
+    let lanes = lanes();
+    let done = run_loops(a, &jobs, lanes, &pb)?;
+    let host: Vec<Result<LoopResult, String>> = Mode::ALL
+        .iter()
+        .map(|&mode| match &host_knobs {
             Err(e) => Err(e.clone()),
-        };
-        host.push(r);
-        pb.inc(1);
-    }
+            Ok(_) => jobs
+                .iter()
+                .zip(&done)
+                .find_map(|(j, d)| match (j, d) {
+                    (Job::Host(m), Done::Host(r)) if *m == mode => Some(r.clone()),
+                    _ => None,
+                })
+                .expect("every host loop ran"),
+        })
+        .collect();
     drop(host_knobs);
     let mut rows = vec![];
-    for (mode, host) in Mode::ALL.into_iter().zip(&host) {
-        for &arm in &arms {
-            pb.set_message(format!("{} {}", arm.label(), mode.name()));
-            arm.select(&m)?;
-            let (r, reclaimed, pmd_reclaimed) = engine_loop(&m, mode, iterations)?;
-            let h = host.as_ref().ok();
-            rows.push(LoopRow {
-                design: arm.design,
-                pt_reclaim_pmd: arm.pmd,
-                mode: mode.name(),
-                iterations,
-                vmsize_before_kb: r.before.vmsize_kb,
-                vmrss_before_kb: r.before.vmrss_kb,
-                vmpte_before_kb: r.before.vmpte_kb,
-                vmsize_after_kb: r.after.vmsize_kb,
-                vmrss_after_kb: r.after.vmrss_kb,
-                vmpte_after_kb: r.after.vmpte_kb,
-                loop_s: r.loop_s,
-                tables_reclaimed: reclaimed,
-                pmd_tables_reclaimed: pmd_reclaimed,
-                seed_vmpte_after_kb: (iterations == SEED_ITERATIONS && !arm.pmd)
-                    .then(|| seed_vmpte_after_kb(arm.design, mode))
-                    .flatten(),
-                host_vmpte_after_kb: h.map(|h| h.after.vmpte_kb),
-                host_vmrss_after_kb: h.map(|h| h.after.vmrss_kb),
-                host_loop_s: h.map(|h| h.loop_s),
-            });
-            pb.inc(1);
-        }
+    for (job, d) in jobs.iter().zip(&done) {
+        let (&Job::Engine(mode, arm), Done::Engine(r, reclaimed, pmd_reclaimed)) = (job, d) else {
+            continue;
+        };
+        let h = host[Mode::ALL.iter().position(|&m| m == mode).expect("a mode")]
+            .as_ref()
+            .ok();
+        rows.push(LoopRow {
+            design: arm.design,
+            pt_reclaim_pmd: arm.pmd,
+            mode: mode.name(),
+            iterations,
+            vmsize_before_kb: r.before.vmsize_kb,
+            vmrss_before_kb: r.before.vmrss_kb,
+            vmpte_before_kb: r.before.vmpte_kb,
+            vmsize_after_kb: r.after.vmsize_kb,
+            vmrss_after_kb: r.after.vmrss_kb,
+            vmpte_after_kb: r.after.vmpte_kb,
+            loop_s: r.loop_s,
+            tables_reclaimed: *reclaimed,
+            pmd_tables_reclaimed: *pmd_reclaimed,
+            seed_vmpte_after_kb: (iterations == SEED_ITERATIONS && !arm.pmd)
+                .then(|| seed_vmpte_after_kb(arm.design, mode))
+                .flatten(),
+            host_vmpte_after_kb: h.map(|h| h.after.vmpte_kb),
+            host_vmrss_after_kb: h.map(|h| h.after.vmrss_kb),
+            host_loop_s: h.map(|h| h.loop_s),
+        });
     }
-    Arm {
-        design: Tunable::PtReclaim.info().default_name(),
-        pmd: false,
-    }
-    .select(&m)?;
-    let costs = fault_cost(a, &m, &pb)?;
+    // The fault cost is timed alone, on CPU 0, in a machine of its own.
+    let m = experiment_machine(a, region_machine_bytes(a.size_mb))?;
+    let costs = {
+        let _pinned = native::pin_thread(0);
+        m.prefault();
+        m.thp.only_order(0);
+        fault_cost(a, &m, &pb)?
+    };
     pb.finish_and_clear();
     let host_note = host.iter().find_map(|h| h.as_ref().err().cloned());
     if !a.json {
-        print_tables(a, &m, &rows, &costs, host_note.as_deref());
+        print_tables(a, &m, &rows, &costs, host_note.as_deref(), lanes);
     }
     plot_vmpte(a, &rows)?;
     let mut json_rows: Vec<serde_json::Value> = rows
@@ -207,10 +228,119 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         "machine": m.config.to_string(),
         "iterations": iterations,
         "fault_region_mb": a.size_mb,
-        "runs": a.runs().fixed(),
+        "loops_at_a_time": lanes,
+        "runs": costs.first().map_or(0, |c| c.runs),
         "host_note": host_note,
         "rows": json_rows,
     }))
+}
+
+/// One run of the seed's loop: on the host kernel, or in the engine with
+/// one arm.
+#[derive(Clone, Copy)]
+enum Job {
+    Host(Mode),
+    Engine(Mode, Arm),
+}
+
+/// What a [`Job`] measured.
+enum Done {
+    Host(Result<LoopResult, String>),
+    /// The figures, and the PTE and PMD tables reclaimed.
+    Engine(LoopResult, u64, u64),
+}
+
+/// How many loops run at once: one per host CPU, at most two. The loops
+/// are single-threaded and their VmPTE, VmRSS and reclaim counts do not
+/// depend on what runs beside them; their seconds do, a little (the two
+/// share the memory bus), which the table says.
+fn lanes() -> usize {
+    native::host_cpus().min(2)
+}
+
+/// Run `jobs` on `lanes` threads, each pinned to its own host CPU and
+/// with an engine machine of its own, taking the next job as it finishes
+/// one; the results in the jobs' order.
+fn run_loops(
+    a: &BenchArgs,
+    jobs: &[Job],
+    lanes: usize,
+    pb: &indicatif::ProgressBar,
+) -> anyhow::Result<Vec<Done>> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: Vec<std::sync::Mutex<Option<Done>>> =
+        jobs.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    // The loop's own memory: one table per chunk when none is freed, the
+    // chunk being written, and slack.
+    let need = (a.iterations as u64 * PAGE as u64 + (64 << 20)).next_multiple_of(1 << 20);
+    // Made here, before any lane is pinned: a machine's own threads
+    // (kswapd, RCU) float.
+    let machines = (0..lanes)
+        .map(|_| loop_machine(a, need))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    std::thread::scope(|s| {
+        let lanes: Vec<_> = machines
+            .iter()
+            .enumerate()
+            .map(|(lane, m)| {
+                let (next, results) = (&next, &results);
+                s.spawn(move || -> anyhow::Result<()> {
+                    // A spawned host loop inherits this thread's CPU.
+                    let _pinned = native::pin_thread(lane);
+                    let r = (|| loop {
+                        // Relaxed: the counter only hands out indices;
+                        // the results are published by their mutexes.
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(&job) = jobs.get(i) else {
+                            return Ok(());
+                        };
+                        let done = match job {
+                            Job::Host(mode) => {
+                                pb.set_message(format!("host {}", mode.name()));
+                                Done::Host(
+                                    host_pt_reclaim::run(mode, a.iterations)
+                                        .map_err(|e| e.to_string()),
+                                )
+                            }
+                            Job::Engine(mode, arm) => {
+                                pb.set_message(format!("{} {}", arm.label(), mode.name()));
+                                arm.select(m)?;
+                                let (r, pte, pmd) = engine_loop(m, mode, a.iterations)?;
+                                Done::Engine(r, pte, pmd)
+                            }
+                        };
+                        *results[i].lock().expect("no lane panics") = Some(done);
+                        pb.inc(1);
+                    })();
+                    if r.is_err() {
+                        // The other lanes stop after their current loop.
+                        next.store(jobs.len(), std::sync::atomic::Ordering::Relaxed);
+                    }
+                    r
+                })
+            })
+            .collect();
+        lanes
+            .into_iter()
+            .try_for_each(|l| l.join().expect("a loop lane panicked"))
+    })?;
+    Ok(results
+        .into_iter()
+        .map(|r| {
+            r.into_inner()
+                .expect("no lane panics")
+                .expect("every job ran")
+        })
+        .collect())
+}
+
+/// A lane's machine, populated, with 4 KiB folios only, as the seed
+/// measured and the host runs.
+fn loop_machine(a: &BenchArgs, need: u64) -> anyhow::Result<std::sync::Arc<Machine>> {
+    let m = experiment_machine(a, need)?;
+    m.prefault();
+    m.thp.only_order(0);
+    Ok(m)
 }
 
 /// Tables reclaimed so far, by every design's counter.
@@ -284,7 +414,8 @@ fn engine_loop(
 }
 
 /// 4 KiB write-fault throughput of each design: every round populates a
-/// fresh `--size-mb` region once per design, the designs in turn.
+/// fresh `--size-mb` region once per design, in an order that turns from
+/// round to round, until every ratio to `off` is narrow (`--runs auto`).
 fn fault_cost(
     a: &BenchArgs,
     m: &Machine,
@@ -293,39 +424,38 @@ fn fault_cost(
     let designs = Tunable::PtReclaim.info().values;
     let len = a.size_mb << 20;
     let faults = (len / PAGE as u64) as f64;
-    let mut fps = vec![vec![]; designs.len()];
-    let mut ratios = vec![vec![]; designs.len()];
-    for round in 0..a.runs().fixed() {
-        pb.set_message(format!("fault cost {}/{}", round + 1, a.runs().fixed()));
-        for (i, d) in designs.iter().enumerate() {
-            m.tunables.set(Tunable::PtReclaim.info().name, d.name)?;
+    let mut fps: Vec<Vec<f64>> = vec![vec![]; designs.len()];
+    let narrow = |fps: &[Vec<f64>]| fps.iter().all(|f| !Estimate::ratio(f, &fps[0]).wide());
+    let mut rounds = Rounds::new(a.runs(), Duration::from_secs(a.budget_s));
+    while rounds.more(|| narrow(&fps)) {
+        pb.set_message(format!("fault cost, round {}", rounds.done()));
+        let n = designs.len();
+        for k in 0..n {
+            let i = (k + rounds.done()) % n;
+            m.tunables
+                .set(Tunable::PtReclaim.info().name, designs[i].name)?;
             fps[i].push(faults / populate_s(m, len)?);
-            pb.inc(1);
         }
-        for i in 0..designs.len() {
-            ratios[i].push(fps[i][round] / fps[0][round]);
-        }
+        pb.inc(n as u64);
     }
-    let minmax = |v: &[f64]| {
-        v.iter()
-            .fold((f64::MAX, f64::MIN), |(lo, hi), &x| (lo.min(x), hi.max(x)))
-    };
+    m.tunables.set(
+        Tunable::PtReclaim.info().name,
+        Tunable::PtReclaim.info().default_name(),
+    )?;
     Ok(designs
         .iter()
-        .enumerate()
-        .map(|(i, d)| {
-            let (lo, hi) = minmax(&fps[i]);
-            let (rlo, rhi) = minmax(&ratios[i]);
+        .zip(&fps)
+        .map(|(d, f)| {
+            let r = Estimate::ratio(f, &fps[0]);
             FaultCostRow {
                 op: "fault_cost",
                 design: d.name,
-                faults_per_s: median(fps[i].clone()),
-                faults_per_s_min: lo,
-                faults_per_s_max: hi,
-                ratio_to_off: median(ratios[i].clone()),
-                ratio_min: rlo,
-                ratio_max: rhi,
-                runs: a.runs().fixed(),
+                faults_per_s: stats::median(f),
+                ratio: r.value,
+                ci_low: r.ci_low,
+                ci_high: r.ci_high,
+                runs: r.n,
+                samples_faults_per_s: f.clone(),
             }
         })
         .collect())
@@ -359,6 +489,7 @@ fn print_tables(
     rows: &[LoopRow],
     costs: &[FaultCostRow],
     host_note: Option<&str>,
+    lanes: usize,
 ) {
     outln!(
         "bench pt_reclaim: mmap 50 GiB MAP_NORESERVE; {} times write every 4 KiB page of the next 2 MiB and give it back",
@@ -403,33 +534,33 @@ fn print_tables(
     if let Some(n) = host_note {
         outln!("host: {n}");
     }
+    if lanes > 1 {
+        outln!("The loops ran {lanes} at a time, each on a host CPU of its own: the figures do not depend on it; the seconds are each loop's with another beside it.");
+    }
     outln!();
     outln!(
-        "fault cost: write faults on a fresh {} MiB region, 4 KiB folios; medians of {} rounds, designs interleaved",
+        "fault cost: write faults on a fresh {} MiB region, 4 KiB folios; medians of the rounds, designs interleaved (runs {})",
         a.size_mb,
-        a.runs().fixed()
+        a.runs()
     );
     outln!(
-        "{:<9} {:>12} {:>12} {:>12} {:>8} {:>15}",
+        "{:<9} {:>12} {:>22}",
         "design",
         "faults/s",
-        "min",
-        "max",
-        "vs off",
-        "ratio range"
+        "vs off [95% CI]"
     );
     for c in costs {
         outln!(
-            "{:<9} {:>12.0} {:>12.0} {:>12.0} {:>8.3} {:>7.3}-{:<7.3}",
+            "{:<9} {:>12.0} {:>22}",
             c.design,
             c.faults_per_s,
-            c.faults_per_s_min,
-            c.faults_per_s_max,
-            c.ratio_to_off,
-            c.ratio_min,
-            c.ratio_max
+            c.estimate().ratio_text()
         );
     }
+    outln!(
+        "{}",
+        stats::footnote(&format!("{} rounds", costs.first().map_or(0, |c| c.runs)))
+    );
     outln!("machine: {}", m.config);
     outln!();
 }

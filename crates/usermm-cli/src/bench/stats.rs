@@ -22,7 +22,10 @@
 //!
 //! `--runs auto` (the default) runs [`MIN_AUTO_RUNS`] rounds, then more
 //! until every interval lies within ±[`NARROW`] of its ratio, or the
-//! experiment's time budget or [`MAX_AUTO_RUNS`] is reached.
+//! experiment's time budget or [`MAX_AUTO_RUNS`] is reached: an experiment
+//! whose rounds cover all its rows at once loops with [`Rounds`]; one whose
+//! rows run apart gives each its minimum, then the widest row the next
+//! round ([`rounds_by_row`]).
 
 use std::str::FromStr;
 use std::time::{Duration, Instant};
@@ -35,8 +38,6 @@ pub const MIN_AUTO_RUNS: usize = 6;
 pub const MAX_AUTO_RUNS: usize = 40;
 /// A ratio's interval is narrow within this fraction of the ratio.
 pub const NARROW: f64 = 0.05;
-/// The runs an experiment not yet driven by [`Rounds`] takes for `auto`.
-pub const FIXED_FOR_AUTO: usize = 5;
 
 /// `--runs`: a fixed number of rounds, or `auto`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,16 +65,6 @@ impl std::fmt::Display for Runs {
         match self {
             Runs::Auto => f.write_str("auto"),
             Runs::Fixed(n) => write!(f, "{n}"),
-        }
-    }
-}
-
-impl Runs {
-    /// A fixed count, for the experiments whose runs are not adaptive.
-    pub fn fixed(self) -> usize {
-        match self {
-            Runs::Auto => FIXED_FOR_AUTO,
-            Runs::Fixed(n) => n,
         }
     }
 }
@@ -129,24 +120,54 @@ impl Rounds {
     }
 }
 
-/// An experiment's time for rounds beyond the minimum, shared out among
-/// its rows as they come: a row that narrows early leaves its share to
-/// the rows after it.
-pub struct Budget {
-    deadline: Instant,
-}
-
-impl Budget {
-    pub fn new(total: Duration) -> Budget {
-        Budget {
-            deadline: Instant::now() + total,
+/// Rounds of several rows that share one budget. With a fixed count,
+/// each row gets that many, one row after another. Under `auto`, each row
+/// first gets [`MIN_AUTO_RUNS`]; then each further round goes to the row
+/// whose interval is widest ([`Estimate::spread`]), until every row is
+/// narrow, has [`MAX_AUTO_RUNS`], or the budget (counted from the start,
+/// minimum rounds included) is spent. So the budget goes where the noise
+/// is, whatever the rows' order.
+///
+/// `round(state, row, k)` runs round `k` of `row` (its samples go into
+/// `state`); `spread(state, row)` is the row's widest interval as
+/// [`Estimate::spread`] gives it (0 for a row with nothing to narrow).
+pub fn rounds_by_row<S>(
+    runs: Runs,
+    budget: Duration,
+    pb: &indicatif::ProgressBar,
+    state: &mut S,
+    rows: usize,
+    mut round: impl FnMut(&mut S, usize, usize) -> anyhow::Result<()>,
+    spread: impl Fn(&S, usize) -> f64,
+) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let first = Rounds::expected(runs);
+    let mut done = vec![0; rows];
+    for (row, n) in done.iter_mut().enumerate() {
+        for k in 0..first {
+            round(state, row, k)?;
+            pb.inc(1);
         }
+        *n = first;
     }
-
-    /// The share of the time left for the next row of `rows_left`.
-    pub fn share(&self, rows_left: usize) -> Duration {
-        self.deadline.saturating_duration_since(Instant::now()) / rows_left.max(1) as u32
+    if runs != Runs::Auto {
+        return Ok(());
     }
+    while started.elapsed() < budget {
+        let widest = (0..rows)
+            .filter(|&r| done[r] < MAX_AUTO_RUNS)
+            .map(|r| (r, spread(state, r)))
+            .filter(|&(_, w)| w > NARROW)
+            .max_by(|a, b| a.1.total_cmp(&b.1));
+        let Some((row, _)) = widest else {
+            break;
+        };
+        pb.inc_length(1);
+        round(state, row, done[row])?;
+        done[row] += 1;
+        pb.inc(1);
+    }
+    Ok(())
 }
 
 /// The median of `v` (the mean of the two middle values for an even count).
@@ -214,12 +235,19 @@ impl Estimate {
         Estimate::of(&r)
     }
 
+    /// How far the interval reaches from the value, as a fraction of it
+    /// (the larger side); infinite below 6 rounds, which have none.
+    pub fn spread(&self) -> f64 {
+        if median_ci_rank(self.n).is_none() {
+            return f64::INFINITY;
+        }
+        (self.ci_high / self.value - 1.0).max(1.0 - self.ci_low / self.value)
+    }
+
     /// Whether the interval is too wide to read (beyond ±[`NARROW`] of the
     /// value) or too few rounds were run to have one.
     pub fn wide(&self) -> bool {
-        median_ci_rank(self.n).is_none()
-            || self.ci_high > self.value * (1.0 + NARROW)
-            || self.ci_low < self.value * (1.0 - NARROW)
+        self.spread() > NARROW
     }
 
     /// Whether the interval holds `x`.
@@ -295,6 +323,34 @@ mod tests {
         let e = Estimate::of(&[1.0, 1.0, 1.0]);
         assert!(e.wide(), "3 rounds have no 95% interval");
         assert_eq!(Estimate::of(&[2.0, 1.0, 3.0, 4.0]).value, 2.5);
+    }
+
+    #[test]
+    fn the_widest_row_gets_the_next_round() {
+        let pb = indicatif::ProgressBar::hidden();
+        // Row 0 is narrow at once; row 1 after 9 rounds; row 2 never.
+        let spread = |n: &Vec<usize>, r: usize| match r {
+            0 => 0.01,
+            1 if n[1] >= 9 => 0.01,
+            1 => 0.2,
+            _ => 0.1,
+        };
+        let mut n = vec![0; 3];
+        let round = |n: &mut Vec<usize>, r: usize, k: usize| {
+            assert_eq!(n[r], k, "rounds of a row come in order");
+            n[r] += 1;
+            Ok(())
+        };
+        let hour = Duration::from_secs(3600);
+        rounds_by_row(Runs::Auto, hour, &pb, &mut n, 3, round, spread).unwrap();
+        assert_eq!(n, vec![MIN_AUTO_RUNS, 9, MAX_AUTO_RUNS]);
+        // No budget: the minimum each; a fixed count: that many.
+        let mut n = vec![0; 3];
+        rounds_by_row(Runs::Auto, Duration::ZERO, &pb, &mut n, 3, round, spread).unwrap();
+        assert_eq!(n, vec![MIN_AUTO_RUNS; 3]);
+        let mut n = vec![0; 3];
+        rounds_by_row(Runs::Fixed(2), hour, &pb, &mut n, 3, round, spread).unwrap();
+        assert_eq!(n, vec![2; 3]);
     }
 
     #[test]

@@ -13,14 +13,15 @@
 //! from the youngest up. On the host it runs in a helper process
 //! ([`crate::host_chain`]), which finds the cost of one such VMA.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::anyhow;
 use serde::Serialize;
 use usermm::mmap::*;
 use usermm::{Machine, OnCpu};
 
-use super::{median, progress, BenchArgs};
+use super::stats::{self, Estimate, Rounds};
+use super::{progress, BenchArgs};
 
 /// VMA counts of the scaling rows.
 const NR_VMAS: [usize; 3] = [1000, 10_000, 65_000];
@@ -30,6 +31,10 @@ const CHAIN_DEPTHS: [usize; 2] = [1000, 5000];
 /// half a minute (forking is quadratic in the depth there too), and 5,000
 /// would take minutes.
 const HOST_CHAIN_DEPTH: usize = 1000;
+/// Teardowns of each fork chain timed: the engine's chain is
+/// deterministic work with no arm to compare, so its median of three is
+/// reported without an interval.
+const CHAIN_RUNS: usize = 3;
 /// Calls of each kind timed per run.
 const CALLS: usize = 1000;
 /// Where the engine's VMAs start (the host's start wherever it has room).
@@ -41,13 +46,83 @@ struct Row {
     op: &'static str,
     /// VMAs in the address space, or the chain's depth for `fork_chain_exit`.
     n: usize,
-    /// Mean seconds per call (per teardown for the fork chain).
+    /// Mean seconds per call (per teardown for the fork chain): the median
+    /// over the rounds.
     engine_s: f64,
     /// The same on the host; for the fork chain, the host's cost of one
     /// chained VMA (see [`crate::host_chain`]).
     host_s: Option<f64>,
-    /// Per-call time against the same call's at the smallest N.
+    /// engine / host: the median of the per-round ratios, and its 95%
+    /// interval.
+    ratio: Option<f64>,
+    ci_low: Option<f64>,
+    ci_high: Option<f64>,
+    /// The engine's per-call time against the same call's at the smallest
+    /// N in the same round: the median, and its 95% interval.
     scaling: Option<f64>,
+    scaling_ci_low: Option<f64>,
+    scaling_ci_high: Option<f64>,
+    runs: usize,
+    /// Every round's seconds.
+    samples_engine_s: Vec<f64>,
+    samples_host_s: Vec<f64>,
+}
+
+impl Row {
+    fn ratio(&self) -> Option<Estimate> {
+        Some(Estimate {
+            value: self.ratio?,
+            ci_low: self.ci_low?,
+            ci_high: self.ci_high?,
+            n: self.runs,
+        })
+    }
+
+    fn scaling(&self) -> Option<Estimate> {
+        Some(Estimate {
+            value: self.scaling?,
+            ci_low: self.scaling_ci_low?,
+            ci_high: self.scaling_ci_high?,
+            n: self.runs,
+        })
+    }
+}
+
+/// The scaling loop's samples: per N, per round, the engine's and the
+/// host's [`Times`] (the host's absent where it refused).
+#[derive(Default)]
+struct LoopSamples {
+    engine: Vec<Vec<Times>>,
+    host: Vec<Vec<Times>>,
+}
+
+impl LoopSamples {
+    /// Op `i` at the `j`-th N: the engine's seconds, round by round.
+    fn engine(&self, j: usize, i: usize) -> Vec<f64> {
+        self.engine[j].iter().map(|t| t[i]).collect()
+    }
+
+    fn host(&self, j: usize, i: usize) -> Vec<f64> {
+        self.host[j].iter().map(|t| t[i]).collect()
+    }
+
+    /// engine / host for op `i` at the `j`-th N, when the host ran every
+    /// round.
+    fn ratio(&self, j: usize, i: usize) -> Option<Estimate> {
+        (self.host[j].len() == self.engine[j].len())
+            .then(|| Estimate::ratio(&self.engine(j, i), &self.host(j, i)))
+    }
+
+    /// The engine's time at the `j`-th N over the first N's, round by round.
+    fn scaling(&self, j: usize, i: usize) -> Estimate {
+        Estimate::ratio(&self.engine(j, i), &self.engine(0, i))
+    }
+
+    fn narrow(&self) -> bool {
+        (0..self.engine.len()).all(|j| {
+            (0..3).all(|i| !self.scaling(j, i).wide() && self.ratio(j, i).is_none_or(|q| !q.wide()))
+        })
+    }
 }
 
 /// Per-call seconds of one run: (mmap, munmap, mprotect).
@@ -220,52 +295,81 @@ pub const EXPERIMENT: super::Experiment = super::Experiment {
     name: "vma",
     description: "mmap, munmap and mprotect among N one-page VMAs, and the teardown of a deep fork chain; engine against the host kernel",
     run,
+    budget_s: 20,
 };
 
 fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
-    let runs = a.runs().fixed();
     // Room for the largest chain's page tables and pages (five frames a
     // process) and the VMA loop's tables.
     let m = super::experiment_machine(a, 512 << 20)?;
-    let pb = progress("vma", ((NR_VMAS.len() + CHAIN_DEPTHS.len()) * runs) as u64);
+    // CPU 0's thread (this one) on host CPU 0, the host's loop beside it
+    // (after the machine is made: its own threads float).
+    let _pinned = crate::native::pin_thread(0);
+    let pb = progress(
+        "vma",
+        (Rounds::expected(a.runs()) + CHAIN_DEPTHS.len()) as u64,
+    );
     let ops = ["mmap", "munmap", "mprotect"];
-    let mut rows: Vec<Row> = Vec::new();
-    for &n in &NR_VMAS {
-        let (mut e, mut h): (Vec<Times>, Vec<Times>) = (vec![], vec![]);
-        pb.set_message(format!("{n} VMAs"));
-        for _ in 0..runs {
-            pb.inc(1);
-            e.push(engine_run(&m, n)?);
-            if !a.no_host {
-                // The host may refuse (max_map_count and this process's
-                // own VMAs): then it has no figure, and says why.
-                match host_base(n).and_then(|b| vma_loop(&mut Host, b, n)) {
-                    Ok(t) => h.push(t),
-                    Err(err) => eprintln!("bench vma: host run at {n} VMAs: {err}"),
+    let mut l = LoopSamples {
+        engine: vec![vec![]; NR_VMAS.len()],
+        host: vec![vec![]; NR_VMAS.len()],
+    };
+    let mut host_refused = false;
+    let mut rounds = Rounds::new(a.runs(), Duration::from_secs(a.budget_s));
+    while rounds.more(|| l.narrow()) {
+        pb.set_message(format!("round {}", rounds.done()));
+        // Every N in each round, so that scaling is a ratio within one;
+        // the host first in every other round.
+        let host_first = rounds.done().is_multiple_of(2);
+        for (j, &n) in NR_VMAS.iter().enumerate() {
+            for engine in [!host_first, host_first] {
+                if engine {
+                    l.engine[j].push(engine_run(&m, n)?);
+                } else if !a.no_host && !host_refused {
+                    // The host may refuse (max_map_count and this process's
+                    // own VMAs): then it has no figure, and says why.
+                    match host_base(n).and_then(|b| vma_loop(&mut Host, b, n)) {
+                        Ok(t) => l.host[j].push(t),
+                        Err(err) => {
+                            eprintln!("bench vma: host run at {n} VMAs: {err}");
+                            host_refused = true;
+                        }
+                    }
                 }
             }
         }
+        pb.inc(1);
+    }
+    let mut rows: Vec<Row> = Vec::new();
+    for (j, &n) in NR_VMAS.iter().enumerate() {
         for (i, op) in ops.iter().enumerate() {
-            let engine_s = median(e.iter().map(|t| t[i]).collect());
-            let host_s = (!h.is_empty()).then(|| median(h.iter().map(|t| t[i]).collect()));
-            let first = rows.iter().find(|r| r.op == *op).map(|r| r.engine_s);
+            let q = l.ratio(j, i);
+            let sc = l.scaling(j, i);
+            let host = l.host(j, i);
             rows.push(Row {
                 op,
                 n,
-                engine_s,
-                host_s,
-                scaling: Some(engine_s / first.unwrap_or(engine_s)),
+                engine_s: stats::median(&l.engine(j, i)),
+                host_s: (!host.is_empty()).then(|| stats::median(&host)),
+                ratio: q.map(|q| q.value),
+                ci_low: q.map(|q| q.ci_low),
+                ci_high: q.map(|q| q.ci_high),
+                scaling: Some(sc.value),
+                scaling_ci_low: Some(sc.ci_low),
+                scaling_ci_high: Some(sc.ci_high),
+                runs: sc.n,
+                samples_engine_s: l.engine(j, i),
+                samples_host_s: host,
             });
         }
     }
     for &d in &CHAIN_DEPTHS {
         pb.set_message(format!("fork chain {d}"));
         let mut e = vec![];
-        for _ in 0..runs.min(3) {
-            pb.inc(1);
+        for _ in 0..CHAIN_RUNS {
             e.push(fork_chain_teardown(&m, d)?);
         }
-        pb.inc((runs - runs.min(3)) as u64);
+        pb.inc(1);
         let host_s = if a.no_host || d != HOST_CHAIN_DEPTH {
             None
         } else {
@@ -280,53 +384,69 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         rows.push(Row {
             op: "fork_chain_exit",
             n: d,
-            engine_s: median(e),
+            engine_s: stats::median(&e),
             host_s,
+            ratio: None,
+            ci_low: None,
+            ci_high: None,
             scaling: None,
+            scaling_ci_low: None,
+            scaling_ci_high: None,
+            runs: e.len(),
+            samples_engine_s: e,
+            samples_host_s: vec![],
         });
     }
     pb.finish_and_clear();
     if !a.json {
-        print_table(&rows, runs);
+        print_table(&rows, a);
         outln!("machine: {}", m.config);
         outln!();
     }
     Ok(serde_json::json!({
         "experiment": "vma",
         "machine": m.config.to_string(),
-        "runs": runs,
+        "runs": a.runs().to_string(),
+        "chain_runs": CHAIN_RUNS,
         "calls_per_run": CALLS,
         "rows": rows,
     }))
 }
 
-fn print_table(rows: &[Row], runs: usize) {
+fn print_table(rows: &[Row], a: &BenchArgs) {
     outln!(
-        "bench vma: mean time per call over {CALLS} calls, N one-page VMAs; medians of {runs} runs"
+        "bench vma: mean time per call over {CALLS} calls, N one-page VMAs; every N in each round, engine and host interleaved; medians of the rounds (runs {})",
+        a.runs()
     );
     outln!(
-        "{:<16} {:>7} {:>12} {:>12} {:>9}",
+        "{:<16} {:>7} {:>12} {:>12} {:>22} {:>22}",
         "op",
         "N",
         "engine (us)",
         "host (us)",
-        "vs N=1000"
+        "eng/host [95% CI]",
+        "vs N=1000 [95% CI]"
     );
-    for r in rows.iter().filter(|r| r.op != "fork_chain_exit") {
+    let text = |e: Option<Estimate>| e.map_or("-".into(), |e| e.ratio_text());
+    let looped = || rows.iter().filter(|r| r.op != "fork_chain_exit");
+    for r in looped() {
         let h = r.host_s.map_or("-".into(), |h| format!("{:.3}", h * 1e6));
-        let s = r.scaling.map_or("-".into(), |s| format!("{s:.2}"));
         outln!(
-            "{:<16} {:>7} {:>12.3} {:>12} {:>9}",
+            "{:<16} {:>7} {:>12.3} {:>12} {:>22} {:>22}",
             r.op,
             r.n,
             r.engine_s * 1e6,
             h,
-            s
+            text(r.ratio()),
+            text(r.scaling())
         );
     }
     outln!(
-        "fork chain, teardown of every process (youngest first), medians of {} runs; host: one run, the cost of one chained VMA:",
-        runs.min(3)
+        "{}",
+        stats::footnote(&format!("{} rounds", looped().next().map_or(0, |r| r.runs)))
+    );
+    outln!(
+        "fork chain, teardown of every process (youngest first), medians of {CHAIN_RUNS} runs; host: one run, the cost of one chained VMA:"
     );
     outln!(
         "{:<16} {:>7} {:>12} {:>12}",
