@@ -296,7 +296,7 @@ pub struct ShootdownCost {
 pub fn shootdown_cost(n: u64) -> Option<ShootdownCost> {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
     // SAFETY: sysconf has no preconditions.
-    if unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) } < 2 {
+    if host_cpus() < 2 {
         return None;
     }
     let mut zapped = HostRegion::map(4096);

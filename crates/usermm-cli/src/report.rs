@@ -234,7 +234,15 @@ fn experiment_section(
         esc(description)
     );
     let mut meta = vec![];
-    for key in ["machine", "tunable", "size_mb", "runs", "date", "command"] {
+    for key in [
+        "machine",
+        "tunable",
+        "size_mb",
+        "region_mb",
+        "runs",
+        "date",
+        "command",
+    ] {
         if let Some(x) = v.get(key).filter(|x| !x.is_null()) {
             meta.push(format!("{key}: {}", text(x)));
         }
@@ -490,7 +498,7 @@ fn host_info() -> Value {
                 .map(|m| m.trim().to_string())
         })
         .unwrap_or_else(|| "unknown".into());
-    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let cpus = crate::native::host_cpus();
     serde_json::json!({
         "kernel": format!("Linux {kernel}"),
         "cpu": cpu,

@@ -286,6 +286,9 @@ pub struct Machine {
     demotion_enabled: AtomicBool,
     /// One kswapd per node, started on its first wakeup.
     kswapd: Box<[Kswapd]>,
+    /// The host CPUs of the thread that made the machine, which its
+    /// kswapds run on.
+    host_cpus: HostCpus,
     /// This machine, for the threads it starts.
     me: crate::sync::OnceLock<std::sync::Weak<Machine>>,
     /// NUMA balancing's knobs.
@@ -375,6 +378,7 @@ impl Machine {
             demotion_enabled: AtomicBool::new(false),
             promote_rl: (0..nr_nodes).map(|_| Default::default()).collect(),
             kswapd,
+            host_cpus: HostCpus::of_this_thread(),
             me: crate::sync::OnceLock::new(),
             numa: Default::default(),
             migrc: Default::default(),
@@ -568,7 +572,7 @@ impl crate::phys::page_alloc::Reclaimer for Machine {
         }
         k.started.call_once(|| {
             if let Some(me) = self.me.get() {
-                spawn_kswapd(me.clone(), k.wait.clone(), nid);
+                spawn_kswapd(me.clone(), k.wait.clone(), nid, self.host_cpus);
             }
         });
         if let Ok(mut s) = k.wait.state.lock() {
@@ -653,11 +657,47 @@ impl crate::phys::page_alloc::Reclaimer for Machine {
 /// Start node `nid`'s kswapd: a thread that sleeps until woken, then runs
 /// `balance_pgdat` on the kswapd CPU. It holds the machine only while it
 /// runs, and ends when the machine goes.
-fn spawn_kswapd(m: std::sync::Weak<Machine>, wait: Arc<KswapdWait>, nid: usize) {
+fn spawn_kswapd(m: std::sync::Weak<Machine>, wait: Arc<KswapdWait>, nid: usize, on: HostCpus) {
     let spawned = std::thread::Builder::new()
         .name(format!("kswapd{nid}"))
-        .spawn(move || kswapd_main(m, wait, nid));
+        .spawn(move || {
+            on.apply();
+            kswapd_main(m, wait, nid)
+        });
     debug_assert!(spawned.is_ok(), "kswapd{nid}: {spawned:?}");
+}
+
+/// The host CPUs a thread may run on (its affinity), as the thread that
+/// made the machine had them: a kswapd is started by whichever thread first
+/// wakes it, and a thread spawned inherits its maker's affinity, so a
+/// kswapd started from a CPU's thread pinned to one host CPU would share
+/// it with that CPU's work. The kernel binds kswapd to its node's CPUs,
+/// never to its waker's; the model gives it back the maker's set.
+#[derive(Clone, Copy)]
+struct HostCpus(Option<libc::cpu_set_t>);
+
+impl HostCpus {
+    fn of_this_thread() -> HostCpus {
+        // SAFETY: the set is zeroed, then filled by sched_getaffinity for
+        // the calling thread (0) within its size.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            let ok = libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set);
+            HostCpus((ok == 0).then_some(set))
+        }
+    }
+
+    /// Put the calling thread on these CPUs (nothing if they were not
+    /// known, or cannot be had).
+    fn apply(self) {
+        if let Some(set) = self.0 {
+            // SAFETY: the set was filled by sched_getaffinity; 0 names the
+            // calling thread.
+            unsafe {
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+            }
+        }
+    }
 }
 
 /// `kswapd`: sleep, wake, balance the node, count the run.

@@ -2,8 +2,8 @@
 //! loops on host memory (the physical limit).
 //!
 //! Four loops, each on 1 and 2 CPUs (threads of one process, each on its
-//! own data, pinned to host CPUs 0 and 1 as the reference programs pin
-//! theirs):
+//! own data, pinned to the first two of the process's host CPUs as the
+//! reference programs pin theirs):
 //! - `load_tlb_hit`, `store_tlb_hit`: 8-byte loads (stores) walking
 //!   [`HIT_PAGES`] pages over and over, which every TLB holds;
 //! - `load_tlb_miss`: 8-byte loads at random 4 KiB pages of a `--size-mb`

@@ -22,7 +22,7 @@ pub const MUNMAP: super::Experiment = super::Experiment {
     name: "munmap",
     description: "munmap of a region of folios of one size, with zap_batch off and on (F2, v6.9)",
     run: |a| experiment(a, Op::Munmap),
-    budget_s: 75,
+    budget_s: 60,
 };
 
 pub const DONTNEED: super::Experiment = super::Experiment {
@@ -30,14 +30,14 @@ pub const DONTNEED: super::Experiment = super::Experiment {
     description:
         "MADV_DONTNEED of a region of folios of one size, with zap_batch off and on (F2, v6.9)",
     run: |a| experiment(a, Op::Dontneed),
-    budget_s: 45,
+    budget_s: 40,
 };
 
 pub const FORK: super::Experiment = super::Experiment {
     name: "fork",
     description: "fork of a process mapping a region of folios of one size, with fork_batch off and on (F1, v6.9)",
     run: |a| experiment(a, Op::Fork),
-    budget_s: 45,
+    budget_s: 40,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -168,11 +168,12 @@ pub struct Row {
     pub batched_host_ratio: Option<f64>,
     pub seed_change_pct: Option<f64>,
     pub host_note: Option<String>,
-    /// Every round's times: baseline, batched and host (when run).
+    /// Every round's times: baseline, batched and host (in the first six
+    /// rounds under `--runs auto`, every round under a fixed count).
     pub samples: Samples,
 }
 
-#[derive(Serialize, Default)]
+#[derive(Serialize, Default, Clone)]
 pub struct Samples {
     pub baseline_s: Vec<f64>,
     pub batched_s: Vec<f64>,
@@ -236,7 +237,10 @@ pub fn run(a: &BenchArgs, op: Op) -> anyhow::Result<(Vec<Row>, String)> {
                 s.baseline_s.push(t);
             }
         }
-        if !a.no_host && note.is_none() {
+        // The host's time is a column, not part of the ratio: its median
+        // is over the first rounds only, and the rounds that narrow an
+        // interval run the engine alone.
+        if !a.no_host && note.is_none() && k < Rounds::expected(a.runs()) {
             match native::HostKnobs::only_size(case.kb) {
                 Ok(_knobs) => match host_once(op, case, len as usize) {
                     Ok(t) => s.host_s.push(t),

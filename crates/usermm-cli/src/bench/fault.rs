@@ -15,7 +15,7 @@ pub const EXPERIMENT: super::Experiment = super::Experiment {
     name: "fault",
     description: "populate a region by write faults, then munmap it, per folio size; engine against the host kernel",
     run,
-    budget_s: 30,
+    budget_s: 20,
 };
 
 #[derive(Serialize)]
@@ -42,12 +42,18 @@ struct Samples {
     host_s: Vec<f64>,
 }
 
-/// The two operations timed in the rounds of a size, each with its
-/// samples.
-#[derive(Default)]
+/// A size's rounds: the two operations timed, each with its samples, and
+/// what befell the host.
+#[derive(Default, Clone)]
 struct Round {
     populate: Samples,
     munmap: Samples,
+    /// The host cannot run this size (its knobs cannot be set): it is not
+    /// asked again.
+    host_refused: bool,
+    /// What the row says of the host (why it did not run, or that it gave
+    /// other folios than the size's).
+    note: Option<String>,
 }
 
 impl Round {
@@ -74,15 +80,17 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         .filter(|k| a.sizes.is_empty() || a.sizes.contains(k))
         .collect();
     let pb = progress("fault", (sizes.len() * Rounds::expected(a.runs())) as u64);
-    // Per size: its samples, and why the host's figure is missing or not
-    // the size's.
-    let mut state: Vec<(Round, Option<String>)> = sizes
+    let mut state: Vec<Round> = sizes
         .iter()
-        .map(|_| (Round::default(), a.no_host.then(|| "not run".to_string())))
+        .map(|_| Round {
+            host_refused: a.no_host,
+            note: a.no_host.then(|| "not run".to_string()),
+            ..Round::default()
+        })
         .collect();
-    let round = |state: &mut Vec<(Round, Option<String>)>, i: usize, k: usize| {
+    let round = |state: &mut Vec<Round>, i: usize, k: usize| {
         let kb = sizes[i];
-        let (r, note) = &mut state[i];
+        let r = &mut state[i];
         pb.set_message(format!("{kb}K"));
         // Order 0 leaves every size at never.
         m.thp.only_order((kb / 4).trailing_zeros());
@@ -93,20 +101,23 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
                 let (p, u) = engine_populate_munmap(&m, len)?;
                 r.populate.engine_s.push(p);
                 r.munmap.engine_s.push(u);
-            } else if note.is_none() {
+            } else if !r.host_refused {
                 match native::HostKnobs::only_size(kb) {
                     Ok(_knobs) => {
-                        let (p, u) = host_populate_munmap(kb, len, note);
+                        let (p, u) = host_populate_munmap(kb, len, &mut r.note);
                         r.populate.host_s.push(p);
                         r.munmap.host_s.push(u);
                     }
-                    Err(e) => *note = Some(e.to_string()),
+                    Err(e) => {
+                        r.host_refused = true;
+                        r.note = Some(e.to_string());
+                    }
                 }
             }
         }
         anyhow::Ok(())
     };
-    let spread = |state: &Vec<(Round, Option<String>)>, i: usize| state[i].0.spread();
+    let spread = |state: &Vec<Round>, i: usize| state[i].spread();
     let budget = Duration::from_secs(a.budget_s);
     stats::rounds_by_row(
         a.runs(),
@@ -118,7 +129,7 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         spread,
     )?;
     let mut rows = vec![];
-    for (kb, (r, note)) in sizes.into_iter().zip(state) {
+    for (kb, r) in sizes.into_iter().zip(state) {
         for (op, s) in [("populate", r.populate), ("munmap", r.munmap)] {
             let q = (!s.host_s.is_empty() && s.host_s.len() == s.engine_s.len())
                 .then(|| Estimate::ratio(&s.engine_s, &s.host_s));
@@ -131,7 +142,7 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
                 ci_low: q.map(|q| q.ci_low),
                 ci_high: q.map(|q| q.ci_high),
                 runs: s.engine_s.len(),
-                host_note: note.clone(),
+                host_note: r.note.clone(),
                 samples: s,
             });
         }
@@ -212,12 +223,7 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
 impl Row {
     /// engine / host with its interval, when the host ran.
     fn estimate(&self) -> Option<Estimate> {
-        Some(Estimate {
-            value: self.ratio?,
-            ci_low: self.ci_low?,
-            ci_high: self.ci_high?,
-            n: self.runs,
-        })
+        Estimate::from_fields(self.ratio, self.ci_low, self.ci_high, self.runs)
     }
 }
 

@@ -34,7 +34,7 @@ pub const EXPERIMENT: super::Experiment = super::Experiment {
     description: "move_pages of a region from node 0 to node 1 per folio size, with \
         migrate_batch_flush off and on, the mm on 1 and 2 CPUs: time and TLB flushes (v6.3)",
     run: experiment,
-    budget_s: 40,
+    budget_s: 35,
 };
 
 const PAGE: u64 = 4096;
@@ -75,12 +75,7 @@ struct Row {
 
 impl Row {
     fn estimate(&self) -> Option<Estimate> {
-        Some(Estimate {
-            value: self.ratio?,
-            ci_low: self.ci_low?,
-            ci_high: self.ci_high?,
-            n: self.runs,
-        })
+        Estimate::from_fields(self.ratio, self.ci_low, self.ci_high, self.runs)
     }
 }
 

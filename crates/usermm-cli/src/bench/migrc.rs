@@ -140,29 +140,24 @@ struct Row {
 
 impl Row {
     fn estimate(&self) -> Option<Estimate> {
-        Some(Estimate {
-            value: self.ratio?,
-            ci_low: self.ci_low?,
-            ci_high: self.ci_high?,
-            n: self.runs,
-        })
+        Estimate::from_fields(self.ratio, self.ci_low, self.ci_high, self.runs)
     }
 
     fn remote_flush_estimate(&self) -> Option<Estimate> {
-        Some(Estimate {
-            value: self.remote_flush_ratio?,
-            ci_low: self.remote_flush_ratio_ci_low?,
-            ci_high: self.remote_flush_ratio_ci_high?,
-            n: self.runs,
-        })
+        Estimate::from_fields(
+            self.remote_flush_ratio,
+            self.remote_flush_ratio_ci_low,
+            self.remote_flush_ratio_ci_high,
+            self.runs,
+        )
     }
 }
 
 impl Sample {
-    /// Shootdowns sent per 1000 pages migrated (the migrations a run
-    /// makes vary widely).
-    fn remote_flush_per_k(&self) -> f64 {
-        1000.0 * self.counters[2] as f64 / self.counters[1].max(1) as f64
+    /// Counter `i` per 1000 pages migrated (the migrations a run makes
+    /// vary widely).
+    fn per_k(&self, i: usize) -> f64 {
+        1000.0 * self.counters[i] as f64 / self.counters[1].max(1) as f64
     }
 }
 
@@ -240,7 +235,7 @@ fn experiment(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
             .expect("an off arm per setting")
     };
     let runtime = |s: &[Sample]| -> Vec<f64> { s.iter().map(|x| x.runtime_s).collect() };
-    let flushes = |s: &[Sample]| -> Vec<f64> { s.iter().map(Sample::remote_flush_per_k).collect() };
+    let flushes = |s: &[Sample]| -> Vec<f64> { s.iter().map(|x| x.per_k(2)).collect() };
     let narrow = |samples: &[Vec<Sample>]| {
         (0..arms.len()).all(|k| {
             let base = &samples[off_of(k)];
@@ -249,6 +244,7 @@ fn experiment(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     };
     let mut rounds = Rounds::new(a.runs(), Duration::from_secs(a.budget_s));
     while rounds.more(|| narrow(&samples)) {
+        rounds.lengthen(&pb, arms.len() as u64);
         // The arms in an order that turns round by round.
         for i in 0..arms.len() {
             let k = (i + rounds.done()) % arms.len();
@@ -275,13 +271,13 @@ fn experiment(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
             if arm != 0 {
                 let base = &samples[off_of(k)];
                 let q = Estimate::ratio(&runtime(&samples[k]), &runtime(base));
-                (r.ratio, r.ci_low, r.ci_high) = (Some(q.value), Some(q.ci_low), Some(q.ci_high));
+                (r.ratio, r.ci_low, r.ci_high) = Estimate::fields(Some(q));
                 let f = Estimate::ratio(&flushes(&samples[k]), &flushes(base));
                 (
                     r.remote_flush_ratio,
                     r.remote_flush_ratio_ci_low,
                     r.remote_flush_ratio_ci_high,
-                ) = (Some(f.value), Some(f.ci_low), Some(f.ci_high));
+                ) = Estimate::fields(Some(f));
             }
             r
         })
@@ -343,11 +339,7 @@ fn row(arm: &'static str, ad: bool, s: &[Sample]) -> Row {
 
 /// The median over the runs of counter `i` per 1000 pages migrated.
 fn per_k(s: &[Sample], i: usize) -> f64 {
-    super::median(
-        s.iter()
-            .map(|x| 1000.0 * x.counters[i] as f64 / x.counters[1].max(1) as f64)
-            .collect(),
-    )
+    super::median(s.iter().map(|x| x.per_k(i)).collect())
 }
 
 /// Build the grid, then run the lookups on every CPU; the counters over

@@ -139,6 +139,12 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let iterations = a.iterations;
     let designs = Tunable::PtReclaim.info().values;
     let arms = Arm::all();
+    // The lanes' machines, populated before the host's THP knobs change
+    // (and before any lane is pinned: a machine's own threads float).
+    let lanes = lanes();
+    let machines = (0..lanes)
+        .map(|_| loop_machine(a))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let host_knobs = if a.no_host {
         Err("not run".to_string())
     } else {
@@ -155,8 +161,8 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         "pt_reclaim",
         (jobs.len() + Rounds::expected(a.runs()) * designs.len()) as u64,
     );
-    let lanes = lanes();
-    let done = run_loops(a, &jobs, lanes, &pb)?;
+    let done = run_loops(a, &jobs, &machines, &pb)?;
+    drop(machines);
     let host: Vec<Result<LoopResult, String>> = Mode::ALL
         .iter()
         .map(|&mode| match &host_knobs {
@@ -229,7 +235,7 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         "iterations": iterations,
         "fault_region_mb": a.size_mb,
         "loops_at_a_time": lanes,
-        "runs": costs.first().map_or(0, |c| c.runs),
+        "runs": a.runs().to_string(),
         "host_note": host_note,
         "rows": json_rows,
     }))
@@ -258,26 +264,17 @@ fn lanes() -> usize {
     native::host_cpus().min(2)
 }
 
-/// Run `jobs` on `lanes` threads, each pinned to its own host CPU and
-/// with an engine machine of its own, taking the next job as it finishes
-/// one; the results in the jobs' order.
+/// Run `jobs` on one thread per machine, each pinned to its own host CPU,
+/// taking the next job as it finishes one; the results in the jobs' order.
 fn run_loops(
     a: &BenchArgs,
     jobs: &[Job],
-    lanes: usize,
+    machines: &[std::sync::Arc<Machine>],
     pb: &indicatif::ProgressBar,
 ) -> anyhow::Result<Vec<Done>> {
     let next = std::sync::atomic::AtomicUsize::new(0);
     let results: Vec<std::sync::Mutex<Option<Done>>> =
         jobs.iter().map(|_| std::sync::Mutex::new(None)).collect();
-    // The loop's own memory: one table per chunk when none is freed, the
-    // chunk being written, and slack.
-    let need = (a.iterations as u64 * PAGE as u64 + (64 << 20)).next_multiple_of(1 << 20);
-    // Made here, before any lane is pinned: a machine's own threads
-    // (kswapd, RCU) float.
-    let machines = (0..lanes)
-        .map(|_| loop_machine(a, need))
-        .collect::<anyhow::Result<Vec<_>>>()?;
     std::thread::scope(|s| {
         let lanes: Vec<_> = machines
             .iter()
@@ -335,8 +332,10 @@ fn run_loops(
 }
 
 /// A lane's machine, populated, with 4 KiB folios only, as the seed
-/// measured and the host runs.
-fn loop_machine(a: &BenchArgs, need: u64) -> anyhow::Result<std::sync::Arc<Machine>> {
+/// measured and the host runs. It holds the loop's own memory: one table
+/// per chunk when none is freed, the chunk being written, and slack.
+fn loop_machine(a: &BenchArgs) -> anyhow::Result<std::sync::Arc<Machine>> {
+    let need = (a.iterations as u64 * PAGE as u64 + (64 << 20)).next_multiple_of(1 << 20);
     let m = experiment_machine(a, need)?;
     m.prefault();
     m.thp.only_order(0);
@@ -426,8 +425,11 @@ fn fault_cost(
     let faults = (len / PAGE as u64) as f64;
     let mut fps: Vec<Vec<f64>> = vec![vec![]; designs.len()];
     let narrow = |fps: &[Vec<f64>]| fps.iter().all(|f| !Estimate::ratio(f, &fps[0]).wide());
+    // One population thrown away first: it warms up what the rounds share.
+    populate_s(m, len)?;
     let mut rounds = Rounds::new(a.runs(), Duration::from_secs(a.budget_s));
     while rounds.more(|| narrow(&fps)) {
+        rounds.lengthen(pb, designs.len() as u64);
         pb.set_message(format!("fault cost, round {}", rounds.done()));
         let n = designs.len();
         for k in 0..n {

@@ -111,6 +111,14 @@ impl Rounds {
         self.done
     }
 
+    /// Lengthen `pb` by the round just begun's `steps` if it is past the
+    /// bar's length ([`Rounds::expected`]).
+    pub fn lengthen(&self, pb: &indicatif::ProgressBar, steps: u64) {
+        if self.done > Rounds::expected(self.runs) {
+            pb.inc_length(steps);
+        }
+    }
+
     /// The progress bar's length: the fixed count, or the minimum.
     pub fn expected(runs: Runs) -> usize {
         match runs {
@@ -128,10 +136,14 @@ impl Rounds {
 /// minimum rounds included) is spent. So the budget goes where the noise
 /// is, whatever the rows' order.
 ///
+/// Before all of them, one round of the first row warms up (the caches,
+/// the allocators' lists, the host's clock speed) and is thrown away, as
+/// the reference programs throw away their first repetition.
+///
 /// `round(state, row, k)` runs round `k` of `row` (its samples go into
 /// `state`); `spread(state, row)` is the row's widest interval as
 /// [`Estimate::spread`] gives it (0 for a row with nothing to narrow).
-pub fn rounds_by_row<S>(
+pub fn rounds_by_row<S: Clone>(
     runs: Runs,
     budget: Duration,
     pb: &indicatif::ProgressBar,
@@ -141,6 +153,11 @@ pub fn rounds_by_row<S>(
     spread: impl Fn(&S, usize) -> f64,
 ) -> anyhow::Result<()> {
     let started = Instant::now();
+    if rows > 0 {
+        let before = state.clone();
+        round(state, 0, 0)?;
+        *state = before;
+    }
     let first = Rounds::expected(runs);
     let mut done = vec![0; rows];
     for (row, n) in done.iter_mut().enumerate() {
@@ -225,6 +242,31 @@ impl Estimate {
             ci_low: lo,
             ci_high: hi,
             n,
+        }
+    }
+
+    /// A row's value and interval fields, back as an estimate over `n`
+    /// rounds (None where the row has none).
+    pub fn from_fields(
+        value: Option<f64>,
+        ci_low: Option<f64>,
+        ci_high: Option<f64>,
+        n: usize,
+    ) -> Option<Estimate> {
+        Some(Estimate {
+            value: value?,
+            ci_low: ci_low?,
+            ci_high: ci_high?,
+            n,
+        })
+    }
+
+    /// The fields a row keeps of an estimate it may lack: value, `ci_low`,
+    /// `ci_high`.
+    pub fn fields(e: Option<Estimate>) -> (Option<f64>, Option<f64>, Option<f64>) {
+        match e {
+            Some(e) => (Some(e.value), Some(e.ci_low), Some(e.ci_high)),
+            None => (None, None, None),
         }
     }
 

@@ -31,10 +31,12 @@ const CHAIN_DEPTHS: [usize; 2] = [1000, 5000];
 /// half a minute (forking is quadratic in the depth there too), and 5,000
 /// would take minutes.
 const HOST_CHAIN_DEPTH: usize = 1000;
-/// Teardowns of each fork chain timed: the engine's chain is
-/// deterministic work with no arm to compare, so its median of three is
-/// reported without an interval.
-const CHAIN_RUNS: usize = 3;
+/// Teardowns of each fork chain timed: the rounds asked for, at most three.
+/// The engine's chain is deterministic work with no arm to compare, so its
+/// median is reported without an interval.
+fn chain_runs(a: &BenchArgs) -> usize {
+    Rounds::expected(a.runs()).min(3)
+}
 /// Calls of each kind timed per run.
 const CALLS: usize = 1000;
 /// Where the engine's VMAs start (the host's start wherever it has room).
@@ -70,21 +72,16 @@ struct Row {
 
 impl Row {
     fn ratio(&self) -> Option<Estimate> {
-        Some(Estimate {
-            value: self.ratio?,
-            ci_low: self.ci_low?,
-            ci_high: self.ci_high?,
-            n: self.runs,
-        })
+        Estimate::from_fields(self.ratio, self.ci_low, self.ci_high, self.runs)
     }
 
     fn scaling(&self) -> Option<Estimate> {
-        Some(Estimate {
-            value: self.scaling?,
-            ci_low: self.scaling_ci_low?,
-            ci_high: self.scaling_ci_high?,
-            n: self.runs,
-        })
+        Estimate::from_fields(
+            self.scaling,
+            self.scaling_ci_low,
+            self.scaling_ci_high,
+            self.runs,
+        )
     }
 }
 
@@ -295,7 +292,7 @@ pub const EXPERIMENT: super::Experiment = super::Experiment {
     name: "vma",
     description: "mmap, munmap and mprotect among N one-page VMAs, and the teardown of a deep fork chain; engine against the host kernel",
     run,
-    budget_s: 20,
+    budget_s: 10,
 };
 
 fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
@@ -314,9 +311,14 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         engine: vec![vec![]; NR_VMAS.len()],
         host: vec![vec![]; NR_VMAS.len()],
     };
-    let mut host_refused = false;
+    // Per N: the host refused once (max_map_count and this process's own
+    // VMAs), and is not asked again at that N.
+    let mut host_refused = [false; NR_VMAS.len()];
+    // No round is thrown away: each run makes one untimed pass of its
+    // calls before the timed one (`vma_loop`).
     let mut rounds = Rounds::new(a.runs(), Duration::from_secs(a.budget_s));
     while rounds.more(|| l.narrow()) {
+        rounds.lengthen(&pb, 1);
         pb.set_message(format!("round {}", rounds.done()));
         // Every N in each round, so that scaling is a ratio within one;
         // the host first in every other round.
@@ -325,14 +327,14 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
             for engine in [!host_first, host_first] {
                 if engine {
                     l.engine[j].push(engine_run(&m, n)?);
-                } else if !a.no_host && !host_refused {
+                } else if !a.no_host && !host_refused[j] {
                     // The host may refuse (max_map_count and this process's
                     // own VMAs): then it has no figure, and says why.
                     match host_base(n).and_then(|b| vma_loop(&mut Host, b, n)) {
                         Ok(t) => l.host[j].push(t),
                         Err(err) => {
                             eprintln!("bench vma: host run at {n} VMAs: {err}");
-                            host_refused = true;
+                            host_refused[j] = true;
                         }
                     }
                 }
@@ -350,7 +352,7 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
                 op,
                 n,
                 engine_s: stats::median(&l.engine(j, i)),
-                host_s: (!host.is_empty()).then(|| stats::median(&host)),
+                host_s: (!host_refused[j] && !host.is_empty()).then(|| stats::median(&host)),
                 ratio: q.map(|q| q.value),
                 ci_low: q.map(|q| q.ci_low),
                 ci_high: q.map(|q| q.ci_high),
@@ -366,7 +368,7 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     for &d in &CHAIN_DEPTHS {
         pb.set_message(format!("fork chain {d}"));
         let mut e = vec![];
-        for _ in 0..CHAIN_RUNS {
+        for _ in 0..chain_runs(a) {
             e.push(fork_chain_teardown(&m, d)?);
         }
         pb.inc(1);
@@ -407,7 +409,7 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         "experiment": "vma",
         "machine": m.config.to_string(),
         "runs": a.runs().to_string(),
-        "chain_runs": CHAIN_RUNS,
+        "chain_runs": chain_runs(a),
         "calls_per_run": CALLS,
         "rows": rows,
     }))
@@ -446,7 +448,8 @@ fn print_table(rows: &[Row], a: &BenchArgs) {
         stats::footnote(&format!("{} rounds", looped().next().map_or(0, |r| r.runs)))
     );
     outln!(
-        "fork chain, teardown of every process (youngest first), medians of {CHAIN_RUNS} runs; host: one run, the cost of one chained VMA:"
+        "fork chain, teardown of every process (youngest first), medians of {} runs; host: one run, the cost of one chained VMA:",
+        chain_runs(a)
     );
     outln!(
         "{:<16} {:>7} {:>12} {:>12}",
