@@ -44,6 +44,28 @@ impl HostKnobs {
     }
 }
 
+/// The host's knobs for one folio size at a time, held across the rounds
+/// of a size and changed only when the size does: each change of the
+/// top-level THP knob wakes khugepaged, whose scans of the engine's memory
+/// (a MADV_HUGEPAGE mapping) would run beside the rounds.
+#[derive(Default)]
+pub struct KnobsBySize {
+    held: Option<(u64, HostKnobs)>,
+}
+
+impl KnobsBySize {
+    /// The knobs for `folio_kb`, as [`HostKnobs::only_size`] sets them.
+    pub fn only_size(&mut self, folio_kb: u64) -> Result<(), String> {
+        if self.held.as_ref().is_some_and(|(kb, _)| *kb == folio_kb) {
+            return Ok(());
+        }
+        // The former size's knobs are put back before the new are read.
+        self.held = None;
+        self.held = Some((folio_kb, HostKnobs::only_size(folio_kb)?));
+        Ok(())
+    }
+}
+
 impl Drop for HostKnobs {
     fn drop(&mut self) {
         for (f, v) in &self.saved {

@@ -221,6 +221,7 @@ pub fn run(a: &BenchArgs, op: Op) -> anyhow::Result<(Vec<Row>, String)> {
         .iter()
         .map(|_| (Samples::default(), a.no_host.then(|| "not run".to_string())))
         .collect();
+    let mut knobs = native::KnobsBySize::default();
     let round = |state: &mut Vec<(Samples, Option<String>)>, i: usize, k: usize| {
         let case = cases[i];
         let (s, note) = &mut state[i];
@@ -241,12 +242,12 @@ pub fn run(a: &BenchArgs, op: Op) -> anyhow::Result<(Vec<Row>, String)> {
         // is over the first rounds only, and the rounds that narrow an
         // interval run the engine alone.
         if !a.no_host && note.is_none() && k < Rounds::expected(a.runs()) {
-            match native::HostKnobs::only_size(case.kb) {
-                Ok(_knobs) => match host_once(op, case, len as usize) {
+            match knobs.only_size(case.kb) {
+                Ok(()) => match host_once(op, case, len as usize) {
                     Ok(t) => s.host_s.push(t),
                     Err(e) => *note = Some(e),
                 },
-                Err(e) => *note = Some(e.to_string()),
+                Err(e) => *note = Some(e),
             }
         }
         Ok(())

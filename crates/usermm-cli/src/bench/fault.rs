@@ -88,6 +88,7 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
             ..Round::default()
         })
         .collect();
+    let mut knobs = native::KnobsBySize::default();
     let round = |state: &mut Vec<Round>, i: usize, k: usize| {
         let kb = sizes[i];
         let r = &mut state[i];
@@ -102,15 +103,15 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
                 r.populate.engine_s.push(p);
                 r.munmap.engine_s.push(u);
             } else if !r.host_refused {
-                match native::HostKnobs::only_size(kb) {
-                    Ok(_knobs) => {
+                match knobs.only_size(kb) {
+                    Ok(()) => {
                         let (p, u) = host_populate_munmap(kb, len, &mut r.note);
                         r.populate.host_s.push(p);
                         r.munmap.host_s.push(u);
                     }
                     Err(e) => {
                         r.host_refused = true;
-                        r.note = Some(e.to_string());
+                        r.note = Some(e);
                     }
                 }
             }
