@@ -37,6 +37,13 @@ pub enum Mode {
 impl Mode {
     pub const ALL: [Mode; 4] = [Mode::Whole, Mode::Halves, Mode::Offset4k, Mode::Free];
 
+    /// Its place in [`Mode::ALL`].
+    pub fn index(self) -> usize {
+        let i = self as usize;
+        debug_assert_eq!(Mode::ALL[i], self, "ALL lists the modes as declared");
+        i
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Mode::Whole => "whole",

@@ -182,9 +182,8 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let pb = super::progress("access", (arms.len() * Rounds::expected(a.runs())) as u64);
     // Per arm: the engine's rates and the host's, round by round.
     let mut state: Vec<(Vec<f64>, Vec<f64>)> = vec![(vec![], vec![]); arms.len()];
-    let round = |state: &mut Vec<(Vec<f64>, Vec<f64>)>, i: usize, k: usize| {
+    let round = |(e, h): &mut (Vec<f64>, Vec<f64>), i: usize, k: usize| {
         let (op, cpus) = arms[i];
-        let (e, h) = &mut state[i];
         pb.set_message(format!("{} x{cpus}", op.name()));
         let order = k.is_multiple_of(2);
         for engine_first in [order, !order] {
@@ -196,11 +195,8 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         }
         anyhow::Ok(())
     };
-    let spread = |state: &Vec<(Vec<f64>, Vec<f64>)>, i: usize| {
-        Estimate::ratio(&state[i].0, &state[i].1).spread()
-    };
-    let budget = std::time::Duration::from_secs(a.budget_s);
-    stats::rounds_by_row(a.runs(), budget, &pb, &mut state, arms.len(), round, spread)?;
+    let spread = |(e, h): &(Vec<f64>, Vec<f64>)| Estimate::ratio(e, h).spread();
+    stats::rounds_by_row(a.runs(), a.budget(), &pb, &mut state, round, spread)?;
     let mut rows = vec![];
     for (&(op, cpus), (e, h)) in arms.iter().zip(&state) {
         let r = Estimate::ratio(e, h);

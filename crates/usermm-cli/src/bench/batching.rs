@@ -4,7 +4,7 @@
 //! batching tunable off (the pre-v6.9 per-PTE path) and on, interleaved, and
 //! the same operation is timed on the host kernel in the same invocation.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{anyhow, Context};
 use serde::Serialize;
@@ -222,9 +222,8 @@ pub fn run(a: &BenchArgs, op: Op) -> anyhow::Result<(Vec<Row>, String)> {
         .map(|_| (Samples::default(), a.no_host.then(|| "not run".to_string())))
         .collect();
     let mut knobs = native::KnobsBySize::default();
-    let round = |state: &mut Vec<(Samples, Option<String>)>, i: usize, k: usize| {
+    let round = |(s, note): &mut (Samples, Option<String>), i: usize, k: usize| {
         let case = cases[i];
-        let (s, note) = &mut state[i];
         pb.set_message(case.label());
         // Alternate which arm goes first, so that neither always runs on
         // the allocator state the other left.
@@ -252,20 +251,9 @@ pub fn run(a: &BenchArgs, op: Op) -> anyhow::Result<(Vec<Row>, String)> {
         }
         Ok(())
     };
-    let spread = |state: &Vec<(Samples, Option<String>)>, i: usize| {
-        let s = &state[i].0;
-        Estimate::ratio(&s.batched_s, &s.baseline_s).spread()
-    };
-    let budget = Duration::from_secs(a.budget_s);
-    stats::rounds_by_row(
-        a.runs(),
-        budget,
-        &pb,
-        &mut state,
-        cases.len(),
-        round,
-        spread,
-    )?;
+    let spread =
+        |(s, _): &(Samples, Option<String>)| Estimate::ratio(&s.batched_s, &s.baseline_s).spread();
+    stats::rounds_by_row(a.runs(), a.budget(), &pb, &mut state, round, spread)?;
     let mut rows = vec![];
     for (case, (s, note)) in cases.into_iter().zip(state) {
         let r = Estimate::ratio(&s.batched_s, &s.baseline_s);

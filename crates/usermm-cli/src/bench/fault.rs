@@ -1,7 +1,7 @@
 //! `bench fault`: populate a region by write faults, then munmap it, per
 //! folio size, in the engine and on the host kernel.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde::Serialize;
 use usermm::mmap::{MAP_ANONYMOUS, MAP_PRIVATE, PROT_READ, PROT_WRITE};
@@ -45,7 +45,7 @@ struct Samples {
 /// A size's rounds: the two operations timed, each with its samples, and
 /// what befell the host.
 #[derive(Default, Clone)]
-struct Round {
+struct SizeSamples {
     populate: Samples,
     munmap: Samples,
     /// The host cannot run this size (its knobs cannot be set): it is not
@@ -56,7 +56,7 @@ struct Round {
     note: Option<String>,
 }
 
-impl Round {
+impl SizeSamples {
     /// The wider spread of the two ratios, when the host ran every round.
     fn spread(&self) -> f64 {
         [&self.populate, &self.munmap]
@@ -80,18 +80,17 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         .filter(|k| a.sizes.is_empty() || a.sizes.contains(k))
         .collect();
     let pb = progress("fault", (sizes.len() * Rounds::expected(a.runs())) as u64);
-    let mut state: Vec<Round> = sizes
+    let mut state: Vec<SizeSamples> = sizes
         .iter()
-        .map(|_| Round {
+        .map(|_| SizeSamples {
             host_refused: a.no_host,
             note: a.no_host.then(|| "not run".to_string()),
-            ..Round::default()
+            ..SizeSamples::default()
         })
         .collect();
     let mut knobs = native::KnobsBySize::default();
-    let round = |state: &mut Vec<Round>, i: usize, k: usize| {
+    let round = |r: &mut SizeSamples, i: usize, k: usize| {
         let kb = sizes[i];
-        let r = &mut state[i];
         pb.set_message(format!("{kb}K"));
         // Order 0 leaves every size at never.
         m.thp.only_order((kb / 4).trailing_zeros());
@@ -118,16 +117,13 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         }
         anyhow::Ok(())
     };
-    let spread = |state: &Vec<Round>, i: usize| state[i].spread();
-    let budget = Duration::from_secs(a.budget_s);
     stats::rounds_by_row(
         a.runs(),
-        budget,
+        a.budget(),
         &pb,
         &mut state,
-        sizes.len(),
         round,
-        spread,
+        SizeSamples::spread,
     )?;
     let mut rows = vec![];
     for (kb, r) in sizes.into_iter().zip(state) {

@@ -17,7 +17,7 @@
 //! and migrates by its PTEs in the model (see usermm's `migrate` module).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::anyhow;
 use serde::Serialize;
@@ -138,7 +138,7 @@ fn experiment(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let ratio =
         |s: &[Vec<Sample>], ai: usize| Estimate::ratio(&times(&s[ai]), &times(&s[base_arm(ai)]));
     let mut state: Vec<Vec<Vec<Sample>>> = vec![vec![vec![]; ARMS.len()]; sizes.len()];
-    let round = |state: &mut Vec<Vec<Vec<Sample>>>, si: usize, k: usize| {
+    let round = |arms: &mut Vec<Vec<Sample>>, si: usize, k: usize| {
         let kb = sizes[si];
         pb.set_message(format!("{kb}K"));
         // The arms in an order that turns round by round.
@@ -146,26 +146,17 @@ fn experiment(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
             let ai = (j + k) % ARMS.len();
             let (batch, cpus) = ARMS[ai];
             m.tunables.set_migrate_batch_flush(batch);
-            state[si][ai].push(move_once(&m, kb, len, cpus)?);
+            arms[ai].push(move_once(&m, kb, len, cpus)?);
         }
         anyhow::Ok(())
     };
-    let spread = |state: &Vec<Vec<Vec<Sample>>>, si: usize| {
+    let spread = |arms: &Vec<Vec<Sample>>| {
         (0..ARMS.len())
             .filter(|&ai| ARMS[ai].0)
-            .map(|ai| ratio(&state[si], ai).spread())
+            .map(|ai| ratio(arms, ai).spread())
             .fold(0.0, f64::max)
     };
-    let budget = Duration::from_secs(a.budget_s);
-    stats::rounds_by_row(
-        a.runs(),
-        budget,
-        &pb,
-        &mut state,
-        sizes.len(),
-        round,
-        spread,
-    )?;
+    stats::rounds_by_row(a.runs(), a.budget(), &pb, &mut state, round, spread)?;
     let mut rows = Vec::new();
     for (&kb, samples) in sizes.iter().zip(&state) {
         for (ai, &(batch, cpus)) in ARMS.iter().enumerate() {

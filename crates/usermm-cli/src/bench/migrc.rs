@@ -34,7 +34,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Barrier;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::anyhow;
 use serde::Serialize;
@@ -242,7 +242,7 @@ fn experiment(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
             !Estimate::ratio(&runtime(&samples[k]), &runtime(base)).wide()
         })
     };
-    let mut rounds = Rounds::new(a.runs(), Duration::from_secs(a.budget_s));
+    let mut rounds = Rounds::new(a.runs(), a.budget());
     while rounds.more(|| narrow(&samples)) {
         rounds.lengthen(&pb, arms.len() as u64);
         // The arms in an order that turns round by round.

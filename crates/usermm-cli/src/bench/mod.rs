@@ -88,6 +88,11 @@ pub struct BenchArgs {
 }
 
 impl BenchArgs {
+    /// The time the experiment's rounds may take ([`BenchArgs::budget_s`]).
+    pub fn budget(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.budget_s)
+    }
+
     /// `--runs`, checked by [`validate`].
     pub fn runs(&self) -> stats::Runs {
         self.runs_arg.parse().expect("--runs is validated first")

@@ -17,7 +17,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde::Serialize;
 use usermm::madvise::MADV_NOHUGEPAGE;
@@ -49,6 +49,11 @@ const MODES: [(&str, FaultLock); 3] = [
 const WRITERS: [&str; 3] = ["none", "touch", "notouch"];
 /// The most fault threads `--threads` may ask for.
 pub const MAX_THREADS: usize = 64;
+
+/// Whether an arm's fault threads and writer outnumber the host's cores.
+fn oversubscribed(threads: usize, writer: &str, cores: usize) -> bool {
+    threads + usize::from(writer != "none") > cores
+}
 
 /// The fault-thread counts: the user's, or 1, 2 and each power of two
 /// below the host's cores (a core left for the writer).
@@ -169,13 +174,11 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     // Every mode's ratio to mmap_lock's narrow, in every arm whose threads
     // each have a core: an oversubscribed arm's rates are the host
     // scheduler's to choose, and more rounds would not settle them.
-    let fits =
-        |&(threads, writer): &(usize, &str)| threads + usize::from(writer != "none") <= cores;
     let narrow = |engine: &[Vec<Sample>]| {
         engine
             .chunks(MODES.len())
             .zip(&arms)
-            .filter(|(_, arm)| fits(arm))
+            .filter(|(_, &(threads, writer))| !oversubscribed(threads, writer, cores))
             .all(|(modes, _)| {
                 modes
                     .iter()
@@ -188,7 +191,7 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     if !a.no_host {
         host_pft(arms[0].0, arms[0].1, slice);
     }
-    let mut rounds = Rounds::new(a.runs(), Duration::from_secs(a.budget_s));
+    let mut rounds = Rounds::new(a.runs(), a.budget());
     while rounds.more(|| narrow(&engine)) {
         rounds.lengthen(&pb, arms.len() as u64);
         for (i, &(threads, writer)) in arms.iter().enumerate() {
@@ -211,7 +214,7 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     pb.finish_and_clear();
     let mut rows = vec![];
     for (i, &(threads, writer)) in arms.iter().enumerate() {
-        let oversubscribed = threads + usize::from(writer != "none") > cores;
+        let oversubscribed = oversubscribed(threads, writer, cores);
         for (j, &(mode, _)) in MODES.iter().enumerate() {
             let arm = &engine[i * MODES.len() + j];
             let mut row = summarize(mode, threads, writer, oversubscribed, arm, true);

@@ -7,7 +7,7 @@
 //! cost on the fault path: 4 KiB write-fault throughput per design, the
 //! designs interleaved round by round.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::anyhow;
 use serde::Serialize;
@@ -163,29 +163,20 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     );
     let done = run_loops(a, &jobs, &machines, &pb)?;
     drop(machines);
-    let host: Vec<Result<LoopResult, String>> = Mode::ALL
-        .iter()
-        .map(|&mode| match &host_knobs {
-            Err(e) => Err(e.clone()),
-            Ok(_) => jobs
-                .iter()
-                .zip(&done)
-                .find_map(|(j, d)| match (j, d) {
-                    (Job::Host(m), Done::Host(r)) if *m == mode => Some(r.clone()),
-                    _ => None,
-                })
-                .expect("every host loop ran"),
-        })
-        .collect();
+    // Per mode, the host's loop, or why it did not run.
+    let not_run = host_knobs.as_ref().err().cloned().unwrap_or_default();
+    let mut host: Vec<Result<LoopResult, String>> = vec![Err(not_run); Mode::ALL.len()];
+    let mut engine = vec![];
+    for d in done {
+        match d {
+            Done::Host(mode, r) => host[mode.index()] = r,
+            Done::Engine(mode, arm, figures) => engine.push((mode, arm, figures)),
+        }
+    }
     drop(host_knobs);
     let mut rows = vec![];
-    for (job, d) in jobs.iter().zip(&done) {
-        let (&Job::Engine(mode, arm), Done::Engine(r, reclaimed, pmd_reclaimed)) = (job, d) else {
-            continue;
-        };
-        let h = host[Mode::ALL.iter().position(|&m| m == mode).expect("a mode")]
-            .as_ref()
-            .ok();
+    for (mode, arm, (r, reclaimed, pmd_reclaimed)) in engine {
+        let h = host[mode.index()].as_ref().ok();
         rows.push(LoopRow {
             design: arm.design,
             pt_reclaim_pmd: arm.pmd,
@@ -198,8 +189,8 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
             vmrss_after_kb: r.after.vmrss_kb,
             vmpte_after_kb: r.after.vmpte_kb,
             loop_s: r.loop_s,
-            tables_reclaimed: *reclaimed,
-            pmd_tables_reclaimed: *pmd_reclaimed,
+            tables_reclaimed: reclaimed,
+            pmd_tables_reclaimed: pmd_reclaimed,
             seed_vmpte_after_kb: (iterations == SEED_ITERATIONS && !arm.pmd)
                 .then(|| seed_vmpte_after_kb(arm.design, mode))
                 .flatten(),
@@ -251,9 +242,9 @@ enum Job {
 
 /// What a [`Job`] measured.
 enum Done {
-    Host(Result<LoopResult, String>),
+    Host(Mode, Result<LoopResult, String>),
     /// The figures, and the PTE and PMD tables reclaimed.
-    Engine(LoopResult, u64, u64),
+    Engine(Mode, Arm, (LoopResult, u64, u64)),
 }
 
 /// How many loops run at once: one per host CPU, at most two. The loops
@@ -295,6 +286,7 @@ fn run_loops(
                             Job::Host(mode) => {
                                 pb.set_message(format!("host {}", mode.name()));
                                 Done::Host(
+                                    mode,
                                     host_pt_reclaim::run(mode, a.iterations)
                                         .map_err(|e| e.to_string()),
                                 )
@@ -302,8 +294,7 @@ fn run_loops(
                             Job::Engine(mode, arm) => {
                                 pb.set_message(format!("{} {}", arm.label(), mode.name()));
                                 arm.select(m)?;
-                                let (r, pte, pmd) = engine_loop(m, mode, a.iterations)?;
-                                Done::Engine(r, pte, pmd)
+                                Done::Engine(mode, arm, engine_loop(m, mode, a.iterations)?)
                             }
                         };
                         *results[i].lock().expect("no lane panics") = Some(done);
@@ -427,7 +418,7 @@ fn fault_cost(
     let narrow = |fps: &[Vec<f64>]| fps.iter().all(|f| !Estimate::ratio(f, &fps[0]).wide());
     // One population thrown away first: it warms up what the rounds share.
     populate_s(m, len)?;
-    let mut rounds = Rounds::new(a.runs(), Duration::from_secs(a.budget_s));
+    let mut rounds = Rounds::new(a.runs(), a.budget());
     while rounds.more(|| narrow(&fps)) {
         rounds.lengthen(pb, designs.len() as u64);
         pb.set_message(format!("fault cost, round {}", rounds.done()));

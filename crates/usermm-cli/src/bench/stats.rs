@@ -140,48 +140,44 @@ impl Rounds {
 /// the allocators' lists, the host's clock speed) and is thrown away, as
 /// the reference programs throw away their first repetition.
 ///
-/// `round(state, row, k)` runs round `k` of `row` (its samples go into
-/// `state`); `spread(state, row)` is the row's widest interval as
+/// `rows` holds each row's samples: `round(row, i, k)` runs round `k` of
+/// row `i`, adding to them; `spread(row)` is the row's widest interval as
 /// [`Estimate::spread`] gives it (0 for a row with nothing to narrow).
-pub fn rounds_by_row<S: Clone>(
+pub fn rounds_by_row<T: Clone>(
     runs: Runs,
     budget: Duration,
     pb: &indicatif::ProgressBar,
-    state: &mut S,
-    rows: usize,
-    mut round: impl FnMut(&mut S, usize, usize) -> anyhow::Result<()>,
-    spread: impl Fn(&S, usize) -> f64,
+    rows: &mut [T],
+    mut round: impl FnMut(&mut T, usize, usize) -> anyhow::Result<()>,
+    spread: impl Fn(&T) -> f64,
 ) -> anyhow::Result<()> {
     let started = Instant::now();
-    if rows > 0 {
-        let before = state.clone();
-        round(state, 0, 0)?;
-        *state = before;
+    if let Some(first) = rows.first() {
+        round(&mut first.clone(), 0, 0)?;
     }
     let first = Rounds::expected(runs);
-    let mut done = vec![0; rows];
-    for (row, n) in done.iter_mut().enumerate() {
+    for (i, row) in rows.iter_mut().enumerate() {
         for k in 0..first {
-            round(state, row, k)?;
+            round(row, i, k)?;
             pb.inc(1);
         }
-        *n = first;
     }
     if runs != Runs::Auto {
         return Ok(());
     }
+    let mut done = vec![first; rows.len()];
     while started.elapsed() < budget {
-        let widest = (0..rows)
-            .filter(|&r| done[r] < MAX_AUTO_RUNS)
-            .map(|r| (r, spread(state, r)))
+        let widest = (0..rows.len())
+            .filter(|&i| done[i] < MAX_AUTO_RUNS)
+            .map(|i| (i, spread(&rows[i])))
             .filter(|&(_, w)| w > NARROW)
             .max_by(|a, b| a.1.total_cmp(&b.1));
-        let Some((row, _)) = widest else {
+        let Some((i, _)) = widest else {
             break;
         };
         pb.inc_length(1);
-        round(state, row, done[row])?;
-        done[row] += 1;
+        round(&mut rows[i], i, done[i])?;
+        done[i] += 1;
         pb.inc(1);
     }
     Ok(())
@@ -370,29 +366,31 @@ mod tests {
     #[test]
     fn the_widest_row_gets_the_next_round() {
         let pb = indicatif::ProgressBar::hidden();
-        // Row 0 is narrow at once; row 1 after 9 rounds; row 2 never.
-        let spread = |n: &Vec<usize>, r: usize| match r {
+        // Each row: (its index, rounds run). Row 0 is narrow at once; row
+        // 1 after 9 rounds; row 2 never.
+        let spread = |&(r, n): &(usize, usize)| match r {
             0 => 0.01,
-            1 if n[1] >= 9 => 0.01,
+            1 if n >= 9 => 0.01,
             1 => 0.2,
             _ => 0.1,
         };
-        let mut n = vec![0; 3];
-        let round = |n: &mut Vec<usize>, r: usize, k: usize| {
-            assert_eq!(n[r], k, "rounds of a row come in order");
-            n[r] += 1;
+        let round = |(r, n): &mut (usize, usize), i: usize, k: usize| {
+            assert_eq!((*r, *n), (i, k), "rounds of a row come in order");
+            *n += 1;
             Ok(())
         };
+        let counts = |rows: &[(usize, usize)]| rows.iter().map(|r| r.1).collect::<Vec<_>>();
         let hour = Duration::from_secs(3600);
-        rounds_by_row(Runs::Auto, hour, &pb, &mut n, 3, round, spread).unwrap();
-        assert_eq!(n, vec![MIN_AUTO_RUNS, 9, MAX_AUTO_RUNS]);
+        let mut rows = [(0, 0), (1, 0), (2, 0)];
+        rounds_by_row(Runs::Auto, hour, &pb, &mut rows, round, spread).unwrap();
+        assert_eq!(counts(&rows), vec![MIN_AUTO_RUNS, 9, MAX_AUTO_RUNS]);
         // No budget: the minimum each; a fixed count: that many.
-        let mut n = vec![0; 3];
-        rounds_by_row(Runs::Auto, Duration::ZERO, &pb, &mut n, 3, round, spread).unwrap();
-        assert_eq!(n, vec![MIN_AUTO_RUNS; 3]);
-        let mut n = vec![0; 3];
-        rounds_by_row(Runs::Fixed(2), hour, &pb, &mut n, 3, round, spread).unwrap();
-        assert_eq!(n, vec![2; 3]);
+        let mut rows = [(0, 0), (1, 0), (2, 0)];
+        rounds_by_row(Runs::Auto, Duration::ZERO, &pb, &mut rows, round, spread).unwrap();
+        assert_eq!(counts(&rows), vec![MIN_AUTO_RUNS; 3]);
+        let mut rows = [(0, 0), (1, 0), (2, 0)];
+        rounds_by_row(Runs::Fixed(2), hour, &pb, &mut rows, round, spread).unwrap();
+        assert_eq!(counts(&rows), vec![2; 3]);
     }
 
     #[test]

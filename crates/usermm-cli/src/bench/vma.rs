@@ -13,7 +13,7 @@
 //! from the youngest up. On the host it runs in a helper process
 //! ([`crate::host_chain`]), which finds the cost of one such VMA.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::anyhow;
 use serde::Serialize;
@@ -316,7 +316,7 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let mut host_refused = [false; NR_VMAS.len()];
     // No round is thrown away: each run makes one untimed pass of its
     // calls before the timed one (`vma_loop`).
-    let mut rounds = Rounds::new(a.runs(), Duration::from_secs(a.budget_s));
+    let mut rounds = Rounds::new(a.runs(), a.budget());
     while rounds.more(|| l.narrow()) {
         rounds.lengthen(&pb, 1);
         pb.set_message(format!("round {}", rounds.done()));
