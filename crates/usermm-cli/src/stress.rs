@@ -63,6 +63,8 @@ const PAGE: u64 = 4096;
 const MAX_CHILDREN: usize = 3;
 /// Operations between invariant checks.
 const CHECK_EVERY: u64 = 256;
+/// How long a check waits for kswapd to finish its run.
+const KSWAPD_WAIT: Duration = Duration::from_secs(10);
 
 /// What the accessor threads and the watchdog share with the operator.
 #[derive(Default)]
@@ -95,6 +97,12 @@ struct Summary {
     invariant_checks: u64,
     violations: usize,
     leaked_frames: i64,
+    /// Pages MIGRC still kept after the last exit, given back by a final
+    /// flush before the frames are counted (a kept source is not a leak:
+    /// the next batched flush would release it).
+    migrc_kept_at_end: u64,
+    /// The first leaked frames, each with its flags and refcount.
+    leaked: Vec<String>,
     committed_left_pages: u64,
     failure: Option<String>,
 }
@@ -112,6 +120,7 @@ pub fn run(a: StressArgs) -> anyhow::Result<i32> {
     }
     let m = Machine::new(config).map_err(|e| anyhow::anyhow!("machine: {e}"))?;
     let free0 = m.mem.nr_free_pages();
+    let held0 = held_frames(&m);
     let ctl = Control {
         accessor_progress: (0..m.cpus.len()).map(|_| AtomicU64::new(0)).collect(),
         ..Default::default()
@@ -169,10 +178,17 @@ pub fn run(a: StressArgs) -> anyhow::Result<i32> {
     c0.idle();
     drop(c0);
     sum.seconds = t.elapsed().as_secs_f64();
+    // A kswapd still reclaiming holds what it works on (an address space
+    // found by the reverse map keeps its PGD): wait for it before counting.
+    let kswapd_idle = m.kswapd_wait_idle(KSWAPD_WAIT);
     m.rcu_barrier();
     if sum.failure.is_none() {
         if let Some(f) = ctl.failure.lock().unwrap().take() {
             sum.failure = Some(f);
+        } else if !kswapd_idle {
+            sum.failure = Some(format!(
+                "kswapd still busy after {KSWAPD_WAIT:?} at the end"
+            ));
         } else if let Err(e) = usermm::check::check_invariants(&m) {
             sum.failure = Some(format!("after the last exit: {e}"));
         }
@@ -186,6 +202,9 @@ pub fn run(a: StressArgs) -> anyhow::Result<i32> {
         .huge_zero_pfn_if_allocated()
         .map_or(0, |_| usermm::phys::HPAGE_PMD_NR);
     sum.leaked_frames = free0 as i64 - m.mem.nr_free_pages() as i64 - huge_zero as i64;
+    if sum.leaked_frames != 0 {
+        sum.leaked = describe_leaked(&m, &held0);
+    }
     sum.committed_left_pages = m.overcommit.vm_memory_committed();
     sum.loads_checked = shadow.loads_checked();
     sum.stores = ctl.stores.load(Ordering::Relaxed);
@@ -240,10 +259,59 @@ fn print_summary(s: &Summary, pass: bool) {
         s.leaked_frames,
         s.committed_left_pages
     );
+    if s.migrc_kept_at_end > 0 {
+        outln!(
+            "MIGRC kept {} pages at the end (released by a final flush)",
+            s.migrc_kept_at_end
+        );
+    }
+    for l in &s.leaked {
+        outln!("leaked: {l}");
+    }
     if let Some(f) = &s.failure {
         outln!("failure: {f}");
     }
     outln!("{}", if pass { "PASS" } else { "FAIL" });
+}
+
+/// The frames that are not free (in the buddy or per-CPU lists).
+fn held_frames(m: &Machine) -> std::collections::HashSet<u64> {
+    let mut free = std::collections::HashSet::new();
+    m.mem
+        .for_each_free_block(|head, order| free.extend(head..head + (1 << order)));
+    m.mem
+        .nodes
+        .iter()
+        .flat_map(|n| n.start_pfn()..n.start_pfn() + n.nr_pages)
+        .filter(|p| !free.contains(p))
+        .collect()
+}
+
+/// The frames held now that were free at the start (the huge zero folio
+/// aside), the first few described.
+fn describe_leaked(m: &Machine, held0: &std::collections::HashSet<u64>) -> Vec<String> {
+    let huge_zero = m
+        .huge_zero_pfn_if_allocated()
+        .map(|hz| hz..hz + usermm::phys::HPAGE_PMD_NR);
+    let mut leaked: Vec<u64> = held_frames(m)
+        .into_iter()
+        .filter(|p| !held0.contains(p) && !huge_zero.as_ref().is_some_and(|r| r.contains(p)))
+        .collect();
+    leaked.sort_unstable();
+    leaked
+        .iter()
+        .take(8)
+        .map(|&pfn| {
+            let page = m.mem.page(pfn);
+            format!(
+                "frame {pfn:#x}: flags {:#x}, refcount {}, mapcount {}, mapping {:#x}",
+                page.flags.load(Ordering::Relaxed),
+                page.refcount.load(Ordering::Relaxed),
+                page.mapcount.load(Ordering::Relaxed),
+                page.mapping.load(Ordering::Relaxed)
+            )
+        })
+        .collect()
 }
 
 /// A thread of the first process: loads and stores at random in the window,
@@ -406,8 +474,14 @@ impl Operator<'_, '_> {
             }
             std::thread::yield_now();
         }
-        self.c.m.rcu_barrier();
-        let r = usermm::check::check_invariants(self.c.m);
+        // kswapd too: its reclaim holds folios, mms and locks while it
+        // runs, which a check would see half done.
+        let r = if self.c.m.kswapd_wait_idle(KSWAPD_WAIT) {
+            self.c.m.rcu_barrier();
+            usermm::check::check_invariants(self.c.m)
+        } else {
+            Err(format!("kswapd still busy after {KSWAPD_WAIT:?}"))
+        };
         self.sum.invariant_checks += 1;
         self.ctl.pause.store(false, Ordering::Release);
         self.c.switch_mm(&self.cur);
@@ -689,5 +763,10 @@ impl Operator<'_, '_> {
         c.switch_mm(&self.main);
         let _ = c.exit_mm();
         self.shadow.exit(self.main.id);
+        // What MIGRC still keeps waits for a batched flush that no one
+        // will send any more: send it, as the allocator would once it
+        // needed the pages.
+        self.sum.migrc_kept_at_end = c.m.migrc.kept().iter().map(|f| f.nr_pages(&c.m.mem)).sum();
+        usermm::migrc::migrc_flush_free_folios(c);
     }
 }

@@ -430,20 +430,30 @@ impl Machine {
     /// too. The caller's CPU must be idle ([`OnCpu::idle`]): kswapd's
     /// shootdowns wait for CPUs in user mode. Panics after ten seconds.
     pub fn kswapd_quiesce(&self) {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while std::time::Instant::now() < deadline {
+        if !self.kswapd_wait_idle(std::time::Duration::from_secs(10)) {
+            panic!(
+                "kswapd still busy after ten seconds (a CPU left in user mode blocks its shootdowns)"
+            );
+        }
+    }
+
+    /// [`Self::kswapd_quiesce`] for at most `timeout`: whether every
+    /// kswapd is idle.
+    pub fn kswapd_wait_idle(&self, timeout: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
             let busy = self.kswapd.iter().any(|k| {
                 k.running.load(Ordering::Acquire)
                     || k.wait.state.lock().map(|s| s.woken).unwrap_or(false)
             });
             if !busy {
-                return;
+                return true;
+            }
+            if std::time::Instant::now() >= deadline {
+                return false;
             }
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
-        panic!(
-            "kswapd still busy after ten seconds (a CPU left in user mode blocks its shootdowns)"
-        );
     }
 
     /// Run the calling thread on CPU `id` until the handle is dropped.
