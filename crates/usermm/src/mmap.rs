@@ -128,7 +128,12 @@ fn vma_dup_policy(
     flags: VmFlags,
     pol: Option<Arc<crate::mempolicy::Mempolicy>>,
 ) -> Arc<Vma> {
-    let pgoff = old.linear_page_index(start);
+    // `start` may lie below `old` (a VMA that grows down over a merged
+    // range): the offsets continue downwards.
+    let pgoff = match start.checked_sub(old.start()) {
+        Some(_) => old.linear_page_index(start),
+        None => old.pgoff() - ((old.start() - start) >> PAGE_SHIFT),
+    };
     let vma = Arc::new(Vma::new(old.mm_id, start, end, flags, pgoff).with_policy(pol));
     crate::rmap::anon_vma_clone(&vma, old);
     vma
@@ -156,6 +161,47 @@ pub(crate) fn merge_around(tree: &mut VmaTree, vma: Arc<Vma>) -> Arc<Vma> {
         }
     }
     vma
+}
+
+/// `vma_merge_new_range`: a new mapping `new` (not in the tree) between
+/// `prev` and `next` joins whichever of them can take it, before any VMA is
+/// made for it. Left first, as the kernel: when both could take it but
+/// their anon_vmas differ (`can_vma_merge_right`'s test), only `prev` does.
+/// Returns the merged VMA, now in the tree, or None: `new` must be
+/// inserted.
+fn vma_merge_new_range(
+    tree: &mut VmaTree,
+    prev: Option<&Arc<Vma>>,
+    next: Option<&Arc<Vma>>,
+    new: &Vma,
+) -> Option<Arc<Vma>> {
+    let left = prev.filter(|p| can_merge(p, new));
+    let anon_vmas_compatible = |p: &Vma, n: &Vma| match (p.anon_vma(), n.anon_vma()) {
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+        _ => true,
+    };
+    let right = next
+        .filter(|n| can_merge(new, n))
+        .filter(|n| left.is_none_or(|p| anon_vmas_compatible(p, n)));
+    let merged = match (left, right) {
+        (None, None) => return None,
+        // `vma_expand` of prev, over next too if it merges.
+        (Some(p), right) => {
+            let end = right.map_or(new.end(), |n| n.end());
+            let merged = vma_dup(p, p.start(), end, p.flags());
+            if let Some(n) = right.filter(|n| merged.anon_vma().is_none() && n.anon_vma().is_some())
+            {
+                crate::rmap::anon_vma_clone(&merged, n);
+            }
+            merged
+        }
+        // next grows down over the new range.
+        (None, Some(n)) => vma_dup(n, new.start(), n.end(), n.flags()),
+    };
+    let old: Vec<Arc<Vma>> = left.into_iter().chain(right).cloned().collect();
+    tree.replace(&old, vec![merged.clone()]);
+    old.iter().for_each(|v| vma_retire(v));
+    Some(merged)
 }
 
 /// `keep` grows over `gone`, its upper neighbour (`vma_expand` +
@@ -376,7 +422,9 @@ pub fn do_mmap(
         return Err(Errno::ENOMEM);
     }
     let addr = get_unmapped_area(&tree, addr, len, flags)?;
-    let overlaps = tree.find_vma_intersection(addr, addr + len).is_some();
+    let (found, prev) = tree.find_vma_prev(addr);
+    let overlaps = found.is_some_and(|v| v.start() < addr + len);
+    let (mut next, mut prev) = (found.cloned(), prev.cloned());
     if flags & MAP_FIXED_NOREPLACE != 0 && overlaps {
         return Err(Errno::EEXIST);
     }
@@ -428,16 +476,14 @@ pub fn do_mmap(
                 return Err(e);
             }
         }
+        // The gap the unmap left (`vms->prev`, `vms->next`).
+        let (found, before) = tree.find_vma_prev(addr);
+        (next, prev) = (found.cloned(), before.cloned());
     }
-    let vma = Arc::new(Vma::new(
-        mm.id,
-        addr,
-        addr + len,
-        vm_flags,
-        addr >> PAGE_SHIFT,
-    ));
-    tree.insert(vma.clone());
-    merge_around(&mut tree, vma);
+    let new = Vma::new(mm.id, addr, addr + len, vm_flags, addr >> PAGE_SHIFT);
+    if vma_merge_new_range(&mut tree, prev.as_ref(), next.as_ref(), &new).is_none() {
+        tree.insert(Arc::new(new));
+    }
     mm.vma_tree_publish(&mut tree, &crate::sync::epoch::pin());
     mm.total_vm.fetch_add(len >> PAGE_SHIFT, Ordering::Relaxed);
     drop(guard);

@@ -48,6 +48,7 @@
 //! as long as the tree is borrowed: that is what the `unsafe` blocks below
 //! rely on.
 
+use std::alloc::Layout;
 use std::ptr::NonNull;
 
 use arrayvec::ArrayVec;
@@ -69,6 +70,13 @@ pub trait Entry: Clone {
     /// A value computed over a run of entries.
     type Summary: Copy;
 
+    /// Whether a search asks for each node's every line before it reads
+    /// the node: worth it for a tree searched one key at a time among cold
+    /// nodes (the VMA tree); a tree walked in bulk (an anon_vma's interval
+    /// tree in a fork chain's teardown, which prefetches its own way)
+    /// would spend the bandwidth on lines it never reads.
+    const PREFETCH_NODES: bool = false;
+
     fn key(&self) -> Self::Key;
     /// The summary of this entry alone.
     fn summary(&self) -> Self::Summary;
@@ -89,7 +97,11 @@ impl<T: Entry> Copy for NodePtr<T> {}
 
 impl<T: Entry> NodePtr<T> {
     fn alloc(gen: u64, body: Body<T>) -> Self {
-        NodePtr(NonNull::from(Box::leak(Box::new(Node { gen, body }))))
+        let p = sheaf::alloc(Layout::new::<Node<T>>()).cast::<Node<T>>();
+        // SAFETY: a fresh block of the node's layout, which nothing else
+        // names.
+        unsafe { p.as_ptr().write(Node { gen, body }) };
+        NodePtr(p)
     }
 
     /// The node, read.
@@ -110,9 +122,97 @@ impl<T: Entry> NodePtr<T> {
     /// Nothing may reach the node any more: it was never published, or a
     /// grace period has passed since the version that replaced it was.
     unsafe fn free(self) {
-        // SAFETY: allocated by `alloc` (a Box), unreachable by the caller's
-        // promise, so this is the only owner.
-        drop(unsafe { Box::from_raw(self.0.as_ptr()) });
+        // SAFETY: allocated by `alloc`, with this layout, and initialised;
+        // unreachable by the caller's promise, so this is the only owner.
+        unsafe {
+            std::ptr::drop_in_place(self.0.as_ptr());
+            sheaf::free(self.0.cast(), Layout::new::<Node<T>>());
+        }
+    }
+}
+
+/// Where nodes come from: the kernel's `maple_node_cache`, a slab whose
+/// CPUs keep sheaves of free objects (6.18), so that a node freed after a
+/// grace period goes back to the freeing CPU's sheaf and the next update
+/// takes it from there, without the general allocator (whose free of a
+/// long-unused block reads its cold neighbours to merge them). Here each
+/// thread keeps at most [`sheaf::CAPACITY`] free blocks per node layout and
+/// gives the rest, and all of them when it exits, back to the allocator.
+mod sheaf {
+    use std::alloc::Layout;
+    use std::cell::RefCell;
+    use std::ptr::NonNull;
+
+    pub const CAPACITY: usize = 256;
+
+    /// Free blocks by layout (a tree type has one node layout; a thread
+    /// sees a handful of types).
+    struct Sheaves(Vec<(Layout, Vec<NonNull<u8>>)>);
+
+    impl Drop for Sheaves {
+        fn drop(&mut self) {
+            for (layout, blocks) in &mut self.0 {
+                for p in blocks.drain(..) {
+                    // SAFETY: each block came from `std::alloc::alloc` with
+                    // this layout and is no node any more.
+                    unsafe { std::alloc::dealloc(p.as_ptr(), *layout) };
+                }
+            }
+        }
+    }
+
+    thread_local! {
+        static SHEAVES: RefCell<Sheaves> = const { RefCell::new(Sheaves(Vec::new())) };
+    }
+
+    /// A block of `layout`: from this thread's sheaf, else the allocator.
+    pub fn alloc(layout: Layout) -> NonNull<u8> {
+        let cached = if cfg!(loom) {
+            None
+        } else {
+            SHEAVES
+                .try_with(|s| {
+                    let mut s = s.borrow_mut();
+                    s.0.iter_mut()
+                        .find(|(l, _)| *l == layout)
+                        .and_then(|(_, v)| v.pop())
+                })
+                .ok()
+                .flatten()
+        };
+        cached.unwrap_or_else(|| {
+            // SAFETY: a node's layout has a non-zero size.
+            let p = unsafe { std::alloc::alloc(layout) };
+            NonNull::new(p).unwrap_or_else(|| std::alloc::handle_alloc_error(layout))
+        })
+    }
+
+    /// Give back a block that [`alloc`] returned for `layout`.
+    ///
+    /// # Safety
+    ///
+    /// `p` came from [`alloc`] with `layout`, holds nothing that still
+    /// needs dropping, and nothing will use it again.
+    pub unsafe fn free(p: NonNull<u8>, layout: Layout) {
+        let kept = !cfg!(loom)
+            && SHEAVES
+                .try_with(|s| {
+                    let mut s = s.borrow_mut();
+                    let i = match s.0.iter().position(|(l, _)| *l == layout) {
+                        Some(i) => i,
+                        None => {
+                            s.0.push((layout, Vec::with_capacity(CAPACITY)));
+                            s.0.len() - 1
+                        }
+                    };
+                    let blocks = &mut s.0[i].1;
+                    (blocks.len() < CAPACITY).then(|| blocks.push(p)).is_some()
+                })
+                .unwrap_or(false);
+        if !kept {
+            // SAFETY: the caller's promise: an allocator block of `layout`.
+            unsafe { std::alloc::dealloc(p.as_ptr(), layout) };
+        }
     }
 }
 
@@ -237,6 +337,22 @@ fn fold<T: Entry>(mut it: impl Iterator<Item = T::Summary>) -> T::Summary {
 }
 
 impl<T: Entry> Node<T> {
+    /// Ask for every cache line of the node at once, for a search about to
+    /// read it, if the tree wants that ([`Entry::PREFETCH_NODES`]): a
+    /// binary search's probes depend on each other, so on a cold node they
+    /// would miss one after another (the maple tree's nodes are four lines
+    /// with the pivots in the first two; these are larger).
+    #[inline]
+    fn prefetched(&self) -> &Self {
+        if T::PREFETCH_NODES {
+            let p = (self as *const Self).cast::<u8>();
+            for off in (0..std::mem::size_of::<Self>()).step_by(64) {
+                crate::util::prefetch(p.wrapping_add(off));
+            }
+        }
+        self
+    }
+
     fn len(&self) -> usize {
         match &self.body {
             Body::Leaf(v) => v.len(),
@@ -727,7 +843,7 @@ impl<T: Entry> Tree<T> {
     /// The entry with exactly this key: one descent to the only leaf that
     /// can hold it (no iterator, whose path stack a lookup does not need).
     pub fn get(&self, key: T::Key) -> Option<&T> {
-        let mut n = self.root_node()?;
+        let mut n = self.root_node()?.prefetched();
         loop {
             match &n.body {
                 Body::Leaf(v) => {
@@ -736,7 +852,7 @@ impl<T: Entry> Tree<T> {
                 }
                 Body::Branch(s) => {
                     // SAFETY: as in last_before.
-                    n = unsafe { s[child_index(s, key)].child.get() };
+                    n = unsafe { s[child_index(s, key)].child.get() }.prefetched();
                 }
             }
         }
@@ -782,7 +898,7 @@ impl<T: Entry> Tree<T> {
 
     /// The last entry whose key is below `key`.
     pub fn last_before(&self, key: T::Key) -> Option<&T> {
-        let mut n = self.root_node()?;
+        let mut n = self.root_node()?.prefetched();
         loop {
             match &n.body {
                 Body::Leaf(v) => {
@@ -795,10 +911,20 @@ impl<T: Entry> Tree<T> {
                     let i = s.partition_point(|s| s.key < key).checked_sub(1)?;
                     // SAFETY: a child in a tree borrowed for the result's
                     // lifetime.
-                    n = unsafe { s[i].child.get() };
+                    n = unsafe { s[i].child.get() }.prefetched();
                 }
             }
         }
+    }
+
+    /// The entries on either side of `key`: the last below it and the
+    /// first at or above it, from one descent (as `vma_prev` and `vma_next`
+    /// of one maple state). The step back stays in the leaf found, or goes
+    /// down the last path of the nearest earlier sibling on the path.
+    pub fn around(&self, key: T::Key) -> (Option<&T>, Option<&T>) {
+        let it = self.iter_from(key);
+        let before = it.before();
+        (before, it.clone().next())
     }
 
     /// In-order iterator over the entries from the first whose key is `key`
@@ -809,7 +935,7 @@ impl<T: Entry> Tree<T> {
             leaf: &[],
             pos: 0,
         };
-        let Some(mut n) = self.root_node() else {
+        let Some(mut n) = self.root_node().map(Node::prefetched) else {
             return it;
         };
         loop {
@@ -823,7 +949,7 @@ impl<T: Entry> Tree<T> {
                     let i = child_index(s, key);
                     it.stack.push((s, i));
                     // SAFETY: as in last_before.
-                    n = unsafe { s[i].child.get() };
+                    n = unsafe { s[i].child.get() }.prefetched();
                 }
             }
         }
@@ -918,7 +1044,36 @@ pub struct Iter<'a, T: Entry> {
     pos: usize,
 }
 
+impl<T: Entry> Clone for Iter<'_, T> {
+    fn clone(&self) -> Self {
+        Iter {
+            stack: self.stack.clone(),
+            leaf: self.leaf,
+            pos: self.pos,
+        }
+    }
+}
+
 impl<'a, T: Entry> Iter<'a, T> {
+    /// The entry before the one the iterator yields next (`mas_prev`).
+    fn before(&self) -> Option<&'a T> {
+        if let Some(i) = self.pos.checked_sub(1) {
+            return self.leaf.get(i).map(|e| &e.item);
+        }
+        // The first of its leaf: the nearest branch on the path with an
+        // earlier child holds it, as the last entry of that child.
+        let (s, i) = self.stack.iter().rev().find(|(_, i)| *i > 0)?;
+        // SAFETY: as in descend_first.
+        let mut n: &'a Node<T> = unsafe { s[*i - 1].child.get() };
+        loop {
+            match &n.body {
+                Body::Leaf(v) => return v.last().map(|e| &e.item),
+                // SAFETY: as in descend_first.
+                Body::Branch(s) => n = unsafe { s.last()?.child.get() },
+            }
+        }
+    }
+
     fn descend_first(&mut self, mut n: &'a Node<T>) {
         loop {
             match &n.body {
@@ -1134,9 +1289,16 @@ mod tests {
                 prop_assert!(t.check_shape().is_ok());
                 prop_assert_eq!(keys(t), model.iter().copied().collect::<Vec<_>>());
                 prop_assert_eq!(t.len(), model.len());
-                for probe in [0, 7, 999, 1999, 2500] {
-                    prop_assert_eq!(t.first_from(probe).map(|k| k.0), model.range(probe..).next().copied());
-                    prop_assert_eq!(t.last_before(probe).map(|k| k.0), model.range(..probe).next_back().copied());
+                // Fixed probes, and each key and the one after it: leaf
+                // boundaries are among them.
+                let probes = [0, 7, 999, 1999, 2500].into_iter().chain(model.iter().flat_map(|&k| [k, k + 1]));
+                for probe in probes {
+                    let next = model.range(probe..).next().copied();
+                    let prev = model.range(..probe).next_back().copied();
+                    prop_assert_eq!(t.first_from(probe).map(|k| k.0), next);
+                    prop_assert_eq!(t.last_before(probe).map(|k| k.0), prev);
+                    let (b, a) = t.around(probe);
+                    prop_assert_eq!((b.map(|k| k.0), a.map(|k| k.0)), (prev, next));
                 }
             }
             drop(versions);

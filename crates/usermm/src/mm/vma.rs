@@ -283,6 +283,9 @@ impl std::ops::Deref for TreeVma {
 impl Entry for TreeVma {
     type Key = u64;
     type Summary = VmaSpan;
+    /// Faults and VMA operations look up one address at a time, and with
+    /// tens of thousands of VMAs the nodes on the path are cold.
+    const PREFETCH_NODES: bool = true;
 
     fn key(&self) -> u64 {
         self.end() - 1
@@ -486,6 +489,14 @@ impl VmaTree {
     /// `find_vma_intersection`.
     pub fn find_vma_intersection(&self, start: u64, end: u64) -> Option<&Arc<Vma>> {
         self.find_vma(start).filter(|v| v.start() < end)
+    }
+
+    /// `find_vma_prev`: [`Self::find_vma`] and the VMA before it (the last
+    /// that ends at or below `addr`), from one descent, as `__mmap_prepare`
+    /// has both from one iterator.
+    pub fn find_vma_prev(&self, addr: u64) -> (Option<&Arc<Vma>>, Option<&Arc<Vma>>) {
+        let (prev, vma) = self.tree.around(addr);
+        (vma.map(|v| &**v), prev.map(|v| &**v))
     }
 
     /// The last VMA that ends at or below `addr` (`vma_prev` of a gap).
