@@ -765,7 +765,10 @@ impl Operator<'_, '_> {
         self.shadow.exit(self.main.id);
         // What MIGRC still keeps waits for a batched flush that no one
         // will send any more: send it, as the allocator would once it
-        // needed the pages.
+        // needed the pages; after kswapd is done, whose demotions keep
+        // sources too (a kswapd still busy fails the run at the end).
+        c.idle();
+        c.m.kswapd_wait_idle(KSWAPD_WAIT);
         self.sum.migrc_kept_at_end = c.m.migrc.kept().iter().map(|f| f.nr_pages(&c.m.mem)).sum();
         usermm::migrc::migrc_flush_free_folios(c);
     }

@@ -345,9 +345,11 @@ impl<T: Entry> Node<T> {
     #[inline]
     fn prefetched(&self) -> &Self {
         if T::PREFETCH_NODES {
-            let p = (self as *const Self).cast::<u8>();
-            for off in (0..std::mem::size_of::<Self>()).step_by(64) {
-                crate::util::prefetch(p.wrapping_add(off));
+            // Every line the node touches, from the one its start is in.
+            let start = self as *const Self as usize;
+            let end = start + std::mem::size_of::<Self>();
+            for line in (start & !63..end).step_by(64) {
+                crate::util::prefetch(line as *const u8);
             }
         }
         self
@@ -922,9 +924,8 @@ impl<T: Entry> Tree<T> {
     /// of one maple state). The step back stays in the leaf found, or goes
     /// down the last path of the nearest earlier sibling on the path.
     pub fn around(&self, key: T::Key) -> (Option<&T>, Option<&T>) {
-        let it = self.iter_from(key);
-        let before = it.before();
-        (before, it.clone().next())
+        let mut it = self.iter_from(key);
+        (it.before(), it.next())
     }
 
     /// In-order iterator over the entries from the first whose key is `key`
