@@ -116,7 +116,8 @@ impl PhysMem {
             }
             let arena = arena::Arena::new((nr_pages << PAGE_SHIFT) as usize)?;
             let memmap: Box<[Page]> = (0..nr_pages).map(|_| Page::default()).collect();
-            let zone = Zone::new(nr_pages, nr_cpus);
+            let node_cpus = cpu_node.iter().filter(|&&n| n == id).count();
+            let zone = Zone::new(nr_pages, nr_cpus, node_cpus);
             nodes.push(Node {
                 id,
                 tier: c.tier,

@@ -5,7 +5,15 @@
 //! free block's head carries `PG_buddy` and its order in `private`, so that
 //! freeing can find and merge its buddy in O(1). Per-CPU page lists (pcp)
 //! cache blocks of order 0..=3 and the PMD order, refilled and drained in
-//! batches, as the kernel's `rmqueue_pcplist` / `free_unref_page` do.
+//! batches, as the kernel's `rmqueue_pcplist` / `free_unref_page` do, with
+//! v6.7's auto-tuning: a CPU that keeps allocating refills `63 << n` pages
+//! at a time (`alloc_factor`, up to 5) and raises its list's `high` toward
+//! an eighth of the zone split between the CPUs; frees drain as many pages
+//! as were freed lately (`free_count`); a zone found at or below its high
+//! watermark (`ZONE_BELOW_HIGH`) lowers `high` again on its frees. The
+//! periodic `decay_pcp_high` of the vmstat worker, the lower limits while
+//! kswapd reclaims (`ZONE_RECLAIM_ACTIVE`) and the heavy-freeing rule for
+//! orders 1..=3 are not modelled.
 //!
 //! # Locking
 //!
@@ -18,7 +26,8 @@
 //! pads `struct zone`. Every allocation's fast path reads the free count;
 //! a locked section changes it once, by all the pages it moved (the
 //! kernel's count moves through per-CPU diffs folded past a threshold), so
-//! a refill of 63 pages does not pull that line from every reader 63 times.
+//! a refill of many pages does not pull that line from every reader once
+//! per page.
 //!
 //! # Watermarks
 //!
@@ -37,8 +46,13 @@ use std::collections::VecDeque;
 const NR_ORDERS: usize = MAX_PAGE_ORDER as usize + 1;
 /// pcp lists: orders 0..=PAGE_ALLOC_COSTLY_ORDER, then the PMD order.
 const NR_PCP_LISTS: usize = 5;
+/// `pcp->batch` (`zone_batchsize`: a quarter of the zone's pages over
+/// 1,024, at most 256, made one less than a power of two; 63 for every
+/// zone of 256 MiB or more).
 const PCP_BATCH: u64 = 63;
-const PCP_HIGH: u64 = 6 * PCP_BATCH;
+/// `CONFIG_PCP_BATCH_SCALE_MAX`: a refill or a drain moves at most
+/// `batch << 5` pages.
+const PCP_BATCH_SCALE_MAX: u8 = 5;
 
 #[derive(Clone, Copy, Debug, Default)]
 pub struct AllocFlags {
@@ -114,6 +128,17 @@ struct PerCpuPages {
     lists: [VecDeque<u32>; NR_PCP_LISTS],
     /// Pages (not blocks) on all lists.
     count: u64,
+    /// `pcp->high`: past it a free drains to the zone. Tuned between the
+    /// zone's `pcp_high` bounds by the allocations and frees themselves
+    /// (v6.7's auto-tuning): a CPU that keeps allocating raises it, a zone
+    /// short of free pages lowers it.
+    high: u64,
+    /// `alloc_factor`: refills grow to `batch << alloc_factor` while a
+    /// CPU allocates without freeing; each free halves it.
+    alloc_factor: u8,
+    /// `free_count`: pages freed lately without allocations between, so
+    /// that a drain moves as many as were freed; each allocation halves it.
+    free_count: u64,
 }
 
 pub struct Zone {
@@ -130,6 +155,13 @@ pub struct Zone {
     line: LineWriters,
     /// `_watermark[WMARK_MIN..=WMARK_HIGH]`, in pages.
     pub watermark: [u64; 3],
+    /// `pcp->high_min` and `high_max` (`zone_highsize`): the zone's low
+    /// watermark, and an eighth of its pages, split between the CPUs.
+    pcp_high: [u64; 2],
+    /// `ZONE_BELOW_HIGH`: an allocation found the zone at or below its high
+    /// watermark; the pcp lists shrink on their frees until a drain finds
+    /// it above again.
+    below_high: std::sync::atomic::AtomicBool,
     /// `migrc_pending_nr` (MIGRC): pages of sources kept after a migration
     /// whose flush was deferred; free to the watermark checks, since a
     /// forced flush frees them on demand.
@@ -205,11 +237,17 @@ fn pcp_index(order: u32) -> Option<usize> {
 }
 
 impl Zone {
-    pub(super) fn new(nr_pages: u64, nr_cpus: usize) -> Zone {
+    /// A zone of `nr_pages` on a machine of `nr_cpus` CPUs, `node_cpus` of
+    /// them on this node.
+    pub(super) fn new(nr_pages: u64, nr_cpus: usize, node_cpus: usize) -> Zone {
         let kbytes = nr_pages * 4;
         let min_free_kbytes = (4 * (kbytes as f64).sqrt() as u64).clamp(128, 262_144);
         let min = min_free_kbytes / 4;
         let step = (min / 4).max(nr_pages * 10 / 10_000);
+        // zone_highsize: the node's CPUs and every online one share it.
+        let split = (node_cpus + nr_cpus).max(1) as u64;
+        let highsize = |total: u64| (total / split).max(PCP_BATCH << 2);
+        let pcp_high = [highsize(min + step), highsize(nr_pages / 8)];
         Zone {
             free_area: CachePadded::new(Mutex::new(FreeArea {
                 head: [LIST_NONE; NR_ORDERS],
@@ -217,12 +255,80 @@ impl Zone {
             })),
             nr_free: CachePadded::new(AtomicU64::new(0)),
             pcp: (0..=nr_cpus)
-                .map(|_| CachePadded::new(Mutex::new(PerCpuPages::default())))
+                .map(|_| {
+                    CachePadded::new(Mutex::new(PerCpuPages {
+                        high: pcp_high[0],
+                        ..Default::default()
+                    }))
+                })
                 .collect(),
             line: LineWriters::new(),
             watermark: [min, min + step, min + 2 * step],
+            pcp_high,
+            below_high: Default::default(),
             migrc_pending: AtomicU64::new(0),
         }
+    }
+
+    /// `nr_pcp_alloc`: how many pages a refill of an `order` list takes.
+    /// Order 0 scales with `alloc_factor` and raises `high` toward its
+    /// maximum, unless the zone is below its high watermark.
+    fn nr_pcp_alloc(&self, pcp: &mut PerCpuPages, order: u32) -> u64 {
+        let [high_min, high_max] = self.pcp_high;
+        let batch = if order == 0 {
+            PCP_BATCH << pcp.alloc_factor
+        } else {
+            PCP_BATCH
+        };
+        if high_min != high_max && !self.below_high.load(Ordering::Relaxed) {
+            pcp.high = (pcp.high + batch).min(high_max);
+        }
+        let batch = if order == 0 {
+            let max_nr_alloc = pcp
+                .high
+                .saturating_sub(pcp.count + PCP_BATCH)
+                .max(PCP_BATCH);
+            if batch <= max_nr_alloc && pcp.alloc_factor < PCP_BATCH_SCALE_MAX {
+                pcp.alloc_factor += 1;
+            }
+            batch.min(max_nr_alloc)
+        } else {
+            batch
+        };
+        (batch >> order).max(2)
+    }
+
+    /// `nr_pcp_high`: the count past which a free drains, after tuning
+    /// `high`: lowered by what was freed lately while the zone is below
+    /// its high watermark, raised to hold a batch of frees otherwise.
+    fn nr_pcp_high(&self, pcp: &mut PerCpuPages) -> u64 {
+        let [high_min, high_max] = self.pcp_high;
+        pcp.high = pcp.high.clamp(high_min, high_max);
+        let high = pcp.high;
+        if high_min == high_max {
+            return high;
+        }
+        if self.below_high.load(Ordering::Relaxed) {
+            pcp.high = high
+                .saturating_sub(pcp.free_count.max(PCP_BATCH))
+                .max(high_min);
+            pcp.count.max(high_min)
+        } else {
+            if pcp.count >= high {
+                let need = pcp.free_count + PCP_BATCH;
+                if pcp.high < need {
+                    pcp.high = need.clamp(high_min, high_max);
+                }
+            }
+            high
+        }
+    }
+
+    /// `nr_pcp_free`: a drain moves as many pages as were freed lately,
+    /// leaving at least a batch on the lists.
+    fn nr_pcp_free(pcp: &PerCpuPages, high: u64) -> u64 {
+        pcp.free_count
+            .clamp(PCP_BATCH, high.saturating_sub(PCP_BATCH).max(PCP_BATCH))
     }
 
     pub fn nr_free_pages(&self) -> u64 {
@@ -245,6 +351,19 @@ impl Zone {
     /// MIGRC, the kept sources a forced flush would free.
     pub fn nr_free_for_watermark(&self) -> u64 {
         self.nr_free.load(Ordering::Relaxed) + self.migrc_pending.load(Ordering::Relaxed)
+    }
+
+    /// `get_page_from_freelist`'s look at the high watermark: a zone at or
+    /// below it is marked `ZONE_BELOW_HIGH` (a fast test of the free count,
+    /// made only while the flag is clear).
+    fn note_below_high(&self, order: u32) {
+        if self.below_high.load(Ordering::Relaxed) {
+            return;
+        }
+        let free = self.nr_free_for_watermark() as i64 - ((1i64 << order) - 1);
+        if free <= self.watermark[2] as i64 {
+            self.below_high.store(true, Ordering::Relaxed);
+        }
     }
 
     /// `__zone_watermark_ok` against `mark` (None: any free block will do),
@@ -418,6 +537,7 @@ impl PhysMem {
     ) -> Option<Pfn> {
         self.allowed_zonelist(nid, flags).find_map(|n| {
             let node = &self.nodes[n];
+            node.zone.note_below_high(order);
             self.rmqueue(node, order, cpu, mark).or_else(|| {
                 // MIGRC: a zone short of its watermark that holds kept
                 // sources flushes and frees them, and is tried again.
@@ -533,6 +653,8 @@ impl PhysMem {
         let kernel_thread = cpu >= zone.pcp.len() - 1;
         if let (Some(idx), false) = (pcp_index(order), kernel_thread) {
             let mut pcp = zone.pcp[cpu.min(zone.pcp.len() - 1)].lock();
+            // `__rmqueue_pcplist`: an allocation ends a run of frees.
+            pcp.free_count >>= 1;
             if pcp.lists[idx].is_empty() && !self.rmqueue_bulk(node, &mut pcp, idx, order, mark) {
                 return None;
             }
@@ -572,7 +694,7 @@ impl PhysMem {
             return false;
         }
         let mut taken = 0;
-        for _ in 0..(PCP_BATCH >> order).max(1) {
+        for _ in 0..zone.nr_pcp_alloc(pcp, order) {
             if !zone.watermark_ok_taken(&area, order, mark, taken) {
                 break;
             }
@@ -699,12 +821,23 @@ impl PhysMem {
         let zone = &node.zone;
         let kernel_thread = cpu >= zone.pcp.len() - 1;
         if let (Some(idx), false, true) = (pcp_index(order), kernel_thread, use_pcp) {
+            // `free_frozen_page_commit` (the kernel's heavy-freeing rule
+            // for orders 1..=3, `free_high`, is not modelled).
             let mut pcp = zone.pcp[cpu].lock();
+            pcp.alloc_factor >>= 1;
             head.set(pg::PCP);
             pcp.lists[idx].push_back(off);
             pcp.count += 1 << order;
-            if pcp.count > PCP_HIGH {
-                self.free_pcppages_bulk(node, &mut pcp, PCP_BATCH);
+            if pcp.free_count < PCP_BATCH << PCP_BATCH_SCALE_MAX {
+                pcp.free_count += 1 << order;
+            }
+            let high = zone.nr_pcp_high(&mut pcp);
+            if pcp.count >= high {
+                let n = Zone::nr_pcp_free(&pcp, high);
+                self.free_pcppages_bulk(node, &mut pcp, n);
+                if zone.below_high.load(Ordering::Relaxed) && zone.above(WMARK_HIGH) {
+                    zone.below_high.store(false, Ordering::Relaxed);
+                }
             }
             return;
         }
@@ -822,6 +955,82 @@ mod tests {
         // Everything merged back into max-order blocks.
         let area = m.nodes[0].zone.free_area.lock();
         assert_eq!(area.nr_free[MAX_PAGE_ORDER as usize], 16 << 20 >> 22);
+    }
+
+    /// The pcp auto-tuning: refills double while a CPU only allocates (up
+    /// to `batch << 5`, within `high`), a free halves the factor, and a
+    /// run of frees drains as many pages as it freed.
+    #[test]
+    fn pcp_refills_grow_while_a_cpu_only_allocates() {
+        let m = mem(256);
+        let zone = &m.nodes[0].zone;
+        let [high_min, high_max] = zone.pcp_high;
+        assert!(high_min < high_max, "{high_min} {high_max}");
+        let pcp = |f: &dyn Fn(&PerCpuPages) -> u64| f(&zone.pcp[0].lock());
+        let mut got = vec![];
+        let mut refills = vec![];
+        for _ in 0..8_000 {
+            let before = pcp(&|p| p.count);
+            got.push(m.alloc_pages(0, 0, 0, AllocFlags::default()).unwrap());
+            let after = pcp(&|p| p.count);
+            if after + 1 > before {
+                refills.push(after + 1 - before);
+            }
+        }
+        // The sixth would be 2,016 pages, but a refill leaves room for a
+        // batch under `high_max` (2,048 here).
+        let sixth = (PCP_BATCH << 5).min(high_max - PCP_BATCH);
+        assert_eq!(
+            &refills[..6],
+            &[63, 126, 252, 504, 1008, sixth],
+            "{refills:?}"
+        );
+        assert!(refills[6..]
+            .iter()
+            .all(|&r| r <= PCP_BATCH << PCP_BATCH_SCALE_MAX));
+        assert_eq!(pcp(&|p| p.alloc_factor as u64), PCP_BATCH_SCALE_MAX as u64);
+        assert!(pcp(&|p| p.high) > high_min);
+        // Frees: the factor halves with each, and the list drains in one
+        // go once past `high`, by about what was freed.
+        let free = |pfn: Pfn| {
+            m.page(pfn).refcount.store(0, Ordering::Relaxed);
+            m.free_pages(pfn, 0, 0);
+        };
+        free(got.pop().unwrap());
+        assert_eq!(pcp(&|p| p.alloc_factor as u64), 2);
+        let mut drains = vec![];
+        for pfn in got.drain(..) {
+            let before = pcp(&|p| p.count);
+            free(pfn);
+            let after = pcp(&|p| p.count);
+            if after < before {
+                drains.push(before + 1 - after);
+            }
+        }
+        assert!(!drains.is_empty());
+        assert!(drains.iter().all(|&d| d >= PCP_BATCH), "{drains:?}");
+        assert!(pcp(&|p| p.count) <= high_max);
+        m.drain_all_pages();
+    }
+
+    /// A zone found at or below its high watermark lowers `high` on frees,
+    /// down to `high_min`.
+    #[test]
+    fn pcp_high_falls_below_the_high_watermark() {
+        let m = mem(64);
+        let zone = &m.nodes[0].zone;
+        let [high_min, _] = zone.pcp_high;
+        zone.pcp[0].lock().high = high_min * 4;
+        let mut got = vec![];
+        while let Some(pfn) = m.alloc_pages(0, 0, 0, AllocFlags::default()) {
+            got.push(pfn);
+        }
+        assert!(zone.below_high.load(Ordering::Relaxed));
+        for pfn in got.drain(..200) {
+            m.page(pfn).refcount.store(0, Ordering::Relaxed);
+            m.free_pages(pfn, 0, 0);
+        }
+        assert_eq!(zone.pcp[0].lock().high, high_min);
     }
 
     #[test]
