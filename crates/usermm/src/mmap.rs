@@ -130,13 +130,12 @@ fn vma_dup_policy(
 ) -> Arc<Vma> {
     // `start` may lie below `old` (a VMA that grows down over a merged
     // range): the offsets continue downwards.
-    let pgoff = match start.checked_sub(old.start()) {
-        Some(_) => old.linear_page_index(start),
-        None => {
-            let below = (old.start() - start) >> PAGE_SHIFT;
-            debug_assert!(below <= old.pgoff(), "{old:?} grown below page offset 0");
-            old.pgoff() - below
-        }
+    let pgoff = if start >= old.start() {
+        old.linear_page_index(start)
+    } else {
+        let below = (old.start() - start) >> PAGE_SHIFT;
+        debug_assert!(below <= old.pgoff(), "{old:?} grown below page offset 0");
+        old.pgoff() - below
     };
     let vma = Arc::new(Vma::new(old.mm_id, start, end, flags, pgoff).with_policy(pol));
     crate::rmap::anon_vma_clone(&vma, old);

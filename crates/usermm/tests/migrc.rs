@@ -47,6 +47,14 @@ fn machine() -> Arc<Machine> {
     m
 }
 
+/// [`machine`] with the tunable at `mode`, weakened as `w` says.
+fn machine_in(mode: MigrcMode, w: Weakened) -> Arc<Machine> {
+    let m = machine();
+    m.tunables.set_migrc_mode(mode);
+    m.migrc.set_weakened(w);
+    m
+}
+
 fn pages(a: u64) -> impl Iterator<Item = u64> {
     (a..a + NR * PAGE).step_by(PAGE as usize)
 }
@@ -192,9 +200,7 @@ fn scene(arm: Option<Weakened>, then: Then) -> Scene {
 
 /// [`scene`] with the tunable at `mode`, weakened as `w` says.
 fn scene_in(mode: MigrcMode, w: Weakened, then: Then) -> Scene {
-    let m = machine();
-    m.tunables.set_migrc_mode(mode);
-    m.migrc.set_weakened(w);
+    let m = machine_in(mode, w);
     let shadow = Shadow::new();
     let c0 = m.bind(0).unwrap();
     let (mm, a) = read_only_clean_pages(&c0, &shadow);
@@ -499,9 +505,7 @@ fn assert_no_violation(s: &Stress) {
 /// CPU 1's stale entries must be `clean` (a rejection names them). Returns
 /// the machine, CPU 0 unbound, for what the caller checks after.
 fn checker_scene(mode: MigrcMode, w: Weakened, clean: bool) -> Arc<Machine> {
-    let m = machine();
-    m.tunables.set_migrc_mode(mode);
-    m.migrc.set_weakened(w);
+    let m = machine_in(mode, w);
     let shadow = Shadow::new();
     {
         let c0 = m.bind(0).unwrap();

@@ -357,13 +357,17 @@ impl Zone {
     /// below it is marked `ZONE_BELOW_HIGH` (a fast test of the free count,
     /// made only while the flag is clear).
     fn note_below_high(&self, order: u32) {
-        if self.below_high.load(Ordering::Relaxed) {
-            return;
-        }
-        let free = self.nr_free_for_watermark() as i64 - ((1i64 << order) - 1);
-        if free <= self.watermark[2] as i64 {
+        if !self.below_high.load(Ordering::Relaxed) && !self.watermark_fast(order, 2) {
             self.below_high.store(true, Ordering::Relaxed);
         }
+    }
+
+    /// `zone_watermark_fast`: whether a block of `order` leaves the free
+    /// count above watermark `mark`, from that count alone (a read of one
+    /// shared word, no lock).
+    fn watermark_fast(&self, order: u32, mark: usize) -> bool {
+        let free = self.nr_free_for_watermark() as i64 - ((1i64 << order) - 1);
+        free > self.watermark[mark] as i64
     }
 
     /// `__zone_watermark_ok` against `mark` (None: any free block will do),
@@ -639,14 +643,10 @@ impl PhysMem {
     /// watermark, `ALLOC_NO_WATERMARKS`).
     fn rmqueue(&self, node: &Node, order: u32, cpu: usize, mark: Option<usize>) -> Option<Pfn> {
         let zone = &node.zone;
-        // zone_watermark_fast, before any list is touched: the free count
-        // alone (a read of one shared word), the lists' orders under the
-        // lock below.
-        if let Some(m) = mark {
-            let free = zone.nr_free_for_watermark() as i64 - ((1i64 << order) - 1);
-            if free <= zone.watermark[m] as i64 {
-                return None;
-            }
+        // Before any list is touched: the free count alone, the lists'
+        // orders under the lock below.
+        if mark.is_some_and(|m| !zone.watermark_fast(order, m)) {
+            return None;
         }
         // Threads that play no CPU (kswapd, the last slot) use the buddy
         // lists directly: no CPU would ever take pages from their list.
@@ -835,7 +835,7 @@ impl PhysMem {
             if pcp.count >= high {
                 let n = Zone::nr_pcp_free(&pcp, high);
                 self.free_pcppages_bulk(node, &mut pcp, n);
-                if zone.below_high.load(Ordering::Relaxed) && zone.above(WMARK_HIGH) {
+                if zone.below_high.load(Ordering::Relaxed) && zone.watermark_fast(0, 2) {
                     zone.below_high.store(false, Ordering::Relaxed);
                 }
             }
