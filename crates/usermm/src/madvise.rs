@@ -14,7 +14,7 @@ use crate::machine::OnCpu;
 use crate::memory::{self, vm_normal_page};
 use crate::mm::vma::*;
 use crate::mm::{Mm, Vma};
-use crate::mmap::{merge_around, vma_modify_flags};
+use crate::mmap::vma_modify_flags;
 use crate::mmu_gather::MmuGather;
 use crate::pgtable::pagewalk::{walk_page_range, MmWalkOps, WalkAction, WalkLock};
 use crate::pgtable::{self, Pmd, PmdSlot, PteRead};
@@ -120,14 +120,9 @@ pub fn do_madvise(
                     _ => vma.flags(),
                 };
                 if flags != vma.flags() {
-                    match vma_modify_flags(oncpu, mm, &mut tree, s, e, flags) {
-                        Ok(vma) => {
-                            merge_around(&mut tree, vma);
-                        }
-                        Err(err) => {
-                            result = Err(err);
-                            break;
-                        }
+                    if let Err(err) = vma_modify_flags(oncpu, mm, &mut tree, s, e, flags) {
+                        result = Err(err);
+                        break;
                     }
                 }
                 addr = e;

@@ -87,29 +87,79 @@ fn get_unmapped_area(tree: &VmaTree, addr: u64, len: u64, flags: u32) -> KResult
         .ok_or(Errno::ENOMEM)
 }
 
-/// Whether `a` (below) and `b` (above, adjacent) may become one VMA
-/// (`is_mergeable_vma` + `is_mergeable_anon_vma` + pgoff contiguity).
-fn can_merge(a: &Vma, b: &Vma) -> bool {
-    a.end() == b.start()
-        && a.flags() == b.flags()
-        && a.policy().map(|p| &**p) == b.policy().map(|p| &**p)
-        && a.pgoff() + ((a.end() - a.start()) >> PAGE_SHIFT) == b.pgoff()
-        && is_mergeable_anon_vma(a, b)
+/// `vma_merge_struct`: a range about to become a VMA, or part of one, with
+/// what decides whether it may merge with the VMAs on either side: its
+/// bounds, page offset, flags, policy and anon_vma. `middle` is the VMA the
+/// range is carved from (a change of flags or policy), or None (a new
+/// mapping).
+struct VmaMergeStruct<'a> {
+    prev: Option<&'a Arc<Vma>>,
+    middle: Option<&'a Arc<Vma>>,
+    next: Option<&'a Arc<Vma>>,
+    start: u64,
+    end: u64,
+    pgoff: u64,
+    flags: VmFlags,
+    policy: Option<&'a Arc<crate::mempolicy::Mempolicy>>,
+    anon_vma: Option<&'a Arc<AnonVma>>,
 }
 
-/// `is_mergeable_anon_vma`: two VMAs with anon_vmas merge only if it is the
-/// same one; when only one has an anon_vma, it must not be chained to
-/// others too (`vma_had_uncowed_parents`, the `list_is_singular` test: a
-/// forked VMA is not merged with one that has none, which would chain that
-/// one to all its parents' anon_vmas).
-fn is_mergeable_anon_vma(a: &Vma, b: &Vma) -> bool {
-    let had_uncowed_parents = |v: &Vma| v.anon_vma_chain.lock().len() != 1;
-    match (a.anon_vma(), b.anon_vma()) {
-        (Some(x), Some(y)) => Arc::ptr_eq(x, y),
-        (Some(_), None) => !had_uncowed_parents(a),
-        (None, Some(_)) => !had_uncowed_parents(b),
-        (None, None) => true,
+impl VmaMergeStruct<'_> {
+    fn pages(&self) -> u64 {
+        (self.end - self.start) >> PAGE_SHIFT
     }
+}
+
+/// `vma_had_uncowed_parents`: a VMA whose anon_vma chain holds more than
+/// its own anon_vma (forked, and never written since) is not merged with
+/// one that has no anon_vma, which would chain that one to all its
+/// parents' anon_vmas too (the `list_is_singular` test).
+fn vma_had_uncowed_parents(vma: Option<&Arc<Vma>>) -> bool {
+    vma.is_some_and(|v| v.anon_vma().is_some() && v.anon_vma_chain.lock().len() != 1)
+}
+
+/// `is_mergeable_vma`: the same flags and the same NUMA policy.
+fn is_mergeable_vma(vmg: &VmaMergeStruct<'_>, tgt: &Vma) -> bool {
+    tgt.flags() == vmg.flags && tgt.policy().map(|p| &**p) == vmg.policy.map(|p| &**p)
+}
+
+/// `is_mergeable_anon_vma`: the range may join `tgt` if one of them has no
+/// anon_vma and the other had no uncowed parents (the one without takes the
+/// other's, `dup_anon_vma`), or both have the same one.
+fn is_mergeable_anon_vma(vmg: &VmaMergeStruct<'_>, tgt: &Arc<Vma>) -> bool {
+    match (tgt.anon_vma(), vmg.anon_vma) {
+        (None, Some(_)) => !vma_had_uncowed_parents(vmg.middle),
+        (Some(_), None) => !vma_had_uncowed_parents(Some(tgt)),
+        (t, s) => t.map(Arc::as_ptr) == s.map(Arc::as_ptr),
+    }
+}
+
+/// `can_vma_merge_left`: `prev` ends where the range starts and may take
+/// it, its page offsets continuing into the range's.
+fn can_vma_merge_left(vmg: &VmaMergeStruct<'_>) -> bool {
+    vmg.prev.is_some_and(|p| {
+        p.end() == vmg.start
+            && is_mergeable_vma(vmg, p)
+            && is_mergeable_anon_vma(vmg, p)
+            && p.pgoff() + p.pages() == vmg.pgoff
+    })
+}
+
+/// `can_vma_merge_right`: `next` starts where the range ends and may take
+/// it; when `prev` takes it too, their anon_vmas must also agree with each
+/// other (each agreeing with the range's does not make them agree).
+fn can_vma_merge_right(vmg: &VmaMergeStruct<'_>, merge_left: bool) -> bool {
+    let Some(n) = vmg.next else { return false };
+    let before = n.start() == vmg.end
+        && is_mergeable_vma(vmg, n)
+        && is_mergeable_anon_vma(vmg, n)
+        && vmg.pgoff + vmg.pages() == n.pgoff();
+    before
+        && (!merge_left
+            || match (vmg.prev.and_then(|p| p.anon_vma()), n.anon_vma()) {
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                _ => true,
+            })
 }
 
 /// `vm_area_dup` + `anon_vma_clone`: a new VMA over `[start, end)` with
@@ -149,81 +199,131 @@ pub(crate) fn vma_retire(vma: &Vma) {
     vma.mark_detached();
 }
 
-/// Merge `vma` (in the tree) with its neighbours where possible
-/// (`vma_merge`); returns the VMA now covering its range.
-pub(crate) fn merge_around(tree: &mut VmaTree, vma: Arc<Vma>) -> Arc<Vma> {
-    let mut vma = vma;
-    if let Some(next) = tree.next_vma(vma.end()).cloned() {
-        if can_merge(&vma, &next) {
-            vma = vma_merge_pair(tree, &vma, &next);
-        }
-    }
-    if let Some(prev) = tree.prev_vma(vma.start()).cloned() {
-        if can_merge(&prev, &vma) {
-            vma = vma_merge_pair(tree, &prev, &vma);
-        }
-    }
-    vma
-}
-
-/// `vma_merge_new_range`: a new mapping `new` (not in the tree) between
-/// `prev` and `next` joins whichever of them can take it, before any VMA is
-/// made for it. Left first, as the kernel: when both could take it but
-/// their anon_vmas differ (`can_vma_merge_right`'s test), only `prev` does.
-/// Returns the merged VMA, now in the tree, or None: `new` must be
-/// inserted.
-fn vma_merge_new_range(
+/// `commit_merge`: `target` grows over `[start, end)`; the VMAs of `gone`
+/// and `target` leave the tree for the grown VMA, beside `rest` (what is
+/// left of a middle VMA merged only in part). A grown VMA with no anon_vma
+/// takes the first one of `anon_from` (`dup_anon_vma`).
+fn commit_merge(
     tree: &mut VmaTree,
-    prev: Option<&Arc<Vma>>,
-    next: Option<&Arc<Vma>>,
-    new: &Vma,
-) -> Option<Arc<Vma>> {
-    let left = prev.filter(|p| can_merge(p, new));
-    let anon_vmas_compatible = |p: &Vma, n: &Vma| match (p.anon_vma(), n.anon_vma()) {
-        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-        _ => true,
-    };
-    let right = next
-        .filter(|n| can_merge(new, n))
-        .filter(|n| left.is_none_or(|p| anon_vmas_compatible(p, n)));
-    let merged = match (left, right) {
-        (None, None) => return None,
-        // `vma_expand` of prev, over next too if it merges.
-        (Some(p), right) => {
-            let end = right.map_or(new.end(), |n| n.end());
-            let merged = vma_dup(p, p.start(), end, p.flags());
-            if let Some(n) = right.filter(|n| merged.anon_vma().is_none() && n.anon_vma().is_some())
-            {
-                crate::rmap::anon_vma_clone(&merged, n);
-            }
-            merged
+    target: &Arc<Vma>,
+    std::ops::Range { start, end }: std::ops::Range<u64>,
+    gone: &[&Arc<Vma>],
+    anon_from: &[Option<&Arc<Vma>>],
+    rest: Option<Arc<Vma>>,
+) -> Arc<Vma> {
+    let merged = vma_dup(target, start, end, target.flags());
+    if merged.anon_vma().is_none() {
+        if let Some(src) = anon_from.iter().flatten().find(|v| v.anon_vma().is_some()) {
+            crate::rmap::anon_vma_clone(&merged, src);
         }
-        // next grows down over the new range.
-        (None, Some(n)) => vma_dup(n, new.start(), n.end(), n.flags()),
-    };
-    let old: Vec<Arc<Vma>> = left.into_iter().chain(right).cloned().collect();
-    tree.replace(&old, vec![merged.clone()]);
-    old.iter().for_each(|v| vma_retire(v));
-    Some(merged)
-}
-
-/// `keep` grows over `gone`, its upper neighbour (`vma_expand` +
-/// `dup_anon_vma`); both leave the tree for the merged VMA.
-fn vma_merge_pair(tree: &mut VmaTree, keep: &Arc<Vma>, gone: &Arc<Vma>) -> Arc<Vma> {
-    let merged = vma_dup(keep, keep.start(), gone.end(), keep.flags());
-    if merged.anon_vma().is_none() && gone.anon_vma().is_some() {
-        crate::rmap::anon_vma_clone(&merged, gone);
     }
-    tree.replace(&[keep.clone(), gone.clone()], vec![merged.clone()]);
-    vma_retire(keep);
-    vma_retire(gone);
+    let old: Vec<Arc<Vma>> = std::iter::once(target)
+        .chain(gone.iter().copied())
+        .cloned()
+        .collect();
+    let mut new: Vec<Arc<Vma>> = rest.into_iter().chain([merged.clone()]).collect();
+    new.sort_by_key(|v| v.start());
+    tree.replace(&old, new);
+    old.iter().for_each(|v| vma_retire(v));
     merged
 }
 
-/// `__split_vma`: split `vma` at `addr` into two new VMAs, which take its
-/// place in the tree; returns them. Huge PMDs straddling `addr` are split
-/// first (`vma_adjust_trans_huge`). Fails, changing nothing, when the
-/// address space already has `max_map_count` VMAs.
+/// `vma_merge_new_range`: a new mapping joins whichever neighbour can take
+/// it, before any VMA is made for it. Left first: when both could take it
+/// but their anon_vmas differ, only `prev` does. Returns the merged VMA,
+/// now in the tree, or None: the caller inserts a VMA of its own.
+fn vma_merge_new_range(tree: &mut VmaTree, vmg: &VmaMergeStruct<'_>) -> Option<Arc<Vma>> {
+    debug_assert!(vmg.middle.is_none());
+    let merge_left = can_vma_merge_left(vmg);
+    let merge_right = can_vma_merge_right(vmg, merge_left);
+    let (prev, next) = (
+        vmg.prev.filter(|_| merge_left),
+        vmg.next.filter(|_| merge_right),
+    );
+    match (prev, next) {
+        (None, None) => None,
+        // `vma_expand` of prev, over next too if it merges.
+        (Some(p), next) => {
+            let end = next.map_or(vmg.end, |n| n.end());
+            let gone: Vec<_> = next.into_iter().collect();
+            Some(commit_merge(tree, p, p.start()..end, &gone, &[next], None))
+        }
+        // next grows down over the new range.
+        (None, Some(n)) => Some(commit_merge(tree, n, vmg.start..n.end(), &[], &[], None)),
+    }
+}
+
+/// `vma_merge_existing_range`: `[start, end)` of the VMA `middle`, about to
+/// get new flags or a new policy, joins a neighbour that already has them
+/// instead of being split off. Only a side the range reaches can merge: the
+/// previous VMA when it starts where `middle` does, the next when it ends
+/// where `middle` does; left first, both only if their anon_vmas agree.
+/// What the range leaves of `middle` stays a VMA with its old flags.
+/// Returns the merged VMA, or None: the caller splits.
+fn vma_merge_existing_range(
+    oncpu: &OnCpu,
+    mm: &Arc<Mm>,
+    tree: &mut VmaTree,
+    vmg: &VmaMergeStruct<'_>,
+) -> Option<Arc<Vma>> {
+    let middle = vmg.middle.expect("an existing range has a middle VMA");
+    let left_side = vmg.start == middle.start();
+    let right_side = vmg.end == middle.end();
+    let merge_left = left_side && can_vma_merge_left(vmg);
+    let merge_right = right_side && can_vma_merge_right(vmg, merge_left);
+    if !merge_left && !merge_right {
+        return None;
+    }
+    tree.start_write(middle);
+    match (
+        vmg.prev.filter(|_| merge_left),
+        vmg.next.filter(|_| merge_right),
+    ) {
+        // Both neighbours and all of middle become one VMA.
+        (Some(p), Some(n)) => Some(commit_merge(
+            tree,
+            p,
+            p.start()..n.end(),
+            &[middle, n],
+            &[Some(n), Some(middle)],
+            None,
+        )),
+        // prev grows over the range; middle keeps what lies above it.
+        (Some(p), None) => {
+            let rest = (!right_side).then(|| {
+                vma_adjust_trans_huge(oncpu, mm, vmg.end);
+                vma_dup(middle, vmg.end, middle.end(), middle.flags())
+            });
+            Some(commit_merge(
+                tree,
+                p,
+                p.start()..vmg.end,
+                &[middle],
+                &[Some(middle)],
+                rest,
+            ))
+        }
+        // next grows down over the range; middle keeps what lies below it.
+        (None, Some(n)) => {
+            let rest = (!left_side).then(|| {
+                vma_adjust_trans_huge(oncpu, mm, vmg.start);
+                vma_dup(middle, middle.start(), vmg.start, middle.flags())
+            });
+            Some(commit_merge(
+                tree,
+                n,
+                vmg.start..n.end(),
+                &[middle],
+                &[Some(middle)],
+                rest,
+            ))
+        }
+        (None, None) => unreachable!(),
+    }
+}
+
+/// `split_vma`: [`__split_vma`], refused (ENOMEM, changing nothing) when
+/// the address space already has `max_map_count` VMAs.
 pub(crate) fn split_vma(
     oncpu: &OnCpu,
     mm: &Arc<Mm>,
@@ -234,6 +334,19 @@ pub(crate) fn split_vma(
     if tree.len() >= MAX_MAP_COUNT {
         return Err(Errno::ENOMEM);
     }
+    Ok(__split_vma(oncpu, mm, tree, vma, addr))
+}
+
+/// `__split_vma`: split `vma` at `addr` into two new VMAs, which take its
+/// place in the tree; returns them. Huge PMDs straddling `addr` are split
+/// first (`vma_adjust_trans_huge`).
+fn __split_vma(
+    oncpu: &OnCpu,
+    mm: &Arc<Mm>,
+    tree: &mut VmaTree,
+    vma: &Arc<Vma>,
+    addr: u64,
+) -> (Arc<Vma>, Arc<Vma>) {
     debug_assert!(vma.start() < addr && addr < vma.end());
     // Locked before the huge PMD across the split point is split
     // (`__split_vma`: vma_start_write, then vma_adjust_trans_huge).
@@ -246,7 +359,7 @@ pub(crate) fn split_vma(
         vec![lower.clone(), upper.clone()],
     );
     vma_retire(vma);
-    Ok((lower, upper))
+    (lower, upper)
 }
 
 /// `vma_adjust_trans_huge` at one new VMA boundary: a huge PMD that
@@ -261,10 +374,13 @@ fn vma_adjust_trans_huge(oncpu: &OnCpu, mm: &Arc<Mm>, addr: u64) {
     }
 }
 
-/// Split so that `[start, end)` is covered by whole VMAs; returns them. A
-/// failed second split leaves the first one done, as in the kernel: the
-/// tree stays consistent either way.
-pub(crate) fn split_range(
+/// munmap's splits (`vms_gather_munmap_vmas`): split so that `[start,
+/// end)` is covered by whole VMAs; returns them. A munmap ends with no more
+/// VMAs than it found unless it cuts a hole inside one VMA: only that is
+/// refused at `max_map_count`, before anything is split. The splits
+/// themselves are not (`__split_vma`): the count may pass the limit by one
+/// until the range's VMAs are removed.
+fn munmap_split_range(
     oncpu: &OnCpu,
     mm: &Arc<Mm>,
     tree: &mut VmaTree,
@@ -273,20 +389,23 @@ pub(crate) fn split_range(
 ) -> KResult<Vec<Arc<Vma>>> {
     if let Some(first) = tree.find_vma_intersection(start, end).cloned() {
         if first.start() < start {
-            split_vma(oncpu, mm, tree, &first, start)?;
+            if end < first.end() && tree.len() >= MAX_MAP_COUNT {
+                return Err(Errno::ENOMEM);
+            }
+            __split_vma(oncpu, mm, tree, &first, start);
         }
     }
     if let Some(last) = tree.vma_lookup(end - 1).cloned() {
         if last.end() > end {
-            split_vma(oncpu, mm, tree, &last, end)?;
+            __split_vma(oncpu, mm, tree, &last, end);
         }
     }
     Ok(tree.range(start, end).cloned().collect())
 }
 
 /// `vma_modify_flags`: give `[start, end)`, which lies inside one VMA,
-/// the flags `flags`; returns the new VMA over exactly `[start, end)` (not
-/// yet merged with its neighbours).
+/// the flags `flags`, merging with a neighbour or splitting; returns the
+/// VMA that now covers `[start, end)`.
 pub(crate) fn vma_modify_flags(
     oncpu: &OnCpu,
     mm: &Arc<Mm>,
@@ -328,8 +447,7 @@ pub(crate) fn mbind_range(
             let vma = tree.vma_lookup(addr).cloned().ok_or(Errno::EFAULT)?;
             let to = vma.end().min(end);
             if vma.policy().map(|p| &**p) != pol.as_deref() {
-                let new = vma_modify_policy(oncpu, mm, &mut tree, addr, to, pol.clone())?;
-                merge_around(&mut tree, new);
+                vma_modify_policy(oncpu, mm, &mut tree, addr, to, pol.clone())?;
             }
             addr = to;
         }
@@ -353,9 +471,11 @@ fn vma_modify_policy(
     vma_modify(oncpu, mm, tree, &vma, start..end, flags, pol)
 }
 
-/// `vma_modify`: `[start, end)` of `vma` gets `flags` and `pol`; the old
-/// VMA is replaced by its up to three pieces at once, each made once;
-/// returns the middle one (not yet merged with its neighbours).
+/// `vma_modify`: `[start, end)` of `vma` gets `flags` and `pol`. The range
+/// joins a neighbour that has them already where it can
+/// ([`vma_merge_existing_range`], which splits nothing); otherwise the old
+/// VMA is replaced by its up to three pieces at once, each made once.
+/// Returns the VMA that now covers the range.
 fn vma_modify(
     oncpu: &OnCpu,
     mm: &Arc<Mm>,
@@ -366,6 +486,24 @@ fn vma_modify(
     pol: Option<Arc<crate::mempolicy::Mempolicy>>,
 ) -> KResult<Arc<Vma>> {
     debug_assert!(end <= vma.end(), "[{start:#x}, {end:#x}) leaves {vma:?}");
+    let (prev, next) = (
+        tree.prev_vma(vma.start()).cloned(),
+        tree.next_vma(vma.end()).cloned(),
+    );
+    let vmg = VmaMergeStruct {
+        prev: prev.as_ref(),
+        middle: Some(vma),
+        next: next.as_ref(),
+        start,
+        end,
+        pgoff: vma.linear_page_index(start),
+        flags,
+        policy: pol.as_ref(),
+        anon_vma: vma.anon_vma(),
+    };
+    if let Some(merged) = vma_merge_existing_range(oncpu, mm, tree, &vmg) {
+        return Ok(merged);
+    }
     let (lower, upper) = (start > vma.start(), end < vma.end());
     // The kernel splits one side at a time (`__split_vma`), each refused at
     // max_map_count: a refused upper split leaves the lower one done.
@@ -421,7 +559,9 @@ pub fn do_mmap(
     let len = page_align(len).filter(|&l| l != 0).ok_or(Errno::ENOMEM)?;
     let guard = mm.mmap_lock.write();
     let mut tree = mm.vma_tree_draft();
-    if tree.len() >= MAX_MAP_COUNT {
+    // Tested before the mapping is made, which may merge: an address space
+    // may pass `max_map_count` by one.
+    if tree.len() > MAX_MAP_COUNT {
         return Err(Errno::ENOMEM);
     }
     let addr = get_unmapped_area(&tree, addr, len, flags)?;
@@ -483,8 +623,19 @@ pub fn do_mmap(
         let (found, before) = tree.find_vma_prev(addr);
         (next, prev) = (found.cloned(), before.cloned());
     }
-    let new = Vma::new(mm.id, addr, addr + len, vm_flags, addr >> PAGE_SHIFT);
-    if vma_merge_new_range(&mut tree, prev.as_ref(), next.as_ref(), &new).is_none() {
+    let vmg = VmaMergeStruct {
+        prev: prev.as_ref(),
+        middle: None,
+        next: next.as_ref(),
+        start: addr,
+        end: addr + len,
+        pgoff: addr >> PAGE_SHIFT,
+        flags: vm_flags,
+        policy: None,
+        anon_vma: None,
+    };
+    if vma_merge_new_range(&mut tree, &vmg).is_none() {
+        let new = Vma::new(mm.id, addr, addr + len, vm_flags, addr >> PAGE_SHIFT);
         tree.insert(Arc::new(new));
     }
     mm.vma_tree_publish(&mut tree, &crate::sync::epoch::pin());
@@ -594,7 +745,7 @@ fn vms_gather_munmap_vmas(
     start: u64,
     end: u64,
 ) -> KResult<Option<DetachedVmas>> {
-    let vmas = split_range(oncpu, mm, tree, start, end)?;
+    let vmas = munmap_split_range(oncpu, mm, tree, start, end)?;
     if vmas.is_empty() {
         return Ok(None);
     }

@@ -12,9 +12,7 @@ use crate::errno::{Errno, KResult};
 use crate::machine::OnCpu;
 use crate::mm::vma::*;
 use crate::mm::{Mm, Vma};
-use crate::mmap::{
-    calc_vm_prot_bits, merge_around, vma_modify_flags, PROT_EXEC, PROT_READ, PROT_WRITE,
-};
+use crate::mmap::{calc_vm_prot_bits, vma_modify_flags, PROT_EXEC, PROT_READ, PROT_WRITE};
 use crate::mmu_gather::MmuGather;
 use crate::pgtable::entry::_PAGE_PRESENT;
 use crate::pgtable::pagewalk::{walk_page_range, MmWalkOps, WalkAction, WalkLock};
@@ -82,8 +80,8 @@ fn mprotect_walk(
     Ok(())
 }
 
-/// `mprotect_fixup`: charge or uncharge the commitment, split, set the
-/// flags, change the PTEs, merge.
+/// `mprotect_fixup`: charge or uncharge the commitment, merge or split
+/// with the new flags set, change the PTEs.
 fn mprotect_fixup(
     oncpu: &OnCpu,
     mm: &Arc<Mm>,
@@ -123,7 +121,6 @@ fn mprotect_fixup(
     if oldflags & VM_ACCOUNT != 0 && newflags & VM_ACCOUNT == 0 {
         oc.vm_unacct_memory(nrpages);
     }
-    merge_around(tree, vma);
     Ok(())
 }
 

@@ -296,6 +296,50 @@ fn mprotect_at_max_map_count_splits_once_then_fails() {
     check_invariants(&m).unwrap();
 }
 
+/// At `max_map_count` the kernel refuses what would leave more VMAs than
+/// the limit, not what passes it on the way: mmap tests the count before
+/// it maps, so an address space may hold one more; munmap refuses only a
+/// hole inside one VMA, and splits for a moment past the limit otherwise;
+/// mprotect merges with a neighbour before it would split. The host gives
+/// the same result at every step (a C program ran this sequence).
+#[test]
+fn max_map_count_refuses_only_what_would_end_past_it() {
+    use usermm::mm::MAX_MAP_COUNT as MAX;
+    let m = machine();
+    let c = m.bind(0).unwrap();
+    let mm = c.new_mm().unwrap();
+    let page = 4096u64;
+    let base = 0x1000_0000u64;
+    let fixed = ANON | MAP_FIXED_NOREPLACE;
+    let big = c.mmap(base, 4 * page, RW, fixed).unwrap();
+    let big2 = c.mmap(base + 8 * page, 3 * page, RW, fixed).unwrap();
+    let slot = |i: u64| base + (2 * i + 16) * page;
+    let mut i = 1;
+    while c.mmap(slot(i), page, RW, fixed).is_ok() {
+        i += 1;
+    }
+    assert_eq!(mm.map_count(), MAX + 1, "mmap may pass the limit by one");
+    c.store_u64(big + 2 * page, 7).unwrap();
+    c.munmap(big, page).unwrap();
+    assert_eq!(mm.map_count(), MAX + 1);
+    assert_eq!(c.munmap(big2 + page, page), Err(Errno::ENOMEM));
+    for i in 1..=3 {
+        c.munmap(slot(i), page).unwrap();
+    }
+    c.munmap(big2 + page, page).unwrap();
+    assert_eq!(mm.map_count(), MAX - 1);
+    c.mprotect(big + page, page, PROT_READ).unwrap();
+    assert_eq!(mm.map_count(), MAX);
+    // The previous VMA takes the page over: nothing is split.
+    c.mprotect(big + 2 * page, page, PROT_READ).unwrap();
+    assert_eq!(mm.map_count(), MAX);
+    c.mprotect(big + 3 * page, page, PROT_READ).unwrap();
+    assert_eq!(mm.map_count(), MAX - 1);
+    assert_eq!(c.load_u64(big + 2 * page).unwrap(), 7);
+    assert_eq!(c.store_u64(big + 2 * page, 8), Err(Errno::EFAULT));
+    check_invariants(&m).unwrap();
+}
+
 /// Overcommit accounting end to end: what each path charges and gives
 /// back, and fork refused under `overcommit_memory=2` once the child's copy
 /// of the charged mappings would pass the commit limit (which the host
