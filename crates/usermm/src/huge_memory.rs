@@ -678,8 +678,8 @@ pub fn do_huge_pmd_numa_page(vmf: &mut VmFault<'_>) -> VmFaultResult {
 
 /// `change_huge_pmd`: apply a new protection to a whole huge PMD. Returns
 /// None if the PMD is no longer huge (split meanwhile: the caller goes on
-/// at the PTE level), else whether it needs a TLB flush (permissions were
-/// reduced). A writable PMD
+/// at the PTE level), else whether it needs a TLB flush
+/// (`huge_pmd_needs_flush`). A writable PMD
 /// migration entry becomes readable (readable-exclusive: every folio of
 /// the model is anon), as a PTE one does.
 pub fn change_huge_pmd(
@@ -710,19 +710,20 @@ pub fn change_huge_pmd(
     if !pmd.trans_huge() {
         return None;
     }
-    let mut new = pmd.modify(newprot);
+    // pmdp_invalidate_ad: the entry is changed from what it held when the
+    // MMU could no longer set its accessed or dirty bit.
+    let old = ptl.invalidate();
+    let mut new = old.modify(newprot);
     // can_change_pmd_writable: an exclusive anon folio of a private
     // mapping (the model has no shared anon mappings).
     if vma.flags() & crate::mm::vma::VM_WRITE != 0
         && !new.protnone()
-        && crate::phys::folio::page_anon_exclusive(mem, pmd.pfn())
+        && crate::phys::folio::page_anon_exclusive(mem, old.pfn())
     {
         new = new.mkwrite();
     }
     ptl.set(new);
-    // pmd_needs_flush: the hardware saw it and lost a permission.
-    let hw_present = |p: Pmd| p.0 & crate::pgtable::entry::_PAGE_PRESENT != 0;
-    Some(hw_present(pmd) && (!hw_present(new) || (pmd.write() && !new.write())))
+    Some(crate::pgtable::entry::huge_pmd_needs_flush(old, new))
 }
 
 /// Where a PTE-mapped folio was found: the index of a PTE of `table` and

@@ -478,12 +478,13 @@ fn huge_pmd_set_accessed(vmf: &mut VmFault<'_>) -> VmFaultResult {
     if pmd != vmf.orig_pmd {
         return VmFaultResult::Raced;
     }
+    // touch_pmd.
     let new = if vmf.write() && pmd.write() {
         pmd.mkyoung().mkdirty()
     } else {
         pmd.mkyoung()
     };
-    ptl.set(new);
+    ptl.set_access_flags(new, vmf.write());
     VmFaultResult::Done
 }
 
@@ -596,14 +597,15 @@ fn handle_present_pte(vmf: &mut VmFault<'_>, mut pt: PteLocked<'_>) -> VmFaultRe
     if vmf.write() && !vmf.orig_pte.write() {
         return do_wp_page(vmf, pt);
     }
-    // Spurious fault or A/D update: nothing to flush on x86.
+    // Spurious fault or A/D update: nothing to flush on x86, whose fault
+    // dropped the stale TLB entry already.
     let pte = vmf.orig_pte;
-    let new = if vmf.write() {
+    let entry = if vmf.write() {
         pte.mkyoung().mkdirty()
     } else {
         pte.mkyoung()
     };
-    pt.set(idx, new);
+    pt.set_access_flags(idx, entry, vmf.write());
     VmFaultResult::Done
 }
 

@@ -14,7 +14,7 @@ use crate::mm::vma::*;
 use crate::mm::{Mm, Vma};
 use crate::mmap::{calc_vm_prot_bits, vma_modify_flags, PROT_EXEC, PROT_READ, PROT_WRITE};
 use crate::mmu_gather::MmuGather;
-use crate::pgtable::entry::_PAGE_PRESENT;
+use crate::pgtable::entry::pte_needs_flush;
 use crate::pgtable::pagewalk::{walk_page_range, MmWalkOps, WalkAction, WalkLock};
 use crate::pgtable::swapops::{Migration, SwpKind};
 use crate::pgtable::{self, Pgprot, Pmd, PmdSlot, Pte, PteLocked, PteRead, PMD_SIZE};
@@ -222,6 +222,9 @@ impl ChangeProt<'_, '_> {
             if old.is_swap() {
                 self.change_nonpresent_pte(&mut pt, idx, old);
             } else if old.present() {
+                // Taken out and put back changed, so that no accessed or
+                // dirty bit a CPU sets meanwhile is lost.
+                let old = pt.modify_prot_start(idx);
                 let mut new = old.modify(self.newprot);
                 if self.vma.flags() & VM_WRITE != 0
                     && !new.write()
@@ -232,15 +235,9 @@ impl ChangeProt<'_, '_> {
                     // can_change_pte_writable: an exclusive anon page.
                     new = new.mkwrite();
                 }
-                if new != old {
-                    pt.set(idx, new);
-                    // pte_needs_flush: the hardware saw it and lost a
-                    // permission.
-                    if old.0 & _PAGE_PRESENT != 0
-                        && (new.0 & _PAGE_PRESENT == 0 || (old.write() && !new.write()))
-                    {
-                        self.tlb.remove_tlb_entries(addr, 1);
-                    }
+                pt.modify_prot_commit(idx, new);
+                if pte_needs_flush(old, new) {
+                    self.tlb.remove_tlb_entries(addr, 1);
                 }
             }
             addr += PAGE_SIZE;

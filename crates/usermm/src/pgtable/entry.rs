@@ -23,6 +23,8 @@ pub const _PAGE_SOFT_DIRTY: u64 = 1 << 11;
 pub const _PAGE_PROTNONE: u64 = _PAGE_GLOBAL;
 pub const _PAGE_NX: u64 = 1 << 63;
 pub const PTE_PFN_MASK: u64 = ((1u64 << 52) - 1) & !((1u64 << PAGE_SHIFT) - 1);
+/// A huge PMD's page-attribute bit (bit 7, `_PAGE_PAT`, is its page size).
+pub const _PAGE_PAT_LARGE: u64 = 1 << 12;
 /// A huge PMD's PFN field starts at bit 21 (bit 12 is PAT there).
 pub const PMD_PFN_MASK: u64 = ((1u64 << 52) - 1) & !((1u64 << 21) - 1);
 /// Flags of an entry that points to a lower table (`_PAGE_TABLE`).
@@ -36,6 +38,48 @@ pub const _PAGE_CHG_MASK: u64 = PTE_PFN_MASK
     | _PAGE_DIRTY
     | _PAGE_SOFT_DIRTY
     | _PAGE_UFFD_WP;
+
+/// x86's `pte_flags_need_flush`: whether a TLB entry made from an entry
+/// with `old` flags may be wrong for one with `new` flags. The bits the
+/// MMU sets itself (present, accessed, dirty) matter only when cleared: a
+/// TLB entry without them makes the MMU walk again, not misbehave. Bits of
+/// permission, page size and caching matter either way, a permission
+/// gained included (x86 flushes for it rather than take a spurious fault).
+/// Software bits never do; nor does the accessed bit, with `ignore_access`.
+fn flags_need_flush(old: u64, new: u64, ignore_access: bool) -> bool {
+    const FLUSH_ON_CLEAR: u64 = _PAGE_DIRTY | _PAGE_PRESENT | _PAGE_ACCESSED;
+    const SOFTWARE: u64 = _PAGE_SPECIAL | _PAGE_UFFD_WP | _PAGE_SOFT_DIRTY;
+    const FLUSH_ON_CHANGE: u64 = _PAGE_RW
+        | _PAGE_USER
+        | _PAGE_PWT
+        | _PAGE_PCD
+        | _PAGE_PSE
+        | _PAGE_GLOBAL
+        | _PAGE_PAT_LARGE
+        | _PAGE_NX;
+    let mut diff = (old ^ new) & !SOFTWARE;
+    if ignore_access {
+        diff &= !_PAGE_ACCESSED;
+    }
+    diff & old & FLUSH_ON_CLEAR != 0 || diff & FLUSH_ON_CHANGE != 0
+}
+
+/// x86's `pte_needs_flush`: whether changing a PTE from `old` to `new`
+/// needs the TLBs flushed. An entry the MMU could not use was never cached.
+pub fn pte_needs_flush(old: Pte, new: Pte) -> bool {
+    if old.0 & _PAGE_PRESENT == 0 {
+        return false;
+    }
+    old.pfn() != new.pfn() || flags_need_flush(old.0 & !PTE_PFN_MASK, new.0 & !PTE_PFN_MASK, true)
+}
+
+/// x86's `huge_pmd_needs_flush`: [`pte_needs_flush`] for a huge PMD.
+pub fn huge_pmd_needs_flush(old: Pmd, new: Pmd) -> bool {
+    if old.0 & _PAGE_PRESENT == 0 {
+        return false;
+    }
+    old.pfn() != new.pfn() || flags_need_flush(old.0 & !PMD_PFN_MASK, new.0 & !PMD_PFN_MASK, true)
+}
 
 /// `pgprot_t`: protection and cache bits of an entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -340,5 +384,41 @@ mod tests {
         assert_eq!(inv.0 & _PAGE_PRESENT, 0, "the MMU faults on it");
         assert_eq!(inv.pfn(), 0x200);
         assert_eq!(table.table_pfn(), 0x99);
+    }
+
+    /// x86's flush rule: permission changes flush both ways, the bits the
+    /// MMU sets only when they are cleared, software bits and the
+    /// accessed bit never, and nothing the MMU could not use.
+    #[test]
+    fn pte_needs_flush_follows_x86() {
+        let ro = Pte::new(7, Pgprot::READONLY);
+        let rw = Pte::new(7, Pgprot::SHARED);
+        assert!(pte_needs_flush(rw, ro), "write lost");
+        assert!(pte_needs_flush(ro, rw), "write gained");
+        let rwx = Pte::new(7, Pgprot::SHARED_EXEC);
+        assert!(
+            pte_needs_flush(rw, rwx) && pte_needs_flush(rwx, rw),
+            "NX changed"
+        );
+        assert!(pte_needs_flush(rw.mkdirty(), rw), "dirty cleared");
+        assert!(!pte_needs_flush(rw, rw.mkdirty()), "dirty set");
+        assert!(!pte_needs_flush(rw, rw.mkold()), "accessed cleared");
+        assert!(!pte_needs_flush(rw, rw.mkspecial()), "a software bit");
+        assert!(
+            pte_needs_flush(rw, rw.modify(Pgprot::NONE)),
+            "made PROT_NONE"
+        );
+        assert!(
+            !pte_needs_flush(rw.modify(Pgprot::NONE), rw),
+            "never cached"
+        );
+        assert!(
+            pte_needs_flush(rw, Pte::new(8, Pgprot::SHARED)),
+            "another page"
+        );
+        let huge = Pmd::huge(0x200, Pgprot::SHARED);
+        assert!(huge_pmd_needs_flush(huge, huge.wrprotect()));
+        assert!(!huge_pmd_needs_flush(huge, huge.mkdirty()));
+        assert!(!huge_pmd_needs_flush(huge.mkinvalid(), huge));
     }
 }

@@ -604,6 +604,17 @@ impl PmdLocked<'_> {
         ))
     }
 
+    /// x86's `pmdp_set_access_flags`: as
+    /// [`PteLocked::set_access_flags`], for a huge PMD.
+    #[inline]
+    pub fn set_access_flags(&mut self, entry: Pmd, dirty: bool) -> bool {
+        let changed = self.get() != entry;
+        if changed && dirty {
+            self.set(entry);
+        }
+        changed
+    }
+
     /// `pmdp_test_and_clear_young`: one atomic, keeping a racing walker's
     /// dirty bit; returns whether the entry was young.
     #[inline]
@@ -624,9 +635,10 @@ impl PmdLocked<'_> {
         entry_clear_bits(self.mem, self.slot.table, self.slot.idx, _PAGE_RW);
     }
 
-    /// `pmdp_invalidate` (without its flush): make a huge PMD invalid
-    /// ([`Pmd::mkinvalid`]) in one atomic step, so that an accessed or dirty
-    /// bit the MMU sets meanwhile is in the value returned.
+    /// `pmdp_invalidate` without its flush, which is x86's
+    /// `pmdp_invalidate_ad`: make a huge PMD invalid ([`Pmd::mkinvalid`]) in
+    /// one atomic step, so that an accessed or dirty bit the MMU sets
+    /// meanwhile is in the value returned, and none can be set after.
     #[inline]
     pub fn invalidate(&mut self) -> Pmd {
         let bits = _PAGE_PRESENT | _PAGE_PROTNONE;
@@ -816,7 +828,9 @@ impl PteLocked<'_> {
     /// `set_pte_at`, with `track_pte_set` / `track_pte_clear` on a
     /// tracked table. Under the lock the entry can change only in its
     /// accessed and dirty bits, never to or from none, so reading it first
-    /// is exact.
+    /// is exact for the count; a caller that stores a changed copy of a
+    /// present entry goes through [`Self::modify_prot_start`] or
+    /// [`Self::set_access_flags`] instead, which lose neither bit.
     #[inline]
     pub fn set(&mut self, idx: usize, pte: Pte) {
         // An untracked table (every design but `pte_ref`) pays nothing.
@@ -858,6 +872,40 @@ impl PteLocked<'_> {
         let old = Pte(entry_get_and_clear(self.mem, self.table, idx));
         self.track(old, Pte(0));
         old
+    }
+
+    /// `ptep_modify_prot_start`: take a present entry out for a change of
+    /// protection, in one atomic exchange that leaves it none. Once it is
+    /// none the MMU can set neither its accessed nor its dirty bit, so the
+    /// value returned is final: a read followed by a store would lose a bit
+    /// that a CPU's walker set in between. A CPU that touches the page
+    /// meanwhile faults and waits for this lock.
+    #[inline]
+    pub fn modify_prot_start(&mut self, idx: usize) -> Pte {
+        self.get_and_clear(idx)
+    }
+
+    /// `ptep_modify_prot_commit`: put back the entry taken out by
+    /// [`Self::modify_prot_start`], changed.
+    #[inline]
+    pub fn modify_prot_commit(&mut self, idx: usize, pte: Pte) {
+        self.set(idx, pte)
+    }
+
+    /// x86's `ptep_set_access_flags` for a fault on a present entry:
+    /// `entry` is the entry the fault found, made young (and dirty, for a
+    /// write). It is stored only for a write: a read fault leaves the
+    /// accessed bit to the MMU's walk on the retry, and a store would lose
+    /// a dirty bit that another CPU's walker set since the entry was read.
+    /// A write's entry carries both bits the MMU sets, so storing it loses
+    /// neither. Returns whether the entry differed from `entry`.
+    #[inline]
+    pub fn set_access_flags(&mut self, idx: usize, entry: Pte, dirty: bool) -> bool {
+        let changed = self.pte(idx) != entry;
+        if changed && dirty {
+            self.set(idx, entry);
+        }
+        changed
     }
 
     /// `clear_full_ptes`: clear `nr` consecutive entries, one atomic
