@@ -12,6 +12,15 @@
 //! THP knobs are set only when this process can write them (root), are
 //! restored when the run ends, and a lock file serialises runs that might
 //! change them; when they cannot be set the scenario is reported skipped.
+//!
+//! No server outlives this process for long, nor keeps what is its own: a
+//! server closes its copy of the lock file and points its stdin and stdout
+//! at /dev/null as soon as it is forked (so that a run that dies frees the
+//! lock for the next, and whoever reads this process's output sees it end);
+//! the first server is killed when this process dies (`PR_SET_PDEATHSIG`);
+//! every server gives up after [`CONNECT_TIMEOUT_S`] if this process never
+//! opens its FIFOs, and exits once its request FIFO has no writer, which is
+//! how the servers of `fork` learn that this process is gone.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -24,6 +33,9 @@ use usermm::Errno;
 use super::Backend;
 
 const THP: &str = "/sys/kernel/mm/transparent_hugepage";
+
+/// How long a new server waits for this process to open its FIFOs.
+const CONNECT_TIMEOUT_S: u32 = 10;
 
 struct Server {
     to: File,
@@ -130,13 +142,20 @@ impl HostBackend {
             _lock: lock,
         };
         let (inp, out) = b.fifos()?;
+        // SAFETY: getpid has no preconditions.
+        let caller = unsafe { libc::getpid() };
         // SAFETY: this process is single-threaded here (the command runs one
         // scenario); the child only runs the server loop and exits.
         let pid = unsafe { libc::fork() };
         if pid == 0 {
+            server_detach(b._lock.as_raw_fd(), caller);
             serve_at(&inp, &out);
         }
-        anyhow::ensure!(pid > 0, "fork: {}", std::io::Error::last_os_error());
+        anyhow::ensure!(
+            pid > 0,
+            "fork of the scenario's process: {}",
+            std::io::Error::last_os_error()
+        );
         let s = b.connect(&inp, &out, pid)?;
         b.procs.insert("main".into(), s);
         Ok(b)
@@ -151,10 +170,26 @@ impl HostBackend {
         Ok((i, o))
     }
 
+    /// Open the FIFOs of the new server `pid`. On failure (out of file
+    /// descriptors, say) the server is killed and reaped: nothing is left.
     fn connect(&self, inp: &PathBuf, out: &PathBuf, pid: i32) -> anyhow::Result<Server> {
-        let to = OpenOptions::new().write(true).open(inp)?;
-        let from = BufReader::new(File::open(out)?);
-        Ok(Server { to, from, pid })
+        let open = || -> std::io::Result<Server> {
+            let to = OpenOptions::new().write(true).open(inp)?;
+            let from = BufReader::new(File::open(out)?);
+            Ok(Server { to, from, pid })
+        };
+        open().map_err(|e| {
+            // SAFETY: signalling a server this process made, and reaping it
+            // if it is this process's child (a server's children are reaped
+            // by the kernel: servers ignore SIGCHLD).
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                if libc::waitpid(pid, std::ptr::null_mut(), 0) != pid {
+                    let _ = wait_gone(pid);
+                }
+            }
+            anyhow::anyhow!("connecting to the scenario's process {pid}: {e}")
+        })
     }
 
     fn call(&mut self, req: &str) -> Result<String, String> {
@@ -444,9 +479,39 @@ fn wait_gone(pid: libc::pid_t) -> Result<(), String> {
 
 // The server side, in the scenario's processes.
 
+/// In the first server, just forked from `caller`: close the lock file
+/// (`lock_fd`; a lock held through a copy of its descriptor would outlive
+/// this process), stop writing to the caller's stdout, and die with the
+/// caller.
+fn server_detach(lock_fd: std::os::unix::io::RawFd, caller: libc::pid_t) {
+    // SAFETY: closing and duplicating descriptors of this (single-threaded)
+    // child; prctl and getppid have no memory arguments.
+    unsafe {
+        libc::close(lock_fd);
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+        if null >= 0 {
+            libc::dup2(null, libc::STDIN_FILENO);
+            libc::dup2(null, libc::STDOUT_FILENO);
+            libc::close(null);
+        }
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+        // The caller may have died before the signal was asked for.
+        if libc::getppid() != caller {
+            libc::_exit(1);
+        }
+    }
+}
+
+/// Open this server's FIFOs and serve. Opening blocks until the caller
+/// opens the other ends: a caller that never does (it died) leaves the
+/// server to SIGALRM's default action after [`CONNECT_TIMEOUT_S`].
 fn serve_at(inp: &PathBuf, out: &PathBuf) -> ! {
+    // SAFETY: alarm has no memory arguments; the server is single-threaded.
+    unsafe { libc::alarm(CONNECT_TIMEOUT_S) };
     let r = File::open(inp).map(BufReader::new);
     let w = OpenOptions::new().write(true).open(out);
+    // SAFETY: as above.
+    unsafe { libc::alarm(0) };
     match (r, w) {
         (Ok(r), Ok(w)) => serve(r, w),
         // SAFETY: leave without running the parent's destructors.

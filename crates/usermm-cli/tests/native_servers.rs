@@ -1,0 +1,138 @@
+//! A native run's processes (the scenario's servers) never outlive it: a run
+//! killed in the middle of a long request leaves no process behind, lets
+//! whoever reads its output see the output end, and does not keep the lock
+//! that serialises native runs.
+
+use std::io::{BufReader, Read};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// The processes whose parent is `pid` (from /proc).
+fn children_of(pid: u32) -> Vec<u32> {
+    let mut out = vec![];
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+            continue;
+        };
+        // The parent is the second field after the parenthesised name.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u32>().ok());
+        if ppid == Some(pid) {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Whether `pid` still runs (a zombie has exited: its memory and
+/// descriptors are gone).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        !matches!(
+            s.rsplit_once(')')
+                .and_then(|(_, r)| r.trim_start().chars().next()),
+            Some('Z' | 'X')
+        )
+    })
+}
+
+fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let t = Instant::now();
+    while t.elapsed() < limit {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    done()
+}
+
+#[test]
+fn a_killed_native_run_leaves_nothing_behind() {
+    let dir = std::env::temp_dir().join(format!("usermm-native-kill-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // Populating 2 GiB takes the host seconds: the run is killed inside
+    // that one request, with a forked process waiting for requests beside.
+    let long = dir.join("long.scn");
+    std::fs::write(
+        &long,
+        "map A 4K rw at=0x600000000000\nfork child\nswitch main\n\
+         map B 2G rw flags=private,anonymous,populate\n",
+    )
+    .unwrap();
+    let mut run = Command::new(env!("CARGO_BIN_EXE_usermm"))
+        .args(["run", "--native"])
+        .arg(&long)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(run.stdout.take().unwrap());
+    // The main server and the child it forked (the run prints nothing
+    // before it ends).
+    let servers = || -> Vec<u32> {
+        children_of(run.id())
+            .into_iter()
+            .flat_map(|s| std::iter::once(s).chain(children_of(s)))
+            .collect()
+    };
+    assert!(
+        wait_until(Duration::from_secs(20), || servers().len() == 2),
+        "the scenario's two processes did not appear: {:?}",
+        servers()
+    );
+    let servers = servers();
+    // Into the populate.
+    std::thread::sleep(Duration::from_millis(300));
+    run.kill().unwrap();
+    run.wait().unwrap();
+    // Whoever reads the output sees it end: no server holds it.
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut rest = Vec::new();
+        let _ = lines.read_to_end(&mut rest);
+        let _ = tx.send(());
+    });
+    assert!(
+        rx.recv_timeout(Duration::from_millis(1500)).is_ok(),
+        "the killed run's output did not end: a server keeps it open"
+    );
+    assert!(
+        wait_until(Duration::from_millis(1500), || !servers
+            .iter()
+            .any(|&p| alive(p))),
+        "servers outlived the killed run: {:?}",
+        servers.iter().filter(|&&p| alive(p)).collect::<Vec<_>>()
+    );
+    // The next native run gets the lock at once.
+    let short = dir.join("short.scn");
+    std::fs::write(
+        &short,
+        "map A 4K rw at=0x600000000000\nwrite A 1\nexpect A == 1\n",
+    )
+    .unwrap();
+    let mut next = Command::new(env!("CARGO_BIN_EXE_usermm"))
+        .args(["run", "--native"])
+        .arg(&short)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let ended = wait_until(Duration::from_secs(10), || {
+        next.try_wait().unwrap().is_some()
+    });
+    if !ended {
+        next.kill().unwrap();
+    }
+    assert!(
+        ended,
+        "the next native run waited for the killed run's lock"
+    );
+    assert!(next.wait().unwrap().success());
+    let _ = std::fs::remove_dir_all(&dir);
+}
