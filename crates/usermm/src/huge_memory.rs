@@ -347,6 +347,9 @@ pub fn zap_huge_pmd(oncpu: &OnCpu, tlb: &mut MmuGather, mm: &Mm, slot: PmdSlot, 
     }
     let pmd = ptl.get_and_clear();
     tlb.remove_pmd_tlb_entry(addr);
+    // zap_deposited_table: the deposited table was never reachable by a
+    // walker, so it is freed at once (`pte_free`), not after the flush and
+    // a grace period as the tables a walker may be reading.
     let table = ptl.withdraw();
     mm.dec_nr_tables();
     if pmd.is_swap() {
@@ -355,22 +358,20 @@ pub fn zap_huge_pmd(oncpu: &OnCpu, tlb: &mut MmuGather, mm: &Mm, slot: PmdSlot, 
         debug_assert!(pmd.is_migration(), "swap PMD {pmd:?}");
         mm.add_rss(MmCounter::AnonPages, -(HPAGE_PMD_NR as i64));
         drop(ptl);
-        tlb.remove_table(oncpu, table);
+        table.free(mem, oncpu.id());
         return true;
     }
     if is_huge_zero_pmd(oncpu, pmd) {
-        // zap_deposited_table: nothing mapped to count or free.
+        // Nothing mapped to count or free.
         drop(ptl);
-        tlb.remove_table(oncpu, table);
+        table.free(mem, oncpu.id());
         return true;
     }
     let folio = Folio(pmd.pfn());
     rmap::folio_remove_rmap_pmd(mem, folio, oncpu.id());
     mm.add_rss(MmCounter::AnonPages, -(HPAGE_PMD_NR as i64));
     drop(ptl);
-    // The deposited table was never reachable by walkers: it goes to the
-    // table batch only so that it is freed with the others.
-    tlb.remove_table(oncpu, table);
+    table.free(mem, oncpu.id());
     if tlb.remove_folio_pages(folio.pfn(), 1, false) {
         tlb.flush_mmu(oncpu);
     }

@@ -164,7 +164,7 @@ fn madvise_dontneed_single_vma(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64
 }
 
 /// `zap_page_range_single`. Returns whether a page table was freed (PT
-/// reclaim).
+/// reclaim) or a huge PMD cleared: either may have left a PMD table empty.
 pub fn zap_page_range_single(
     oncpu: &OnCpu,
     mm: &Arc<Mm>,
@@ -175,7 +175,7 @@ pub fn zap_page_range_single(
     crate::swap::lru_add_drain(oncpu.mem(), oncpu.id());
     let mut tlb = MmuGather::new(mm);
     memory::unmap_page_range(oncpu, &mut tlb, start, end, details);
-    let freed = tlb.nr_tables_freed > 0;
+    let freed = tlb.nr_tables_freed > 0 || tlb.nr_pmds_cleared > 0;
     tlb.finish(oncpu);
     freed
 }

@@ -72,6 +72,9 @@ pub struct MmuGather<'a> {
     /// Page tables given to this gather so far (`freed_tables` is reset by
     /// every flush; this is not): whether the operation freed any.
     pub nr_tables_freed: usize,
+    /// Huge PMD entries given to this gather so far (`cleared_pmds` is
+    /// reset by every flush; this is not).
+    pub nr_pmds_cleared: usize,
     /// Set by [`MmuGather::finish`]; a gather dropped without it is a bug.
     finished: bool,
 }
@@ -107,6 +110,7 @@ impl<'a> MmuGather<'a> {
             active: 0,
             tables: Vec::new(),
             nr_tables_freed: 0,
+            nr_pmds_cleared: 0,
             finished: false,
         }
     }
@@ -142,6 +146,7 @@ impl<'a> MmuGather<'a> {
     pub fn remove_pmd_tlb_entry(&mut self, addr: u64) {
         self.adjust_range(addr, crate::pgtable::PMD_SIZE);
         self.cleared_pmds = true;
+        self.nr_pmds_cleared += 1;
     }
 
     /// `tlb_next_batch`: move to (or allocate) the next batch; false if the

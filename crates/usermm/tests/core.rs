@@ -112,6 +112,26 @@ fn pmd_thp_maps_with_one_entry_and_deposits_a_table() {
     check_invariants(&m).unwrap();
 }
 
+/// A zapped huge PMD's deposited table goes back to the allocator at once
+/// (`zap_deposited_table`: no walker ever saw it), not after the TLB flush
+/// and a grace period as the tables walkers may be reading.
+#[test]
+fn zapping_a_huge_pmd_frees_its_deposited_table_at_once() {
+    use usermm::vmstat::NodeStat::NR_PAGETABLE;
+    let m = machine();
+    m.thp.set_enabled(ThpMode::Always).unwrap();
+    let c = m.bind(0).unwrap();
+    c.new_mm().unwrap();
+    let a = c.mmap(0, 2 << 20, RW, ANON).unwrap();
+    c.store_u64(a, 5).unwrap();
+    let tables = m.vmstat().node(NR_PAGETABLE);
+    c.madvise(a, 2 << 20, MADV_DONTNEED).unwrap();
+    assert_eq!(m.vmstat().node(NR_PAGETABLE), tables - 1);
+    assert_eq!(c.load_u64(a).unwrap(), 0);
+    m.rcu_barrier();
+    check_invariants(&m).unwrap();
+}
+
 #[test]
 fn mmap_errors_are_the_kernels() {
     let m = machine();
