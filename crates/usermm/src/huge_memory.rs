@@ -677,6 +677,25 @@ pub fn do_huge_pmd_numa_page(vmf: &mut VmFault<'_>) -> VmFaultResult {
     VmFaultResult::Done
 }
 
+/// `change_non_present_huge_pmd`, mprotect's and the NUMA scan's alike: a
+/// writable PMD migration entry becomes readable-exclusive (every folio of
+/// the model is anon), as a PTE one does. No flush: the MMU never cached it.
+pub fn change_non_present_huge_pmd(ptl: &mut PmdLocked<'_>) {
+    let pmd = ptl.get();
+    let entry = pmd.swp_entry();
+    if let SwpKind::Migration {
+        kind: Migration::Write,
+        ..
+    } = entry.kind()
+    {
+        let mut readable = entry.with_migration_kind(Migration::ReadExclusive).to_pmd();
+        if pmd.swp_soft_dirty() {
+            readable = readable.swp_mksoft_dirty();
+        }
+        ptl.set(readable);
+    }
+}
+
 /// `change_huge_pmd`: apply a new protection to a whole huge PMD. Returns
 /// None if the PMD is no longer huge (split meanwhile: the caller goes on
 /// at the PTE level), else whether it needs a TLB flush
@@ -694,18 +713,7 @@ pub fn change_huge_pmd(
     let mut ptl = mm.pmd_lock(slot);
     let pmd = ptl.get();
     if pmd.is_migration() {
-        let entry = pmd.swp_entry();
-        if let SwpKind::Migration {
-            kind: Migration::Write,
-            ..
-        } = entry.kind()
-        {
-            let mut readable = entry.with_migration_kind(Migration::ReadExclusive).to_pmd();
-            if pmd.swp_soft_dirty() {
-                readable = readable.swp_mksoft_dirty();
-            }
-            ptl.set(readable);
-        }
+        change_non_present_huge_pmd(&mut ptl);
         return Some(false);
     }
     if !pmd.trans_huge() {

@@ -186,28 +186,6 @@ impl ChangeProt<'_, '_> {
         self.change_pte_range(slot, addr, next);
     }
 
-    /// `change_pte_range` for a non-present entry: a writable migration
-    /// entry becomes readable (readable-exclusive for an anon page: a
-    /// protection check is difficult, so the kernel just disables write);
-    /// markers stay as they are (any access faults anyway).
-    fn change_nonpresent_pte(&mut self, pt: &mut PteLocked<'_>, idx: usize, old: Pte) {
-        let entry = old.swp_entry();
-        let SwpKind::Migration {
-            kind: Migration::Write,
-            ..
-        } = entry.kind()
-        else {
-            return;
-        };
-        // Every folio of the model is anon.
-        let readable = entry.with_migration_kind(Migration::ReadExclusive);
-        let mut new = readable.to_pte();
-        if old.swp_soft_dirty() {
-            new = new.swp_mksoft_dirty();
-        }
-        pt.set(idx, new);
-    }
-
     /// `change_pte_range`.
     fn change_pte_range(&mut self, slot: PmdSlot, start: u64, end: u64) {
         let mem = self.oncpu.mem();
@@ -220,7 +198,7 @@ impl ChangeProt<'_, '_> {
             let idx = pgtable::pte_index(addr);
             let old = pt.pte(idx);
             if old.is_swap() {
-                self.change_nonpresent_pte(&mut pt, idx, old);
+                change_non_present_pte(&mut pt, idx, old);
             } else if old.present() {
                 // Taken out and put back changed, so that no accessed or
                 // dirty bit a CPU sets meanwhile is lost.
@@ -243,4 +221,29 @@ impl ChangeProt<'_, '_> {
             addr += PAGE_SIZE;
         }
     }
+}
+
+/// `change_pte_range` for a non-present entry, mprotect's and the NUMA
+/// scan's alike: a writable migration entry becomes readable
+/// (readable-exclusive for an anon page: a protection check is difficult,
+/// so the kernel just disables write); markers stay as they are (any
+/// access faults anyway). The MMU never cached the entry: no flush. Returns
+/// whether the entry changed.
+pub(crate) fn change_non_present_pte(pt: &mut PteLocked<'_>, idx: usize, old: Pte) -> bool {
+    let entry = old.swp_entry();
+    let SwpKind::Migration {
+        kind: Migration::Write,
+        ..
+    } = entry.kind()
+    else {
+        return false;
+    };
+    // Every folio of the model is anon.
+    let readable = entry.with_migration_kind(Migration::ReadExclusive);
+    let mut new = readable.to_pte();
+    if old.swp_soft_dirty() {
+        new = new.swp_mksoft_dirty();
+    }
+    pt.set(idx, new);
+    true
 }

@@ -24,6 +24,9 @@
 //! `MM_CP_PROT_NUMA`, 512 `numa_pte_updates`) and its fault is
 //! `do_huge_pmd_numa_page`, which promotes the folio whole through a PMD
 //! migration entry; a THP the scan range covers in part is split first.
+//! The scan changes migration entries as mprotect does (a writable one
+//! becomes readable: `change_pte_range` and `change_huge_pmd` treat them
+//! alike whatever the caller), and counts the PTE ones it changes.
 //!
 //! The model keeps the hot threshold at its default (the kernel adjusts it to the rate limit,
 //! `numa_promotion_adjust_threshold`). Times are milliseconds since the
@@ -226,7 +229,8 @@ fn change_prot_numa(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) -> u64 {
         let table_end = ((a >> pgtable::PMD_SHIFT) + 1) << pgtable::PMD_SHIFT;
         let next = table_end.min(end);
         if let Some(slot) = mm.pmd_lookup(a) {
-            if mm.pmd_get(slot).trans_huge() {
+            // A huge PMD or a PMD migration entry (change_pmd_range).
+            if crate::huge_memory::pmd_is_huge(mm.pmd_get(slot)) {
                 if next - a == pgtable::PMD_SIZE {
                     if prot_numa_huge_pmd(oncpu, mm, slot, scan) {
                         tlb.remove_pmd_tlb_entry(a);
@@ -237,14 +241,18 @@ fn change_prot_numa(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) -> u64 {
                 }
                 crate::huge_memory::split_huge_pmd(oncpu, mm, slot, a);
             }
-            if !mm.pmd_get(slot).trans_huge() {
+            if !crate::huge_memory::pmd_is_huge(mm.pmd_get(slot)) {
                 if let Some(mut pt) = mm.pte_offset_map_lock(slot) {
                     crate::tlbbatch::flush_tlb_batched_pending(oncpu, mm);
                     let mut p = a;
                     while p < next {
-                        if prot_numa_one(oncpu, &mut pt, p, scan) {
-                            tlb.remove_tlb_entries(p, 1);
-                            updated += 1;
+                        match prot_numa_one(oncpu, &mut pt, p, scan) {
+                            ProtNumaPte::Hinted => {
+                                tlb.remove_tlb_entries(p, 1);
+                                updated += 1;
+                            }
+                            ProtNumaPte::NonPresentChanged => updated += 1,
+                            ProtNumaPte::Unchanged => {}
                         }
                         p += PAGE_SIZE;
                     }
@@ -262,9 +270,16 @@ fn change_prot_numa(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) -> u64 {
 
 /// A whole huge PMD of [`change_prot_numa`] (`change_huge_pmd` with
 /// `MM_CP_PROT_NUMA`): the same rules as for a PTE, for the THP it maps.
+/// Returns whether it was made a hinting entry. A PMD migration entry is
+/// changed as mprotect changes it, and not counted (`change_huge_pmd`
+/// returns 1 for it, not `HPAGE_PMD_NR`).
 fn prot_numa_huge_pmd(oncpu: &OnCpu, mm: &Mm, slot: pgtable::PmdSlot, scan: ProtNuma) -> bool {
     let mut ptl = mm.pmd_lock(slot);
     let pmd = ptl.get();
+    if pmd.is_migration() {
+        crate::huge_memory::change_non_present_huge_pmd(&mut ptl);
+        return false;
+    }
     if !pmd.trans_huge() || pmd.protnone() || pmd.special() {
         return false;
     }
@@ -277,26 +292,39 @@ fn prot_numa_huge_pmd(oncpu: &OnCpu, mm: &Mm, slot: pgtable::PmdSlot, scan: Prot
     true
 }
 
+/// What [`prot_numa_one`] did to an entry.
+enum ProtNumaPte {
+    Unchanged,
+    /// Made a hinting (PROT_NONE) entry: the TLBs must forget it.
+    Hinted,
+    /// A writable migration entry made readable, as mprotect makes it
+    /// (counted as updated; nothing to flush).
+    NonPresentChanged,
+}
+
 /// One PTE of [`change_prot_numa`], the table locked.
-fn prot_numa_one(oncpu: &OnCpu, pt: &mut PteLocked<'_>, addr: u64, scan: ProtNuma) -> bool {
+fn prot_numa_one(oncpu: &OnCpu, pt: &mut PteLocked<'_>, addr: u64, scan: ProtNuma) -> ProtNumaPte {
     let mem = oncpu.mem();
     let idx = pgtable::pte_index(addr);
     let pte = pt.pte(idx);
+    if pte.is_swap() {
+        return if crate::mprotect::change_non_present_pte(pt, idx, pte) {
+            ProtNumaPte::NonPresentChanged
+        } else {
+            ProtNumaPte::Unchanged
+        };
+    }
     if !pte.present() || pte.protnone() || pte.special() {
-        return false;
+        return ProtNumaPte::Unchanged;
     }
     let folio = mem.page_folio(pte.pfn());
-    if !folio.test_anon(mem) {
-        return false;
+    if !folio.test_anon(mem) || !scan.hint(oncpu, folio) {
+        return ProtNumaPte::Unchanged;
     }
-    if !scan.hint(oncpu, folio) {
-        return false;
-    }
-    // ptep_modify_prot_start/commit: an accessed or dirty bit set by a
-    // racing walker is kept.
-    let old = pt.get_and_clear(idx);
-    pt.set(idx, old.modify(Pgprot::NONE));
-    true
+    // An accessed or dirty bit set by a racing walker is kept.
+    let old = pt.modify_prot_start(idx);
+    pt.modify_prot_commit(idx, old.modify(Pgprot::NONE));
+    ProtNumaPte::Hinted
 }
 
 /// `numa_hint_fault_latency`: milliseconds since the folio was scanned.

@@ -149,6 +149,41 @@ fn a_migration_entry_is_counted_copied_write_protected_and_zapped() {
     check_invariants(&m).unwrap();
 }
 
+/// The NUMA scan changes a writable migration entry as mprotect does
+/// (`change_pte_range` is the same code for both): it becomes
+/// readable-exclusive, and counts as a PTE updated, beside the present
+/// entries the scan makes PROT_NONE.
+#[test]
+fn the_numa_scan_makes_a_writable_migration_entry_readable() {
+    use std::sync::atomic::Ordering::Relaxed;
+    use usermm::numa_balancing::{task_numa_work, NUMA_BALANCING_NORMAL};
+    use usermm::vmstat::Event;
+    let m = machine();
+    let c = m.bind(0).unwrap();
+    let mm = c.new_mm().unwrap();
+    let a = c.mmap(0, 4 * PAGE, RW, ANON).unwrap();
+    c.touch_pages(a, a + 4 * PAGE, 7).unwrap();
+    let folio = unmap_for_migration(&c, &mm, a);
+    m.numa.scan_delay_ms.store(0, Relaxed);
+    m.numa.mode.store(NUMA_BALANCING_NORMAL, Relaxed);
+    // The first call only sets when the first scan is due: now, or the
+    // first millisecond of the machine.
+    task_numa_work(&c, &mm);
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    task_numa_work(&c, &mm);
+    m.numa.mode.store(0, Relaxed);
+    assert_eq!(migration_kind(pte_at(&mm, a)), Migration::ReadExclusive);
+    for p in 1..4 {
+        assert!(pte_at(&mm, a + p * PAGE).protnone(), "page {p} hinted");
+    }
+    assert_eq!(m.vmstat().event(Event::NUMA_PTE_UPDATES), 4);
+    c.madvise(a, PAGE, MADV_DONTNEED).unwrap();
+    folio.put(c.mem(), c.id());
+    assert_eq!(c.load_u8(a + PAGE).unwrap(), 7);
+    m.rcu_barrier();
+    check_invariants(&m).unwrap();
+}
+
 #[test]
 fn a_guard_marker_survives_dontneed_and_fork_and_goes_with_munmap() {
     let m = machine();
