@@ -597,15 +597,23 @@ fn handle_present_pte(vmf: &mut VmFault<'_>, mut pt: PteLocked<'_>) -> VmFaultRe
     if vmf.write() && !vmf.orig_pte.write() {
         return do_wp_page(vmf, pt);
     }
-    // Spurious fault or A/D update: nothing to flush on x86, whose fault
-    // dropped the stale TLB entry already.
     let pte = vmf.orig_pte;
     let entry = if vmf.write() {
         pte.mkyoung().mkdirty()
     } else {
         pte.mkyoung()
     };
-    pt.set_access_flags(idx, entry, vmf.write());
+    if !pt.set_access_flags(idx, entry, vmf.write()) && vmf.write() {
+        // A spurious write fault: the entry allowed the write already, and
+        // the CPU faulted on a stale read-only TLB entry (Intel's MMU does
+        // not walk again first). `flush_tlb_fix_spurious_fault`, which x86
+        // leaves to the generic `flush_tlb_page`: every CPU of the mm
+        // forgets the page, not only this one (whose fault dropped it).
+        drop(pt);
+        let a = vmf.address;
+        vmf.oncpu
+            .flush_tlb_range(vmf.mm, a, a + PAGE_SIZE, PAGE_SHIFT);
+    }
     VmFaultResult::Done
 }
 

@@ -80,28 +80,33 @@ impl OnCpu<'_> {
         loop {
             self.cpu.poll(vmstat);
             let (pgd, slot) = self.cpu.loaded_pgd().ok_or(Errno::EFAULT)?;
-            {
-                let tlb = &self.cpu.tlb;
-                if let Some(e) = tlb.lookup(slot, addr) {
-                    if !write || (e.writable && e.dirty) {
-                        return Ok((e.pfn, addr % PAGE_SIZE));
-                    }
+            let tlb = &self.cpu.tlb;
+            match tlb.lookup(slot, addr) {
+                Some(e) if !write || (e.writable && e.dirty) => {
+                    return Ok((e.pfn, addr % PAGE_SIZE));
                 }
-                vmstat.count(self.id(), Event::TLB_MISS, 1);
-                if write {
-                    vmstat.count(self.id(), Event::DTLB_STORE_MISS, 1);
-                }
-                let guard = crate::sync::epoch::pin();
-                match hw_walk(self.mem(), pgd, addr, write) {
-                    Ok(t) => {
-                        tlb.insert(slot, addr, &t);
-                        drop(guard);
-                        let (pfn, off) = t.frame_of(addr);
-                        return Ok((pfn, off));
+                // A store through a read-only entry faults without a new
+                // walk, as Intel's MMU does: the entry may be stale (the
+                // PTE allows the write by now, and the fault is spurious).
+                // The #PF drops the entry. (A writable entry that is not
+                // dirty yet is walked again, to set the dirty bit.)
+                Some(e) if !e.writable => tlb.flush_one(slot, addr),
+                _ => {
+                    vmstat.count(self.id(), Event::TLB_MISS, 1);
+                    if write {
+                        vmstat.count(self.id(), Event::DTLB_STORE_MISS, 1);
                     }
-                    Err(WalkFault::NotPresent | WalkFault::Protection) => {
+                    let guard = crate::sync::epoch::pin();
+                    match hw_walk(self.mem(), pgd, addr, write) {
+                        Ok(t) => {
+                            tlb.insert(slot, addr, &t);
+                            drop(guard);
+                            return Ok(t.frame_of(addr));
+                        }
                         // The #PF invalidates whatever the TLB had for addr.
-                        tlb.flush_one(slot, addr);
+                        Err(WalkFault::NotPresent | WalkFault::Protection) => {
+                            tlb.flush_one(slot, addr)
+                        }
                     }
                 }
             }

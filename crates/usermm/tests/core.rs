@@ -132,6 +132,57 @@ fn zapping_a_huge_pmd_frees_its_deposited_table_at_once() {
     check_invariants(&m).unwrap();
 }
 
+/// A store through a stale read-only TLB entry faults, as on Intel's MMU,
+/// which does not walk again first: here the entry is stale because
+/// another CPU reused the page after fork (`wp_page_reuse` flushes no
+/// other CPU). The fault finds the PTE writable already, a spurious fault,
+/// and flushes the page from every CPU of the mm
+/// (`flush_tlb_fix_spurious_fault`).
+#[test]
+fn a_store_through_a_stale_read_only_entry_is_a_spurious_fault() {
+    use usermm::vmstat::Event;
+    let m = machine();
+    let c0 = m.bind(0).unwrap();
+    let mm = c0.new_mm().unwrap();
+    let a = c0.mmap(0, 4096, RW, ANON).unwrap();
+    c0.store_u64(a, 1).unwrap();
+    let child = c0.fork().unwrap();
+    c0.switch_mm(&child);
+    c0.exit_mm().unwrap();
+    c0.switch_mm(&mm);
+    drop(child);
+    let phase = std::sync::Barrier::new(2);
+    std::thread::scope(|s| {
+        let (m, mm, phase) = (&m, mm.clone(), &phase);
+        s.spawn(move || {
+            let c1 = m.bind(1).unwrap();
+            c1.switch_mm(&mm);
+            // A read-only TLB entry: the PTE is write-protected since fork.
+            assert_eq!(c1.load_u64(a).unwrap(), 1);
+            c1.idle();
+            phase.wait();
+            phase.wait();
+            let faults = m.vmstat().event_on(1, Event::PGFAULT);
+            c1.store_u64(a, 3).unwrap();
+            assert_eq!(
+                m.vmstat().event_on(1, Event::PGFAULT),
+                faults + 1,
+                "spurious fault"
+            );
+            assert_eq!(c1.load_u64(a).unwrap(), 3);
+            c1.idle();
+        });
+        phase.wait();
+        let reused = m.vmstat().event(Event::WP_REUSE);
+        c0.store_u64(a, 2).unwrap();
+        assert_eq!(m.vmstat().event(Event::WP_REUSE), reused + 1);
+        c0.idle();
+        phase.wait();
+    });
+    assert_eq!(c0.load_u64(a).unwrap(), 3);
+    check_invariants(&m).unwrap();
+}
+
 #[test]
 fn mmap_errors_are_the_kernels() {
     let m = machine();
