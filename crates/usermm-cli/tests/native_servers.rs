@@ -3,7 +3,7 @@
 //! whoever reads its output see the output end, and does not keep the lock
 //! that serialises native runs.
 
-use std::io::{BufReader, Read};
+use std::io::Read;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -58,11 +58,12 @@ fn a_killed_native_run_leaves_nothing_behind() {
     let dir = std::env::temp_dir().join(format!("usermm-native-kill-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     // Populating 2 GiB takes the host seconds: the run is killed inside
-    // that one request, with a forked process waiting for requests beside.
+    // that one request, which a forked process serves, its parent waiting
+    // for requests beside.
     let long = dir.join("long.scn");
     std::fs::write(
         &long,
-        "map A 4K rw at=0x600000000000\nfork child\nswitch main\n\
+        "map A 4K rw at=0x600000000000\nfork child\nswitch child\n\
          map B 2G rw flags=private,anonymous,populate\n",
     )
     .unwrap();
@@ -70,10 +71,10 @@ fn a_killed_native_run_leaves_nothing_behind() {
         .args(["run", "--native"])
         .arg(&long)
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut lines = BufReader::new(run.stdout.take().unwrap());
+    let (out, err) = (run.stdout.take().unwrap(), run.stderr.take().unwrap());
     // The main server and the child it forked (the run prints nothing
     // before it ends).
     let servers = || -> Vec<u32> {
@@ -94,15 +95,20 @@ fn a_killed_native_run_leaves_nothing_behind() {
     run.wait().unwrap();
     // Whoever reads the output sees it end: no server holds it.
     let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut rest = Vec::new();
-        let _ = lines.read_to_end(&mut rest);
-        let _ = tx.send(());
-    });
-    assert!(
-        rx.recv_timeout(Duration::from_millis(1500)).is_ok(),
-        "the killed run's output did not end: a server keeps it open"
-    );
+    for mut stream in [Box::new(out) as Box<dyn Read + Send>, Box::new(err)] {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let mut rest = Vec::new();
+            let _ = stream.read_to_end(&mut rest);
+            let _ = tx.send(());
+        });
+    }
+    for _ in 0..2 {
+        assert!(
+            rx.recv_timeout(Duration::from_millis(1500)).is_ok(),
+            "the killed run's output did not end: a server keeps it open"
+        );
+    }
     assert!(
         wait_until(Duration::from_millis(1500), || !servers
             .iter()

@@ -148,7 +148,7 @@ fn has_hole(vmas: &[Arc<Vma>], start: u64, end: u64) -> bool {
 /// markers (guard regions) stay. With PT reclaim (`upstream`), the PTE
 /// tables the zap empties over their whole range are freed; with `pte_ref`,
 /// every table of the range that nothing holds any more. Returns whether a
-/// page table was freed.
+/// page table was freed or a huge PMD cleared.
 fn madvise_dontneed_single_vma(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) -> bool {
     let design = oncpu.m.tunables.pt_reclaim();
     let details = memory::ZapDetails {

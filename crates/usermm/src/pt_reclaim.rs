@@ -22,7 +22,8 @@
 //!
 //! Neither design frees the PMD table that it empties: a process that gives
 //! back a whole GiB keeps 4 KiB of PMD table for it. With
-//! `pt_reclaim_pmd`, a madvise whose PT reclaim freed a PTE table then
+//! `pt_reclaim_pmd`, a madvise whose PT reclaim freed a PTE table (or that
+//! cleared a huge PMD) then
 //! frees every PMD table of its range whose 512 entries are all none
 //! ([`try_to_free_pmd_tables`]). It does so under mmap_lock held for
 //! writing, taken after the madvise dropped its read lock: faults and

@@ -13,19 +13,23 @@
 //! restored when the run ends, and a lock file serialises runs that might
 //! change them; when they cannot be set the scenario is reported skipped.
 //!
-//! No server outlives this process for long, nor keeps what is its own: a
-//! server closes its copy of the lock file and points its stdin and stdout
-//! at /dev/null as soon as it is forked (so that a run that dies frees the
-//! lock for the next, and whoever reads this process's output sees it end);
-//! the first server is killed when this process dies (`PR_SET_PDEATHSIG`);
-//! every server gives up after [`CONNECT_TIMEOUT_S`] if this process never
-//! opens its FIFOs, and exits once its request FIFO has no writer, which is
-//! how the servers of `fork` learn that this process is gone.
+//! No server outlives this process, nor keeps what is its own:
+//! * the first server closes its copy of the lock file and points its
+//!   standard streams at /dev/null as soon as it is forked, so that a run
+//!   that dies frees the lock for the next, and whoever reads this
+//!   process's output sees it end (the servers of `fork` inherit that);
+//! * the servers form a process group of their own, which gets SIGIO, and
+//!   dies of it, when this process's end of a *lifeline* pipe closes: when
+//!   this process exits or is killed, even in the middle of a request;
+//!   the first server also dies with this process (`PR_SET_PDEATHSIG`),
+//!   should it die before the lifeline is set up;
+//! * a server gives up after [`CONNECT_TIMEOUT_S`] if this process never
+//!   opens its FIFOs.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::io::AsRawFd;
+use std::os::unix::io::{AsRawFd, FromRawFd};
 use std::path::PathBuf;
 
 use usermm::Errno;
@@ -50,6 +54,9 @@ pub struct HostBackend {
     fifo_seq: usize,
     saved_knobs: Vec<(String, String)>,
     _lock: File,
+    /// The write end of the lifeline pipe: dropped last, when every server
+    /// has exited; its close sends the servers' group SIGIO.
+    _lifeline: File,
 }
 
 /// `move_pages(2)` on this process for the pages of `[start, start+len)`:
@@ -133,6 +140,13 @@ impl HostBackend {
                 .map_or(0, |d| d.as_nanos())
         ));
         std::fs::create_dir_all(&dir)?;
+        let mut fds = [0; 2];
+        // SAFETY: pipe2 fills two descriptors, which the Files own.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            anyhow::bail!("pipe: {}", std::io::Error::last_os_error());
+        }
+        // SAFETY: both descriptors were just made, owned by nothing else.
+        let (life_r, life_w) = unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) };
         let mut b = HostBackend {
             dir,
             procs: HashMap::new(),
@@ -140,6 +154,7 @@ impl HostBackend {
             fifo_seq: 0,
             saved_knobs: vec![],
             _lock: lock,
+            _lifeline: life_w,
         };
         let (inp, out) = b.fifos()?;
         // SAFETY: getpid has no preconditions.
@@ -148,9 +163,10 @@ impl HostBackend {
         // scenario); the child only runs the server loop and exits.
         let pid = unsafe { libc::fork() };
         if pid == 0 {
-            server_detach(b._lock.as_raw_fd(), caller);
+            server_detach(&b, life_r.as_raw_fd(), caller);
             serve_at(&inp, &out);
         }
+        drop(life_r);
         anyhow::ensure!(
             pid > 0,
             "fork of the scenario's process: {}",
@@ -171,10 +187,12 @@ impl HostBackend {
     }
 
     /// Open the FIFOs of the new server `pid`. On failure (out of file
-    /// descriptors, say) the server is killed and reaped: nothing is left.
+    /// descriptors, or the server died before it opened its end) the
+    /// server is killed and reaped: nothing is left.
     fn connect(&self, inp: &PathBuf, out: &PathBuf, pid: i32) -> anyhow::Result<Server> {
         let open = || -> std::io::Result<Server> {
-            let to = OpenOptions::new().write(true).open(inp)?;
+            let to = open_fifo_writer(inp, pid)?;
+            // The server opens this one right after the other.
             let from = BufReader::new(File::open(out)?);
             Ok(Server { to, from, pid })
         };
@@ -453,11 +471,48 @@ impl Drop for HostBackend {
     }
 }
 
+/// Open the FIFO `path` for writing once server `pid` has opened it for
+/// reading. A plain open would wait for ever for a server that died first;
+/// a non-blocking one fails (ENXIO) while no reader is there, and is tried
+/// again as long as the server lives, for up to [`CONNECT_TIMEOUT_S`].
+fn open_fifo_writer(path: &PathBuf, pid: libc::pid_t) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let start = std::time::Instant::now();
+    loop {
+        match OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+        {
+            Ok(f) => {
+                // SAFETY: fcntl on a descriptor the File owns.
+                unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETFL, 0) };
+                return Ok(f);
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
+                let waited = start.elapsed().as_secs() >= u64::from(CONNECT_TIMEOUT_S);
+                if wait_gone_for(pid, std::time::Duration::ZERO).is_ok() || waited {
+                    return Err(std::io::Error::other(format!(
+                        "process {pid} never opened its requests' FIFO"
+                    )));
+                }
+                std::thread::sleep(std::time::Duration::from_micros(100));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------
 /// Wait until process `pid` (another server's child, reaped by the kernel)
 /// has exited: its address space is gone once it is a zombie or gone, so
 /// figures taken after the `exit` statement compare exactly.
 fn wait_gone(pid: libc::pid_t) -> Result<(), String> {
+    wait_gone_for(pid, std::time::Duration::from_secs(10))
+}
+
+/// [`wait_gone`], for at most `limit`.
+fn wait_gone_for(pid: libc::pid_t, limit: std::time::Duration) -> Result<(), String> {
     let start = std::time::Instant::now();
     loop {
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
@@ -470,8 +525,8 @@ fn wait_gone(pid: libc::pid_t) -> Result<(), String> {
         if matches!(state, Some('Z' | 'X')) {
             return Ok(());
         }
-        if start.elapsed() > std::time::Duration::from_secs(10) {
-            return Err(format!("process {pid} did not exit within 10 s"));
+        if start.elapsed() >= limit {
+            return Err(format!("process {pid} did not exit within {limit:?}"));
         }
         std::thread::sleep(std::time::Duration::from_micros(200));
     }
@@ -479,23 +534,30 @@ fn wait_gone(pid: libc::pid_t) -> Result<(), String> {
 
 // The server side, in the scenario's processes.
 
-/// In the first server, just forked from `caller`: close the lock file
-/// (`lock_fd`; a lock held through a copy of its descriptor would outlive
-/// this process), stop writing to the caller's stdout, and die with the
-/// caller.
-fn server_detach(lock_fd: std::os::unix::io::RawFd, caller: libc::pid_t) {
+/// In the first server, just forked from `caller`: close the lock file and
+/// the lifeline's write end (descriptors that would outlive `caller` here),
+/// stop writing to the caller's standard streams, and die with the caller:
+/// at once (`PR_SET_PDEATHSIG`), and in a process group of servers that the
+/// lifeline's read end `lifeline` signals (`O_ASYNC`: SIGIO, whose default
+/// action ends a process) once no write end is left.
+fn server_detach(b: &HostBackend, lifeline: std::os::unix::io::RawFd, caller: libc::pid_t) {
     // SAFETY: closing and duplicating descriptors of this (single-threaded)
-    // child; prctl and getppid have no memory arguments.
+    // child; prctl, setpgid, fcntl and getppid have no memory arguments.
     unsafe {
-        libc::close(lock_fd);
+        libc::close(b._lock.as_raw_fd());
+        libc::close(b._lifeline.as_raw_fd());
         let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
         if null >= 0 {
-            libc::dup2(null, libc::STDIN_FILENO);
-            libc::dup2(null, libc::STDOUT_FILENO);
+            for fd in [libc::STDIN_FILENO, libc::STDOUT_FILENO, libc::STDERR_FILENO] {
+                libc::dup2(null, fd);
+            }
             libc::close(null);
         }
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-        // The caller may have died before the signal was asked for.
+        libc::setpgid(0, 0);
+        libc::fcntl(lifeline, libc::F_SETOWN, -libc::getpid());
+        libc::fcntl(lifeline, libc::F_SETFL, libc::O_ASYNC);
+        // The caller may have died before either was set up.
         if libc::getppid() != caller {
             libc::_exit(1);
         }

@@ -533,10 +533,10 @@ impl VmaTree {
         self.inserted.push(vma);
     }
 
-    /// Put `new` (sorted, disjoint, inside the span of `old`) in the place
-    /// of `old`, VMAs of this tree: a new VMA that ends where an old one
-    /// did takes its place, the other old ones are removed and the other
-    /// new ones inserted. O((old + new) log n).
+    /// Put `new` (sorted, disjoint, overlapping no VMA of the tree but
+    /// those of `old`) in the place of `old`, VMAs of this tree: a new VMA
+    /// that ends where an old one did takes its place, the other old ones
+    /// are removed and the other new ones inserted. O((old + new) log n).
     pub fn replace(&mut self, old: &[Arc<Vma>], new: Vec<Arc<Vma>>) {
         // Removals first, so that the tree never holds overlapping VMAs
         // (its gap summaries assume none).

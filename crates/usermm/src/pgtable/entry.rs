@@ -73,12 +73,13 @@ pub fn pte_needs_flush(old: Pte, new: Pte) -> bool {
     old.pfn() != new.pfn() || flags_need_flush(old.0 & !PTE_PFN_MASK, new.0 & !PTE_PFN_MASK, true)
 }
 
-/// x86's `huge_pmd_needs_flush`: [`pte_needs_flush`] for a huge PMD.
+/// x86's `huge_pmd_needs_flush`: [`pte_needs_flush`] for a huge PMD, whose
+/// accessed bit cleared does need a flush.
 pub fn huge_pmd_needs_flush(old: Pmd, new: Pmd) -> bool {
     if old.0 & _PAGE_PRESENT == 0 {
         return false;
     }
-    old.pfn() != new.pfn() || flags_need_flush(old.0 & !PMD_PFN_MASK, new.0 & !PMD_PFN_MASK, true)
+    old.pfn() != new.pfn() || flags_need_flush(old.0 & !PMD_PFN_MASK, new.0 & !PMD_PFN_MASK, false)
 }
 
 /// `pgprot_t`: protection and cache bits of an entry.
@@ -420,5 +421,9 @@ mod tests {
         assert!(huge_pmd_needs_flush(huge, huge.wrprotect()));
         assert!(!huge_pmd_needs_flush(huge, huge.mkdirty()));
         assert!(!huge_pmd_needs_flush(huge.mkinvalid(), huge));
+        assert!(
+            huge_pmd_needs_flush(huge, huge.mkold()),
+            "not ignored for a PMD"
+        );
     }
 }
