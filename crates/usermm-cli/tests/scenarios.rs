@@ -257,24 +257,37 @@ fn slot(i: u64) -> u64 {
     0x6000_0000_0000 + i * (64 << 20)
 }
 
-/// A random scenario: a THP size, up to three regions at fixed addresses,
-/// then operations on page-aligned (now and then unaligned) parts of them,
-/// forks, switches and exits, and marks with every figure but VmRSS
-/// compared. Every statement's outcome is comparable: the expectations
+/// A random scenario: a THP size, up to three regions at fixed addresses
+/// (now and then populated, or without reserve), then operations on
+/// page-aligned (now and then unaligned) parts of them, forks, switches
+/// and exits, THP knob changes, and marks with every figure but VmRSS and
+/// the PMD-sized THP counters of /proc/vmstat compared. Every statement's outcome is comparable: the expectations
 /// are arbitrary (they may fail on both sides alike); what must agree is
 /// what each side saw.
 fn random_scenario(seed: u64) -> String {
     let mut r = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
     let mut s = format!("# random scenario, seed {seed}\n");
-    s += &format!("knob only {}\n", r.pick(&["4K", "16K", "64K", "2M"]));
+    let sizes = ["4K", "16K", "64K", "2M"];
+    s += &format!("knob only {}\n", r.pick(&sizes));
+    if r.below(4) == 0 {
+        s += "knob use_zero_page 0\n";
+    }
     let lens = [64 << 10, 256 << 10, 2 << 20, 4 << 20];
     let regions = 1 + r.below(3);
     let mut len = vec![0u64; regions as usize];
     for i in 0..regions {
         len[i as usize] = lens[r.below(4) as usize];
         let prot = r.pick(&["rw", "rw", "rw", "r", "none"]);
+        let flags = r.pick(&[
+            "",
+            "",
+            "",
+            "",
+            " flags=private,anonymous,populate",
+            " flags=private,anonymous,noreserve",
+        ]);
         s += &format!(
-            "map R{i} {}K {prot} at={:#x}\n",
+            "map R{i} {}K {prot} at={:#x}{flags}\n",
             len[i as usize] >> 10,
             slot(i)
         );
@@ -327,7 +340,11 @@ fn random_scenario(seed: u64) -> String {
                 cur = 0;
                 format!("exit {gone}\nswitch main\n")
             }
+            18 if r.below(3) == 0 => format!("knob only {}\n", r.pick(&sizes)),
             18 => "mark m\n".to_string(),
+            _ if r.below(3) == 0 => {
+                format!("expect vmstat {} since m == 0\n", r.pick(&VMSTAT_COMPARED))
+            }
             _ => format!(
                 "expect {} since m == 0\n",
                 r.pick(&["RssAnon", "VmPTE", "AnonHugePages", "VMAs"])
@@ -337,8 +354,16 @@ fn random_scenario(seed: u64) -> String {
     for f in ["RssAnon", "VmPTE", "AnonHugePages", "VMAs"] {
         s += &format!("expect {f} since m == 0\n");
     }
+    for v in VMSTAT_COMPARED {
+        s += &format!("expect vmstat {v} since m == 0\n");
+    }
     s
 }
+
+/// The /proc/vmstat counters the random scenarios compare. Not the mTHP
+/// sizes' fault counters: with a size set to `always`, every process of
+/// the host that faults (the test harness too) counts there.
+const VMSTAT_COMPARED: [&str; 2] = ["thp_fault_alloc", "thp_split_pmd"];
 
 /// Random scenarios run in usermm and natively must see the same thing at
 /// every statement: errno, values read, placement, and the changes of
