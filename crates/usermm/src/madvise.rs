@@ -165,6 +165,10 @@ fn madvise_dontneed_single_vma(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64
 
 /// `zap_page_range_single`. Returns whether a page table was freed (PT
 /// reclaim) or a huge PMD cleared: either may have left a PMD table empty.
+/// It drains no per-CPU LRU batch: since madvise shares one mmu_gather
+/// across its VMAs (`zap_page_range_single_batched`), the kernel no longer
+/// calls `lru_add_drain` here, and a folio MADV_FREE queued stays queued,
+/// uncounted, as on the host.
 pub fn zap_page_range_single(
     oncpu: &OnCpu,
     mm: &Arc<Mm>,
@@ -172,7 +176,6 @@ pub fn zap_page_range_single(
     end: u64,
     details: &memory::ZapDetails,
 ) -> bool {
-    crate::swap::lru_add_drain(oncpu.mem(), oncpu.id());
     let mut tlb = MmuGather::new(mm);
     memory::unmap_page_range(oncpu, &mut tlb, start, end, details);
     let freed = tlb.nr_tables_freed > 0 || tlb.nr_pmds_cleared > 0;
