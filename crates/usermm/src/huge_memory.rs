@@ -350,28 +350,23 @@ pub fn zap_huge_pmd(oncpu: &OnCpu, tlb: &mut MmuGather, mm: &Mm, slot: PmdSlot, 
     // zap_deposited_table: the deposited table was never reachable by a
     // walker, so it is freed at once (`pte_free`), not after the flush and
     // a grace period as the tables a walker may be reading.
-    let table = ptl.withdraw();
+    ptl.withdraw().free(mem, oncpu.id());
     mm.dec_nr_tables();
     if pmd.is_swap() {
         // A migration entry: its folio was unmapped (rmap and reference)
-        // when the entry was made; only the RSS and the table remain.
+        // when the entry was made; only the RSS remains.
         debug_assert!(pmd.is_migration(), "swap PMD {pmd:?}");
         mm.add_rss(MmCounter::AnonPages, -(HPAGE_PMD_NR as i64));
-        drop(ptl);
-        table.free(mem, oncpu.id());
         return true;
     }
     if is_huge_zero_pmd(oncpu, pmd) {
         // Nothing mapped to count or free.
-        drop(ptl);
-        table.free(mem, oncpu.id());
         return true;
     }
     let folio = Folio(pmd.pfn());
     rmap::folio_remove_rmap_pmd(mem, folio, oncpu.id());
     mm.add_rss(MmCounter::AnonPages, -(HPAGE_PMD_NR as i64));
     drop(ptl);
-    table.free(mem, oncpu.id());
     if tlb.remove_folio_pages(folio.pfn(), 1, false) {
         tlb.flush_mmu(oncpu);
     }

@@ -547,9 +547,9 @@ fn do_numa_page<'a>(vmf: &mut VmFault<'a>, mut pt: PteLocked<'a>) -> VmFaultResu
             }
         }
     }
-    // ptep_modify_prot_start/commit: keep a bit set by a racing walker.
-    let cur = pt.get_and_clear(idx);
-    pt.set(idx, numa_restore_pte(oncpu, vmf.vma, cur));
+    // Keep an accessed or dirty bit set by a racing walker.
+    let cur = pt.modify_prot_start(idx);
+    pt.modify_prot_commit(idx, numa_restore_pte(oncpu, vmf.vma, cur));
     VmFaultResult::Done
 }
 

@@ -486,10 +486,14 @@ fn vma_modify(
     pol: Option<Arc<crate::mempolicy::Mempolicy>>,
 ) -> KResult<Arc<Vma>> {
     debug_assert!(end <= vma.end(), "[{start:#x}, {end:#x}) leaves {vma:?}");
-    let (prev, next) = (
-        tree.prev_vma(vma.start()).cloned(),
-        tree.next_vma(vma.end()).cloned(),
-    );
+    // Only a side the range reaches can merge: the neighbours of the others
+    // are not looked up.
+    let prev = (start == vma.start())
+        .then(|| tree.prev_vma(start).cloned())
+        .flatten();
+    let next = (end == vma.end())
+        .then(|| tree.next_vma(end).cloned())
+        .flatten();
     let vmg = VmaMergeStruct {
         prev: prev.as_ref(),
         middle: Some(vma),

@@ -20,9 +20,9 @@
 //!   process's output sees it end (the servers of `fork` inherit that);
 //! * the servers form a process group of their own, which gets SIGIO, and
 //!   dies of it, when this process's end of a *lifeline* pipe closes: when
-//!   this process exits or is killed, even in the middle of a request;
-//!   the first server also dies with this process (`PR_SET_PDEATHSIG`),
-//!   should it die before the lifeline is set up;
+//!   this process exits or is killed, even in the middle of a request (the
+//!   first server exits at once if this process died before it set that
+//!   up);
 //! * a server gives up after [`CONNECT_TIMEOUT_S`] if this process never
 //!   opens its FIFOs.
 
@@ -536,13 +536,14 @@ fn wait_gone_for(pid: libc::pid_t, limit: std::time::Duration) -> Result<(), Str
 
 /// In the first server, just forked from `caller`: close the lock file and
 /// the lifeline's write end (descriptors that would outlive `caller` here),
-/// stop writing to the caller's standard streams, and die with the caller:
-/// at once (`PR_SET_PDEATHSIG`), and in a process group of servers that the
-/// lifeline's read end `lifeline` signals (`O_ASYNC`: SIGIO, whose default
-/// action ends a process) once no write end is left.
+/// stop writing to the caller's standard streams, and die with the caller,
+/// in a process group of servers that the lifeline's read end `lifeline`
+/// signals (`O_ASYNC`: SIGIO, whose default action ends a process) once no
+/// write end is left. A caller that died before the signal was set up is
+/// seen here, as this server's parent no more.
 fn server_detach(b: &HostBackend, lifeline: std::os::unix::io::RawFd, caller: libc::pid_t) {
     // SAFETY: closing and duplicating descriptors of this (single-threaded)
-    // child; prctl, setpgid, fcntl and getppid have no memory arguments.
+    // child; setpgid, fcntl and getppid have no memory arguments.
     unsafe {
         libc::close(b._lock.as_raw_fd());
         libc::close(b._lifeline.as_raw_fd());
@@ -553,11 +554,10 @@ fn server_detach(b: &HostBackend, lifeline: std::os::unix::io::RawFd, caller: li
             }
             libc::close(null);
         }
-        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
         libc::setpgid(0, 0);
         libc::fcntl(lifeline, libc::F_SETOWN, -libc::getpid());
         libc::fcntl(lifeline, libc::F_SETFL, libc::O_ASYNC);
-        // The caller may have died before either was set up.
+        // The caller may have died before the signal was set up.
         if libc::getppid() != caller {
             libc::_exit(1);
         }
