@@ -773,8 +773,9 @@ pub struct OnCpu<'m> {
 }
 
 impl Drop for OnCpu<'_> {
+    /// The thread leaves the CPU, which goes idle: lazy, its mm loaded.
     fn drop(&mut self) {
-        self.cpu.enter_kernel(self.m.vmstat());
+        self.cpu.enter_lazy(self.m.vmstat());
         crate::sync::set_this_cpu(self.m.mem.machine_id(), crate::sync::NO_CPU);
         self.cpu.unbind();
     }
@@ -820,15 +821,16 @@ impl<'m> OnCpu<'m> {
 
     /// Context-switch to a thread of `mm`.
     pub fn switch_mm(&self, mm: &Arc<Mm>) {
-        self.kernel_enter();
+        self.cpu.enter_kernel_to_switch(self.m.vmstat());
         self.cpu.switch_mm(Some(mm));
     }
 
-    /// Stop running user code (the thread is about to block or wait).
-    /// Flushers stop waiting for this CPU; it catches up when it next
-    /// accesses memory.
+    /// Stop running user code: the thread is about to block or wait, and
+    /// the CPU goes idle with the mm still loaded (lazy TLB mode, as the
+    /// scheduler's switch to the idle task makes it). Flushers stop
+    /// waiting for this CPU; it catches up when it next runs.
     pub fn idle(&self) {
-        self.kernel_enter();
+        self.cpu.enter_lazy(self.m.vmstat());
     }
 
     #[inline]
@@ -841,8 +843,30 @@ impl<'m> OnCpu<'m> {
         self.cpu.enter_user(self.m.vmstat());
     }
 
-    /// `flush_tlb_range` / `flush_tlb_mm_range` from this CPU.
+    /// `flush_tlb_range` from this CPU. x86's says that page tables may
+    /// have been freed (`freed_tables`, so lazy CPUs are flushed too), as
+    /// it has since "x86/mm: Fix flush_tlb_range() when used for zapping
+    /// normal PMDs" (3ef938c35035): a caller that clears a PMD may have
+    /// unhooked a PTE table.
     pub fn flush_tlb_range(&self, mm: &Arc<Mm>, start: u64, end: u64, stride_shift: u32) {
+        self.flush_tlb_mm_range(mm, start, end, stride_shift, true);
+    }
+
+    /// `flush_tlb_page` from this CPU: one 4 KiB page, no page table freed.
+    pub fn flush_tlb_page(&self, mm: &Arc<Mm>, addr: u64) {
+        let page = crate::phys::PAGE_SIZE;
+        self.flush_tlb_mm_range(mm, addr, addr + page, crate::phys::PAGE_SHIFT, false);
+    }
+
+    /// `flush_tlb_mm_range` from this CPU.
+    pub fn flush_tlb_mm_range(
+        &self,
+        mm: &Arc<Mm>,
+        start: u64,
+        end: u64,
+        stride_shift: u32,
+        freed_tables: bool,
+    ) {
         cpu::flush_tlb_mm_range(
             &self.m.cpus,
             self.cpu,
@@ -850,6 +874,7 @@ impl<'m> OnCpu<'m> {
             start,
             end,
             stride_shift,
+            freed_tables,
             self.vmstat(),
         );
     }

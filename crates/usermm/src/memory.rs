@@ -611,8 +611,7 @@ fn handle_present_pte(vmf: &mut VmFault<'_>, mut pt: PteLocked<'_>) -> VmFaultRe
         // forgets the page, not only this one (whose fault dropped it).
         drop(pt);
         let a = vmf.address;
-        vmf.oncpu
-            .flush_tlb_range(vmf.mm, a, a + PAGE_SIZE, PAGE_SHIFT);
+        vmf.oncpu.flush_tlb_page(vmf.mm, a);
     }
     VmFaultResult::Done
 }
@@ -882,7 +881,7 @@ fn wp_page_copy(vmf: &mut VmFault<'_>, old: Option<Pfn>) -> VmFaultResult {
     // through a stale entry once the new one is in place.
     pt.get_and_clear(idx);
     let page_addr = vmf.address;
-    oncpu.flush_tlb_range(mm, page_addr, page_addr + PAGE_SIZE, PAGE_SHIFT);
+    oncpu.flush_tlb_page(mm, page_addr);
     rmap::folio_add_new_anon_rmap(mem, new, vma, page_addr, RmapFlags::EXCLUSIVE);
     crate::swap::folio_add_lru_vma(mem, new, vma, oncpu.id());
     pt.set(idx, pte);

@@ -215,15 +215,17 @@ impl<'a> MmuGather<'a> {
         {
             return;
         }
+        // x86's tlb_flush: everything for a whole-mm or forced flush, the
+        // gathered range otherwise; `freed_tables` either way.
         if self.fullmm || self.need_flush_all {
-            oncpu.flush_tlb_mm(self.mm);
+            oncpu.flush_tlb_mm_range(self.mm, 0, TLB_FLUSH_ALL, PAGE_SHIFT, self.freed_tables);
         } else {
             let stride = if self.cleared_pmds && !self.cleared_ptes {
                 crate::pgtable::PMD_SHIFT
             } else {
                 PAGE_SHIFT
             };
-            oncpu.flush_tlb_range(self.mm, self.start, self.end, stride);
+            oncpu.flush_tlb_mm_range(self.mm, self.start, self.end, stride, self.freed_tables);
         }
         self.reset_range();
     }

@@ -82,8 +82,9 @@ impl OnCpu<'_> {
 
     /// One thread of the process exits while others go on: this CPU stops
     /// running the mm and drops its reference (what `exit_mm` in
-    /// kernel/exit.c does before the last thread; the model has no lazy-TLB
-    /// mm to keep).
+    /// kernel/exit.c does before the last thread; the model's CPU then runs
+    /// no mm, where x86's would keep the exiting one loaded, lazily, until
+    /// it next switches).
     pub fn exit_thread(&self) {
         self.kernel_enter();
         self.cpu.switch_mm(None);

@@ -62,8 +62,7 @@ impl Ttu<'_> {
         if should_defer_flush(oncpu, mm, self.flags) {
             self.ubc.set_flush_pending(mm, pteval);
         } else if pte_accessible(mm, pteval) {
-            let page = crate::phys::PAGE_SIZE;
-            oncpu.flush_tlb_range(mm, addr, addr + page, crate::phys::PAGE_SHIFT);
+            oncpu.flush_tlb_page(mm, addr);
         }
     }
 }

@@ -10,16 +10,30 @@
 //! that CPUs racing on the same word behave as on x86 (no tearing of an
 //! aligned word) without undefined behaviour in the host program.
 
+use crate::cpu::tlb::{PscLevel, Tlb};
 use crate::errno::{Errno, KResult};
 use crate::machine::OnCpu;
 use crate::memory::FaultFlags;
-use crate::pgtable::walk::{hw_walk, WalkFault};
+use crate::pgtable::walk::{hw_walk_from, WalkFault, WalkStart};
 use crate::phys::{Pfn, PAGE_MASK, PAGE_SIZE};
 use crate::sync::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use crate::vmstat::Event;
 
 /// Accesses between two looks at NUMA balancing's clock.
 const NUMA_TICK_ACCESSES: u32 = 1024;
+
+/// Where the MMU starts a walk for `addr`: at the lowest table its
+/// paging-structure caches hold for the address, else at the root.
+#[inline]
+fn walk_start(tlb: &Tlb, slot: usize, pgd: Pfn, addr: u64) -> WalkStart {
+    if let Some(t) = tlb.lookup_table(slot, PscLevel::Pde, addr) {
+        WalkStart::PteTable(t)
+    } else if let Some(t) = tlb.lookup_table(slot, PscLevel::Pdpte, addr) {
+        WalkStart::PmdTable(t)
+    } else {
+        WalkStart::Pgd(pgd)
+    }
+}
 
 impl OnCpu<'_> {
     /// `task_tick_numa`: every so many accesses, if NUMA balancing is on,
@@ -90,22 +104,28 @@ impl OnCpu<'_> {
                 // PTE allows the write by now, and the fault is spurious).
                 // The #PF drops the entry. (A writable entry that is not
                 // dirty yet is walked again, to set the dirty bit.)
-                Some(e) if !e.writable => tlb.flush_one(slot, addr),
+                Some(e) if !e.writable => tlb.flush_fault(slot, addr),
                 _ => {
                     vmstat.count(self.id(), Event::TLB_MISS, 1);
                     if write {
                         vmstat.count(self.id(), Event::DTLB_STORE_MISS, 1);
                     }
                     let guard = crate::sync::epoch::pin();
-                    match hw_walk(self.mem(), pgd, addr, write) {
-                        Ok(t) => {
+                    match hw_walk_from(self.mem(), walk_start(tlb, slot, pgd, addr), addr, write) {
+                        Ok((t, path)) => {
                             tlb.insert(slot, addr, &t);
+                            if let Some(pmd_table) = path.pmd_table {
+                                tlb.insert_table(slot, PscLevel::Pdpte, addr, pmd_table);
+                            }
+                            if let Some(pte_table) = path.pte_table {
+                                tlb.insert_table(slot, PscLevel::Pde, addr, pte_table);
+                            }
                             drop(guard);
                             return Ok(t.frame_of(addr));
                         }
                         // The #PF invalidates whatever the TLB had for addr.
                         Err(WalkFault::NotPresent | WalkFault::Protection) => {
-                            tlb.flush_one(slot, addr)
+                            tlb.flush_fault(slot, addr)
                         }
                     }
                 }
@@ -345,5 +365,76 @@ unsafe fn copy_to_frame(src: &[u8], dst: *mut u8) {
     for (i, &b) in src.iter().enumerate().skip(head + words * 8) {
         // SAFETY: inside the frame.
         unsafe { AtomicU8::from_ptr(dst.add(i)) }.store(b, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::cpu::TlbMm;
+    use crate::mmap::*;
+    use crate::sync::{AtomicU32, Ordering};
+    use crate::{Errno, Machine, MachineConfig};
+
+    /// CPU 1 walks a page of a 2 MiB region (its PDE cache then holds the
+    /// region's PTE table) and waits, in user mode, polling its mailbox.
+    /// CPU 0 unmaps the region, which frees the table; if `flush_reaches`
+    /// is false, CPU 1 is first taken out of the mm's CPU mask, so that the
+    /// flush misses it as a broken lazy-TLB rule would. CPU 1 then touches
+    /// another page of the region: it returns CPU 1's result.
+    fn touch_after_the_table_is_freed(
+        flush_reaches: bool,
+    ) -> std::thread::Result<Result<u64, Errno>> {
+        let m = Machine::new(MachineConfig::single_node(64 << 20, 2)).unwrap();
+        let c0 = m.bind(0).unwrap();
+        let mm = c0.new_mm().unwrap();
+        let r = 0x4000_0000;
+        let flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED;
+        c0.mmap(r, 4 << 20, PROT_READ | PROT_WRITE, flags).unwrap();
+        c0.store_u64(r + (2 << 20), 1).unwrap();
+        let step = AtomicU32::new(0);
+        std::thread::scope(|s| {
+            let cpu1 = s.spawn(|| {
+                let c1 = m.bind(1).unwrap();
+                c1.switch_mm(&mm);
+                c1.store_u64(r, 1).unwrap();
+                step.store(1, Ordering::Release);
+                while step.load(Ordering::Acquire) != 2 {
+                    c1.cpu.poll(c1.vmstat());
+                    std::hint::spin_loop();
+                }
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    c1.load_u64(r + 4096)
+                }));
+                c1.idle();
+                r
+            });
+            while step.load(Ordering::Acquire) != 1 {
+                std::hint::spin_loop();
+            }
+            if !flush_reaches {
+                mm.cpumask()
+                    .fetch_and(!c0.m.cpus[1].bit(), Ordering::SeqCst);
+            }
+            c0.munmap(r, 2 << 20).unwrap();
+            m.rcu_barrier();
+            step.store(2, Ordering::Release);
+            cpu1.join().unwrap()
+        })
+    }
+
+    #[test]
+    fn a_flushed_paging_structure_cache_forgets_a_freed_table() {
+        let r = touch_after_the_table_is_freed(true).expect("no walk through a freed table");
+        assert_eq!(r, Err(Errno::EFAULT));
+    }
+
+    /// The deliberately broken variant: the walk starts at the freed table
+    /// its PDE cache still names, and the model stops it.
+    #[test]
+    fn a_table_freed_behind_a_paging_structure_cache_is_caught() {
+        let r = touch_after_the_table_is_freed(false);
+        let msg = r.expect_err("the walk through the freed table must be caught");
+        let msg = msg.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(msg.contains("no page table any more"), "{msg}");
     }
 }

@@ -80,6 +80,7 @@ counters! {
         TLB_MISS => "usermm_tlb_miss",
         DTLB_STORE_MISS => "usermm_dtlb_store_misses",
         TLB_LAZY_FLUSH => "usermm_tlb_lazy_flush",
+        TLB_IPI_SENT => "usermm_tlb_ipi_sent",
         COW_FAULT => "usermm_cow_fault",
         WP_REUSE => "usermm_wp_reuse",
         GATHER_FORCE_FLUSH => "usermm_gather_force_flush",

@@ -440,3 +440,74 @@ fn dirty_bits_survive_mprotect(mappings: u64, size: u64, thp: bool, rounds: u64)
     m.rcu_barrier();
     check_invariants(&m).unwrap();
 }
+
+/// x86's lazy TLB: a CPU whose thread sleeps keeps the mm loaded and is
+/// sent no flush unless page tables were freed (it compares generations
+/// when it runs again); a CPU running kernel code for the mm is sent every
+/// flush, and takes it at its next kernel entry. Every request sent is
+/// received.
+#[test]
+fn lazy_cpus_are_sent_flushes_only_when_tables_are_freed() {
+    use usermm::vmstat::Event::{NR_TLB_REMOTE_FLUSH_RECEIVED, TLB_IPI_SENT, TLB_LAZY_FLUSH};
+    let m = Machine::new(MachineConfig::single_node(64 << 20, 2)).unwrap();
+    let c0 = m.bind(0).unwrap();
+    let mm = c0.new_mm().unwrap();
+    let r = 0x4000_0000;
+    c0.mmap(
+        r,
+        4 << 20,
+        PROT_READ | PROT_WRITE,
+        MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
+    )
+    .unwrap();
+    c0.store_u64(r + (2 << 20), 1).unwrap();
+    let step = AtomicU64::new(0);
+    let wait = |s: u64| {
+        while step.load(Ordering::Acquire) != s {
+            std::hint::spin_loop();
+        }
+    };
+    let sent = || m.vmstat().event_on(0, TLB_IPI_SENT);
+    let received = || m.vmstat().event_on(1, NR_TLB_REMOTE_FLUSH_RECEIVED);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let c1 = m.bind(1).unwrap();
+            c1.switch_mm(&mm);
+            c1.store_u64(r, 1).unwrap();
+            c1.idle();
+            step.store(1, Ordering::Release);
+            wait(2);
+            // A system call: back from lazy mode, then in the kernel.
+            c1.madvise(r, 4096, usermm::madvise::MADV_NORMAL).unwrap();
+            step.store(3, Ordering::Release);
+            wait(4);
+            c1.madvise(r, 4096, usermm::madvise::MADV_NORMAL).unwrap();
+            step.store(5, Ordering::Release);
+            wait(6);
+            c1.idle();
+        });
+        wait(1);
+        assert!(m.cpus[1].is_lazy());
+        // A protection change frees no table: the lazy CPU is skipped.
+        c0.mprotect(r, 4096, PROT_READ).unwrap();
+        assert_eq!((sent(), m.cpus[1].nr_posted()), (0, 0));
+        // Unmapping a whole PTE table's range frees it: sent, not waited for.
+        c0.munmap(r + (2 << 20), 2 << 20).unwrap();
+        assert_eq!((sent(), m.cpus[1].nr_posted()), (1, 1));
+        step.store(2, Ordering::Release);
+        wait(3);
+        // Back from lazy mode, CPU 1 counted what it was sent and caught up
+        // with both flushes in full.
+        assert_eq!(received(), 1);
+        assert_eq!(m.vmstat().event_on(1, TLB_LAZY_FLUSH), 1);
+        // In the kernel, CPU 1 is sent every flush.
+        c0.mprotect(r, 4096, PROT_READ | PROT_WRITE).unwrap();
+        assert_eq!((sent(), m.cpus[1].nr_posted()), (2, 1));
+        step.store(4, Ordering::Release);
+        wait(5);
+        assert_eq!((received(), m.cpus[1].nr_posted()), (2, 0));
+        step.store(6, Ordering::Release);
+    });
+    c0.idle();
+    check_invariants(&m).unwrap();
+}

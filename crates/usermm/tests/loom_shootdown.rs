@@ -10,9 +10,12 @@
 //! return to user mode (`Cpu::enter_user`) and make user accesses to one
 //! page as `OnCpu::translate` does: poll the mailbox (`Cpu::poll`, which
 //! runs `flush_tlb_func` on each request), then look the page up in the TLB
-//! and, on a miss, walk (fill the TLB if the PTE is still there). CPU 0
-//! clears the PTE, calls `flush_tlb_mm_range`, and then frees the page. The
-//! property: no access goes through a TLB entry to a page already freed.
+//! and, on a miss, walk (fill the TLB if the PTE is still there). Between
+//! two accesses a CPU may make a system call (`Cpu::enter_kernel`, kernel
+//! mode: sent the request, not waited for) or go idle (`Cpu::enter_lazy`,
+//! lazy mode: skipped unless tables were freed). CPU 0 clears the PTE,
+//! calls `flush_tlb_mm_range`, and then frees the page. The property: no
+//! access goes through a TLB entry to a page already freed.
 //! The address space is a stand-in that has only what the CPU layer needs
 //! of one ([`TlbMm`]); everything else is the engine's.
 #![cfg(loom)]
@@ -85,26 +88,45 @@ fn access(w: &World, cpu: &Cpu<ModelMm>) {
     }
 }
 
-/// A target CPU: switch to the mm, then `rounds` accesses; with
-/// `leave_between`, it leaves user mode after each (a system call) and
-/// comes back. It ends in the kernel.
-fn target(w: &World, id: usize, rounds: usize, leave_between: bool) {
+/// What a target does between two accesses.
+#[derive(Clone, Copy, PartialEq)]
+enum Between {
+    Nothing,
+    /// Leaves user mode and comes back (a system call).
+    Syscall,
+    /// Goes idle (lazy mode) and comes back.
+    Idle,
+}
+
+/// A target CPU: switch to the mm, then `rounds` accesses, doing
+/// `between` after each. It ends in the kernel.
+fn target(w: &World, id: usize, rounds: usize, between: Between) {
     let cpu = &w.cpus[id];
     cpu.switch_mm(Some(&w.mm));
     cpu.enter_user(&w.vmstat);
     for _ in 0..rounds {
         access(w, cpu);
-        if leave_between {
-            cpu.enter_kernel(&w.vmstat);
-            cpu.enter_user(&w.vmstat);
+        match between {
+            Between::Nothing => {}
+            Between::Syscall => cpu.enter_kernel(&w.vmstat),
+            Between::Idle => cpu.enter_lazy(&w.vmstat),
         }
+        cpu.enter_user(&w.vmstat);
     }
     cpu.enter_kernel(&w.vmstat);
 }
 
-/// The model with `targets` target CPUs; `broken` makes CPU 1 return to
-/// user mode with the handshake's steps swapped.
-fn run(targets: usize, rounds: usize, leave_between: bool, broken: bool, bound: usize) {
+/// The model with `targets` target CPUs; `freed_tables` is the flush's;
+/// `broken` makes CPU 1 return to user mode with the handshake's steps
+/// swapped.
+fn run(
+    targets: usize,
+    rounds: usize,
+    between: Between,
+    freed_tables: bool,
+    broken: bool,
+    bound: usize,
+) {
     let mut b = loom::model::Builder::new();
     b.preemption_bound = Some(bound);
     let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -131,7 +153,7 @@ fn run(targets: usize, rounds: usize, leave_between: bool, broken: bool, bound: 
         let threads: Vec<_> = (1..=targets)
             .map(|id| {
                 let w = w.clone();
-                thread::spawn(move || target(&w, id, rounds, leave_between))
+                thread::spawn(move || target(&w, id, rounds, between))
             })
             .collect();
         w.pte.store(0, Ordering::Release);
@@ -143,6 +165,7 @@ fn run(targets: usize, rounds: usize, leave_between: bool, broken: bool, bound: 
             ADDR,
             ADDR + PAGE_SIZE,
             PAGE_SHIFT,
+            freed_tables,
             &w.vmstat,
         );
         w.freed.store(true, Ordering::SeqCst);
@@ -155,22 +178,32 @@ fn run(targets: usize, rounds: usize, leave_between: bool, broken: bool, bound: 
 
 #[test]
 fn one_target_in_user_mode() {
-    run(1, 2, false, false, 5);
+    run(1, 2, Between::Nothing, false, false, 5);
 }
 
 #[test]
 fn one_target_entering_and_leaving_user_mode() {
-    run(1, 2, true, false, 5);
+    run(1, 2, Between::Syscall, false, false, 5);
+}
+
+#[test]
+fn one_target_going_idle() {
+    run(1, 2, Between::Idle, false, false, 5);
+}
+
+#[test]
+fn one_target_going_idle_while_tables_are_freed() {
+    run(1, 2, Between::Idle, true, false, 5);
 }
 
 #[test]
 fn two_targets() {
-    run(2, 1, false, false, 4);
+    run(2, 1, Between::Nothing, false, false, 4);
 }
 
 #[test]
 fn two_targets_entering_and_leaving_user_mode() {
-    run(2, 1, true, false, 4);
+    run(2, 1, Between::Syscall, false, false, 4);
 }
 
 /// The checker finds the bug when a CPU reads the generation before it
@@ -178,6 +211,6 @@ fn two_targets_entering_and_leaving_user_mode() {
 /// of user mode and does not wait, while it keeps the stale entry.
 #[test]
 fn broken_return_to_user_is_caught() {
-    let r = std::panic::catch_unwind(|| run(1, 2, true, true, 3));
+    let r = std::panic::catch_unwind(|| run(1, 2, Between::Syscall, false, true, 3));
     assert!(r.is_err(), "loom should find a stale access");
 }

@@ -14,7 +14,7 @@
 //! while another CPU migrates and writes; its TLB misses are counted to
 //! show that its later loads went through the entries it had.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering, Ordering::Relaxed};
 use std::sync::Arc;
 
 use usermm::check::check_invariants;
@@ -500,21 +500,58 @@ fn assert_no_violation(s: &Stress) {
     );
 }
 
-/// The checker's scene: CPU 1 caches clean read-only pages and idles, CPU 0
-/// demotes them under `mode` and `w`; whether the checker then accepts
-/// CPU 1's stale entries must be `clean` (a rejection names them). Returns
-/// the machine, CPU 0 unbound, for what the caller checks after.
+/// CPU 1 runs `mm` and loads `addrs`, caching them, then stays in the
+/// kernel (a long system call) while `f` runs beside it. Not idle: an idle
+/// CPU is lazy, and compares the mm's TLB generation with its own when it
+/// runs the mm again, dropping its entries; a CPU in the kernel goes back
+/// to user mode with them unless a flush looked at it.
+fn with_cpu1_cached_in_kernel<R>(
+    m: &Machine,
+    mm: &Arc<Mm>,
+    addrs: impl Iterator<Item = u64> + Send,
+    f: impl FnOnce() -> R,
+) -> R {
+    let (cached, done) = (AtomicBool::new(false), AtomicBool::new(false));
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let c = m.bind(1).unwrap();
+            c.switch_mm(mm);
+            let addrs: Vec<u64> = addrs.collect();
+            for &p in &addrs {
+                c.load_u64(p).unwrap();
+            }
+            c.madvise(addrs[0], PAGE, usermm::madvise::MADV_NORMAL)
+                .unwrap();
+            cached.store(true, Ordering::Release);
+            while !done.load(Relaxed) {
+                std::hint::spin_loop();
+            }
+        });
+        let _stop = StopOnDrop(&done);
+        while !cached.load(Ordering::Acquire) {
+            std::hint::spin_loop();
+        }
+        f()
+    })
+}
+
+/// The checker's scene: CPU 1 caches clean read-only pages and stays in
+/// the kernel, CPU 0 demotes them under `mode` and `w`; whether the
+/// checker then accepts CPU 1's stale entries must be `clean` (a rejection
+/// names them). Returns the machine, CPU 0 unbound, for what the caller
+/// checks after.
 fn checker_scene(mode: MigrcMode, w: Weakened, clean: bool) -> Arc<Machine> {
     let m = machine_in(mode, w);
     let shadow = Shadow::new();
-    {
+    let r = {
         let c0 = m.bind(0).unwrap();
         let (mm, a) = read_only_clean_pages(&c0, &shadow);
-        cache_on_cpu1(&m, &mm, pages(a));
-        assert_eq!(demote(&c0, &mm, a), NR);
-        c0.idle();
-    }
-    let r = check_invariants(&m);
+        with_cpu1_cached_in_kernel(&m, &mm, pages(a), || {
+            assert_eq!(demote(&c0, &mm, a), NR);
+            c0.idle();
+            check_invariants(&m)
+        })
+    };
     assert_eq!(r.is_ok(), clean, "{mode:?} {w:?}: {r:?}");
     if let Err(e) = r {
         assert!(e.contains("will be used without a flush"), "{e}");

@@ -669,6 +669,41 @@ fn check_owed_entry(
     Ok(())
 }
 
+/// Every paging-structure cache entry a CPU may use without a flush names
+/// the table the page tables hold for its region now: a table freed or
+/// replaced was flushed from every CPU.
+fn check_cached_tables(
+    m: &Machine,
+    cpu: &crate::cpu::Cpu,
+    mms: &[Arc<Mm>],
+    loaded: Option<u64>,
+    catches_up: bool,
+) -> Result<(), String> {
+    use crate::cpu::tlb::PscLevel;
+    for e in cpu.tlb.cached_tables() {
+        let Some(mm) = mms.iter().find(|mm| mm.id == e.mm_id) else {
+            continue;
+        };
+        let pending = e.slot_tlb_gen < mm.tlb_gen.load(Ordering::Acquire);
+        if pending && (loaded != Some(mm.id) || catches_up) {
+            continue;
+        }
+        let (pmd_table, pte_table) =
+            crate::pgtable::walk::table_path(&m.mem, mm.pgd.cr3(), e.vaddr);
+        let holds = match e.level {
+            PscLevel::Pdpte => pmd_table,
+            PscLevel::Pde => pte_table,
+        };
+        if holds != Some(e.table) {
+            return Err(format!(
+                "CPU {}: its {:?} cache names table {:#x} for {:#x}, the page tables hold {holds:x?}",
+                cpu.id, e.level, e.table, e.vaddr
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn check_tlbs(
     m: &Machine,
     mms: &[Arc<Mm>],
@@ -682,9 +717,22 @@ fn check_tlbs(
         .iter()
         .flat_map(|f| f.pfn()..f.pfn() + f.nr_pages(mem))
         .collect();
+    // Every request sent was received, or waits in its target's mailbox.
+    let sent = m.vmstat().event(crate::vmstat::Event::TLB_IPI_SENT);
+    let received = m
+        .vmstat()
+        .event(crate::vmstat::Event::NR_TLB_REMOTE_FLUSH_RECEIVED);
+    let posted: u64 = m.cpus.iter().map(|c| c.nr_posted() as u64).sum();
+    if sent != received + posted {
+        return Err(format!(
+            "TLB shootdowns: {sent} requests sent, {received} received and {posted} waiting"
+        ));
+    }
     for cpu in m.cpus.iter() {
         let loaded = cpu.loaded_mm().map(|mm| mm.id);
-        let catches_up = cpu.catches_up_on_return();
+        // A lazy CPU compares generations when it leaves lazy mode.
+        let catches_up = cpu.catches_up_on_return() || cpu.is_lazy();
+        check_cached_tables(m, cpu, mms, loaded, catches_up)?;
         for e in cpu.tlb.entries() {
             let Some(mm) = mms.iter().find(|mm| mm.id == e.mm_id) else {
                 continue;

@@ -6,34 +6,46 @@
 //!
 //! # The shootdown protocol
 //!
-//! A CPU is either in *user mode* (executing loads and stores through its
-//! TLB) or not (running kernel code, or idle). Its `state` word counts mode
-//! changes and has the low bit set in user mode.
+//! A CPU is in *user mode* (executing loads and stores through its TLB), in
+//! *kernel mode* (running kernel code for a thread of its mm: a fault, a
+//! system call), or *lazy* (its thread stopped running: the CPU is idle with
+//! the mm still loaded, x86's lazy TLB mode). Its mode word holds the mode
+//! and counts changes.
 //!
 //! A flusher (`flush_tlb_mm_range`, after changing PTEs):
 //! 1. bumps `mm.tlb_gen` (SeqCst);
 //! 2. for each other CPU in `mm_cpumask`, raises its `missed` flag and then
-//!    reads its `state` (SeqCst both); if it is in user mode, posts the
-//!    request in its mailbox;
-//! 3. waits until each such CPU has acknowledged the request *or* changed
-//!    state (it left user mode: it handles what was posted at its next
-//!    access, or sees its flag on the way back).
+//!    reads its mode (SeqCst both): a CPU in user or kernel mode is posted
+//!    the request; a lazy one only if page tables were freed
+//!    (`freed_tables`, x86's `should_flush_tlb`), and then as a count, since
+//!    x86's handler, finding the CPU lazy, only switches it to `init_mm`;
+//! 3. waits until each CPU it found in user mode has acknowledged the
+//!    request *or* changed mode. A CPU in kernel mode takes what was posted
+//!    at its next kernel entry or before its next user access, which is all
+//!    that waiting for it would guarantee (x86 waits for every CPU it
+//!    interrupts; here a thread blocked in the kernel could not answer).
 //!
 //! A CPU in user mode polls its mailbox before every access, handles the
 //! requests (`flush_tlb_func`) and acknowledges with Release, so that its
 //! earlier stores happen before the flusher frees the pages. A CPU entering
-//! user mode stores its new state (SeqCst) and then takes its `missed` flag
-//! (SeqCst); if a flush raised it, it compares its slot's `tlb_gen` with
-//! `mm.tlb_gen`, flushing if behind. Either the flusher sees it in user
-//! mode and waits for it, or it sees the flag: the two SeqCst store/load
-//! pairs cannot both miss (Dekker). This is x86's scheme for lazy-TLB CPUs,
-//! which catch up on `tlb_gen` instead of taking IPIs; here a CPU out of
-//! user mode is treated alike. A generation bumped with no flush sent
-//! (a batched unmap flush still queued, or owed by MIGRC) makes no CPU
-//! flush by itself: as on x86, a CPU running the mm keeps its entries
-//! until a flush reaches it (which is then a full one, its generation
-//! being more than one behind) or it switches mm; unless a flush looked
-//! at it since its last return to user mode (see [`shootdown`]).
+//! user mode stores its new mode (SeqCst) and then takes its `missed` flag
+//! (SeqCst); if a flush raised it, it takes its mailbox and compares its
+//! slot's `tlb_gen` with `mm.tlb_gen`, flushing if behind. Either the
+//! flusher sees it in user mode and waits for it, or it sees the flag: the
+//! two SeqCst store/load pairs cannot both miss (Dekker). A lazy CPU that
+//! runs its mm again announces kernel mode (SeqCst, a fence) and then
+//! compares generations, as x86's `switch_mm_irqs_off` with `was_lazy`: a
+//! flusher that skipped it bumped the generation first. A generation bumped
+//! with no flush sent (a batched unmap flush still queued, or owed by
+//! MIGRC) makes no running CPU flush by itself: as on x86, a CPU running
+//! the mm keeps its entries until a flush reaches it (which is then a full
+//! one, its generation being more than one behind), it leaves lazy mode or
+//! it switches mm; unless a flush looked at it since its last return to
+//! user mode (see [`shootdown`]).
+//!
+//! The TLB caches paging-structure entries too ([`tlb`]), so that a table
+//! freed without a flush that reached a CPU is caught when that CPU walks
+//! from it: which is why a flush that freed tables is sent to lazy CPUs.
 //!
 //! A hardware walk and the TLB fill it makes are one step of an access, so a
 //! request is handled either before the walk or after the fill: a fill made
@@ -61,7 +73,7 @@ use crate::phys::Pfn;
 use crate::sync::checked::{self, Mutex};
 use crate::sync::{spin_until, Arc, AtomicBool, AtomicU64, Ordering};
 use crate::vmstat::{Event, VmStat};
-use shootdown::{Acks, CpuMode, MailFlag};
+use shootdown::{Acks, CpuMode, MailFlag, TargetMode};
 use tlb::Tlb;
 
 /// `tlb_single_page_flush_ceiling`: above this many pages, flush everything.
@@ -115,6 +127,10 @@ pub struct FlushRequest<M: TlbMm = Mm> {
     pub end: u64,
     pub stride_shift: u32,
     pub new_tlb_gen: u64,
+    /// Page tables were freed (`flush_tlb_info.freed_tables`): lazy CPUs
+    /// are sent the request too, since their paging-structure caches may
+    /// still point into the freed tables.
+    pub freed_tables: bool,
     /// CPUs that handled the request.
     acks: Acks,
 }
@@ -126,6 +142,11 @@ pub struct Cpu<M: TlbMm = Mm> {
     bound: AtomicBool,
     mail: MailFlag,
     mailbox: Mutex<Vec<Arc<FlushRequest<M>>>>,
+    /// Requests sent while the CPU was lazy (tables were freed): x86's
+    /// handler then only switches the CPU to `init_mm`, so the model keeps
+    /// a count and no request (which would hold its mm), taken when the
+    /// CPU leaves lazy mode. Relaxed: a count, ordered by nothing.
+    lazy_mail: AtomicU64,
     /// Written only by the thread that plays this CPU (see [`tlb`]).
     pub tlb: Tlb,
     /// The loaded mm and its ASID slot (`cpu_tlbstate.loaded_mm`).
@@ -175,6 +196,7 @@ impl<M: TlbMm> Cpu<M> {
             bound: AtomicBool::new(false),
             mail: MailFlag::default(),
             mailbox: Mutex::new(Vec::new()),
+            lazy_mail: AtomicU64::new(0),
             tlb: Tlb::default(),
             loaded: Mutex::new(None),
             cr3_pgd: AtomicU64::new(NO_PGD),
@@ -259,15 +281,32 @@ impl<M: TlbMm> Cpu<M> {
         (pgd != NO_PGD).then(|| (pgd, self.cr3_slot.load(Ordering::Relaxed) as usize))
     }
 
-    /// Enter user mode (return from the kernel): catch up with flushes that
-    /// skipped us while we were away (only if one did).
+    /// Whether the CPU is in lazy TLB mode (see [`Cpu::enter_lazy`]).
+    #[inline]
+    pub fn is_lazy(&self) -> bool {
+        self.mode.is_lazy()
+    }
+
+    /// Enter user mode (return from the kernel): take what was posted and
+    /// catch up with flushes that did not wait for us (only if one did
+    /// not).
     pub fn enter_user(&self, vmstat: &VmStat) {
         if self.in_user() {
             return;
         }
+        if self.is_lazy() {
+            self.leave_lazy(vmstat);
+        }
         if !self.mode.return_to_user() {
             return;
         }
+        self.handle_flush_requests(vmstat);
+        self.catch_up(vmstat);
+    }
+
+    /// Compare the loaded mm's generation with its slot's, and flush the
+    /// slot if behind (a flush that did not wait for this CPU).
+    fn catch_up(&self, vmstat: &VmStat) {
         let loaded = self.loaded.lock();
         if let Some((mm, slot)) = loaded.as_ref() {
             let gen = mm.tlb_gen().load(Ordering::SeqCst);
@@ -280,14 +319,79 @@ impl<M: TlbMm> Cpu<M> {
         }
     }
 
-    /// Leave user mode (a fault, a system call, or going idle). Requests
-    /// already posted are handled first, as an interrupt taken on the way in.
+    /// Enter kernel mode: from user mode (a fault, a system call), taking
+    /// what was posted first, as an interrupt taken on the way in; from
+    /// kernel mode (the next system call), taking what was posted since,
+    /// as interrupts are on between two; from lazy mode, switching back to
+    /// the loaded mm ([`Cpu::leave_lazy`]).
     pub fn enter_kernel(&self, vmstat: &VmStat) {
-        if !self.in_user() {
+        if self.is_lazy() {
+            self.leave_lazy(vmstat);
+        } else if self.in_user() {
+            self.handle_flush_requests(vmstat);
+            self.mode.leave_user();
+        } else {
+            self.poll(vmstat);
+            self.count_lazy_mail(vmstat);
+        }
+    }
+
+    /// Enter kernel mode to switch to another thread's mm (the scheduler's
+    /// `context_switch`): as [`Cpu::enter_kernel`], except that a lazy CPU
+    /// does not compare the generations of the mm it kept; the
+    /// [`Cpu::switch_mm`] that follows compares those of the mm it loads,
+    /// as x86's `switch_mm_irqs_off` does whether it returns to the lazy
+    /// mm or goes to another (which flushes nothing of the lazy one).
+    pub fn enter_kernel_to_switch(&self, vmstat: &VmStat) {
+        if self.is_lazy() {
+            self.mode.leave_lazy();
+            self.count_lazy_mail(vmstat);
+        } else {
+            self.enter_kernel(vmstat);
+        }
+    }
+
+    /// `enter_lazy_tlb`: the thread of the loaded mm stops running here
+    /// (it blocks, waits or goes idle) and the CPU keeps the mm loaded.
+    /// Flushers then skip the CPU unless they freed page tables, and
+    /// never wait for it; it compares generations when it leaves lazy mode.
+    pub fn enter_lazy(&self, vmstat: &VmStat) {
+        if self.is_lazy() {
             return;
         }
-        self.handle_flush_requests(vmstat);
-        self.mode.leave_user();
+        self.enter_kernel(vmstat);
+        // With no mm loaded (x86's `init_mm`) there is nothing to be lazy
+        // about: the CPU is in no mm's mask.
+        if self.loaded_pgd().is_some() {
+            self.mode.enter_lazy();
+        }
+    }
+
+    /// `switch_mm_irqs_off` back to the mm a lazy CPU kept loaded: what
+    /// was posted meanwhile (a flush that freed page tables) is counted,
+    /// as x86's handler counts it when, finding the CPU lazy, it switches
+    /// to `init_mm`; then the slot is flushed in full if behind its mm, as
+    /// the switch back does.
+    fn leave_lazy(&self, vmstat: &VmStat) {
+        self.mode.leave_lazy();
+        self.count_lazy_mail(vmstat);
+        self.catch_up(vmstat);
+    }
+
+    /// Count the requests sent to this CPU while it was lazy as received.
+    /// Also on kernel entries after it left lazy mode: a flusher that saw
+    /// it lazy may add its count only after the CPU has left.
+    #[inline]
+    fn count_lazy_mail(&self, vmstat: &VmStat) {
+        if self.lazy_mail.load(Ordering::Relaxed) != 0 {
+            let sent = self.lazy_mail.swap(0, Ordering::Relaxed);
+            vmstat.count(self.id, Event::NR_TLB_REMOTE_FLUSH_RECEIVED, sent);
+        }
+    }
+
+    /// Requests sent and not taken yet (for the invariant checker).
+    pub fn nr_posted(&self) -> usize {
+        self.mailbox.lock().len() + self.lazy_mail.load(Ordering::Relaxed) as usize
     }
 
     /// Whether a request waits in the mailbox (one relaxed load).
@@ -305,6 +409,8 @@ impl<M: TlbMm> Cpu<M> {
         }
     }
 
+    /// Empty the mailbox: count each request received, apply it
+    /// (`flush_tlb_func`) and acknowledge it.
     fn handle_flush_requests(&self, vmstat: &VmStat) {
         let reqs = {
             let mut mb = self.mailbox.lock();
@@ -386,7 +492,10 @@ fn flush_tlb_func<M: TlbMm>(
         }
         return;
     };
-    let Some(slot) = tlb.slot_of(mm.tlb_id()) else {
+    // The CPU switched away from the mm since the request was posted
+    // (x86 clears its bit of the mm_cpumask here; the model cleared it at
+    // the switch): the switch back compares generations.
+    let Some(&(_, slot)) = loaded.filter(|(m, _)| m.tlb_id() == mm.tlb_id()) else {
         return;
     };
     let local_gen = tlb.slot_tlb_gen(slot);
@@ -418,7 +527,9 @@ fn flush_tlb_func<M: TlbMm>(
 
 /// `flush_tlb_mm_range`: invalidate `[start, end)` of `mm` on every CPU that
 /// may cache it, and return only when none can use a stale translation.
-/// `me` is the calling CPU (in kernel mode).
+/// `me` is the calling CPU (in kernel mode). `freed_tables` says that page
+/// tables were unhooked too, so that lazy CPUs are not skipped.
+#[allow(clippy::too_many_arguments)]
 pub fn flush_tlb_mm_range<M: TlbMm>(
     cpus: &[Cpu<M>],
     me: &Cpu<M>,
@@ -426,6 +537,7 @@ pub fn flush_tlb_mm_range<M: TlbMm>(
     start: u64,
     end: u64,
     stride_shift: u32,
+    freed_tables: bool,
     vmstat: &VmStat,
 ) {
     let end =
@@ -435,7 +547,7 @@ pub fn flush_tlb_mm_range<M: TlbMm>(
             end
         };
     // Ordered before the cpumask and mode loads below (pairs with
-    // switch_mm and enter_user).
+    // switch_mm, enter_user and leave_lazy).
     let new_tlb_gen = shootdown::next_tlb_gen(mm.tlb_gen());
     let req = Arc::new(FlushRequest {
         mm: Some(mm.clone()),
@@ -443,6 +555,7 @@ pub fn flush_tlb_mm_range<M: TlbMm>(
         end,
         stride_shift,
         new_tlb_gen,
+        freed_tables,
         acks: Acks::default(),
     });
 
@@ -460,8 +573,13 @@ pub fn flush_tlb_mm_range<M: TlbMm>(
     flush_tlb_multi(cpus, me, others, &req, vmstat);
 }
 
-/// `flush_tlb_multi`: post `req` to the CPUs of `others` that are in user
-/// mode, and wait until each has handled it or left user mode.
+/// `native_flush_tlb_multi` with `should_flush_tlb`: send `req` to the
+/// CPUs of `others` that are not lazy (to all of them if page tables were
+/// freed), and wait until each that was in user mode has handled it or
+/// left user mode. x86 waits for every CPU it interrupts; the model's
+/// CPUs in kernel or lazy mode take the request before they next use
+/// their TLB, which is all the waiting guarantees, and a thread blocked in
+/// the kernel could not answer (see the module doc).
 fn flush_tlb_multi<M: TlbMm>(
     cpus: &[Cpu<M>],
     me: &Cpu<M>,
@@ -473,14 +591,24 @@ fn flush_tlb_multi<M: TlbMm>(
         return;
     }
     vmstat.count(me.id, Event::NR_TLB_REMOTE_FLUSH, 1);
-    let mut targets = Vec::new();
+    let mut waits = Vec::new();
+    let mut sent = 0;
     for cpu in cpus.iter().filter(|c| others & (1 << c.id) != 0) {
-        if let Some(seen) = cpu.mode.needs_request() {
-            cpu.post(req.clone());
-            targets.push((cpu, seen));
+        match cpu.mode.needs_request() {
+            TargetMode::User(seen) => {
+                cpu.post(req.clone());
+                waits.push((cpu, seen));
+            }
+            TargetMode::Kernel => cpu.post(req.clone()),
+            TargetMode::Lazy if req.freed_tables => {
+                cpu.lazy_mail.fetch_add(1, Ordering::Relaxed);
+            }
+            TargetMode::Lazy => continue,
         }
+        sent += 1;
     }
-    if !targets.is_empty() {
+    if sent > 0 {
+        vmstat.count(me.id, Event::TLB_IPI_SENT, sent);
         busy_ns(
             me.ipi_cost
                 .send_ns
@@ -488,7 +616,7 @@ fn flush_tlb_multi<M: TlbMm>(
         );
     }
     let deadline = Instant::now() + SHOOTDOWN_TIMEOUT;
-    for (cpu, seen) in targets {
+    for (cpu, seen) in waits {
         spin_until(|| {
             let done = shootdown::target_done(&cpu.mode, seen, &req.acks, cpu.id);
             assert!(
@@ -527,6 +655,7 @@ pub fn arch_tlbbatch_flush<M: TlbMm>(cpus: &[Cpu<M>], me: &Cpu<M>, batch: u64, v
         end: TLB_FLUSH_ALL,
         stride_shift: crate::phys::PAGE_SHIFT,
         new_tlb_gen: 0,
+        freed_tables: false,
         acks: Acks::default(),
     });
     if batch & me.bit() != 0 {
@@ -536,7 +665,7 @@ pub fn arch_tlbbatch_flush<M: TlbMm>(cpus: &[Cpu<M>], me: &Cpu<M>, batch: u64, v
     flush_tlb_multi(cpus, me, batch & !me.bit(), &req, vmstat);
 }
 
-/// `flush_tlb_mm`.
+/// `flush_tlb_mm`: everything, with `freed_tables` (as x86's does).
 pub fn flush_tlb_mm<M: TlbMm>(cpus: &[Cpu<M>], me: &Cpu<M>, mm: &Arc<M>, vmstat: &VmStat) {
     flush_tlb_mm_range(
         cpus,
@@ -545,6 +674,7 @@ pub fn flush_tlb_mm<M: TlbMm>(cpus: &[Cpu<M>], me: &Cpu<M>, mm: &Arc<M>, vmstat:
         0,
         TLB_FLUSH_ALL,
         crate::phys::PAGE_SHIFT,
+        true,
         vmstat,
     )
 }

@@ -23,32 +23,57 @@
 //! mode catches up on the next one: a generation bumped without a flush
 //! being sent (the queue of a batched unmap flush, which MIGRC may defer)
 //! leaves the CPUs that run the mm with their entries, as on x86, where a
-//! CPU compares generations only when a flush reaches it or it switches
-//! mm. The flag is lowered only there: a target that lowered it while
-//! handling its mailbox could then leave user mode before a flusher that
-//! raised it earlier reads its mode, and that flusher would skip it (the
-//! interleaving `tests/loom_shootdown.rs` finds). A flag raised for a CPU
-//! that was sent the request and handled it costs one needless comparison
-//! at its next return to user mode, or a full flush if the generation
-//! moved again meanwhile. So where the mm's flushes are frequent (NUMA
-//! scans), a generation bumped without a flush still costs the CPUs their
-//! entries at their next fault or system call, which x86 would not do:
-//! it compares generations only when a flush reaches the CPU or it leaves
-//! lazy mode. Posting every request to every CPU of the mask, in kernel
-//! mode too, as x86 interrupts them, would remove the return-to-user
-//! comparison altogether.
+//! CPU compares generations only when a flush reaches it, it leaves lazy
+//! mode, or it switches mm. The flag is lowered only there: a target that
+//! lowered it while handling its mailbox could then leave user mode before
+//! a flusher that raised it earlier reads its mode, and that flusher would
+//! skip it (the interleaving `tests/loom_shootdown.rs` finds). A flag
+//! raised for a CPU that was sent the request and handled it costs one
+//! needless comparison at its next return to user mode, or a full flush if
+//! the generation moved again meanwhile, which x86 would not do.
+//!
+//! Lazy mode is a third mode: a flusher that finds a target lazy sends it
+//! nothing unless page tables were freed, and never waits for it; the
+//! target, leaving lazy mode, stores its new mode, fences, and then reads
+//! the mm's generation ([`CpuMode::leave_lazy`]), the same Dekker pair.
 
 use crate::sync::checked::{fence, AtomicBool, AtomicU64};
 use crate::sync::Ordering;
 
+/// The mode bits of [`CpuMode`]'s word; the rest counts changes.
+const MODE_MASK: u64 = 3;
+const KERNEL: u64 = 0;
 const USER: u64 = 1;
+/// `cpu_tlbstate_shared.is_lazy`: the CPU runs no thread of its loaded mm
+/// (idle, or a kernel thread) and keeps it loaded.
+const LAZY: u64 = 2;
+/// What one mode change adds to the word.
+const STEP: u64 = 4;
 
-/// A CPU's mode word: it counts mode changes and has the low bit set while
-/// the CPU runs user accesses. Only the owning CPU writes it.
+/// What a flusher found a target doing ([`CpuMode::needs_request`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TargetMode {
+    /// Running user accesses through its TLB: sent the request and waited
+    /// for, with the mode word seen.
+    User(u64),
+    /// Running kernel code for a thread of the mm (a system call, a
+    /// fault): sent the request, which it takes at its next
+    /// kernel entry or before its next user access, as an interrupt is
+    /// taken once interrupts are on again. Its TLB is not used meanwhile,
+    /// so the flusher does not wait.
+    Kernel,
+    /// Lazy: sent nothing unless page tables were freed; it compares
+    /// generations when it leaves lazy mode.
+    Lazy,
+}
+
+/// A CPU's mode word: the mode in its low bits ([`KERNEL`], [`USER`] or
+/// [`LAZY`]) and a count of changes above them. Only the owning CPU writes
+/// it.
 pub struct CpuMode {
     word: AtomicU64,
-    /// Raised by a flusher before it looks at the mode: a flush may have
-    /// skipped this CPU while it was out of user mode.
+    /// Raised by a flusher before it looks at the mode: a flush may not
+    /// have waited for this CPU.
     missed: AtomicBool,
     /// Model checking only: do [`CpuMode::return_to_user`]'s two steps in
     /// the wrong order, to show that the checker catches it.
@@ -59,7 +84,7 @@ pub struct CpuMode {
 impl Default for CpuMode {
     fn default() -> Self {
         CpuMode {
-            word: AtomicU64::new(0),
+            word: AtomicU64::new(KERNEL),
             missed: AtomicBool::new(false),
             #[cfg(loom)]
             broken_return: false,
@@ -81,23 +106,43 @@ impl CpuMode {
 
     /// The owner asks (no ordering needed: only it writes the word).
     #[inline]
-    pub fn in_user(&self) -> bool {
-        self.word.load(Ordering::Relaxed) & USER != 0
+    fn mode(&self) -> u64 {
+        self.word.load(Ordering::Relaxed) & MODE_MASK
     }
 
-    /// Target, on return to user mode: announce it, then take the `missed`
-    /// flag; if it was raised, the caller compares the loaded mm's
-    /// generation with its TLB's. SeqCst on both (see the module doc).
+    #[inline]
+    pub fn in_user(&self) -> bool {
+        self.mode() == USER
+    }
+
+    #[inline]
+    pub fn is_lazy(&self) -> bool {
+        self.mode() == LAZY
+    }
+
+    /// Owner: move to `mode`. A read-modify-write (SeqCst), so that the
+    /// flushers' loads and this store have one order (see the module doc).
+    #[inline]
+    fn set(&self, mode: u64) {
+        let w = self.word.load(Ordering::Relaxed);
+        self.word
+            .swap(((w & !MODE_MASK) + STEP) | mode, Ordering::SeqCst);
+    }
+
+    /// Target, on return to user mode (from kernel mode): announce it,
+    /// then take the `missed` flag; if it was raised, the caller takes its
+    /// mailbox and compares the loaded mm's generation with its TLB's.
+    /// SeqCst on both (see the module doc).
     #[inline]
     pub fn return_to_user(&self) -> bool {
-        debug_assert!(!self.in_user());
+        debug_assert_eq!(self.mode(), KERNEL);
         #[cfg(loom)]
         if self.broken_return {
             let missed = self.missed.swap(false, Ordering::SeqCst);
-            self.word.fetch_add(1, Ordering::SeqCst);
+            self.set(USER);
             return missed;
         }
-        self.word.fetch_add(1, Ordering::SeqCst);
+        self.set(USER);
         fence(Ordering::SeqCst);
         self.missed.swap(false, Ordering::SeqCst)
     }
@@ -112,23 +157,45 @@ impl CpuMode {
     #[inline]
     pub fn leave_user(&self) {
         if self.in_user() {
-            self.word.fetch_add(1, Ordering::SeqCst);
+            self.set(KERNEL);
         }
     }
 
-    /// Flusher, after [`next_tlb_gen`]: raise the target's `missed` flag,
-    /// then look at its mode: if it runs user accesses it must be sent the
-    /// request; returns the mode word seen, to wait on. Otherwise it will
-    /// see the flag before its next user access.
+    /// Target, from kernel mode: `enter_lazy_tlb`.
     #[inline]
-    pub fn needs_request(&self) -> Option<u64> {
+    pub fn enter_lazy(&self) {
+        debug_assert_eq!(self.mode(), KERNEL);
+        self.set(LAZY);
+    }
+
+    /// Target, back from lazy mode to kernel mode (`switch_mm_irqs_off`
+    /// with `was_lazy`): announce it, then (the caller) read the loaded
+    /// mm's generation. A flusher that bumped it before this store may
+    /// have skipped the CPU; one that bumps it after sees the CPU in kernel
+    /// mode and posts (SeqCst both, a fence between: the Dekker pair of
+    /// [`CpuMode::return_to_user`]).
+    #[inline]
+    pub fn leave_lazy(&self) {
+        debug_assert_eq!(self.mode(), LAZY);
+        self.set(KERNEL);
+        fence(Ordering::SeqCst);
+    }
+
+    /// Flusher, after [`next_tlb_gen`]: raise the target's `missed` flag,
+    /// then look at its mode.
+    #[inline]
+    pub fn needs_request(&self) -> TargetMode {
         // A read-modify-write, as the target's take is: one modification
         // order for both (loom, whose SeqCst stores are weaker than C++'s,
         // lets a plain store here be missed by the target's swap).
         self.missed.swap(true, Ordering::SeqCst);
         fence(Ordering::SeqCst);
         let s = self.word.load(Ordering::SeqCst);
-        (s & USER != 0).then_some(s)
+        match s & MODE_MASK {
+            USER => TargetMode::User(s),
+            LAZY => TargetMode::Lazy,
+            _ => TargetMode::Kernel,
+        }
     }
 
     /// Flusher: has the target left the mode it was seen in? Then it

@@ -1,5 +1,16 @@
 //! A CPU's software TLB: set-associative arrays for 4 KiB and 2 MiB
-//! translations, tagged by address-space slot (x86 PCID).
+//! translations, tagged by address-space slot (x86 PCID), and the
+//! paging-structure caches beside them.
+//!
+//! The paging-structure caches hold what a walk read above the leaf, as
+//! x86's do: the PDE cache maps a 2 MiB region to its PTE table, the PDPTE
+//! cache a 1 GiB region to its PMD table, so that the next walk in the
+//! region starts there. They are why a table may be freed only after a
+//! flush that reached every CPU that may cache it (`freed_tables`): a walk
+//! that starts at a freed table stops the model
+//! ([`crate::pgtable::walk::hw_walk_from`]). As on Intel, `INVLPG` drops
+//! every paging-structure entry of the slot whatever its address (the
+//! slot's `psc_gen` is bumped), and so does a full flush of the slot.
 //!
 //! Each CPU keeps [`NR_DYN_ASIDS`] address-space slots, as x86 keeps
 //! `TLB_NR_DYN_ASIDS` PCIDs: switching back to an address space whose slot
@@ -49,6 +60,9 @@ mod geometry {
     pub const WAYS_4K: usize = 8;
     pub const SETS_2M: usize = 16;
     pub const WAYS_2M: usize = 4;
+    /// Intel's PDE cache holds 32 entries, its PDPTE cache 4.
+    pub const PDE_ENTRIES: usize = 32;
+    pub const PDPTE_ENTRIES: usize = 4;
 }
 /// Under the model checker, the smallest TLB (every word of it is a
 /// checked atomic): each fill replaces the last.
@@ -58,6 +72,8 @@ mod geometry {
     pub const WAYS_4K: usize = 1;
     pub const SETS_2M: usize = 1;
     pub const WAYS_2M: usize = 1;
+    pub const PDE_ENTRIES: usize = 1;
+    pub const PDPTE_ENTRIES: usize = 1;
 }
 use geometry::*;
 
@@ -98,6 +114,12 @@ fn key_of(page_number: u64, asid: usize) -> u64 {
     ((page_number + 1) << ASID_BITS) | asid as u64
 }
 
+/// Within a write section: a new stamp, dropping what the old one marked.
+#[inline]
+fn bump(g: &AtomicU32) {
+    g.store(g.load(Relaxed).wrapping_add(1), Relaxed);
+}
+
 #[inline]
 fn asid_of(key: u64) -> usize {
     (key & ((1 << ASID_BITS) - 1)) as usize
@@ -131,6 +153,39 @@ struct Slot {
     /// Stamped into the entries filled for the slot; bumping it flushes
     /// the slot.
     gen: AtomicU32,
+    /// Stamped into the slot's paging-structure entries; bumping it drops
+    /// them all.
+    psc_gen: AtomicU32,
+}
+
+/// The level of a paging-structure cache entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PscLevel {
+    /// A PDE cache entry: the PTE table of a 2 MiB region.
+    Pde,
+    /// A PDPTE cache entry: the PMD table of a 1 GiB region.
+    Pdpte,
+}
+
+impl PscLevel {
+    #[inline]
+    fn shift(self) -> u32 {
+        match self {
+            PscLevel::Pde => 21,
+            PscLevel::Pdpte => 30,
+        }
+    }
+}
+
+/// One paging-structure cache entry, as the invariant checker sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CachedTable {
+    pub mm_id: u64,
+    pub slot_tlb_gen: u64,
+    pub level: PscLevel,
+    /// The start of the region it covers.
+    pub vaddr: u64,
+    pub table: Pfn,
 }
 
 pub struct Tlb {
@@ -139,6 +194,11 @@ pub struct Tlb {
     /// Each set's next victim (round-robin within the set), 4 KiB sets
     /// then 2 MiB sets. Owner only.
     victims: Box<[AtomicU32]>,
+    /// The paging-structure caches, fully associative, each with its
+    /// round-robin victim (owner only). `val` holds the table's PFN.
+    pde: Box<[Way]>,
+    pdpte: Box<[Way]>,
+    psc_victims: [AtomicU32; 2],
     slots: [Slot; NR_DYN_ASIDS],
     next_slot: AtomicU32,
     /// The sequence count of the readers' protocol (see the module doc).
@@ -165,10 +225,14 @@ impl Default for Tlb {
             small: (0..SETS_4K).map(|_| Default::default()).collect(),
             huge: (0..SETS_2M).map(|_| Default::default()).collect(),
             victims: (0..SETS_4K + SETS_2M).map(|_| AtomicU32::new(0)).collect(),
+            pde: (0..PDE_ENTRIES).map(|_| Way::default()).collect(),
+            pdpte: (0..PDPTE_ENTRIES).map(|_| Way::default()).collect(),
+            psc_victims: [AtomicU32::new(0), AtomicU32::new(0)],
             slots: std::array::from_fn(|_| Slot {
                 mm_id: AtomicU64::new(0),
                 tlb_gen: AtomicU64::new(0),
                 gen: AtomicU32::new(1),
+                psc_gen: AtomicU32::new(1),
             }),
             next_slot: AtomicU32::new(0),
             seq: AtomicU64::new(0),
@@ -326,6 +390,55 @@ impl Tlb {
         }
     }
 
+    fn psc(&self, level: PscLevel) -> &[Way] {
+        match level {
+            PscLevel::Pde => &self.pde,
+            PscLevel::Pdpte => &self.pdpte,
+        }
+    }
+
+    /// The table a paging-structure cache holds for `vaddr` in slot
+    /// `asid` at `level`. Owner only.
+    #[inline]
+    pub fn lookup_table(&self, asid: usize, level: PscLevel, vaddr: u64) -> Option<Pfn> {
+        let gen = self.slots[asid].psc_gen.load(Relaxed);
+        let key = key_of(vaddr >> level.shift(), asid);
+        self.psc(level)
+            .iter()
+            .find(|w| w.key.load(Relaxed) == key && w.gen.load(Relaxed) == gen)
+            .map(|w| w.val.load(Relaxed))
+    }
+
+    owner_fn! {
+        /// Cache `table` as the table at `level` for `vaddr`'s region: over
+        /// an entry for the same region, else in a way that holds nothing
+        /// live, else round-robin. Owner only.
+        fn insert_table(&self, asid: usize, level: PscLevel, vaddr: u64, table: Pfn) {
+            let gen = self.slots[asid].psc_gen.load(Relaxed);
+            let key = key_of(vaddr >> level.shift(), asid);
+            let ways = self.psc(level);
+            let live = |w: &Way| {
+                let k = w.key.load(Relaxed);
+                k != 0 && w.gen.load(Relaxed) == self.slots[asid_of(k)].psc_gen.load(Relaxed)
+            };
+            let way = ways
+                .iter()
+                .position(|w| w.key.load(Relaxed) == key)
+                .or_else(|| ways.iter().position(|w| !live(w)))
+                .unwrap_or_else(|| {
+                    let victim = &self.psc_victims[level as usize];
+                    let v = victim.load(Relaxed);
+                    victim.store(v.wrapping_add(1), Relaxed);
+                    v as usize % ways.len()
+                });
+            let _w = self.write();
+            let w = &ways[way];
+            w.key.store(key, Relaxed);
+            w.val.store(table, Relaxed);
+            w.gen.store(gen, Relaxed);
+        }
+    }
+
     /// Whether a way holds a translation its slot still stands by. Owner
     /// only.
     #[inline]
@@ -336,14 +449,38 @@ impl Tlb {
 
     owner_fn! {
         /// `INVLPG`-like: drop whatever maps `vaddr` in slot `asid`, 4 KiB or
-        /// 2 MiB. Owner only.
+        /// 2 MiB, and every paging-structure entry of the slot (Intel's
+        /// `INVLPG` drops those whatever their address). Owner only.
         fn flush_one(&self, asid: usize, vaddr: u64) {
+            let vpn = vaddr >> PAGE_SHIFT;
+            let hpn = vaddr >> 21;
+            let _w = self.write();
+            bump(&self.slots[asid].psc_gen);
+            for (set, key) in [
+                (&self.small[vpn as usize % SETS_4K][..], key_of(vpn, asid)),
+                (&self.huge[hpn as usize % SETS_2M][..], key_of(hpn, asid)),
+            ] {
+                for w in set.iter().filter(|w| w.key.load(Relaxed) == key) {
+                    w.key.store(0, Relaxed);
+                }
+            }
+        }
+    }
+
+    owner_fn! {
+        /// What a page fault on `vaddr` drops (the SDM's rule for a #PF):
+        /// the translations of `vaddr` in slot `asid`, and the
+        /// paging-structure entries that a walk for `vaddr` would use, not
+        /// the rest of the slot's as [`Tlb::flush_one`] does. Owner only.
+        fn flush_fault(&self, asid: usize, vaddr: u64) {
             let vpn = vaddr >> PAGE_SHIFT;
             let hpn = vaddr >> 21;
             let _w = self.write();
             for (set, key) in [
                 (&self.small[vpn as usize % SETS_4K][..], key_of(vpn, asid)),
                 (&self.huge[hpn as usize % SETS_2M][..], key_of(hpn, asid)),
+                (&self.pde[..], key_of(vaddr >> PscLevel::Pde.shift(), asid)),
+                (&self.pdpte[..], key_of(vaddr >> PscLevel::Pdpte.shift(), asid)),
             ] {
                 for w in set.iter().filter(|w| w.key.load(Relaxed) == key) {
                     w.key.store(0, Relaxed);
@@ -360,22 +497,34 @@ impl Tlb {
         }
     }
 
-    /// Within a write section.
+    /// Within a write section: drop the slot's translations and
+    /// paging-structure entries.
     fn bump_slot_gen(&self, asid: usize) {
-        let g = &self.slots[asid].gen;
-        g.store(g.load(Relaxed).wrapping_add(1), Relaxed);
+        bump(&self.slots[asid].gen);
+        bump(&self.slots[asid].psc_gen);
     }
 
     /// Every live entry, read by any thread (the invariant checker,
     /// `inspect`) by the sequence count's protocol (see the module doc).
     pub fn entries(&self) -> Vec<CachedTranslation> {
+        self.read_consistent(Self::read_entries)
+    }
+
+    /// Every live paging-structure cache entry, read as [`Tlb::entries`]
+    /// reads the translations.
+    pub fn cached_tables(&self) -> Vec<CachedTable> {
+        self.read_consistent(Self::read_tables)
+    }
+
+    /// `read` until no write section overlapped it.
+    fn read_consistent<T>(&self, read: impl Fn(&Self) -> T) -> T {
         loop {
             let seq = self.seq.load(Acquire);
             if !seq.is_multiple_of(2) {
                 crate::sync::spin_until(|| self.seq.load(Relaxed) != seq);
                 continue;
             }
-            let out = self.read_entries();
+            let out = read(self);
             // Orders the entry loads before the second look (smp_rmb).
             fence(Acquire);
             #[cfg(loom)]
@@ -386,6 +535,34 @@ impl Tlb {
                 return out;
             }
         }
+    }
+
+    /// The paging-structure entries as they are read, torn if a write
+    /// overlaps.
+    fn read_tables(&self) -> Vec<CachedTable> {
+        let mut out = vec![];
+        for level in [PscLevel::Pde, PscLevel::Pdpte] {
+            for w in self.psc(level) {
+                let key = w.key.load(Relaxed);
+                let (gen, table) = (w.gen.load(Relaxed), w.val.load(Relaxed));
+                let a = asid_of(key);
+                if key == 0 || a >= NR_DYN_ASIDS {
+                    continue;
+                }
+                let s = &self.slots[a];
+                if gen != s.psc_gen.load(Relaxed) {
+                    continue;
+                }
+                out.push(CachedTable {
+                    mm_id: s.mm_id.load(Relaxed),
+                    slot_tlb_gen: s.tlb_gen.load(Relaxed),
+                    level,
+                    vaddr: ((key >> ASID_BITS) - 1) << level.shift(),
+                    table,
+                });
+            }
+        }
+        out
     }
 
     /// The entries as they are read, torn if a write overlaps.

@@ -43,33 +43,86 @@ pub enum WalkFault {
     Protection,
 }
 
+/// Where a walk starts: at the root, or at a lower table that a
+/// paging-structure cache named for the address (x86's PDPTE cache gives
+/// the PMD table, its PDE cache the PTE table), skipping the levels above.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WalkStart {
+    Pgd(Pfn),
+    PmdTable(Pfn),
+    PteTable(Pfn),
+}
+
+/// The tables a successful walk went through below the PUD level, for the
+/// paging-structure caches: the PMD table (unless the walk started below
+/// it), and the PTE table (unless a huge PMD was the leaf).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WalkPath {
+    pub pmd_table: Option<Pfn>,
+    pub pte_table: Option<Pfn>,
+}
+
 /// Walk `pgd` for `addr`. `write` asks for write permission and sets dirty.
 pub fn hw_walk(mem: &PhysMem, pgd: Pfn, addr: u64, write: bool) -> Result<Translation, WalkFault> {
+    hw_walk_from(mem, WalkStart::Pgd(pgd), addr, write).map(|(t, _)| t)
+}
+
+/// Walk for `addr` from `start`, and say which tables the walk went through.
+///
+/// # Panics
+///
+/// If `start` names a frame that is no page table any more: a table was
+/// freed while a CPU's paging-structure cache still held it, which the
+/// TLB flush with `freed_tables` that precedes every table free must
+/// prevent. Hardware would walk garbage; the model stops.
+pub fn hw_walk_from(
+    mem: &PhysMem,
+    start: WalkStart,
+    addr: u64,
+    write: bool,
+) -> Result<(Translation, WalkPath), WalkFault> {
+    if let WalkStart::PmdTable(t) | WalkStart::PteTable(t) = start {
+        assert!(
+            mem.page(t).test(crate::phys::memmap::pg::TABLE),
+            "a paging-structure cache entry for {addr:#x} names frame {t:#x}, which is no page table any more: a table was freed without a TLB flush that reached this CPU"
+        );
+    }
     'again: loop {
-        let pgde = table(mem, pgd)[pgd_index(addr)].load(Ordering::Acquire);
-        if pgde & _PAGE_PRESENT == 0 {
-            return Err(WalkFault::NotPresent);
-        }
-        let pud_tbl = (pgde & PTE_PFN_MASK) >> 12;
-        let pude = table(mem, pud_tbl)[pud_index(addr)].load(Ordering::Acquire);
-        if pude & _PAGE_PRESENT == 0 {
-            return Err(WalkFault::NotPresent);
-        }
-        let pmd_tbl = (pude & PTE_PFN_MASK) >> 12;
-        let pmd_slot = &table(mem, pmd_tbl)[pmd_index(addr)];
-        let pmde = pmd_slot.load(Ordering::Acquire);
-        if pmde & _PAGE_PRESENT == 0 {
-            return Err(WalkFault::NotPresent);
-        }
-        let (slot, leaf, size, pfn) = if pmde & _PAGE_PSE != 0 {
-            (pmd_slot, pmde, PMD_SIZE, (pmde & PMD_PFN_MASK) >> 12)
-        } else {
-            let slot = &table(mem, (pmde & PTE_PFN_MASK) >> 12)[pte_index(addr)];
-            let ptee = slot.load(Ordering::Acquire);
-            if ptee & _PAGE_PRESENT == 0 {
-                return Err(WalkFault::NotPresent);
+        let pmd_tbl = match start {
+            WalkStart::Pgd(pgd) => {
+                let pgde = table(mem, pgd)[pgd_index(addr)].load(Ordering::Acquire);
+                if pgde & _PAGE_PRESENT == 0 {
+                    return Err(WalkFault::NotPresent);
+                }
+                let pud_tbl = (pgde & PTE_PFN_MASK) >> 12;
+                let pude = table(mem, pud_tbl)[pud_index(addr)].load(Ordering::Acquire);
+                if pude & _PAGE_PRESENT == 0 {
+                    return Err(WalkFault::NotPresent);
+                }
+                (pude & PTE_PFN_MASK) >> 12
             }
-            (slot, ptee, PAGE_SIZE, (ptee & PTE_PFN_MASK) >> 12)
+            WalkStart::PmdTable(t) => t,
+            WalkStart::PteTable(_) => 0,
+        };
+        let (slot, leaf, size, pfn, pte_tbl) = match start {
+            WalkStart::PteTable(t) => {
+                let (slot, ptee) = load_pte(mem, t, addr)?;
+                (slot, ptee, PAGE_SIZE, (ptee & PTE_PFN_MASK) >> 12, Some(t))
+            }
+            _ => {
+                let pmd_slot = &table(mem, pmd_tbl)[pmd_index(addr)];
+                let pmde = pmd_slot.load(Ordering::Acquire);
+                if pmde & _PAGE_PRESENT == 0 {
+                    return Err(WalkFault::NotPresent);
+                }
+                if pmde & _PAGE_PSE != 0 {
+                    (pmd_slot, pmde, PMD_SIZE, (pmde & PMD_PFN_MASK) >> 12, None)
+                } else {
+                    let t = (pmde & PTE_PFN_MASK) >> 12;
+                    let (slot, ptee) = load_pte(mem, t, addr)?;
+                    (slot, ptee, PAGE_SIZE, (ptee & PTE_PFN_MASK) >> 12, Some(t))
+                }
+            }
         };
         if leaf & _PAGE_USER == 0 || (write && leaf & _PAGE_RW == 0) {
             return Err(WalkFault::Protection);
@@ -84,11 +137,45 @@ pub fn hw_walk(mem: &PhysMem, pgd: Pfn, addr: u64, write: bool) -> Result<Transl
             // the MMU's locked A/D update would see the new value.
             continue 'again;
         }
-        return Ok(Translation {
+        let t = Translation {
             pfn,
             size,
             writable: leaf & _PAGE_RW != 0,
             dirty: want & _PAGE_DIRTY != 0,
-        });
+        };
+        return Ok((
+            t,
+            WalkPath {
+                pmd_table: (!matches!(start, WalkStart::PteTable(_))).then_some(pmd_tbl),
+                pte_table: pte_tbl,
+            },
+        ));
     }
+}
+
+/// The PTE of `addr` in PTE table `t`, if present.
+#[inline]
+fn load_pte(mem: &PhysMem, t: Pfn, addr: u64) -> Result<(&crate::sync::AtomicU64, u64), WalkFault> {
+    let slot = &table(mem, t)[pte_index(addr)];
+    let ptee = slot.load(Ordering::Acquire);
+    if ptee & _PAGE_PRESENT == 0 {
+        return Err(WalkFault::NotPresent);
+    }
+    Ok((slot, ptee))
+}
+
+/// The PMD and PTE tables the page tables of `pgd` hold for `addr` now,
+/// as far as they go (for the invariant checker, on a quiescent machine).
+pub fn table_path(mem: &PhysMem, pgd: Pfn, addr: u64) -> (Option<Pfn>, Option<Pfn>) {
+    let next = |t: Pfn, i: usize| {
+        let e = table(mem, t)[i].load(Ordering::Acquire);
+        (e & _PAGE_PRESENT != 0 && e & _PAGE_PSE == 0).then_some((e & PTE_PFN_MASK) >> 12)
+    };
+    let Some(pud_tbl) = next(pgd, pgd_index(addr)) else {
+        return (None, None);
+    };
+    let Some(pmd_tbl) = next(pud_tbl, pud_index(addr)) else {
+        return (None, None);
+    };
+    (Some(pmd_tbl), next(pmd_tbl, pmd_index(addr)))
 }
