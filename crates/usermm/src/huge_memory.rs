@@ -293,7 +293,7 @@ pub fn copy_huge_pmd(
     }
     let folio = Folio(pmd.pfn());
     folio.get(mem);
-    rmap::folio_dup_anon_rmap_pmd(mem, folio);
+    rmap::folio_dup_anon_rmap_pmd(mem, folio, dst_mm.id);
     dst_mm.add_rss(MmCounter::AnonPages, HPAGE_PMD_NR as i64);
     dst_mm.inc_nr_tables();
     dst_ptl.deposit(pgtable);
@@ -364,7 +364,7 @@ pub fn zap_huge_pmd(oncpu: &OnCpu, tlb: &mut MmuGather, mm: &Mm, slot: PmdSlot, 
         return true;
     }
     let folio = Folio(pmd.pfn());
-    rmap::folio_remove_rmap_pmd(mem, folio, oncpu.id());
+    rmap::folio_remove_rmap_pmd(mem, folio, mm.id, oncpu.id());
     mm.add_rss(MmCounter::AnonPages, -(HPAGE_PMD_NR as i64));
     drop(ptl);
     if tlb.remove_folio_pages(folio.pfn(), 1, false) {
@@ -395,9 +395,7 @@ pub fn madvise_free_huge_pmd(
         return false;
     }
     let folio = Folio(pmd.pfn());
-    // folio_maybe_mapped_shared: any mapping but this PMD is another
-    // process's (a PMD-mapped folio is mapped once per mm).
-    if folio.mapcount(mem) > 1 {
+    if rmap::folio_maybe_mapped_shared(mem, folio) {
         return false;
     }
     if next - addr != PMD_SIZE {
@@ -431,8 +429,7 @@ pub fn pageout_huge_pmd(oncpu: &OnCpu, mm: &Arc<Mm>, slot: PmdSlot, addr: u64) -
     if !pmd.trans_huge() || is_huge_zero_pmd(oncpu, pmd) {
         return false;
     }
-    // folio_maybe_mapped_shared, as in madvise_free_huge_pmd.
-    if Folio(pmd.pfn()).mapcount(mem) > 1 {
+    if rmap::folio_maybe_mapped_shared(mem, Folio(pmd.pfn())) {
         return false;
     }
     drop(ptl);
@@ -493,7 +490,7 @@ pub fn split_huge_pmd(oncpu: &OnCpu, mm: &Arc<Mm>, slot: PmdSlot, addr: u64) {
     }
     // Each PTE holds a reference: the PMD's one plus 511 more.
     folio.ref_add(mem, (HPAGE_PMD_NR - 1) as i32);
-    rmap::folio_split_pmd_mapping(mem, folio, oncpu.id());
+    rmap::folio_split_pmd_mapping(mem, folio, mm.id, oncpu.id());
     ptl.populate(table);
     drop(ptl);
     oncpu.vmstat().count(oncpu.id(), Event::THP_SPLIT_PMD, 1);
@@ -572,7 +569,7 @@ pub fn set_pmd_migration_entry(
         swp = swp.swp_mksoft_dirty();
     }
     ptl.set(swp);
-    rmap::folio_remove_rmap_pmd(mem, folio, oncpu.id());
+    rmap::folio_remove_rmap_pmd(mem, folio, mm.id, oncpu.id());
     drop(ptl);
     // The mapping's reference; the isolation's keeps the folio.
     folio.put(mem, oncpu.id());
@@ -628,7 +625,7 @@ pub fn remove_migration_pmd(
     } else {
         RmapFlags::EXCLUSIVE
     };
-    rmap::folio_add_anon_rmap_pmd(mem, new, flags);
+    rmap::folio_add_anon_rmap_pmd(mem, new, vma.mm_id, flags);
     ptl.set(pmde);
     true
 }
@@ -920,7 +917,7 @@ fn remap_zero_pages_to_zeropage(
         let zero = Pte::new(oncpu.m.zero_pfn, vma.page_prot()).mkspecial();
         at.pt.set(idx, zero);
         let f = Folio(page);
-        rmap::folio_remove_rmap_ptes(mem, f, page, 1, oncpu.id());
+        rmap::folio_remove_rmap_ptes(mem, f, page, 1, at.mm.id, oncpu.id());
         f.put(mem, oncpu.id());
         remapped += 1;
     }

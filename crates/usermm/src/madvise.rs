@@ -9,7 +9,7 @@
 use std::ops::ControlFlow;
 
 use crate::errno::{Errno, KResult};
-use crate::huge_memory::{self, folio_ptes_in_table, split_folio_in_table, FolioPte, SplitAt};
+use crate::huge_memory::{self, split_folio_in_table, FolioPte, SplitAt};
 use crate::machine::OnCpu;
 use crate::memory::{self, vm_normal_page};
 use crate::mm::vma::*;
@@ -18,7 +18,7 @@ use crate::mmap::vma_modify_flags;
 use crate::mmu_gather::MmuGather;
 use crate::pgtable::pagewalk::{walk_page_range, MmWalkOps, WalkAction, WalkLock};
 use crate::pgtable::{self, Pmd, PmdSlot, PteRead};
-use crate::phys::{pg, Folio, PhysMem, PAGE_MASK, PAGE_SIZE};
+use crate::phys::{pg, PAGE_MASK, PAGE_SIZE};
 use crate::pt_reclaim::{self, SwitchBack};
 use crate::sync::Arc;
 use crate::tunable::PtReclaim;
@@ -283,7 +283,7 @@ fn madvise_free_pte_range(
                 // Covered in part: split it, unless it may be mapped by
                 // another process too; then leave these entries alone.
                 let at = FolioPte { idx, page };
-                let shared = folio_maybe_mapped_shared(mem, folio, &pt, at);
+                let shared = crate::rmap::folio_maybe_mapped_shared(mem, folio);
                 let mut split_at = SplitAt {
                     mm,
                     pt: &mut pt,
@@ -309,14 +309,6 @@ fn madvise_free_pte_range(
         crate::swap::folio_mark_lazyfree(oncpu.mem(), folio, oncpu.id());
         a += nr as u64 * PAGE_SIZE;
     }
-}
-
-/// `folio_maybe_mapped_shared`: is the folio mapped anywhere but in this
-/// PTE table (i.e. by another process: an anon folio of the sizes modelled
-/// lies within one table of its mm)?
-fn folio_maybe_mapped_shared(mem: &PhysMem, folio: Folio, pt: &impl PteRead, at: FolioPte) -> bool {
-    folio.entire_mapcount(mem) != 0
-        || folio.mapcount(mem) != folio_ptes_in_table(mem, folio, pt, at)
 }
 
 /// `madvise_pageout`: reclaim the folios of `[start, end)` that this
@@ -401,7 +393,7 @@ fn madvise_pageout_pte_range(
                 let flags = memory::FPB_IGNORE_DIRTY | memory::FPB_IGNORE_SOFT_DIRTY;
                 nr = memory::folio_pte_batch(mem, folio, &pt, idx, pte, max_nr, flags).nr;
                 if (nr as u64) < folio.nr_pages(mem) {
-                    let shared = folio_maybe_mapped_shared(mem, folio, &pt, at);
+                    let shared = crate::rmap::folio_maybe_mapped_shared(mem, folio);
                     let mut split_at = SplitAt {
                         mm,
                         pt: &mut pt,
@@ -414,7 +406,10 @@ fn madvise_pageout_pte_range(
                     continue;
                 }
             }
-            if folio_maybe_mapped_shared(mem, folio, &pt, at) {
+            // Another mapping of this folio is another process's: a
+            // large folio here is mapped whole by this table, so it is
+            // exclusive if its mapcount is its size.
+            if folio.mapcount(mem) != folio.nr_pages(mem) as i32 {
                 a += nr as u64 * PAGE_SIZE;
                 continue;
             }

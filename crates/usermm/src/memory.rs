@@ -835,13 +835,37 @@ fn do_wp_page(vmf: &mut VmFault<'_>, mut pt: PteLocked<'_>) -> VmFaultResult {
 /// remote CPU's batch still counts, as in the kernel).
 fn wp_can_reuse_anon_folio(oncpu: &OnCpu, f: Folio) -> bool {
     let mem = oncpu.mem();
-    if f.is_large(mem) || f.ref_count(mem) > 3 {
+    if f.is_large(mem) {
+        return wp_can_reuse_large_anon_folio(mem, f);
+    }
+    if f.ref_count(mem) > 3 {
         return false;
     }
     if !f.head(mem).test(crate::phys::pg::LRU) {
         crate::swap::lru_add_drain(mem, oncpu.id());
     }
     f.ref_count(mem) == 1 && f.mapcount(mem) == 1
+}
+
+/// `__wp_can_reuse_large_anon_folio` (v6.15): a large folio that only
+/// this address space maps (its MM-owner slots say "mapped exclusively")
+/// and that nothing but its mappings references may be written in place,
+/// one page at a time; a folio mapped by one PTE alone is copied instead,
+/// so that the rest of it can be freed. Large folios never wait in an LRU
+/// batch, so there is none to drain.
+fn wp_can_reuse_large_anon_folio(mem: &PhysMem, f: Folio) -> bool {
+    if f.mapcount(mem) <= 1 {
+        return false;
+    }
+    if f.counters(mem).maybe_mapped_shared_bit() || f.mapcount(mem) != f.ref_count(mem) {
+        return false;
+    }
+    // Again, with the mapcount stable: an rmap change could have slipped
+    // between the two reads (a reference is taken before a mapping is
+    // added, and dropped after one is removed).
+    rmap::with_large_mapcount_locked(mem, f, |shared, mapcount| {
+        !shared && mapcount == f.ref_count(mem)
+    })
 }
 
 /// `wp_page_copy`: give this mapping its own copy of the page (of zeroes
@@ -888,7 +912,7 @@ fn wp_page_copy(vmf: &mut VmFault<'_>, old: Option<Pfn>) -> VmFaultResult {
     match old {
         Some(old) => {
             let f = mem.page_folio(old);
-            rmap::folio_remove_rmap_ptes(mem, f, old, 1, oncpu.id());
+            rmap::folio_remove_rmap_ptes(mem, f, old, 1, mm.id, oncpu.id());
             drop(pt);
             f.put(mem, oncpu.id());
         }
@@ -1218,7 +1242,7 @@ impl ZapPteTable<'_, '_> {
         self.pt.clear_full_ptes(idx, nr);
         self.rss[MmCounter::AnonPages as usize] -= nr as i64;
         self.tlb.remove_tlb_entries(addr, nr as u64);
-        rmap::folio_remove_rmap_ptes(mem, folio, page, nr as u64, oncpu.id());
+        rmap::folio_remove_rmap_ptes(mem, folio, page, nr as u64, self.tlb.mm.id, oncpu.id());
         if self.tlb.remove_folio_pages(page, nr as u64, false) {
             self.force_flush = true;
         }
@@ -1537,14 +1561,14 @@ impl CopyPteTable<'_> {
                 nr, any_writable, ..
             } = folio_pte_batch(mem, folio, &self.src, idx, pte, max_nr, flags);
             folio.ref_add(mem, nr as i32);
-            rmap::folio_dup_anon_rmap_ptes(mem, folio, page, nr as u64);
+            rmap::folio_dup_anon_rmap_ptes(mem, folio, page, nr as u64, self.range.dst_mm.id);
             self.rss[MmCounter::AnonPages as usize] += nr as i64;
             let pte = if any_writable { pte.mkwrite() } else { pte };
             self.__copy_present_ptes(idx, pte, nr);
             return nr;
         }
         folio.get(mem);
-        rmap::folio_dup_anon_rmap_ptes(mem, folio, page, 1);
+        rmap::folio_dup_anon_rmap_ptes(mem, folio, page, 1, self.range.dst_mm.id);
         self.rss[MmCounter::AnonPages as usize] += 1;
         self.__copy_present_ptes(idx, pte, 1);
         1

@@ -852,7 +852,7 @@ fn try_to_migrate_one(
         swp = swp.swp_mksoft_dirty();
     }
     pt.set(idx, swp);
-    rmap::folio_remove_rmap_ptes(mem, folio, page, 1, oncpu.id());
+    rmap::folio_remove_rmap_ptes(mem, folio, page, 1, mm.id, oncpu.id());
     // The mapping's reference; the isolation's keeps the folio.
     folio.put(mem, oncpu.id());
 }
@@ -932,7 +932,7 @@ fn remove_migration_pte(
     } else {
         RmapFlags::EXCLUSIVE
     };
-    rmap::folio_add_anon_rmap_ptes(mem, folio, new, 1, flags);
+    rmap::folio_add_anon_rmap_ptes(mem, folio, new, 1, vma.mm_id, flags);
     // No flush: the entry was not present.
     pt.set(idx, pte);
 }
@@ -1121,26 +1121,13 @@ fn add_folio_for_migration(
         if folio.nid() == node {
             return Ok(None);
         }
-        if folio_maybe_mapped_shared(mem_, folio) {
+        if rmap::folio_maybe_mapped_shared(mem_, folio) {
             return Err(Errno::EACCES);
         }
         isolate_for_migration(mem, folio)
             .map(Some)
             .ok_or(Errno::EBUSY)
     })
-}
-
-/// `folio_maybe_mapped_shared`, approximated: some page is mapped more
-/// than once (the kernel tracks the mms that map a large folio; the model
-/// counts mappings, which says the same unless one process maps a page
-/// twice, which anonymous memory cannot).
-fn folio_maybe_mapped_shared(mem: &PhysMem, folio: Folio) -> bool {
-    if !folio.is_large(mem) {
-        return folio.mapcount(mem) > 1;
-    }
-    folio.entire_mapcount(mem) > 1
-        || (0..folio.nr_pages(mem))
-            .any(|i| crate::phys::folio::page_mapcount(mem, folio.pfn() + i) > 1)
 }
 
 /// `folio_walk_start` under mmap_lock for reading: call `f` with the

@@ -248,6 +248,7 @@ impl<'a> MmuGather<'a> {
                         mem.page_folio(page),
                         page,
                         nr,
+                        self.mm.id,
                         oncpu.id(),
                     );
                     b.entries[i] &= !ENCODED_PAGE_BIT_DELAY_RMAP;

@@ -10,10 +10,28 @@
 //!
 //! All changes are made under the page-table lock of the entries that
 //! gain or lose the mapping.
+//!
+//! # MM-owner slots (v6.15, `CONFIG_MM_ID`)
+//!
+//! A large folio also remembers up to two address spaces that map it, each
+//! with its count of mappings, and whether it is "maybe mapped shared":
+//! set when a second mm takes a slot or an mm finds none free, cleared when
+//! one slot holds every mapping again. So a PTE-mapped large folio that
+//! fork shared is known to be exclusive again once the child has unmapped
+//! it (`__wp_can_reuse_large_anon_folio` reuses it in place), and
+//! `folio_maybe_mapped_shared` needs no per-page mapcounts. With three mms
+//! at once the third takes no slot and the folio may stay "maybe shared"
+//! after the others have gone, as in the kernel. The large mapcount and
+//! the slots change together under a bit spinlock in `_mm_ids`
+//! ([`LargeMapcountGuard`]); lock-free readers read each word alone.
 
 use crate::mm::interval_tree::AnonVmaWriteGuard;
 use crate::mm::{AnonVma, Mm, Vma};
-use crate::phys::folio::{clear_page_anon_exclusive, set_page_anon_exclusive, Folio};
+use crate::phys::folio::{
+    clear_page_anon_exclusive, pack_mm_id_mapcounts, set_page_anon_exclusive,
+    unpack_mm_id_mapcounts, Folio, FolioCounters, FOLIO_MM_IDS_LOCK_BIT, FOLIO_MM_IDS_SHARED_BIT,
+    MM_ID_DUMMY, MM_ID_MASK,
+};
 use crate::phys::memmap::{pg, PAGE_MAPPING_ANON};
 use crate::phys::{Pfn, PhysMem, HPAGE_PMD_ORDER};
 use crate::sync::Arc;
@@ -258,6 +276,185 @@ impl RmapFlags {
     }
 }
 
+/// `folio_lock_large_mapcount` held: the large mapcount and the MM-owner
+/// slots as they were when it was taken, written back (and the lock
+/// dropped, Release) when it is dropped.
+struct LargeMapcountGuard<'a> {
+    c: FolioCounters<'a>,
+    ids: u64,
+    mapcount: [i32; 2],
+    /// `_large_mapcount`, -1 based.
+    large: i32,
+}
+
+/// `folio_lock_large_mapcount`: spin on the lock bit of `_mm_ids`.
+fn folio_lock_large_mapcount(c: FolioCounters<'_>) -> LargeMapcountGuard<'_> {
+    loop {
+        // Acquire: what the last holder wrote before its Release store.
+        let ids = c.mm_ids.fetch_or(FOLIO_MM_IDS_LOCK_BIT, Ordering::Acquire);
+        if ids & FOLIO_MM_IDS_LOCK_BIT == 0 {
+            let mapcount = unpack_mm_id_mapcounts(c.mm_id_mapcount.load(Ordering::Relaxed));
+            let large = c.large_mapcount.load(Ordering::Relaxed);
+            return LargeMapcountGuard {
+                c,
+                ids,
+                mapcount,
+                large,
+            };
+        }
+        crate::sync::spin_until(|| c.mm_ids.load(Ordering::Relaxed) & FOLIO_MM_IDS_LOCK_BIT == 0);
+    }
+}
+
+impl LargeMapcountGuard<'_> {
+    /// `folio_mm_id`.
+    fn mm_id(&self, i: usize) -> u64 {
+        (self.ids >> (32 * i)) & MM_ID_MASK
+    }
+
+    /// `folio_set_mm_id`.
+    fn set_mm_id(&mut self, i: usize, id: u64) {
+        self.ids = (self.ids & !(MM_ID_MASK << (32 * i))) | (id << (32 * i));
+    }
+
+    fn set_shared(&mut self, shared: bool) {
+        if shared {
+            self.ids |= FOLIO_MM_IDS_SHARED_BIT;
+        } else {
+            self.ids &= !FOLIO_MM_IDS_SHARED_BIT;
+        }
+    }
+
+    /// The slot `mm_id` holds.
+    fn slot_of(&self, mm_id: u64) -> Option<usize> {
+        (0..2).find(|&i| self.mm_id(i) == mm_id)
+    }
+
+    /// `__folio_large_mapcount_sanity_checks`.
+    fn sanity_checks(&self, diff: i32, mm_id: u64) {
+        debug_assert!(diff > 0, "mapcount change of {diff}");
+        debug_assert!(
+            mm_id != MM_ID_DUMMY && mm_id <= MM_ID_MASK,
+            "mm id {mm_id} does not fit a slot"
+        );
+        for i in 0..2 {
+            debug_assert_eq!(
+                self.mm_id(i) == MM_ID_DUMMY,
+                self.mapcount[i] == -1,
+                "slot {i}: id {} with mapcount {}",
+                self.mm_id(i),
+                self.mapcount[i]
+            );
+            debug_assert!(self.mapcount[i] >= -1);
+        }
+    }
+}
+
+impl Drop for LargeMapcountGuard<'_> {
+    /// `folio_unlock_large_mapcount`: the counts first, then the ids word
+    /// without the lock bit (Release: the holder's writes before it).
+    fn drop(&mut self) {
+        self.c.large_mapcount.store(self.large, Ordering::Relaxed);
+        self.c
+            .mm_id_mapcount
+            .store(pack_mm_id_mapcounts(self.mapcount), Ordering::Relaxed);
+        self.c
+            .mm_ids
+            .store(self.ids & !FOLIO_MM_IDS_LOCK_BIT, Ordering::Release);
+    }
+}
+
+/// The id an mm's mappings are counted under in the slots
+/// (`mm->mm_id`). The kernel allocates them from an IDA and reuses them
+/// once an mm is freed; the model's mm ids are never reused.
+#[inline]
+fn slot_id(mm_id: u64) -> u64 {
+    debug_assert!(mm_id != MM_ID_DUMMY && mm_id <= MM_ID_MASK);
+    mm_id & MM_ID_MASK
+}
+
+/// `folio_set_large_mapcount`: a new folio's first `mapcount` mappings,
+/// all `mm_id`'s.
+fn folio_set_large_mapcount(mem: &PhysMem, folio: Folio, mapcount: i32, mm_id: u64) {
+    let mut g = folio_lock_large_mapcount(folio.counters(mem));
+    g.sanity_checks(mapcount, slot_id(mm_id));
+    debug_assert!(g.mm_id(0) == MM_ID_DUMMY && g.mm_id(1) == MM_ID_DUMMY);
+    g.large = mapcount - 1;
+    g.mapcount[0] = mapcount - 1;
+    g.set_mm_id(0, slot_id(mm_id));
+}
+
+/// `folio_add_return_large_mapcount`: `diff` more mappings by `mm_id`;
+/// returns the large mapcount after (-1 based).
+fn folio_add_large_mapcount(mem: &PhysMem, folio: Folio, diff: i32, mm_id: u64) -> i32 {
+    let id = slot_id(mm_id);
+    let mut g = folio_lock_large_mapcount(folio.counters(mem));
+    g.sanity_checks(diff, id);
+    g.large += diff;
+    let new = g.large;
+    if let Some(i) = g.slot_of(id) {
+        g.mapcount[i] += diff;
+    } else if let Some(i) = g.slot_of(MM_ID_DUMMY) {
+        g.set_mm_id(i, id);
+        g.mapcount[i] = diff - 1;
+        // Slot 0 free but mappings already: they are an mm's without a
+        // slot. Slot 1 taken: slot 0's mm maps it too.
+        if i == 1 || new != diff - 1 {
+            g.set_shared(true);
+        }
+    }
+    // No slot free: the mappings are counted in the total alone, and the
+    // bit is already set (two other mms hold the slots).
+    new
+}
+
+/// `folio_sub_return_large_mapcount`: `diff` fewer mappings by `mm_id`;
+/// returns the large mapcount after (-1 based).
+fn folio_sub_large_mapcount(mem: &PhysMem, folio: Folio, diff: i32, mm_id: u64) -> i32 {
+    let id = slot_id(mm_id);
+    let mut g = folio_lock_large_mapcount(folio.counters(mem));
+    g.sanity_checks(diff, id);
+    g.large -= diff;
+    let new = g.large;
+    if let Some(i) = g.slot_of(id) {
+        g.mapcount[i] -= diff;
+        if g.mapcount[i] >= 0 {
+            return new;
+        }
+        // Some mappings were counted before the mm had the slot: free it.
+        g.mapcount[i] = -1;
+        g.set_mm_id(i, MM_ID_DUMMY);
+    }
+    // One slot holds every mapping (or none is left): exclusive.
+    if g.mapcount.contains(&new) {
+        g.set_shared(false);
+    }
+    new
+}
+
+/// Run `f` with the folio's "maybe mapped shared" bit and its mapcount
+/// as they stand under `folio_lock_large_mapcount`, which no rmap change
+/// can pass (the stable recheck of `__wp_can_reuse_large_anon_folio`).
+pub fn with_large_mapcount_locked<R>(
+    mem: &PhysMem,
+    folio: Folio,
+    f: impl FnOnce(bool, i32) -> R,
+) -> R {
+    let g = folio_lock_large_mapcount(folio.counters(mem));
+    f(g.ids & FOLIO_MM_IDS_SHARED_BIT != 0, g.large + 1)
+}
+
+/// `folio_maybe_mapped_shared`: might another address space map some page
+/// of the folio? For a small folio, whether it is mapped twice; for a large
+/// one, the MM-owner slots' bit, unless it is mapped once at most.
+pub fn folio_maybe_mapped_shared(mem: &PhysMem, folio: Folio) -> bool {
+    let mapcount = folio.mapcount(mem);
+    if !folio.is_large(mem) {
+        return mapcount > 1;
+    }
+    mapcount > 1 && folio.counters(mem).maybe_mapped_shared_bit()
+}
+
 /// `folio_add_new_anon_rmap`: map a folio just allocated by a fault, all of
 /// it: by one PMD if it is PMD-sized (`folio_test_pmd_mappable`), else by
 /// one PTE per page.
@@ -277,7 +474,7 @@ pub fn folio_add_new_anon_rmap(
     } else if pmd {
         let head = folio.counters(mem);
         head.entire_mapcount.store(0, Ordering::Relaxed);
-        head.large_mapcount.store(0, Ordering::Relaxed);
+        folio_set_large_mapcount(mem, folio, 1, vma.mm_id);
         head.nr_pages_mapped
             .store(ENTIRELY_MAPPED, Ordering::Relaxed);
         mem.mod_node_state(NodeStat::NR_ANON_THPS, nr as i64);
@@ -287,8 +484,8 @@ pub fn folio_add_new_anon_rmap(
                 .mapcount
                 .store(0, Ordering::Relaxed);
         }
+        folio_set_large_mapcount(mem, folio, nr, vma.mm_id);
         let head = folio.counters(mem);
-        head.large_mapcount.store(nr - 1, Ordering::Relaxed);
         head.nr_pages_mapped.store(nr as i64, Ordering::Relaxed);
     }
     if exclusive {
@@ -305,8 +502,15 @@ pub fn folio_add_new_anon_rmap(
 }
 
 /// `folio_add_anon_rmap_ptes`: `nr` more PTE mappings of pages
-/// `page..page+nr` of an anon folio that is already anon.
-pub fn folio_add_anon_rmap_ptes(mem: &PhysMem, folio: Folio, page: Pfn, nr: u64, flags: RmapFlags) {
+/// `page..page+nr` of an anon folio that is already anon, in mm `mm_id`.
+pub fn folio_add_anon_rmap_ptes(
+    mem: &PhysMem,
+    folio: Folio,
+    page: Pfn,
+    nr: u64,
+    mm_id: u64,
+    flags: RmapFlags,
+) {
     let exclusive = flags.contains(RmapFlags::EXCLUSIVE);
     debug_assert!(
         page >= folio.pfn() && page + nr <= folio.pfn() + folio.nr_pages(mem),
@@ -322,8 +526,8 @@ pub fn folio_add_anon_rmap_ptes(mem: &PhysMem, folio: Folio, page: Pfn, nr: u64,
         }
     }
     if folio.is_large(mem) {
+        folio_add_large_mapcount(mem, folio, nr as i32, mm_id);
         let head = folio.counters(mem);
-        head.large_mapcount.fetch_add(nr as i32, Ordering::Relaxed);
         let before = head.nr_pages_mapped.fetch_add(first, Ordering::Relaxed);
         if before >= ENTIRELY_MAPPED {
             first = 0; // already counted as mapped through the PMD
@@ -337,8 +541,9 @@ pub fn folio_add_anon_rmap_ptes(mem: &PhysMem, folio: Folio, page: Pfn, nr: u64,
 /// loop raises `_mapcount`, the folio-wide counter moves once. The kernel's
 /// version refuses (EBUSY) when the folio may be pinned for DMA and the
 /// pages must be copied instead; the model has no GUP pins, so the dup
-/// always succeeds. Called under the parent's PTE lock.
-pub fn folio_dup_anon_rmap_ptes(mem: &PhysMem, folio: Folio, page: Pfn, nr: u64) {
+/// always succeeds. `dst_mm_id` is the child's. Called under the parent's
+/// PTE lock.
+pub fn folio_dup_anon_rmap_ptes(mem: &PhysMem, folio: Folio, page: Pfn, nr: u64, dst_mm_id: u64) {
     debug_assert!(
         page >= folio.pfn() && page + nr <= folio.pfn() + folio.nr_pages(mem),
         "rmap batch leaves its folio"
@@ -353,10 +558,7 @@ pub fn folio_dup_anon_rmap_ptes(mem: &PhysMem, folio: Folio, page: Pfn, nr: u64)
         debug_assert!(old >= 0, "page {p:#x}: dup of an unmapped page");
     }
     if folio.is_large(mem) {
-        folio
-            .counters(mem)
-            .large_mapcount
-            .fetch_add(nr as i32, Ordering::Relaxed);
+        folio_add_large_mapcount(mem, folio, nr as i32, dst_mm_id);
     }
 }
 
@@ -374,17 +576,25 @@ pub fn folio_try_share_anon_rmap(mem: &PhysMem, page: Pfn) -> bool {
 }
 
 /// `folio_try_dup_anon_rmap_pmd` (fork of a PMD-mapped THP): the head's
-/// PageAnonExclusive, the PMD mapping's, goes.
-pub fn folio_dup_anon_rmap_pmd(mem: &PhysMem, folio: Folio) {
+/// PageAnonExclusive, the PMD mapping's, goes. `dst_mm_id` is the child's.
+pub fn folio_dup_anon_rmap_pmd(mem: &PhysMem, folio: Folio, dst_mm_id: u64) {
     clear_page_anon_exclusive(mem, folio.pfn());
     let head = folio.counters(mem);
     let old = head.entire_mapcount.fetch_add(1, Ordering::Relaxed);
     debug_assert!(old >= 0, "folio {:#x}: dup of an unmapped PMD", folio.pfn());
-    head.large_mapcount.fetch_add(1, Ordering::Relaxed);
+    folio_add_large_mapcount(mem, folio, 1, dst_mm_id);
 }
 
-/// `folio_remove_rmap_ptes`: `nr` PTE mappings of `page..page+nr` are gone.
-pub fn folio_remove_rmap_ptes(mem: &PhysMem, folio: Folio, page: Pfn, nr: u64, cpu: usize) {
+/// `folio_remove_rmap_ptes`: `nr` PTE mappings of `page..page+nr` in mm
+/// `mm_id` are gone.
+pub fn folio_remove_rmap_ptes(
+    mem: &PhysMem,
+    folio: Folio,
+    page: Pfn,
+    nr: u64,
+    mm_id: u64,
+    cpu: usize,
+) {
     debug_assert!(
         page >= folio.pfn() && page + nr <= folio.pfn() + folio.nr_pages(mem),
         "rmap batch leaves its folio"
@@ -399,8 +609,8 @@ pub fn folio_remove_rmap_ptes(mem: &PhysMem, folio: Folio, page: Pfn, nr: u64, c
     }
     let mut unmapped = last;
     if folio.is_large(mem) {
+        let lm = folio_sub_large_mapcount(mem, folio, nr as i32, mm_id);
         let head = folio.counters(mem);
-        let lm = head.large_mapcount.fetch_sub(nr as i32, Ordering::Relaxed) - nr as i32;
         let mapped = head.nr_pages_mapped.fetch_sub(last, Ordering::Relaxed) - last;
         if mapped >= ENTIRELY_MAPPED {
             unmapped = 0;
@@ -420,10 +630,10 @@ pub fn folio_remove_rmap_ptes(mem: &PhysMem, folio: Folio, page: Pfn, nr: u64, c
 /// `folio_add_anon_rmap_pmd`. A PMD mapping's PageAnonExclusive lives on
 /// the head page alone, as the kernel keeps it; splitting the PMD hands it
 /// to every page ([`folio_split_pmd_mapping`]).
-pub fn folio_add_anon_rmap_pmd(mem: &PhysMem, folio: Folio, flags: RmapFlags) {
+pub fn folio_add_anon_rmap_pmd(mem: &PhysMem, folio: Folio, mm_id: u64, flags: RmapFlags) {
     let exclusive = flags.contains(RmapFlags::EXCLUSIVE);
+    folio_add_large_mapcount(mem, folio, 1, mm_id);
     let head = folio.counters(mem);
-    head.large_mapcount.fetch_add(1, Ordering::Relaxed);
     let nr = folio.nr_pages(mem) as i64;
     if head.entire_mapcount.fetch_add(1, Ordering::Relaxed) == -1 {
         let before = head
@@ -437,10 +647,10 @@ pub fn folio_add_anon_rmap_pmd(mem: &PhysMem, folio: Folio, flags: RmapFlags) {
     }
 }
 
-/// `folio_remove_rmap_pmd`.
-pub fn folio_remove_rmap_pmd(mem: &PhysMem, folio: Folio, cpu: usize) {
+/// `folio_remove_rmap_pmd`: mm `mm_id`'s PMD mapping is gone.
+pub fn folio_remove_rmap_pmd(mem: &PhysMem, folio: Folio, mm_id: u64, cpu: usize) {
+    folio_sub_large_mapcount(mem, folio, 1, mm_id);
     let head = folio.counters(mem);
-    head.large_mapcount.fetch_sub(1, Ordering::Relaxed);
     let nr = folio.nr_pages(mem) as i64;
     if head.entire_mapcount.fetch_sub(1, Ordering::Relaxed) == 0 {
         let after = head
@@ -476,8 +686,8 @@ fn deferred_split_folio(mem: &PhysMem, folio: Folio, cpu: usize) {
 }
 
 /// `__split_huge_pmd_locked`'s rmap part: the PMD mapping becomes 512 PTE
-/// mappings. Called with the PMD lock held.
-pub fn folio_split_pmd_mapping(mem: &PhysMem, folio: Folio, cpu: usize) {
+/// mappings, all mm `mm_id`'s. Called with the PMD lock held.
+pub fn folio_split_pmd_mapping(mem: &PhysMem, folio: Folio, mm_id: u64, cpu: usize) {
     // The PMD mapping's PageAnonExclusive (the head's) goes to every page,
     // as __split_huge_pmd_locked maps the PTEs with RMAP_EXCLUSIVE.
     let flags = if crate::phys::folio::page_anon_exclusive(mem, folio.pfn()) {
@@ -485,8 +695,8 @@ pub fn folio_split_pmd_mapping(mem: &PhysMem, folio: Folio, cpu: usize) {
     } else {
         RmapFlags::NONE
     };
-    folio_add_anon_rmap_ptes(mem, folio, folio.pfn(), folio.nr_pages(mem), flags);
-    folio_remove_rmap_pmd(mem, folio, cpu);
+    folio_add_anon_rmap_ptes(mem, folio, folio.pfn(), folio.nr_pages(mem), mm_id, flags);
+    folio_remove_rmap_pmd(mem, folio, mm_id, cpu);
 }
 
 /// `folio_move_anon_rmap`: a folio this VMA alone maps now belongs to the

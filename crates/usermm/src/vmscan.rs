@@ -117,7 +117,7 @@ pub fn shrink_lazyfree_ptes(
     }
     tlb.remove_tlb_entries(addr, nr as u64);
     tlb.mm.add_rss(MmCounter::AnonPages, -(nr as i64));
-    rmap::folio_remove_rmap_ptes(mem, folio, page, nr as u64, oncpu.id());
+    rmap::folio_remove_rmap_ptes(mem, folio, page, nr as u64, tlb.mm.id, oncpu.id());
     oncpu
         .vmstat()
         .count(oncpu.id(), Event::PGLAZYFREED, nr as u64);
@@ -773,7 +773,7 @@ fn unmap_lazyfree_pte(
         return false;
     }
     mm.add_rss(MmCounter::AnonPages, -1);
-    rmap::folio_remove_rmap_ptes(mem, folio, folio.pfn() + i, 1, oncpu.id());
+    rmap::folio_remove_rmap_ptes(mem, folio, folio.pfn() + i, 1, mm.id, oncpu.id());
     folio.put(mem, oncpu.id());
     true
 }

@@ -628,6 +628,64 @@ fn nr_pages_mapped_matches_the_tables() {
     c.exit_mm().unwrap();
 }
 
+/// A large folio's MM-owner slots (v6.15): fork gives the child the
+/// second slot and marks the folio maybe shared; the child's exit frees
+/// its slot and the parent's slot holds every mapping again, so the
+/// parent's write reuses the folio in place (no copy, the same frame).
+/// The checker compares the slots with the page tables and catches a
+/// folio two processes map that is not marked shared, and a slot that
+/// counts more mappings than its mm has.
+#[test]
+fn mm_owner_slots_follow_fork_and_exit() {
+    use std::sync::atomic::Ordering;
+    use usermm::phys::folio::FOLIO_MM_IDS_SHARED_BIT;
+    use usermm::rmap::folio_maybe_mapped_shared;
+    let m = machine();
+    m.thp.only_order(4);
+    let c = m.bind(0).unwrap();
+    let parent = c.new_mm().unwrap();
+    let a = c
+        .mmap(0x6000_0000_0000, 64 << 10, RW, ANON | MAP_FIXED)
+        .unwrap();
+    c.touch_pages(a, a + (64 << 10), 1).unwrap();
+    let frame = |mm: &usermm::mm::Mm, addr| {
+        usermm::pgtable::walk::hw_walk(&m.mem, mm.pgd.cr3(), addr, false)
+            .unwrap()
+            .pfn
+    };
+    let folio = m.mem.page_folio(frame(&parent, a));
+    assert_eq!(folio.nr_pages(&m.mem), 16);
+    assert!(!folio_maybe_mapped_shared(&m.mem, folio));
+    let child = c.fork().unwrap();
+    assert!(folio_maybe_mapped_shared(&m.mem, folio));
+    let c1 = folio.counters(&m.mem);
+    assert_eq!(c1.mm_id_slot(0), (parent.id, 15));
+    assert_eq!(c1.mm_id_slot(1), (child.id, 15));
+    check_invariants(&m).unwrap();
+    // Broken: the folio two processes map, said to be exclusive.
+    c1.mm_ids
+        .fetch_and(!FOLIO_MM_IDS_SHARED_BIT, Ordering::Relaxed);
+    let err = check_invariants(&m).unwrap_err();
+    assert!(err.contains("not marked maybe mapped shared"), "{err}");
+    c1.mm_ids
+        .fetch_or(FOLIO_MM_IDS_SHARED_BIT, Ordering::Relaxed);
+    // Broken: a slot that counts a mapping its mm does not have.
+    let counts = c1.mm_id_mapcount.load(Ordering::Relaxed);
+    c1.mm_id_mapcount.store(counts + 1, Ordering::Relaxed);
+    let err = check_invariants(&m).unwrap_err();
+    assert!(err.contains("MM-owner slot 0"), "{err}");
+    c1.mm_id_mapcount.store(counts, Ordering::Relaxed);
+    c.switch_mm(&child);
+    c.exit_mm().unwrap();
+    c.switch_mm(&parent);
+    assert!(!folio_maybe_mapped_shared(&m.mem, folio));
+    assert_eq!(c1.mm_id_slot(1), (0, -1));
+    c.store_u64(a + 4096, 7).unwrap();
+    assert_eq!(frame(&parent, a + 4096), folio.pfn() + 1, "reused in place");
+    check_invariants(&m).unwrap();
+    c.exit_mm().unwrap();
+}
+
 /// A page that fork shares is not PageAnonExclusive; the checker catches
 /// one that says it is while two processes map it.
 #[test]

@@ -62,7 +62,7 @@ fn unmap_for_migration(c: &OnCpu, mm: &Arc<Mm>, addr: u64) -> Folio {
         e = e.mkdirty();
     }
     pt.set(idx, e.to_pte());
-    usermm::rmap::folio_remove_rmap_ptes(mem, folio, old.pfn(), 1, c.id());
+    usermm::rmap::folio_remove_rmap_ptes(mem, folio, old.pfn(), 1, mm.id, c.id());
     drop(pt);
     folio.put(mem, c.id()); // the mapping's reference
     folio

@@ -40,6 +40,8 @@ struct Expect {
     migrating: HashSet<Pfn>,
     /// References the CPUs' LRU batches hold, per folio.
     batched: HashMap<Pfn, i64>,
+    /// Mappings per (folio head, mm id), for the MM-owner slots.
+    mm_maps: HashMap<(Pfn, u64), i64>,
 }
 
 /// A leaf translation in the page tables: (pfn, writable) by 4 KiB address.
@@ -67,6 +69,10 @@ pub fn check_invariants(m: &Machine) -> Result<(), String> {
     // pages of anon folios mapped at least once, and the pages of anon
     // folios a PMD maps.
     let (mut anon_mapped, mut anon_thps) = (0i64, 0i64);
+    let mut mms_of: HashMap<Pfn, usize> = HashMap::new();
+    for (head, _) in ex.mm_maps.keys() {
+        *mms_of.entry(*head).or_default() += 1;
+    }
     for &head in &heads {
         let f = Folio(head);
         let refs =
@@ -119,6 +125,8 @@ pub fn check_invariants(m: &Machine) -> Result<(), String> {
                     "folio {head:#x}: large_mapcount {lm}, mappings {total}"
                 ));
             }
+            let mms = mms_of.get(&head).copied().unwrap_or(0);
+            check_mm_owner_slots(mem, f, &ex.mm_maps, mms, total)?;
             let em = f.entire_mapcount(mem) as i64;
             if em != entire {
                 return Err(format!(
@@ -509,6 +517,7 @@ impl MmWalkOps for CheckWalk<'_> {
         }
         *self.ex.refs.entry(head).or_default() += 1;
         *self.ex.entire.entry(head).or_default() += 1;
+        *self.ex.mm_maps.entry((head, mm.id)).or_default() += 1;
         for i in 0..512 {
             self.ex.mapped.insert(head + i);
             self.leaves
@@ -636,10 +645,47 @@ impl CheckWalk<'_> {
         check_rmap(m, mm, self.tree, p, addr)?;
         *self.ex.refs.entry(f.pfn()).or_default() += 1;
         *self.ex.page_maps.entry(p).or_default() += 1;
+        *self.ex.mm_maps.entry((f.pfn(), mm.id)).or_default() += 1;
         self.ex.mapped.insert(p);
         self.anon += 1;
         Ok(())
     }
+}
+
+/// The MM-owner slots of a large folio against the page tables: a slot
+/// in use counts no more mappings than its mm has (fewer when some were
+/// made while no slot was free), a free one counts none, and a folio that
+/// two address spaces map is marked "maybe mapped shared".
+fn check_mm_owner_slots(
+    mem: &crate::phys::PhysMem,
+    f: Folio,
+    mm_maps: &HashMap<(Pfn, u64), i64>,
+    mms: usize,
+    total: i64,
+) -> Result<(), String> {
+    let c = f.counters(mem);
+    let head = f.pfn();
+    for i in 0..2 {
+        let (id, count) = c.mm_id_slot(i);
+        let has = mm_maps.get(&(head, id)).copied().unwrap_or(0);
+        let bad = if id == crate::phys::folio::MM_ID_DUMMY {
+            count != -1
+        } else {
+            count < 0 || count as i64 + 1 > has
+        };
+        if bad {
+            return Err(format!(
+                "folio {head:#x}: MM-owner slot {i} holds mm {id} with mapcount {}, the page tables map it {has} times in that mm",
+                count + 1
+            ));
+        }
+    }
+    if mms > 1 && !c.maybe_mapped_shared_bit() {
+        return Err(format!(
+            "folio {head:#x}: {mms} address spaces map it ({total} mappings), but it is not marked maybe mapped shared"
+        ));
+    }
+    Ok(())
 }
 
 /// A TLB entry a CPU will use without a flush, behind its mm's

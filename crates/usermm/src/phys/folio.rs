@@ -12,12 +12,65 @@ use super::{AllocFlags, Pfn, PhysMem};
 use crate::sync::{AtomicI32, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use crate::vmstat::MthpStat;
 
-/// `folio->_large_mapcount` (-1 based), `_entire_mapcount` (-1 based) and
-/// `_nr_pages_mapped`.
+/// `folio->_large_mapcount` (-1 based), `_entire_mapcount` (-1 based),
+/// `_nr_pages_mapped`, and the MM-owner slots of v6.15 (`CONFIG_MM_ID`):
+/// `_mm_ids` (two 31-bit mm ids, the bit lock of the large mapcount, the
+/// "maybe mapped shared" bit) and `_mm_id_mapcount[2]` (-1 based, slot 0
+/// in the low half). See [`crate::rmap`] for how they move.
 pub struct FolioCounters<'a> {
     pub large_mapcount: &'a AtomicI32,
     pub entire_mapcount: &'a AtomicI32,
     pub nr_pages_mapped: &'a AtomicI64,
+    pub mm_ids: &'a AtomicU64,
+    pub mm_id_mapcount: &'a AtomicU64,
+}
+
+/// `MM_ID_BITS`: an mm id fills 31 bits of its half of `_mm_ids`; the top
+/// bit of each half holds a flag.
+pub const MM_ID_BITS: u32 = 31;
+pub const MM_ID_MASK: u64 = (1 << MM_ID_BITS) - 1;
+/// `MM_ID_DUMMY`: a free slot.
+pub const MM_ID_DUMMY: u64 = 0;
+/// `FOLIO_MM_IDS_LOCK_BIT`: the bit spinlock over the large mapcount and
+/// the slots (top bit of slot 0's id).
+pub const FOLIO_MM_IDS_LOCK_BIT: u64 = 1 << MM_ID_BITS;
+/// `FOLIO_MM_IDS_SHARED_BIT`: "maybe mapped shared" (top bit of slot 1's).
+pub const FOLIO_MM_IDS_SHARED_BIT: u64 = 1 << (2 * MM_ID_BITS + 1);
+
+/// Two -1-based slot mapcounts in one word, slot 0 in the low half.
+#[inline]
+pub fn pack_mm_id_mapcounts(m: [i32; 2]) -> u64 {
+    (m[0] as u32 as u64) | ((m[1] as u32 as u64) << 32)
+}
+
+#[inline]
+pub fn unpack_mm_id_mapcounts(w: u64) -> [i32; 2] {
+    [w as u32 as i32, (w >> 32) as u32 as i32]
+}
+
+impl FolioCounters<'_> {
+    /// `prep_compound_head`'s part for `CONFIG_MM_ID`: both slots free,
+    /// their mapcounts -1, mapped exclusively.
+    pub fn init_mm_ids(&self) {
+        self.mm_ids.store(0, Ordering::Relaxed);
+        self.mm_id_mapcount
+            .store(pack_mm_id_mapcounts([-1, -1]), Ordering::Relaxed);
+    }
+
+    /// The id slot `i` holds ([`MM_ID_DUMMY`] if free), and its mapcount
+    /// (-1 based), as read without the lock (for the checker and `inspect`).
+    pub fn mm_id_slot(&self, i: usize) -> (u64, i32) {
+        let ids = self.mm_ids.load(Ordering::Relaxed);
+        let id = (ids >> (32 * i)) & MM_ID_MASK;
+        let counts = unpack_mm_id_mapcounts(self.mm_id_mapcount.load(Ordering::Relaxed));
+        (id, counts[i])
+    }
+
+    /// `folio_test_large_maybe_mapped_shared`.
+    #[inline]
+    pub fn maybe_mapped_shared_bit(&self) -> bool {
+        self.mm_ids.load(Ordering::Relaxed) & FOLIO_MM_IDS_SHARED_BIT != 0
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -192,12 +245,21 @@ impl Folio {
         // size, alignment and bit validity; while the folio is allocated these
         // page[1] fields (free-list links, buddy order) are not used otherwise,
         // and every access to them goes through these typed views.
-        unsafe {
-            FolioCounters {
-                large_mapcount: &*(&p1.lru_next as *const AtomicU32 as *const AtomicI32),
-                entire_mapcount: &*(&p1.lru_prev as *const AtomicU32 as *const AtomicI32),
-                nr_pages_mapped: &*(&p1.private as *const AtomicU64 as *const AtomicI64),
-            }
+        let (large_mapcount, entire_mapcount, nr_pages_mapped) = unsafe {
+            (
+                &*(&p1.lru_next as *const AtomicU32 as *const AtomicI32),
+                &*(&p1.lru_prev as *const AtomicU32 as *const AtomicI32),
+                &*(&p1.private as *const AtomicU64 as *const AtomicI64),
+            )
+        };
+        // A tail page has no mapping or index of its own: page[1]'s hold
+        // the MM-owner slots, as the kernel's folio keeps them in page[1].
+        FolioCounters {
+            large_mapcount,
+            entire_mapcount,
+            nr_pages_mapped,
+            mm_ids: &p1.mapping,
+            mm_id_mapcount: &p1.index,
         }
     }
 

@@ -764,6 +764,7 @@ impl PhysMem {
             c.large_mapcount.store(-1, Ordering::Relaxed);
             c.entire_mapcount.store(-1, Ordering::Relaxed);
             c.nr_pages_mapped.store(0, Ordering::Relaxed);
+            c.init_mm_ids();
         }
         if flags.zero {
             for i in 0..(1u64 << order) {
