@@ -473,6 +473,11 @@ pub fn split_huge_pmd(oncpu: &OnCpu, mm: &Arc<Mm>, slot: PmdSlot, addr: u64) {
         return;
     }
     let folio = Folio(old.pfn());
+    // A dirty PMD makes the folio dirty (folio_set_dirty), as its PTEs
+    // are: the folio's flag is what MADV_FREE and reclaim read.
+    if old.dirty() {
+        folio.head(mem).set(pg::DIRTY);
+    }
     // A NUMA hinting PMD's restriction is not handed on: its PTEs take the
     // VMA's protection (read-only: the hint took the write bit).
     let hint_prot = old.protnone().then(|| {

@@ -298,15 +298,25 @@ fn madvise_free_pte_range(
             young |= b.any_young;
             dirty |= b.any_dirty;
         }
+        // A dirty folio (PG_dirty: migration and reclaim set it from a
+        // dirty PTE) is made clean only if this process alone maps it: a
+        // large folio here is mapped whole, so exclusive if its mapcount
+        // is its size. Otherwise it is left as it is, PTEs and all.
+        if folio.head(mem).test(pg::DIRTY) {
+            if folio.mapcount(mem) != folio.nr_pages(mem) as i32 {
+                a += nr as u64 * PAGE_SIZE;
+                continue;
+            }
+            // folio_clear_dirty: the data need not be written anywhere now.
+            folio.head(mem).clear(pg::DIRTY);
+        }
         if young || dirty {
             // clear_young_dirty_ptes; the bits are cleared atomically, so a
             // walker setting them meanwhile is not lost either way.
             pt.clear_young_dirty_ptes(idx, nr);
             tlb.remove_tlb_entries(a, nr as u64);
         }
-        // folio_clear_dirty: the data need not be written anywhere now.
-        folio.head(oncpu.mem()).clear(crate::phys::pg::DIRTY);
-        crate::swap::folio_mark_lazyfree(oncpu.mem(), folio, oncpu.id());
+        crate::swap::folio_mark_lazyfree(mem, folio, oncpu.id());
         a += nr as u64 * PAGE_SIZE;
     }
 }
@@ -406,22 +416,18 @@ fn madvise_pageout_pte_range(
                     continue;
                 }
             }
-            // Another mapping of this folio is another process's: a
-            // large folio here is mapped whole by this table, so it is
-            // exclusive if its mapcount is its size.
-            if folio.mapcount(mem) != folio.nr_pages(mem) as i32 {
+            // A folio off the LRU lists (isolated by someone else), or
+            // with another mapping, which is another process's: a large
+            // folio here is mapped whole by this table, so it is exclusive
+            // if its mapcount is its size.
+            if !folio.head(mem).test(pg::LRU) || folio.mapcount(mem) != folio.nr_pages(mem) as i32 {
                 a += nr as u64 * PAGE_SIZE;
                 continue;
             }
-            // Made old (`ptep_test_and_clear_young` / `clear_young_dirty_ptes`
-            // with CYD_CLEAR_YOUNG), so that reclaim does not see it as
-            // recently used.
-            if (idx..idx + nr).any(|i| pt.pte(i).young()) {
-                for i in idx..idx + nr {
-                    pt.clear_bits(i, pgtable::entry::_PAGE_ACCESSED);
-                }
-                tlb.remove_tlb_entries(a, nr as u64);
-            }
+            // The young bits stay: reclaim ignores references for pageout
+            // ("mm: madvise: pageout: ignore references rather than
+            // clearing young", v6.9), where MADV_COLD clears them and
+            // flushes; so does the model's discard, which reads none.
             if folio.is_large(mem) && folio.head(mem).test(pg::SWAPBACKED) {
                 // shrink_folio_list: with no swap, `add_to_swap` fails for a
                 // large swap-backed folio, and reclaim splits it
