@@ -5,6 +5,7 @@ mod out;
 mod bench;
 mod host_chain;
 mod host_pt_reclaim;
+mod knob_guard;
 mod machine_args;
 mod native;
 mod plot;
@@ -60,6 +61,10 @@ enum Cmd {
         mode: host_pt_reclaim::Mode,
         iterations: usize,
     },
+    /// Put the host settings a run changed back once it has ended, however
+    /// it ended (each run that changes them starts one; see knob_guard).
+    #[command(hide = true)]
+    RestoreHostSettings,
 }
 
 #[derive(clap::Args)]
@@ -214,5 +219,6 @@ fn run_command(cmd: Cmd) -> anyhow::Result<i32> {
         Cmd::Stress(a) => stress::run(a),
         Cmd::HostForkChain { depth, vmas } => host_chain::main(depth, vmas),
         Cmd::HostPtReclaim { mode, iterations } => host_pt_reclaim::main(mode, iterations),
+        Cmd::RestoreHostSettings => knob_guard::main(),
     }
 }

@@ -32,12 +32,13 @@ impl HostKnobs {
             ));
         }
         let k = HostKnobs { saved };
-        for f in &files {
+        for (f, old) in &k.saved {
             let want = if f.ends_with(&format!("hugepages-{folio_kb}kB/enabled")) {
                 "always"
             } else {
                 "never"
             };
+            crate::knob_guard::changing(f, old);
             std::fs::write(f, want).map_err(|e| format!("cannot set {f}: {e}"))?;
         }
         Ok(k)
@@ -69,7 +70,9 @@ impl KnobsBySize {
 impl Drop for HostKnobs {
     fn drop(&mut self) {
         for (f, v) in &self.saved {
-            let _ = std::fs::write(f, v);
+            if std::fs::write(f, v).is_ok() {
+                crate::knob_guard::restored(f);
+            }
         }
     }
 }

@@ -142,3 +142,48 @@ fn a_killed_native_run_leaves_nothing_behind() {
     assert!(next.wait().unwrap().success());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A native run killed in the middle puts back the THP knobs it changed:
+/// its guardian does, once the run is gone (skipped where this process
+/// cannot write the knobs).
+#[test]
+fn a_killed_native_run_puts_the_host_knobs_back() {
+    let knob = "/sys/kernel/mm/transparent_hugepage/hugepages-64kB/enabled";
+    let Ok(before) = std::fs::read_to_string(knob) else {
+        return;
+    };
+    if std::fs::OpenOptions::new().write(true).open(knob).is_err() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("usermm-native-knobs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let long = dir.join("long.scn");
+    std::fs::write(
+        &long,
+        "knob only 64K\nmap A 4K rw at=0x600000000000\n\
+         map B 2G rw flags=private,anonymous,populate\n",
+    )
+    .unwrap();
+    let mut run = Command::new(env!("CARGO_BIN_EXE_usermm"))
+        .args(["run", "--native"])
+        .arg(&long)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let set = wait_until(Duration::from_secs(20), || {
+        std::fs::read_to_string(knob).is_ok_and(|s| s.contains("[always]"))
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    run.kill().unwrap();
+    run.wait().unwrap();
+    assert!(set, "the run did not set {knob}");
+    assert!(
+        wait_until(Duration::from_secs(3), || {
+            std::fs::read_to_string(knob).is_ok_and(|s| s == before)
+        }),
+        "{knob} was left at {:?}, not put back to {before:?}",
+        std::fs::read_to_string(knob)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

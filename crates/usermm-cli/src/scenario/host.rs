@@ -10,8 +10,10 @@
 //! server's /proc/self/status and smaps_rollup.
 //!
 //! THP knobs are set only when this process can write them (root), are
-//! restored when the run ends, and a lock file serialises runs that might
-//! change them; when they cannot be set the scenario is reported skipped.
+//! restored when the run ends (by a guardian process when the run is
+//! killed: see [`crate::knob_guard`]), and a lock file serialises runs
+//! that might change them; when they cannot be set the scenario is
+//! reported skipped.
 //!
 //! No server outlives this process, nor keeps what is its own:
 //! * the first server closes its copy of the lock file and points its
@@ -241,8 +243,10 @@ impl HostBackend {
             .and_then(|s| s.split(']').next())
             .ok_or(format!("{path}: unreadable"))?
             .to_string();
+        // Remembered first, so that a run killed just after the write
+        // still has it put back.
+        self.remember(path.clone(), old);
         std::fs::write(&path, mode).map_err(|e| format!("cannot set {path}: {e}"))?;
-        self.remember(path, old);
         Ok(())
     }
 
@@ -250,6 +254,7 @@ impl HostBackend {
     /// settings are restored in reverse order when the run ends.
     fn remember(&mut self, path: String, old: String) {
         if !self.saved_knobs.iter().any(|(p, _)| p == &path) {
+            crate::knob_guard::changing(&path, &old);
             self.saved_knobs.push((path, old));
         }
     }
@@ -465,7 +470,9 @@ impl Drop for HostBackend {
             let _ = self.exit(&n);
         }
         for (p, v) in self.saved_knobs.drain(..).rev() {
-            let _ = std::fs::write(&p, v);
+            if std::fs::write(&p, v).is_ok() {
+                crate::knob_guard::restored(&p);
+            }
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
@@ -611,6 +618,21 @@ fn pin_to_this_cpu() {
     }
 }
 
+/// Drain this CPU's LRU folio batches: `MADV_COLD` starts with
+/// `lru_add_drain`. Folios an earlier run left queued on this CPU (the
+/// lazyfree batch MADV_FREE fills) would otherwise be counted
+/// (`pglazyfree`) in the middle of this run's figures. The advice itself
+/// is given to one page of this server's stack, which it only ages.
+fn drain_lru_batches() {
+    let here = 0u8;
+    let page = (&here as *const u8 as usize) & !4095;
+    // SAFETY: advice on a page of this thread's own stack, mapped while it
+    // runs; MADV_COLD changes no contents.
+    unsafe {
+        libc::madvise(page as *mut libc::c_void, 4096, libc::MADV_COLD);
+    }
+}
+
 /// Touch `kb` KiB of stack, so that later requests use pages already
 /// counted in RssAnon.
 #[inline(never)]
@@ -628,6 +650,7 @@ fn serve(mut r: BufReader<File>, mut w: File) -> ! {
     // SAFETY: setting a signal disposition; the server is single-threaded.
     unsafe { libc::signal(libc::SIGCHLD, libc::SIG_IGN) };
     pin_to_this_cpu();
+    drain_lru_batches();
     // Settle the server's own footprint before the scenario measures it.
     // The heap gets 256K of room, written (so that its page tables exist)
     // and kept (never trimmed), for the requests' small allocations: where
