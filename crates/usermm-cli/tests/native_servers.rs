@@ -187,3 +187,60 @@ fn a_killed_native_run_puts_the_host_knobs_back() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A native run that runs out of file descriptors while it makes the
+/// scenario's processes says so, on the statement that could not be run,
+/// and leaves no process behind.
+#[test]
+fn running_out_of_file_descriptors_is_a_clear_error() {
+    let dir = std::env::temp_dir().join(format!("usermm-native-nofile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let forks = dir.join("forks.scn");
+    let text: String = (0..40).map(|i| format!("fork c{i}\n")).collect();
+    std::fs::write(&forks, format!("map A 4K rw at=0x600000000000\n{text}")).unwrap();
+    // Room for the run's own files and a few processes' FIFOs, not 40.
+    let run = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -n 24 && exec {} run --native {}",
+            env!("CARGO_BIN_EXE_usermm"),
+            forks.display()
+        ))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = run.id();
+    let out = run.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("FAIL") && l.contains("fork c") && !l.contains("unexpected")),
+        "no clear failure of a fork: {text}"
+    );
+    assert!(
+        text.contains("Too many open files") || text.contains("FIFO"),
+        "the failure does not say what ran out: {text}"
+    );
+    // Its servers are forks of it: they run with its command line.
+    let left = || -> Vec<u32> {
+        let mut v = vec![];
+        for e in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+            if p != pid && alive(p) && String::from_utf8_lossy(&cmd).contains("forks.scn") {
+                v.push(p);
+            }
+        }
+        v
+    };
+    assert!(
+        wait_until(Duration::from_secs(3), || left().is_empty()),
+        "processes outlived the run: {:?}",
+        left()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -562,10 +562,39 @@ fn a_pmd_mappings_exclusive_flag_is_the_heads() {
     let err = check_invariants(&m).unwrap_err();
     assert!(err.contains("is PageAnonExclusive"), "{err}");
     m.mem.page(head + 7).clear(pg::ANON_EXCLUSIVE);
+    // The PMD is writable: without the head's flag it would be writable
+    // while maybe shared, which the checker reports too.
+    m.mem.page(head).clear(pg::ANON_EXCLUSIVE);
+    let err = check_invariants(&m).unwrap_err();
+    assert!(err.contains("writable PMD"), "{err}");
+    m.mem.page(head).set(pg::ANON_EXCLUSIVE);
     // Splitting hands the flag to every page: each may be written in place.
     c.mprotect(a, 4096, PROT_READ).unwrap();
     c.store_u64(a + 8192, 6).unwrap();
     assert!((head..head + 512).all(|p| m.mem.page(p).test(pg::ANON_EXCLUSIVE)));
+    check_invariants(&m).unwrap();
+    c.exit_mm().unwrap();
+}
+
+/// VmPTE (`pgtables_bytes`) counts the page tables reachable from the
+/// PGD, which the checker walks; it catches a count off by one table.
+#[test]
+fn vmpte_counts_the_tables_walked() {
+    use std::sync::atomic::Ordering;
+    let m = machine();
+    let c = m.bind(0).unwrap();
+    let mm = c.new_mm().unwrap();
+    let a = c
+        .mmap(0x6000_0000_0000, 4 << 20, RW, ANON | MAP_FIXED)
+        .unwrap();
+    c.touch_pages(a, a + (4 << 20), 1).unwrap();
+    check_invariants(&m).unwrap();
+    // A PUD, a PMD and two PTE tables.
+    assert_eq!(mm.pgtables_bytes.load(Ordering::Relaxed), 4 * 4096);
+    mm.pgtables_bytes.fetch_add(4096, Ordering::Relaxed);
+    let err = check_invariants(&m).unwrap_err();
+    assert!(err.contains("pgtables_bytes"), "{err}");
+    mm.pgtables_bytes.fetch_sub(4096, Ordering::Relaxed);
     check_invariants(&m).unwrap();
     c.exit_mm().unwrap();
 }

@@ -109,10 +109,10 @@ impl Backend for EngineBackend {
     fn load(&mut self, addr: u64) -> Result<u64, Errno> {
         self.on(|c| c.load_u64(addr))
     }
-    fn fork(&mut self, child: &str) -> Result<(), Errno> {
-        let mm = self.on(|c| c.fork())?;
-        self.procs.insert(child.to_string(), mm);
-        Ok(())
+    fn fork(&mut self, child: &str) -> Result<Result<(), Errno>, String> {
+        Ok(self.on(|c| c.fork()).map(|mm| {
+            self.procs.insert(child.to_string(), mm);
+        }))
     }
     fn switch(&mut self, name: &str) -> Result<(), String> {
         if !self.procs.contains_key(name) {

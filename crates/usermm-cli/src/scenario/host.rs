@@ -281,12 +281,28 @@ impl Backend for HostBackend {
     fn load(&mut self, addr: u64) -> Result<u64, Errno> {
         self.call_errno(&format!("load {addr}"))
     }
-    fn fork(&mut self, child: &str) -> Result<(), Errno> {
-        let (i, o) = self.fifos().map_err(|_| Errno::EIO)?;
-        let pid = self.call_errno(&format!("fork {} {}", i.display(), o.display()))?;
-        let s = self.connect(&i, &o, pid as i32).map_err(|_| Errno::EIO)?;
+    /// The host running out of file descriptors (for the new process's
+    /// FIFOs) or of processes (fork's EAGAIN) is no answer of the mm: it
+    /// fails the statement with what ran out, and the half-made process,
+    /// if any, is killed and reaped ([`HostBackend::connect`]).
+    fn fork(&mut self, child: &str) -> Result<Result<(), Errno>, String> {
+        let (i, o) = self.fifos().map_err(|e| {
+            format!("cannot make the FIFOs of process {child:?} on the host: {e:#}")
+        })?;
+        let pid = match self.call_errno(&format!("fork {} {}", i.display(), o.display())) {
+            Ok(pid) => pid,
+            Err(Errno::EAGAIN) => {
+                return Err(format!(
+                    "the host refused to fork process {child:?}: EAGAIN (out of processes)"
+                ))
+            }
+            Err(e) => return Ok(Err(e)),
+        };
+        let s = self
+            .connect(&i, &o, pid as i32)
+            .map_err(|e| format!("{e:#}"))?;
         self.procs.insert(child.to_string(), s);
-        Ok(())
+        Ok(Ok(()))
     }
     fn switch(&mut self, name: &str) -> Result<(), String> {
         if !self.procs.contains_key(name) {

@@ -27,8 +27,11 @@ pub trait Backend {
     fn madvise(&mut self, addr: u64, len: u64, advice: i32) -> Result<(), Errno>;
     fn store(&mut self, addr: u64, v: u64) -> Result<(), Errno>;
     fn load(&mut self, addr: u64) -> Result<u64, Errno>;
-    /// Fork the current process into a new one called `child`.
-    fn fork(&mut self, child: &str) -> Result<(), Errno>;
+    /// Fork the current process into a new one called `child`: the
+    /// fork's own errno inside, or, outside, why no process could be made
+    /// at all (the host out of file descriptors or processes), which fails
+    /// the statement with that message.
+    fn fork(&mut self, child: &str) -> Result<Result<(), Errno>, String>;
     /// Run the next statements in `name`.
     fn switch(&mut self, name: &str) -> Result<(), String>;
     /// The process `name` exits.
@@ -493,7 +496,7 @@ impl Interp<'_> {
         if self.procs.contains_key(child) {
             return Err(format!("process {child:?} exists"));
         }
-        if let Err(e) = self.b.fork(child) {
+        if let Err(e) = self.b.fork(child)? {
             return Ok(Self::errno_res(e));
         }
         let st = self.st().clone();
