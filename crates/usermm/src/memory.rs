@@ -804,7 +804,8 @@ fn do_wp_page(vmf: &mut VmFault<'_>, mut pt: PteLocked<'_>) -> VmFaultResult {
     }
     if let Some(page) = page {
         let f = mem.page_folio(page);
-        let reuse = folio::page_anon_exclusive(mem, page) || wp_can_reuse_anon_folio(oncpu, f);
+        let reuse =
+            folio::page_anon_exclusive(mem, page) || wp_can_reuse_anon_folio(oncpu, f, vmf.vma);
         if reuse {
             // wp_page_reuse: an upgrade, no flush needed.
             folio::set_page_anon_exclusive(mem, page);
@@ -832,8 +833,11 @@ fn do_wp_page(vmf: &mut VmFault<'_>, mut pt: PteLocked<'_>) -> VmFaultResult {
 /// `wp_can_reuse_anon_folio`: a small folio that this mapping alone
 /// holds may be written in place. A folio not yet on the LRU may sit in
 /// this CPU's batch, whose reference is not a user's: drain it first (a
-/// remote CPU's batch still counts, as in the kernel).
-fn wp_can_reuse_anon_folio(oncpu: &OnCpu, f: Folio) -> bool {
+/// remote CPU's batch still counts, as in the kernel). The last check is
+/// made under the folio lock (one that migration or reclaim holds makes
+/// the fault copy), and the folio then moves to this VMA's own anon_vma
+/// (`folio_move_anon_rmap`), so that rmap walks need not look beyond it.
+fn wp_can_reuse_anon_folio(oncpu: &OnCpu, f: Folio, vma: &Vma) -> bool {
     let mem = oncpu.mem();
     if f.is_large(mem) {
         return wp_can_reuse_large_anon_folio(mem, f);
@@ -844,7 +848,15 @@ fn wp_can_reuse_anon_folio(oncpu: &OnCpu, f: Folio) -> bool {
     if !f.head(mem).test(crate::phys::pg::LRU) {
         crate::swap::lru_add_drain(mem, oncpu.id());
     }
-    f.ref_count(mem) == 1 && f.mapcount(mem) == 1
+    if f.ref_count(mem) > 1 || !f.trylock(mem) {
+        return false;
+    }
+    let reuse = f.ref_count(mem) == 1;
+    if reuse {
+        rmap::folio_move_anon_rmap(mem, f, vma);
+    }
+    f.unlock(mem);
+    reuse
 }
 
 /// `__wp_can_reuse_large_anon_folio` (v6.15): a large folio that only

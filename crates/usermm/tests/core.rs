@@ -715,6 +715,43 @@ fn mm_owner_slots_follow_fork_and_exit() {
     c.exit_mm().unwrap();
 }
 
+/// A small folio that a fork shared and that the writer alone maps again
+/// is reused in place and moves to the writer's own anon_vma
+/// (`folio_move_anon_rmap`, as `wp_can_reuse_anon_folio` does), so that
+/// rmap walks find it there without the parent's.
+#[test]
+fn a_reused_folio_moves_to_the_writers_anon_vma() {
+    let m = machine();
+    let c = m.bind(0).unwrap();
+    let parent = c.new_mm().unwrap();
+    let a = c
+        .mmap(0x6000_0000_0000, 4096, RW, ANON | MAP_FIXED)
+        .unwrap();
+    c.store_u64(a, 5).unwrap();
+    let child = c.fork().unwrap();
+    c.exit_mm().unwrap();
+    drop(parent);
+    c.switch_mm(&child);
+    let pfn = usermm::pgtable::walk::hw_walk(&m.mem, child.pgd.cr3(), a, false)
+        .unwrap()
+        .pfn;
+    let folio = m.mem.page_folio(pfn);
+    let guard = usermm::sync::epoch::pin();
+    let vma = child.vma_tree(&guard).vma_lookup(a).unwrap().clone();
+    let own = std::sync::Arc::as_ptr(vma.anon_vma().unwrap());
+    let of_folio = || usermm::rmap::folio_anon_vma(&m.mem, folio).map(|av| av as *const _);
+    assert_ne!(of_folio(), Some(own), "still the parent's");
+    c.store_u64(a, 6).unwrap();
+    let now = usermm::pgtable::walk::hw_walk(&m.mem, child.pgd.cr3(), a, false)
+        .unwrap()
+        .pfn;
+    assert_eq!(now, pfn, "reused in place");
+    assert_eq!(of_folio(), Some(own));
+    drop(guard);
+    check_invariants(&m).unwrap();
+    c.exit_mm().unwrap();
+}
+
 /// A page that fork shares is not PageAnonExclusive; the checker catches
 /// one that says it is while two processes map it.
 #[test]
