@@ -178,16 +178,35 @@ fn bad_machines_are_refused_with_one_line() {
     }
 }
 
+/// A reader that stops early (`| head -c 10`) ends `inspect`, `run` and
+/// `bench` quietly: no panic, no status 101.
 #[test]
 fn a_closed_stdout_ends_quietly() {
     let doc = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../tests/scenarios/doc_example.scn"
     );
+    // A short bench, its results in a folder of its own: its table comes
+    // at the end of the experiment, and the lines after it (the results'
+    // folder, the report) go to a closed pipe.
+    let out = std::env::temp_dir().join(format!("usermm-hostile-bench-{}", std::process::id()));
+    let out = out.to_str().unwrap();
+    let bench = [
+        "bench",
+        "access",
+        "--runs",
+        "1",
+        "--no-host",
+        "--size-mb",
+        "16",
+        "--out",
+        out,
+    ];
     for args in [
         &["inspect", "--json", doc][..],
         &["run", "--json", doc],
         &["run", doc],
+        &bench,
     ] {
         let mut child = usermm()
             .args(args)
@@ -208,6 +227,7 @@ fn a_closed_stdout_ends_quietly() {
         assert_ne!(st.code(), Some(101), "{args:?} panicked: {err}");
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
+    let _ = std::fs::remove_dir_all(out);
 }
 
 #[test]

@@ -168,7 +168,8 @@ pub fn task_numa_work(oncpu: &OnCpu, mm: &Arc<Mm>) {
             let end = (a + (budget << PAGE_SHIFT))
                 .next_multiple_of(huge)
                 .min(vma.end());
-            let updated = change_prot_numa(oncpu, mm, a, end);
+            let cow = crate::memory::is_cow_mapping(vma.flags());
+            let updated = change_prot_numa(oncpu, mm, a, end, cow);
             budget = budget.saturating_sub(updated.max(1));
             virt = virt.saturating_sub((end - a) >> PAGE_SHIFT);
             a = end;
@@ -186,11 +187,12 @@ pub fn task_numa_work(oncpu: &OnCpu, mm: &Arc<Mm>) {
 }
 
 /// What a scan's `change_pte_range` with `MM_CP_PROT_NUMA` decides per
-/// folio: its mode and clock.
+/// folio: its mode and clock, and whether the VMA is a copy-on-write one.
 #[derive(Clone, Copy)]
 struct ProtNuma {
     mode: u8,
     now: u64,
+    cow: bool,
 }
 
 impl ProtNuma {
@@ -217,10 +219,11 @@ impl ProtNuma {
 /// folios worth hinting PROT_NONE; returns how many were changed. Without
 /// normal balancing, those on the top tier are left alone; in tiering mode
 /// each folio below it notes the time (`folio_xchg_access_time`).
-fn change_prot_numa(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) -> u64 {
+fn change_prot_numa(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64, cow: bool) -> u64 {
     let scan = ProtNuma {
         mode: oncpu.m.numa.mode.load(Ordering::Relaxed),
         now: oncpu.m.jiffies_ms(),
+        cow,
     };
     let mut tlb = MmuGather::new(mm);
     let mut updated = 0;
@@ -318,7 +321,15 @@ fn prot_numa_one(oncpu: &OnCpu, pt: &mut PteLocked<'_>, addr: u64, scan: ProtNum
         return ProtNumaPte::Unchanged;
     }
     let folio = mem.page_folio(pte.pfn());
-    if !folio.test_anon(mem) || !scan.hint(oncpu, folio) {
+    if !folio.test_anon(mem) {
+        return ProtNumaPte::Unchanged;
+    }
+    // prot_numa_skip: a copy-on-write page that fork shared is left alone
+    // (the hint fault could not migrate it: another process maps it).
+    if scan.cow && crate::rmap::folio_maybe_mapped_shared(mem, folio) {
+        return ProtNumaPte::Unchanged;
+    }
+    if !scan.hint(oncpu, folio) {
         return ProtNumaPte::Unchanged;
     }
     // An accessed or dirty bit set by a racing walker is kept.

@@ -258,3 +258,38 @@ fn the_checker_catches_a_migration_entry_whose_page_was_freed() {
     set_pte(&mm, a, Pte(0));
     mm.add_rss(MmCounter::AnonPages, -1);
 }
+
+/// The NUMA scan leaves a copy-on-write page that fork shared alone
+/// (`prot_numa_skip`: its hint fault could not migrate it, another
+/// process maps it); a page the parent alone maps again is hinted.
+#[test]
+fn the_numa_scan_skips_pages_fork_shared() {
+    use std::sync::atomic::Ordering::Relaxed;
+    use usermm::numa_balancing::{task_numa_work, NUMA_BALANCING_NORMAL};
+    use usermm::vmstat::Event;
+    let m = machine();
+    let c = m.bind(0).unwrap();
+    let mm = c.new_mm().unwrap();
+    let a = c.mmap(0, 4 * PAGE, RW, ANON).unwrap();
+    c.touch_pages(a, a + 4 * PAGE, 7).unwrap();
+    let child = c.fork().unwrap();
+    c.switch_mm(&child);
+    // The child lets go of the first two pages: they are the parent's alone.
+    c.munmap(a, 2 * PAGE).unwrap();
+    c.switch_mm(&mm);
+    m.numa.scan_delay_ms.store(0, Relaxed);
+    m.numa.mode.store(NUMA_BALANCING_NORMAL, Relaxed);
+    task_numa_work(&c, &mm);
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    task_numa_work(&c, &mm);
+    m.numa.mode.store(0, Relaxed);
+    for p in 0..4 {
+        assert_eq!(pte_at(&mm, a + p * PAGE).protnone(), p < 2, "page {p}");
+    }
+    assert_eq!(m.vmstat().event(Event::NUMA_PTE_UPDATES), 2);
+    assert_eq!(c.load_u8(a).unwrap(), 7);
+    c.switch_mm(&child);
+    c.exit_mm().unwrap();
+    c.switch_mm(&mm);
+    check_invariants(&m).unwrap();
+}
