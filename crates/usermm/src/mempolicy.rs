@@ -14,7 +14,9 @@
 //!
 //! `mbind` with `MPOL_MF_MOVE` (or `_MOVE_ALL`) migrates the pages of the
 //! range that the new policy does not allow where they are; with
-//! `MPOL_MF_STRICT` a page it could not move fails the call with EIO.
+//! `MPOL_MF_STRICT` a page it could not move fails the call with EIO. A
+//! page another process maps too is left where it is under `MPOL_MF_MOVE`,
+//! which is no failure (`migrate_folio_add`), and moved under `_MOVE_ALL`.
 //! The mode flags `MPOL_F_STATIC_NODES` and `MPOL_F_RELATIVE_NODES` are
 //! checked and kept, and change nothing: without cpusets the allowed nodes
 //! never change.
@@ -267,7 +269,7 @@ pub fn kernel_mbind(
     let mut misplaced = Vec::new();
     {
         let mut status = vec![0; pages.len()];
-        crate::migrate::kernel_move_pages(oncpu, &pages, None, &mut status)?;
+        crate::migrate::kernel_move_pages(oncpu, &pages, None, &mut status, false)?;
         for (&addr, &s) in pages.iter().zip(&status) {
             if s >= 0 && !pol.allows(s as usize) {
                 misplaced.push(addr);
@@ -279,8 +281,14 @@ pub fn kernel_mbind(
     }
     let nodes = vec![target; misplaced.len()];
     let mut status = vec![0; misplaced.len()];
-    let left = crate::migrate::kernel_move_pages(oncpu, &misplaced, Some(&nodes), &mut status)?;
-    let stuck = left > 0 || status.iter().any(|&s| s < 0 && s != -Errno::EBUSY.0);
+    let move_all = flags & MPOL_MF_MOVE_ALL != 0;
+    let left =
+        crate::migrate::kernel_move_pages(oncpu, &misplaced, Some(&nodes), &mut status, move_all)?;
+    // A shared page refused under MPOL_MF_MOVE was not to be moved.
+    let stuck = left > 0
+        || status
+            .iter()
+            .any(|&s| s < 0 && s != -Errno::EBUSY.0 && s != -Errno::EACCES.0);
     if stuck && flags & MPOL_MF_STRICT != 0 {
         return Err(Errno::EIO);
     }

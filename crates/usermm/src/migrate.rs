@@ -976,12 +976,15 @@ pub type PageStatus = i32;
 /// of `pages` to its node and return how many could not be moved, each
 /// page's status (its node, or a negative errno) in `status`; without,
 /// only report where each page is. A node that does not exist fails the
-/// whole call (ENODEV), as one without memory does in the kernel.
+/// whole call (ENODEV), as one without memory does in the kernel. A page
+/// another process maps too is refused (EACCES) unless `move_all`
+/// (`MPOL_MF_MOVE_ALL`, which the kernel grants with CAP_SYS_NICE).
 pub fn kernel_move_pages(
     oncpu: &OnCpu,
     pages: &[u64],
     nodes: Option<&[i32]>,
     status: &mut [PageStatus],
+    move_all: bool,
 ) -> KResult<usize> {
     let mm = oncpu.mm()?;
     let mem = oncpu.mem();
@@ -998,7 +1001,7 @@ pub fn kernel_move_pages(
         return Ok(0);
     };
     let _batching_off = crate::swap::lru_cache_disable(mem, oncpu.id());
-    do_pages_move(oncpu, &mm, pages, nodes, status)
+    do_pages_move(oncpu, &mm, pages, nodes, status, move_all)
 }
 
 /// `do_pages_move`: pages bound for one node are queued together, and the
@@ -1013,6 +1016,7 @@ fn do_pages_move(
     pages: &[u64],
     nodes: &[i32],
     status: &mut [PageStatus],
+    move_all: bool,
 ) -> KResult<usize> {
     let nr_pages = pages.len();
     let mut queue = MoveQueue {
@@ -1043,7 +1047,7 @@ fn do_pages_move(
             }
             Some(_) => {}
         }
-        match add_folio_for_migration(oncpu, mm, pages[i], node) {
+        match add_folio_for_migration(oncpu, mm, pages[i], node, move_all) {
             Ok(Some(iso)) => {
                 queue.list.push(iso);
                 continue;
@@ -1115,13 +1119,14 @@ fn add_folio_for_migration(
     mm: &Arc<Mm>,
     addr: u64,
     node: usize,
+    move_all: bool,
 ) -> KResult<Option<Isolated>> {
     let mem = oncpu.mem();
     folio_at(oncpu, mm, addr, |mem_, folio, _| {
         if folio.nid() == node {
             return Ok(None);
         }
-        if rmap::folio_maybe_mapped_shared(mem_, folio) {
+        if !move_all && rmap::folio_maybe_mapped_shared(mem_, folio) {
             return Err(Errno::EACCES);
         }
         isolate_for_migration(mem, folio)

@@ -46,7 +46,7 @@ impl OnCpu<'_> {
         status: &mut [i32],
     ) -> KResult<usize> {
         self.kernel_enter();
-        crate::migrate::kernel_move_pages(self, pages, nodes, status)
+        crate::migrate::kernel_move_pages(self, pages, nodes, status, false)
     }
 
     /// `mbind(2)`: see [`crate::mempolicy::kernel_mbind`]. `nmask` holds

@@ -374,6 +374,40 @@ mod mempolicy {
         assert_eq!(mm.map_count(), 1, "one policy, one VMA");
     }
 
+    /// A page another process maps is left where it is by
+    /// `MPOL_MF_MOVE`, and that is no failure under `MPOL_MF_STRICT`
+    /// (`migrate_folio_add`); `MPOL_MF_MOVE_ALL` moves it.
+    #[test]
+    fn move_leaves_shared_pages_and_move_all_moves_them() {
+        let m = tiered();
+        let c = m.bind(0).unwrap();
+        let parent = c.new_mm().unwrap();
+        let a = c.mmap(0, 4 * PAGE, RW, ANON).unwrap();
+        fill(&c, a, 4 * PAGE, 3);
+        let child = c.fork().unwrap();
+        c.switch_mm(&child);
+        // The child lets go of the first two pages.
+        c.munmap(a, 2 * PAGE).unwrap();
+        c.switch_mm(&parent);
+        c.mbind(
+            a,
+            4 * PAGE,
+            MPOL_BIND,
+            &[0b10],
+            64,
+            MPOL_MF_MOVE | MPOL_MF_STRICT,
+        )
+        .unwrap();
+        assert_eq!(where_is(&c, a, 4 * PAGE), [1, 1, 0, 0]);
+        c.mbind(a, 4 * PAGE, MPOL_BIND, &[0b10], 64, MPOL_MF_MOVE_ALL)
+            .unwrap();
+        assert_eq!(where_is(&c, a, 4 * PAGE), [1, 1, 1, 1]);
+        check(&c, a, 4 * PAGE, 3);
+        c.switch_mm(&child);
+        check(&c, a + 2 * PAGE, 2 * PAGE, 3);
+        check_invariants(&m).unwrap();
+    }
+
     #[test]
     fn preferred_and_interleave_and_the_process_policy() {
         let m = tiered();
