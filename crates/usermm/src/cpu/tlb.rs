@@ -114,6 +114,21 @@ fn key_of(page_number: u64, asid: usize) -> u64 {
     ((page_number + 1) << ASID_BITS) | asid as u64
 }
 
+/// The way a fill takes among `ways`: the one that holds `key` already,
+/// else one that holds nothing `live`, else the next of the round-robin
+/// `victim` pointer (which it advances). Owner only.
+#[inline]
+fn choose_way(ways: &[Way], key: u64, live: impl Fn(&Way) -> bool, victim: &AtomicU32) -> usize {
+    ways.iter()
+        .position(|w| w.key.load(Relaxed) == key)
+        .or_else(|| ways.iter().position(|w| !live(w)))
+        .unwrap_or_else(|| {
+            let v = victim.load(Relaxed);
+            victim.store(v.wrapping_add(1), Relaxed);
+            v as usize % ways.len()
+        })
+}
+
 /// Within a write section: a new stamp, dropping what the old one marked.
 #[inline]
 fn bump(g: &AtomicU32) {
@@ -373,15 +388,7 @@ impl Tlb {
                 let i = (vaddr >> PAGE_SHIFT) as usize % SETS_4K;
                 (&self.small[i], key_of(vaddr >> PAGE_SHIFT, asid), &self.victims[i])
             };
-            let way = set
-                .iter()
-                .position(|w| w.key.load(Relaxed) == key)
-                .or_else(|| set.iter().position(|w| !self.live(w)))
-                .unwrap_or_else(|| {
-                    let v = victim.load(Relaxed);
-                    victim.store(v.wrapping_add(1), Relaxed);
-                    v as usize % set.len()
-                });
+            let way = choose_way(set, key, |w| self.live(w), victim);
             let _w = self.write();
             let w = &set[way];
             w.key.store(key, Relaxed);
@@ -421,16 +428,7 @@ impl Tlb {
                 let k = w.key.load(Relaxed);
                 k != 0 && w.gen.load(Relaxed) == self.slots[asid_of(k)].psc_gen.load(Relaxed)
             };
-            let way = ways
-                .iter()
-                .position(|w| w.key.load(Relaxed) == key)
-                .or_else(|| ways.iter().position(|w| !live(w)))
-                .unwrap_or_else(|| {
-                    let victim = &self.psc_victims[level as usize];
-                    let v = victim.load(Relaxed);
-                    victim.store(v.wrapping_add(1), Relaxed);
-                    v as usize % ways.len()
-                });
+            let way = choose_way(ways, key, live, &self.psc_victims[level as usize]);
             let _w = self.write();
             let w = &ways[way];
             w.key.store(key, Relaxed);
