@@ -28,7 +28,7 @@
 use crate::mm::interval_tree::AnonVmaWriteGuard;
 use crate::mm::{AnonVma, Mm, Vma};
 use crate::phys::folio::{
-    clear_page_anon_exclusive, pack_mm_id_mapcounts, set_page_anon_exclusive,
+    clear_page_anon_exclusive, mm_id_of, pack_mm_id_mapcounts, set_page_anon_exclusive,
     unpack_mm_id_mapcounts, Folio, FolioCounters, FOLIO_MM_IDS_LOCK_BIT, FOLIO_MM_IDS_SHARED_BIT,
     MM_ID_DUMMY, MM_ID_MASK,
 };
@@ -309,7 +309,7 @@ fn folio_lock_large_mapcount(c: FolioCounters<'_>) -> LargeMapcountGuard<'_> {
 impl LargeMapcountGuard<'_> {
     /// `folio_mm_id`.
     fn mm_id(&self, i: usize) -> u64 {
-        (self.ids >> (32 * i)) & MM_ID_MASK
+        mm_id_of(self.ids, i)
     }
 
     /// `folio_set_mm_id`.
@@ -330,13 +330,10 @@ impl LargeMapcountGuard<'_> {
         (0..2).find(|&i| self.mm_id(i) == mm_id)
     }
 
-    /// `__folio_large_mapcount_sanity_checks`.
-    fn sanity_checks(&self, diff: i32, mm_id: u64) {
+    /// `__folio_large_mapcount_sanity_checks` (the mm id is checked by
+    /// [`slot_id`]).
+    fn sanity_checks(&self, diff: i32) {
         debug_assert!(diff > 0, "mapcount change of {diff}");
-        debug_assert!(
-            mm_id != MM_ID_DUMMY && mm_id <= MM_ID_MASK,
-            "mm id {mm_id} does not fit a slot"
-        );
         for i in 0..2 {
             debug_assert_eq!(
                 self.mm_id(i) == MM_ID_DUMMY,
@@ -369,27 +366,34 @@ impl Drop for LargeMapcountGuard<'_> {
 /// once an mm is freed; the model's mm ids are never reused.
 #[inline]
 fn slot_id(mm_id: u64) -> u64 {
-    debug_assert!(mm_id != MM_ID_DUMMY && mm_id <= MM_ID_MASK);
+    debug_assert!(
+        mm_id != MM_ID_DUMMY && mm_id <= MM_ID_MASK,
+        "mm id {mm_id} does not fit a slot"
+    );
     mm_id & MM_ID_MASK
 }
 
 /// `folio_set_large_mapcount`: a new folio's first `mapcount` mappings,
-/// all `mm_id`'s.
+/// all `mm_id`'s. No lock: no one else can see the folio yet, as in the
+/// kernel.
 fn folio_set_large_mapcount(mem: &PhysMem, folio: Folio, mapcount: i32, mm_id: u64) {
-    let mut g = folio_lock_large_mapcount(folio.counters(mem));
-    g.sanity_checks(mapcount, slot_id(mm_id));
-    debug_assert!(g.mm_id(0) == MM_ID_DUMMY && g.mm_id(1) == MM_ID_DUMMY);
-    g.large = mapcount - 1;
-    g.mapcount[0] = mapcount - 1;
-    g.set_mm_id(0, slot_id(mm_id));
+    let c = folio.counters(mem);
+    debug_assert_eq!(
+        c.mm_ids.load(Ordering::Relaxed),
+        0,
+        "a new folio's slots are free"
+    );
+    c.large_mapcount.store(mapcount - 1, Ordering::Relaxed);
+    c.mm_id_mapcount
+        .store(pack_mm_id_mapcounts([mapcount - 1, -1]), Ordering::Relaxed);
+    c.mm_ids.store(slot_id(mm_id), Ordering::Relaxed);
 }
 
-/// `folio_add_return_large_mapcount`: `diff` more mappings by `mm_id`;
-/// returns the large mapcount after (-1 based).
-fn folio_add_large_mapcount(mem: &PhysMem, folio: Folio, diff: i32, mm_id: u64) -> i32 {
+/// `folio_add_large_mapcount`: `diff` more mappings by `mm_id`.
+fn folio_add_large_mapcount(mem: &PhysMem, folio: Folio, diff: i32, mm_id: u64) {
     let id = slot_id(mm_id);
     let mut g = folio_lock_large_mapcount(folio.counters(mem));
-    g.sanity_checks(diff, id);
+    g.sanity_checks(diff);
     g.large += diff;
     let new = g.large;
     if let Some(i) = g.slot_of(id) {
@@ -405,7 +409,6 @@ fn folio_add_large_mapcount(mem: &PhysMem, folio: Folio, diff: i32, mm_id: u64) 
     }
     // No slot free: the mappings are counted in the total alone, and the
     // bit is already set (two other mms hold the slots).
-    new
 }
 
 /// `folio_sub_return_large_mapcount`: `diff` fewer mappings by `mm_id`;
@@ -413,7 +416,7 @@ fn folio_add_large_mapcount(mem: &PhysMem, folio: Folio, diff: i32, mm_id: u64) 
 fn folio_sub_large_mapcount(mem: &PhysMem, folio: Folio, diff: i32, mm_id: u64) -> i32 {
     let id = slot_id(mm_id);
     let mut g = folio_lock_large_mapcount(folio.counters(mem));
-    g.sanity_checks(diff, id);
+    g.sanity_checks(diff);
     g.large -= diff;
     let new = g.large;
     if let Some(i) = g.slot_of(id) {

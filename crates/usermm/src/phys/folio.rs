@@ -37,6 +37,13 @@ pub const FOLIO_MM_IDS_LOCK_BIT: u64 = 1 << MM_ID_BITS;
 /// `FOLIO_MM_IDS_SHARED_BIT`: "maybe mapped shared" (top bit of slot 1's).
 pub const FOLIO_MM_IDS_SHARED_BIT: u64 = 1 << (2 * MM_ID_BITS + 1);
 
+/// `folio_mm_id`: the id slot `i` of an `_mm_ids` word holds
+/// ([`MM_ID_DUMMY`] if free).
+#[inline]
+pub fn mm_id_of(ids: u64, i: usize) -> u64 {
+    (ids >> (32 * i)) & MM_ID_MASK
+}
+
 /// Two -1-based slot mapcounts in one word, slot 0 in the low half.
 #[inline]
 pub fn pack_mm_id_mapcounts(m: [i32; 2]) -> u64 {
@@ -58,10 +65,9 @@ impl FolioCounters<'_> {
     }
 
     /// The id slot `i` holds ([`MM_ID_DUMMY`] if free), and its mapcount
-    /// (-1 based), as read without the lock (for the checker and `inspect`).
+    /// (-1 based), as read without the lock (for the invariant checker).
     pub fn mm_id_slot(&self, i: usize) -> (u64, i32) {
-        let ids = self.mm_ids.load(Ordering::Relaxed);
-        let id = (ids >> (32 * i)) & MM_ID_MASK;
+        let id = mm_id_of(self.mm_ids.load(Ordering::Relaxed), i);
         let counts = unpack_mm_id_mapcounts(self.mm_id_mapcount.load(Ordering::Relaxed));
         (id, counts[i])
     }
