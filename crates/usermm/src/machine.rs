@@ -849,34 +849,29 @@ impl<'m> OnCpu<'m> {
     /// normal PMDs" (3ef938c35035): a caller that clears a PMD may have
     /// unhooked a PTE table.
     pub fn flush_tlb_range(&self, mm: &Arc<Mm>, start: u64, end: u64, stride_shift: u32) {
-        self.flush_tlb_mm_range(mm, start, end, stride_shift, true);
+        let range = cpu::FlushRange {
+            start,
+            end,
+            stride_shift,
+            freed_tables: true,
+        };
+        self.flush_tlb_mm_range(mm, range);
     }
 
     /// `flush_tlb_page` from this CPU: one 4 KiB page, no page table freed.
     pub fn flush_tlb_page(&self, mm: &Arc<Mm>, addr: u64) {
-        let page = crate::phys::PAGE_SIZE;
-        self.flush_tlb_mm_range(mm, addr, addr + page, crate::phys::PAGE_SHIFT, false);
+        let range = cpu::FlushRange {
+            start: addr,
+            end: addr + crate::phys::PAGE_SIZE,
+            stride_shift: crate::phys::PAGE_SHIFT,
+            freed_tables: false,
+        };
+        self.flush_tlb_mm_range(mm, range);
     }
 
     /// `flush_tlb_mm_range` from this CPU.
-    pub fn flush_tlb_mm_range(
-        &self,
-        mm: &Arc<Mm>,
-        start: u64,
-        end: u64,
-        stride_shift: u32,
-        freed_tables: bool,
-    ) {
-        cpu::flush_tlb_mm_range(
-            &self.m.cpus,
-            self.cpu,
-            mm,
-            start,
-            end,
-            stride_shift,
-            freed_tables,
-            self.vmstat(),
-        );
+    pub fn flush_tlb_mm_range(&self, mm: &Arc<Mm>, range: cpu::FlushRange) {
+        cpu::flush_tlb_mm_range(&self.m.cpus, self.cpu, mm, range, self.vmstat());
     }
 
     pub fn flush_tlb_mm(&self, mm: &Arc<Mm>) {

@@ -19,7 +19,7 @@
 //! an epoch grace period, because lockless walkers may still be reading them
 //! (the kernel's `MMU_GATHER_RCU_TABLE_FREE`).
 
-use crate::cpu::TLB_FLUSH_ALL;
+use crate::cpu::{FlushRange, TLB_FLUSH_ALL};
 use crate::machine::OnCpu;
 use crate::mm::Mm;
 use crate::pgtable::Ptdesc;
@@ -217,16 +217,21 @@ impl<'a> MmuGather<'a> {
         }
         // x86's tlb_flush: everything for a whole-mm or forced flush, the
         // gathered range otherwise; `freed_tables` either way.
-        if self.fullmm || self.need_flush_all {
-            oncpu.flush_tlb_mm_range(self.mm, 0, TLB_FLUSH_ALL, PAGE_SHIFT, self.freed_tables);
+        let range = if self.fullmm || self.need_flush_all {
+            FlushRange::all(self.freed_tables)
         } else {
-            let stride = if self.cleared_pmds && !self.cleared_ptes {
-                crate::pgtable::PMD_SHIFT
-            } else {
-                PAGE_SHIFT
-            };
-            oncpu.flush_tlb_mm_range(self.mm, self.start, self.end, stride, self.freed_tables);
-        }
+            FlushRange {
+                start: self.start,
+                end: self.end,
+                stride_shift: if self.cleared_pmds && !self.cleared_ptes {
+                    crate::pgtable::PMD_SHIFT
+                } else {
+                    PAGE_SHIFT
+                },
+                freed_tables: self.freed_tables,
+            }
+        };
+        oncpu.flush_tlb_mm_range(self.mm, range);
         self.reset_range();
     }
 

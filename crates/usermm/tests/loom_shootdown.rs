@@ -25,7 +25,7 @@ use loom::thread;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use usermm::cpu::{flush_tlb_mm_range, Cpu, TlbMm};
+use usermm::cpu::{flush_tlb_mm_range, Cpu, FlushRange, TlbMm};
 use usermm::pgtable::walk::Translation;
 use usermm::phys::{Pfn, PAGE_SHIFT, PAGE_SIZE};
 use usermm::vmstat::VmStat;
@@ -158,16 +158,13 @@ fn run(
             .collect();
         w.pte.store(0, Ordering::Release);
         let me = &w.cpus[0];
-        flush_tlb_mm_range(
-            &w.cpus,
-            me,
-            &w.mm,
-            ADDR,
-            ADDR + PAGE_SIZE,
-            PAGE_SHIFT,
+        let range = FlushRange {
+            start: ADDR,
+            end: ADDR + PAGE_SIZE,
+            stride_shift: PAGE_SHIFT,
             freed_tables,
-            &w.vmstat,
-        );
+        };
+        flush_tlb_mm_range(&w.cpus, me, &w.mm, range, &w.vmstat);
         w.freed.store(true, Ordering::SeqCst);
         for t in threads {
             t.join().unwrap();

@@ -525,21 +525,45 @@ fn flush_tlb_func<M: TlbMm>(
     }
 }
 
-/// `flush_tlb_mm_range`: invalidate `[start, end)` of `mm` on every CPU that
-/// may cache it, and return only when none can use a stale translation.
-/// `me` is the calling CPU (in kernel mode). `freed_tables` says that page
-/// tables were unhooked too, so that lazy CPUs are not skipped.
-#[allow(clippy::too_many_arguments)]
+/// What a flush covers, the caller's part of `struct flush_tlb_info`:
+/// `[start, end)` in steps of `1 << stride_shift`, and whether page tables
+/// were unhooked too (`freed_tables`), so that lazy CPUs are not skipped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlushRange {
+    pub start: u64,
+    pub end: u64,
+    pub stride_shift: u32,
+    pub freed_tables: bool,
+}
+
+impl FlushRange {
+    /// Everything (`TLB_FLUSH_ALL`).
+    pub fn all(freed_tables: bool) -> Self {
+        FlushRange {
+            start: 0,
+            end: TLB_FLUSH_ALL,
+            stride_shift: crate::phys::PAGE_SHIFT,
+            freed_tables,
+        }
+    }
+}
+
+/// `flush_tlb_mm_range`: invalidate `range` of `mm` on every CPU that may
+/// cache it, and return only when none can use a stale translation. `me`
+/// is the calling CPU (in kernel mode).
 pub fn flush_tlb_mm_range<M: TlbMm>(
     cpus: &[Cpu<M>],
     me: &Cpu<M>,
     mm: &Arc<M>,
-    start: u64,
-    end: u64,
-    stride_shift: u32,
-    freed_tables: bool,
+    range: FlushRange,
     vmstat: &VmStat,
 ) {
+    let FlushRange {
+        start,
+        end,
+        stride_shift,
+        freed_tables,
+    } = range;
     let end =
         if end == TLB_FLUSH_ALL || (end - start) >> stride_shift > TLB_SINGLE_PAGE_FLUSH_CEILING {
             TLB_FLUSH_ALL
@@ -667,14 +691,5 @@ pub fn arch_tlbbatch_flush<M: TlbMm>(cpus: &[Cpu<M>], me: &Cpu<M>, batch: u64, v
 
 /// `flush_tlb_mm`: everything, with `freed_tables` (as x86's does).
 pub fn flush_tlb_mm<M: TlbMm>(cpus: &[Cpu<M>], me: &Cpu<M>, mm: &Arc<M>, vmstat: &VmStat) {
-    flush_tlb_mm_range(
-        cpus,
-        me,
-        mm,
-        0,
-        TLB_FLUSH_ALL,
-        crate::phys::PAGE_SHIFT,
-        true,
-        vmstat,
-    )
+    flush_tlb_mm_range(cpus, me, mm, FlushRange::all(true), vmstat)
 }

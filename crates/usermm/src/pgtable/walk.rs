@@ -53,10 +53,11 @@ pub enum WalkStart {
     PteTable(Pfn),
 }
 
-/// The tables a successful walk went through below the PUD level, for the
-/// paging-structure caches: the PMD table (unless the walk started below
-/// it), and the PTE table (unless a huge PMD was the leaf).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The tables a successful walk read entries from memory to reach, for
+/// the paging-structure caches to fill: the PMD table (only when the walk
+/// started at the root), and the PTE table (unless the walk started there,
+/// or a huge PMD was the leaf). A level a cache gave is not filled again.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WalkPath {
     pub pmd_table: Option<Pfn>,
     pub pte_table: Option<Pfn>,
@@ -67,7 +68,7 @@ pub fn hw_walk(mem: &PhysMem, pgd: Pfn, addr: u64, write: bool) -> Result<Transl
     hw_walk_from(mem, WalkStart::Pgd(pgd), addr, write).map(|(t, _)| t)
 }
 
-/// Walk for `addr` from `start`, and say which tables the walk went through.
+/// Walk for `addr` from `start`, and say which tables the walk read.
 ///
 /// # Panics
 ///
@@ -88,40 +89,22 @@ pub fn hw_walk_from(
         );
     }
     'again: loop {
-        let pmd_tbl = match start {
-            WalkStart::Pgd(pgd) => {
-                let pgde = table(mem, pgd)[pgd_index(addr)].load(Ordering::Acquire);
-                if pgde & _PAGE_PRESENT == 0 {
-                    return Err(WalkFault::NotPresent);
-                }
-                let pud_tbl = (pgde & PTE_PFN_MASK) >> 12;
-                let pude = table(mem, pud_tbl)[pud_index(addr)].load(Ordering::Acquire);
-                if pude & _PAGE_PRESENT == 0 {
-                    return Err(WalkFault::NotPresent);
-                }
-                (pude & PTE_PFN_MASK) >> 12
-            }
-            WalkStart::PmdTable(t) => t,
-            WalkStart::PteTable(_) => 0,
-        };
-        let (slot, leaf, size, pfn, pte_tbl) = match start {
+        let (slot, leaf, size, path) = match start {
             WalkStart::PteTable(t) => {
-                let (slot, ptee) = load_pte(mem, t, addr)?;
-                (slot, ptee, PAGE_SIZE, (ptee & PTE_PFN_MASK) >> 12, Some(t))
+                let (slot, e) = load_entry(mem, t, pte_index(addr))?;
+                (slot, e, PAGE_SIZE, WalkPath::default())
             }
-            _ => {
-                let pmd_slot = &table(mem, pmd_tbl)[pmd_index(addr)];
-                let pmde = pmd_slot.load(Ordering::Acquire);
-                if pmde & _PAGE_PRESENT == 0 {
-                    return Err(WalkFault::NotPresent);
-                }
-                if pmde & _PAGE_PSE != 0 {
-                    (pmd_slot, pmde, PMD_SIZE, (pmde & PMD_PFN_MASK) >> 12, None)
-                } else {
-                    let t = (pmde & PTE_PFN_MASK) >> 12;
-                    let (slot, ptee) = load_pte(mem, t, addr)?;
-                    (slot, ptee, PAGE_SIZE, (ptee & PTE_PFN_MASK) >> 12, Some(t))
-                }
+            WalkStart::PmdTable(t) => walk_pmd_table(mem, t, addr)?,
+            WalkStart::Pgd(pgd) => {
+                let (_, pgde) = load_entry(mem, pgd, pgd_index(addr))?;
+                let (_, pude) = load_entry(mem, (pgde & PTE_PFN_MASK) >> 12, pud_index(addr))?;
+                let t = (pude & PTE_PFN_MASK) >> 12;
+                let (slot, leaf, size, path) = walk_pmd_table(mem, t, addr)?;
+                let path = WalkPath {
+                    pmd_table: Some(t),
+                    ..path
+                };
+                (slot, leaf, size, path)
             }
         };
         if leaf & _PAGE_USER == 0 || (write && leaf & _PAGE_RW == 0) {
@@ -137,31 +120,55 @@ pub fn hw_walk_from(
             // the MMU's locked A/D update would see the new value.
             continue 'again;
         }
+        let pfn_mask = if size == PMD_SIZE {
+            PMD_PFN_MASK
+        } else {
+            PTE_PFN_MASK
+        };
         let t = Translation {
-            pfn,
+            pfn: (leaf & pfn_mask) >> 12,
             size,
             writable: leaf & _PAGE_RW != 0,
             dirty: want & _PAGE_DIRTY != 0,
         };
-        return Ok((
-            t,
-            WalkPath {
-                pmd_table: (!matches!(start, WalkStart::PteTable(_))).then_some(pmd_tbl),
-                pte_table: pte_tbl,
-            },
-        ));
+        return Ok((t, path));
     }
 }
 
-/// The PTE of `addr` in PTE table `t`, if present.
+/// The rest of a walk from PMD table `t`: the leaf entry's slot, its value
+/// and size, and the PTE table it went through (none for a huge PMD).
 #[inline]
-fn load_pte(mem: &PhysMem, t: Pfn, addr: u64) -> Result<(&crate::sync::AtomicU64, u64), WalkFault> {
-    let slot = &table(mem, t)[pte_index(addr)];
-    let ptee = slot.load(Ordering::Acquire);
-    if ptee & _PAGE_PRESENT == 0 {
+fn walk_pmd_table(
+    mem: &PhysMem,
+    t: Pfn,
+    addr: u64,
+) -> Result<(&crate::sync::AtomicU64, u64, u64, WalkPath), WalkFault> {
+    let (pmd_slot, pmde) = load_entry(mem, t, pmd_index(addr))?;
+    if pmde & _PAGE_PSE != 0 {
+        return Ok((pmd_slot, pmde, PMD_SIZE, WalkPath::default()));
+    }
+    let pte_tbl = (pmde & PTE_PFN_MASK) >> 12;
+    let (slot, ptee) = load_entry(mem, pte_tbl, pte_index(addr))?;
+    let path = WalkPath {
+        pmd_table: None,
+        pte_table: Some(pte_tbl),
+    };
+    Ok((slot, ptee, PAGE_SIZE, path))
+}
+
+/// Entry `i` of table `t`, if present.
+#[inline]
+fn load_entry(
+    mem: &PhysMem,
+    t: Pfn,
+    i: usize,
+) -> Result<(&crate::sync::AtomicU64, u64), WalkFault> {
+    let slot = &table(mem, t)[i];
+    let e = slot.load(Ordering::Acquire);
+    if e & _PAGE_PRESENT == 0 {
         return Err(WalkFault::NotPresent);
     }
-    Ok((slot, ptee))
+    Ok((slot, e))
 }
 
 /// The PMD and PTE tables the page tables of `pgd` hold for `addr` now,
