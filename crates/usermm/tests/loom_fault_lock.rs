@@ -11,7 +11,8 @@
 //! bound). Each protocol has a broken variant that must be caught: a reader
 //! that does not check `vm_lock_seq` again once it holds its reference, and
 //! a speculative commit that does not check the sequence count again once it
-//! holds the PTE lock.
+//! holds the PTE lock; and a reader whose increment takes a count of 0, so
+//! revives a VMA that a replace detached.
 #![cfg(loom)]
 
 use std::sync::Arc;
@@ -35,6 +36,9 @@ struct VmaWorld {
     current: AtomicUsize,
     reading: AtomicBool,
     writing: AtomicBool,
+    /// Which VMAs the writer has detached (set once `vma_mark_detached`
+    /// returned).
+    detached: [AtomicBool; 2],
 }
 
 /// A fault's `lock_vma_under_rcu`: look up, read-lock, look again on a miss
@@ -52,7 +56,10 @@ fn vma_reader(w: &VmaWorld) {
                     !w.writing.load(Ordering::SeqCst),
                     "a fault holds a VMA lock inside a write section"
                 );
-                assert!(!vma.is_detached(), "a fault holds a detached VMA");
+                assert!(
+                    !vma.is_detached() && !w.detached[i].load(Ordering::SeqCst),
+                    "a fault holds a detached VMA"
+                );
                 w.reading.store(false, Ordering::SeqCst);
                 drop(locked);
                 return;
@@ -80,12 +87,21 @@ fn vma_writer(w: &VmaWorld, replace: bool) {
         w.vmas[1].mark_attached();
         w.current.store(1, Ordering::Release);
         w.vmas[0].mark_detached();
+        w.detached[0].store(true, Ordering::SeqCst);
     }
     w.writing.store(false, Ordering::SeqCst);
     w.seq.write_end();
 }
 
-fn run_vma_lock(replace: bool, broken: bool, bound: usize) -> usize {
+/// How [`run_vma_lock`]'s VMA 0 is broken, if it is.
+#[derive(Clone, Copy, PartialEq)]
+enum VmaBreak {
+    None,
+    NoRecheck,
+    IncFromZero,
+}
+
+fn run_vma_lock(replace: bool, broken: VmaBreak, bound: usize) -> usize {
     let mut b = loom::model::Builder::new();
     b.preemption_bound = Some(bound);
     let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -93,9 +109,8 @@ fn run_vma_lock(replace: bool, broken: bool, bound: usize) -> usize {
     b.check(move || {
         counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut vmas = [VmaLock::new(), VmaLock::new()];
-        if broken {
-            vmas[0].broken_no_recheck = true;
-        }
+        vmas[0].broken_no_recheck = broken == VmaBreak::NoRecheck;
+        vmas[0].broken_inc_from_zero = broken == VmaBreak::IncFromZero;
         vmas[0].mark_attached();
         let w = loom::sync::Arc::new(VmaWorld {
             seq: MmLockSeq::new(),
@@ -103,6 +118,7 @@ fn run_vma_lock(replace: bool, broken: bool, bound: usize) -> usize {
             current: AtomicUsize::new(0),
             reading: AtomicBool::new(false),
             writing: AtomicBool::new(false),
+            detached: [AtomicBool::new(false), AtomicBool::new(false)],
         });
         let r = {
             let w = w.clone();
@@ -116,13 +132,13 @@ fn run_vma_lock(replace: bool, broken: bool, bound: usize) -> usize {
 
 #[test]
 fn vma_read_lock_against_a_write_section() {
-    let runs = run_vma_lock(false, false, 3);
+    let runs = run_vma_lock(false, VmaBreak::None, 3);
     eprintln!("{runs} executions");
 }
 
 #[test]
 fn vma_read_lock_against_a_replace_and_detach() {
-    let runs = run_vma_lock(true, false, 3);
+    let runs = run_vma_lock(true, VmaBreak::None, 3);
     eprintln!("{runs} executions");
 }
 
@@ -131,14 +147,28 @@ fn vma_read_lock_against_a_replace_and_detach() {
 /// and its increment: loom must find it.
 #[test]
 fn broken_reader_without_recheck_is_caught() {
-    let r = std::panic::catch_unwind(|| run_vma_lock(false, true, 3));
+    let r = std::panic::catch_unwind(|| run_vma_lock(false, VmaBreak::NoRecheck, 3));
     let e = r.expect_err("loom should find a reader inside a write section");
-    let msg = e
-        .downcast_ref::<String>()
+    let msg = panic_message(&*e);
+    assert!(msg.contains("write section"), "{msg}");
+}
+
+/// A reader whose increment does not refuse a count of 0 takes a VMA that
+/// a replace detached (found through a lookup made before the replace) and
+/// holds it as if it were in the tree: loom must find it.
+#[test]
+fn broken_reader_reviving_a_detached_vma_is_caught() {
+    let r = std::panic::catch_unwind(|| run_vma_lock(true, VmaBreak::IncFromZero, 3));
+    let e = r.expect_err("loom should find a reader holding a detached VMA");
+    let msg = panic_message(&*e);
+    assert!(msg.contains("detached VMA"), "{msg}");
+}
+
+fn panic_message(e: &(dyn std::any::Any + Send)) -> &str {
+    e.downcast_ref::<String>()
         .map(String::as_str)
         .or_else(|| e.downcast_ref::<&str>().copied())
-        .unwrap_or_default();
-    assert!(msg.contains("write section"), "{msg}");
+        .unwrap_or_default()
 }
 
 const ADDR: u64 = 0x7f00_0000_0000;
@@ -233,10 +263,6 @@ fn speculative_commit_against_munmap() {
 fn broken_commit_without_second_check_is_caught() {
     let r = std::panic::catch_unwind(|| run_spf(true, 3));
     let e = r.expect_err("loom should find a commit into an unmapped range");
-    let msg = e
-        .downcast_ref::<String>()
-        .map(String::as_str)
-        .or_else(|| e.downcast_ref::<&str>().copied())
-        .unwrap_or_default();
+    let msg = panic_message(&*e);
     assert!(msg.contains("unmapped"), "{msg}");
 }

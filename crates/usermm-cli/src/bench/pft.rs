@@ -331,6 +331,9 @@ fn engine_pft(
     let reasons = |cpus: usize| -> [u64; SPF_REASONS.len()] {
         SPF_REASONS.map(|e| (0..cpus).map(|cpu| v.event_on(cpu, e)).sum::<u64>())
     };
+    // Lines the setup wrote (or an earlier run's threads) are not shared
+    // with this run's fault threads.
+    usermm::cacheline::begin_measurement();
     let before = counters(threads);
     let reasons_before = reasons(threads);
     let start = Barrier::new(threads + 1);

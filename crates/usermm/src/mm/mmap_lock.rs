@@ -236,6 +236,11 @@ pub struct VmaLock {
     /// reader inside a write section.
     #[cfg(loom)]
     pub broken_no_recheck: bool,
+    /// Model checking only: take the reference even from 0 (a plain
+    /// `refcount_inc` where the kernel has `inc_not_zero`), to show that
+    /// the checker catches a reader that revives a detached VMA.
+    #[cfg(loom)]
+    pub broken_inc_from_zero: bool,
 }
 
 impl Default for VmaLock {
@@ -276,6 +281,8 @@ impl VmaLock {
             line: LineWriters::new(),
             #[cfg(loom)]
             broken_no_recheck: false,
+            #[cfg(loom)]
+            broken_inc_from_zero: false,
         }
     }
 
@@ -332,7 +339,11 @@ impl VmaLock {
     fn inc_not_zero_limited(&self) -> Result<(), StartReadError> {
         let mut old = self.vm_refcnt.load(Ordering::Relaxed);
         loop {
-            if old == 0 {
+            #[cfg(loom)]
+            let detached = old == 0 && !self.broken_inc_from_zero;
+            #[cfg(not(loom))]
+            let detached = old == 0;
+            if detached {
                 return Err(StartReadError::Detached);
             }
             if old >= VMA_REF_LIMIT {

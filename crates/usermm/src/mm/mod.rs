@@ -85,12 +85,14 @@ impl RssStat {
 
     /// `percpu_counter_add_batch` on `cpu` ([`crate::sync::NO_CPU`]: the
     /// global part at once). The kernel folds under `fbc->lock`; here one
-    /// atomic add does, counted as one write of the shared line.
+    /// atomic add does, counted as the lock's two writes of the shared line
+    /// (taken and released, `fbc->count` stored meanwhile).
     #[inline]
     fn add(&self, c: MmCounter, delta: i64, cpu: usize) {
         let (global, line) = &*self.global;
         let Some(row) = self.pcpu.get(cpu) else {
             global[c as usize].fetch_add(delta, Ordering::Relaxed);
+            line.write();
             line.write();
             return;
         };
@@ -99,6 +101,7 @@ impl RssStat {
         let v = slot.load(Ordering::Relaxed) + delta;
         if v.abs() >= self.batch {
             global[c as usize].fetch_add(v, Ordering::Relaxed);
+            line.write();
             line.write();
             slot.store(0, Ordering::Relaxed);
         } else {
