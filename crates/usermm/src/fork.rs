@@ -25,7 +25,7 @@ pub fn dup_mm(oncpu: &OnCpu, oldmm: &Arc<Mm>) -> KResult<Arc<Mm>> {
     }
     let mm = Mm::new(oncpu.mem().clone(), oncpu.cpu.node, oncpu.id())?;
     // The child's task policy is a copy of the parent's (`mpol_dup`).
-    *mm.mempolicy.lock() = oldmm.mempolicy.lock().clone();
+    mm.mempolicy.set(oldmm.mempolicy.get());
     // Known before its VMAs join the parent's anon_vmas: an rmap walk
     // (migration's) that finds one must reach its page tables, or a
     // migration entry copied into them would never be replaced.

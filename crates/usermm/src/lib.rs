@@ -27,6 +27,7 @@
 pub mod cacheline;
 pub mod errno;
 pub mod phys;
+pub mod rcu;
 pub mod sync;
 pub mod tree;
 pub mod tunable;

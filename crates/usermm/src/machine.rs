@@ -463,6 +463,7 @@ impl Machine {
             return Err(Errno::EBUSY);
         }
         crate::sync::set_this_cpu(self.mem.machine_id(), id);
+        self.mem.rcu.bind(Some(id));
         Ok(OnCpu {
             m: self,
             cpu,
@@ -546,6 +547,7 @@ impl Machine {
     pub fn rcu_barrier(&self) {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while std::time::Instant::now() < deadline {
+            self.mem.rcu.barrier_step();
             let g = crate::sync::epoch::pin();
             g.flush();
             drop(g);
@@ -559,6 +561,9 @@ impl Machine {
 
 impl Drop for Machine {
     fn drop(&mut self) {
+        // No CPU runs again: what they queued is invoked by whoever
+        // collects it, never left in lists the memory owns.
+        self.mem.rcu.offline();
         for k in self.kswapd.iter() {
             if let Ok(mut s) = k.wait.state.lock() {
                 s.stop = true;
@@ -776,6 +781,9 @@ impl Drop for OnCpu<'_> {
     /// The thread leaves the CPU, which goes idle: lazy, its mm loaded.
     fn drop(&mut self) {
         self.cpu.enter_lazy(self.m.vmstat());
+        // What the thread queued starts its grace period now.
+        self.m.mem.rcu.rcu_core(self.id());
+        self.m.mem.rcu.bind(None);
         crate::sync::set_this_cpu(self.m.mem.machine_id(), crate::sync::NO_CPU);
         self.cpu.unbind();
     }
@@ -836,6 +844,8 @@ impl<'m> OnCpu<'m> {
     #[inline]
     pub(crate) fn kernel_enter(&self) {
         self.cpu.enter_kernel(self.m.vmstat());
+        // As RCU_SOFTIRQ on the way out of the interrupt that took it in.
+        self.m.mem.rcu.rcu_core(self.id());
     }
 
     #[inline]

@@ -157,11 +157,42 @@ fn get_nodes(nmask: &[u64], maxnode: u64) -> KResult<u64> {
         .fold(0, |m, i| m | 1 << i))
 }
 
+/// The process's policy (`current->mempolicy`). The kernel's task reads
+/// its own without a lock; here the policy belongs to the mm, which every
+/// CPU running it shares, so it sits under a mutex, and a flag beside it
+/// lets the default policy's faults (every fault of a process that never
+/// called set_mempolicy) read no more than that flag: no fault writes the
+/// mutex's line that another CPU's fault writes too.
+#[derive(Debug, Default)]
+pub struct TaskPolicy {
+    /// Whether `pol` holds a policy.
+    set: crate::sync::AtomicBool,
+    pol: crate::sync::Mutex<Option<Arc<Mempolicy>>>,
+}
+
+impl TaskPolicy {
+    /// The policy, None for the default.
+    pub fn get(&self) -> Option<Arc<Mempolicy>> {
+        // Relaxed: a fault racing a set_mempolicy may take either policy,
+        // as in the kernel; the mutex orders the policy's contents.
+        if !self.set.load(crate::sync::Ordering::Relaxed) {
+            return None;
+        }
+        self.pol.lock().clone()
+    }
+
+    /// `do_set_mempolicy`: replace it (None: back to the default).
+    pub fn set(&self, pol: Option<Arc<Mempolicy>>) {
+        let mut held = self.pol.lock();
+        self.set
+            .store(pol.is_some(), crate::sync::Ordering::Relaxed);
+        *held = pol;
+    }
+}
+
 /// `get_vma_policy`: the VMA's, else the process's, else None (default).
 pub fn get_vma_policy(mm: &Mm, vma: &Vma) -> Option<Arc<Mempolicy>> {
-    vma.policy()
-        .cloned()
-        .or_else(|| mm.mempolicy.lock().clone())
+    vma.policy().cloned().or_else(|| mm.mempolicy.get())
 }
 
 /// `vma_alloc_folio`: a folio of `order` for a fault at `addr` of `vma`,
@@ -227,7 +258,7 @@ fn policy_target(pol: &Mempolicy, local: usize) -> usize {
 pub fn kernel_set_mempolicy(oncpu: &OnCpu, mode: i32, nmask: &[u64], maxnode: u64) -> KResult<()> {
     let mm = oncpu.mm()?;
     let pol = mpol_new(oncpu.mem().nodes.len(), mode, nmask, maxnode)?;
-    *mm.mempolicy.lock() = pol.map(Arc::new);
+    mm.mempolicy.set(pol.map(Arc::new));
     Ok(())
 }
 

@@ -275,11 +275,10 @@ impl<'a> MmuGather<'a> {
             .count(oncpu.id(), Event::PT_FREED, tables.len() as u64);
         let n = tables.len() as i64;
         mem.rcu_pending_add(n);
-        let guard = crate::sync::epoch::pin();
         // The tables are unreachable and flushed from every TLB; walkers
         // that found them before they were unhooked are pinned, and the
-        // deferred function runs only after they unpin.
-        guard.defer(move || {
+        // callback runs only after they unpin.
+        crate::rcu::call_rcu(move || {
             for t in tables {
                 t.free(&mem, mem.vmstat.no_cpu());
             }

@@ -175,7 +175,7 @@ pub fn unlink_anon_vmas(vma: &Vma) {
     // them SLAB_TYPESAFE_BY_RCU): an rmap walker that saw a folio mapped
     // under an epoch pin may still be reading its anon_vma
     // ([`folio_get_anon_vma`]).
-    crate::sync::epoch::pin().defer(move || drop(chain));
+    crate::rcu::call_rcu(move || drop(chain));
 }
 
 /// `rmap_walk_anon`: every (VMA, address) where page `pfn` of an anon folio

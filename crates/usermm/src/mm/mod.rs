@@ -148,8 +148,8 @@ pub struct Mm {
     /// `mm->tlb_flush_pending`: mmu_gathers in progress.
     pub tlb_flush_pending: AtomicI32,
     /// The process's NUMA policy (`current->mempolicy`, per thread in the
-    /// kernel); None for the default.
-    pub mempolicy: crate::sync::Mutex<Option<Arc<crate::mempolicy::Mempolicy>>>,
+    /// kernel).
+    pub mempolicy: crate::mempolicy::TaskPolicy,
     /// NUMA balancing's scan state (`numa_next_scan`, `numa_scan_offset`).
     pub numa_scan: crate::numa_balancing::MmNumaScan,
     /// `mm->tlb_flush_batched`: batched unmap flushes queued for this mm
@@ -226,7 +226,7 @@ impl Mm {
             tlb_flush_pending: AtomicI32::new(0),
             tlb_flush_batched: crate::sync::AtomicU32::new(0),
             luf_batch: Default::default(),
-            mempolicy: crate::sync::Mutex::new(None),
+            mempolicy: Default::default(),
             numa_scan: Default::default(),
             total_vm: AtomicU64::new(0),
             dead: crate::sync::AtomicBool::new(false),
@@ -266,15 +266,16 @@ impl Mm {
         let (tree, garbage) = draft.publishable();
         // Release: readers that load the new pointer see the tree's contents.
         let old = self.tree.swap(Owned::new(tree), Ordering::AcqRel, guard);
+        let old = old.as_raw();
         // SAFETY: `old` is unreachable from now on for new readers, and so
         // are the nodes and VMAs the draft replaced or took out; readers
-        // that still hold them are pinned, and deferral waits for them. This
-        // is the only garbage of this publication.
+        // that still hold them are pinned, and the callback waits for them.
+        // This is the only garbage of this publication, freed once.
         unsafe {
-            guard.defer_destroy(old);
-            if !garbage.is_empty() {
-                guard.defer_unchecked(move || garbage.free());
-            }
+            crate::rcu::call_rcu_unchecked(move || {
+                drop(Shared::from(old).into_owned());
+                garbage.free();
+            })
         }
     }
 

@@ -90,6 +90,8 @@ pub struct PhysMem {
     pub vmstat: crate::vmstat::VmStat,
     /// Frames whose freeing waits for an epoch grace period (page tables).
     rcu_pending: crate::sync::AtomicU64,
+    /// Each CPU's RCU callbacks ([`crate::rcu`]).
+    pub rcu: crate::rcu::Rcu,
     /// The node of each CPU (`cpu_to_node`).
     cpu_node: Box<[usize]>,
     /// Each CPU's folio batches (`cpu_fbatches`), on lines of their own.
@@ -133,6 +135,7 @@ impl PhysMem {
             nodes,
             vmstat: crate::vmstat::VmStat::new(nr_cpus),
             rcu_pending: crate::sync::AtomicU64::new(0),
+            rcu: crate::rcu::Rcu::new(nr_cpus),
             cpu_node: cpu_node.into(),
             // One more for the kernel threads (kswapd), which play no CPU.
             cpu_fbatches: (0..=nr_cpus).map(|_| Default::default()).collect(),
