@@ -9,9 +9,11 @@ mod common;
 
 #[test]
 fn migrc_keeps_sources_only_when_pages_come_back_clean() {
-    let v = common::bench_json("migrc", &["--runs", "1", "--lookups", "50000"], |_| {
-        Vec::new()
-    });
+    let v = common::bench_json(
+        "migrc",
+        &["--runs", "1", "--lookups", "50000", "--warmup", "50000"],
+        |_| Vec::new(),
+    );
     let rows = v["rows"].as_array().expect("rows");
     assert_eq!(rows.len(), 6, "{v}");
     for r in rows {

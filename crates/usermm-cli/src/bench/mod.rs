@@ -66,9 +66,14 @@ pub struct BenchArgs {
     /// the powers of two that leave the host a core for the writer.
     #[arg(long, value_delimiter = ',')]
     pub threads: Vec<usize>,
-    /// migrc: lookups per CPU, measured (after as many to warm up).
+    /// migrc: lookups per CPU, measured (after the warm-up).
     #[arg(long, default_value_t = migrc::LOOKUPS)]
     pub lookups: u64,
+    /// migrc: lookups per CPU before the measured ones, so that the pages
+    /// the build left writable and dirty have cycled through the tiers
+    /// (by default three times `--lookups`).
+    #[arg(long)]
+    pub warmup: Option<u64>,
     /// migrc: the shootdown cost model: `off` (the default: an IPI costs
     /// what the model's mailbox costs), `host` (calibrated on this host
     /// first), or `SEND_NS,RECV_NS`.
@@ -197,6 +202,9 @@ fn validate(a: &BenchArgs) -> anyhow::Result<()> {
     }
     if a.lookups == 0 || a.lookups > 1 << 32 {
         anyhow::bail!("--lookups must be between 1 and {}", 1u64 << 32);
+    }
+    if a.warmup.is_some_and(|w| w > 1 << 34) {
+        anyhow::bail!("--warmup must be at most {}", 1u64 << 34);
     }
     migrc::parse_ipi_cost(&a.ipi_cost)?;
     if a.size_mb == 0 {
