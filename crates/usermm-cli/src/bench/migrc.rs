@@ -312,6 +312,10 @@ fn experiment(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         "warmup_lookups_per_cpu": warmup(a),
         "scan_period_ms": SCAN_PERIOD_MS,
         "ipi_cost": { "from": cost_from, "send_ns": send_ns, "recv_ns": recv_ns },
+        "seed": SEED
+            .iter()
+            .map(|&(metric, off, migrc)| serde_json::json!({ "metric": metric, "off": off, "migrc": migrc }))
+            .collect::<Vec<_>>(),
         "rows": rows,
     }))
 }
@@ -553,6 +557,47 @@ impl<'a, 'm> LookupCpu<'a, 'm> {
     }
 }
 
+/// The seed's own figures (v6.7 against v6.7 with MIGRC v8; its cover
+/// letter, `XSBench -p 100000000` on a 16-CPU guest with 1 GiB of DRAM and
+/// 8 GiB of CPU-less memory, counters system-wide), by the table's metric
+/// names: printed beside the model's change as the seed's.
+const SEED: [(&str, f64, f64); 9] = [
+    ("numa_pages_migrated", 12_790_664.0, 14_897_064.0),
+    ("pgmigrate_success", 26_835_314.0, 30_825_530.0),
+    ("nr_tlb_remote_flush", 3_031_412.0, 198_290.0),
+    ("nr_tlb_remote_flush_received", 45_234_862.0, 2_820_156.0),
+    ("nr_tlb_local_flush_all", 216_584.0, 92_048.0),
+    ("nr_tlb_local_flush_one", 740_940.0, 741_401.0),
+    ("dTLB-load-misses", 238_381_632_579.0, 234_502_983_364.0),
+    ("dTLB-store-misses", 601_514_255.0, 395_673_680.0),
+    ("runtime (s)", 2252.88, 2172.28),
+];
+
+/// The seed's (off, migrc) for a metric of the table, those per page
+/// migrated derived from its counters.
+fn seed_figures(metric: &str) -> Option<(f64, f64)> {
+    let get = |name: &str| SEED.iter().find(|s| s.0 == name).map(|s| (s.1, s.2));
+    let per_k = |name: &str| {
+        let (a, b) = get(name)?;
+        let (ma, mb) = get("pgmigrate_success")?;
+        Some((1000.0 * a / ma, 1000.0 * b / mb))
+    };
+    match metric {
+        "remote flush per 1000 migrated" => per_k("nr_tlb_remote_flush"),
+        "  received per 1000 migrated" => per_k("nr_tlb_remote_flush_received"),
+        m => get(m),
+    }
+}
+
+/// A change as the table prints it.
+fn change_text(a: f64, b: f64) -> String {
+    if a > 0.0 {
+        format!("{:+.1}%", 100.0 * (b - a) / a)
+    } else {
+        "-".into()
+    }
+}
+
 fn print_table(rows: &[Row], grid_mb: u64, warmup: u64, lookups: u64, machine: &str) {
     crate::outln!(
         "bench migrc: {lookups} lookups per CPU measured after {warmup} to warm up, in a {grid_mb} MiB grid, NUMA balancing in tiering mode, demotion on\n"
@@ -577,18 +622,17 @@ fn print_table(rows: &[Row], grid_mb: u64, warmup: u64, lookups: u64, machine: &
         for r in others {
             head += &format!(" {:>12} {:>8}", r.arm, "change");
         }
+        head += &format!(" {:>8}", "seed");
         crate::outln!("{head}");
         let line = |name: &str, get: &dyn Fn(&Row) -> f64| {
             let a = get(off);
             let mut l = format!("{name:<30} {a:>12}");
             for r in others {
                 let b = get(r);
-                let change = if a > 0.0 {
-                    format!("{:+.1}%", 100.0 * (b - a) / a)
-                } else {
-                    "-".into()
-                };
-                l += &format!(" {b:>12} {change:>8}");
+                l += &format!(" {b:>12} {:>8}", change_text(a, b));
+            }
+            if let Some((sa, sb)) = seed_figures(name) {
+                l += &format!(" {:>8}", change_text(sa, sb));
             }
             crate::outln!("{l}");
         };
@@ -629,6 +673,9 @@ fn print_table(rows: &[Row], grid_mb: u64, warmup: u64, lookups: u64, machine: &
         ratios("  remote per 1000 / off's", &|r| r.remote_flush_estimate());
         crate::outln!();
     }
+    crate::outln!(
+        "seed: the change MIGRC made in the seed's own run (v6.7 and v6.7 with MIGRC v8, XSBench -p 100000000 on a 16-CPU guest)"
+    );
     crate::outln!(
         "{}",
         stats::footnote(&format!("{} rounds", rows.first().map_or(0, |r| r.runs)))
