@@ -543,7 +543,10 @@ impl Machine {
     /// the allocator (an `rcu_barrier`). The grace period ends when every
     /// thread of the process that holds an epoch pin (a fault holds one
     /// throughout) has dropped it; the wait gives up after ten seconds, as
-    /// a pin held that long is a bug of its own.
+    /// a pin held that long is a bug of its own. Callbacks that CPUs queued
+    /// start their grace periods here, and those done are invoked here,
+    /// whichever CPU queued them ([`crate::rcu::Rcu::barrier_step`]): an
+    /// idle CPU would not come for them.
     pub fn rcu_barrier(&self) {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while std::time::Instant::now() < deadline {
@@ -782,7 +785,7 @@ impl Drop for OnCpu<'_> {
     fn drop(&mut self) {
         self.cpu.enter_lazy(self.m.vmstat());
         // What the thread queued starts its grace period now.
-        self.m.mem.rcu.rcu_core(self.id());
+        self.m.mem.rcu.rcu_cpu_leave(self.id());
         self.m.mem.rcu.bind(None);
         crate::sync::set_this_cpu(self.m.mem.machine_id(), crate::sync::NO_CPU);
         self.cpu.unbind();

@@ -12,15 +12,20 @@
 //! them, from `RCU_SOFTIRQ` on its way out of an interrupt. So here a CPU
 //! queues its callbacks on its own list ([`RcuData`], `rcu_data`'s
 //! `cblist`; [`call_rcu`] finds it through the thread, which
-//! [`Rcu::bind`] tells which CPU it plays); at its next kernel entry ([`Rcu::rcu_core`]) it hands what
-//! it queued to crossbeam as one batch, whose grace period ends with the
-//! batch moved to the CPU's done list, and it invokes what is done. A
-//! thread that plays no CPU of the machine defers straight to crossbeam.
+//! [`Rcu::bind`] tells which CPU it plays); at a kernel entry
+//! ([`Rcu::rcu_core`]) it hands what it queued to crossbeam as one batch,
+//! whose grace period ends with the batch moved to the CPU's done list,
+//! and it invokes what is done. A thread that plays no CPU of the machine
+//! defers straight to crossbeam.
+//!
+//! A CPU hands its callbacks on in batches of [`RCU_BATCH`], and all of
+//! them when its thread leaves it ([`Rcu::rcu_cpu_leave`]) or at a barrier.
 //!
 //! Locking: a CPU's lists are under its mutex, which the CPU takes, and so
 //! does the thread that ends a batch's grace period (to move it to done)
-//! and [`Rcu::barrier_step`]. `work` counts the callbacks on both lists so
-//! that a kernel entry with nothing to do reads one word of its own CPU's.
+//! and [`Rcu::barrier_step`]. `nr_next` and `nr_done` count the callbacks
+//! on the lists so that a kernel entry with nothing to do reads two words
+//! of its own CPU's.
 //!
 //! What the kernel does differently: its callbacks wait in segments of
 //! one list (`RCU_WAIT_TAIL`, `RCU_NEXT_TAIL`) for grace periods that the
@@ -72,13 +77,16 @@ pub unsafe fn call_rcu_unchecked(f: impl FnOnce() + 'static) {
 
 fn queue(f: Callback) {
     THIS_CPU.with(|d| match &*d.borrow() {
-        Some(data) => {
-            data.cbs.lock().next.push(f);
-            data.work.fetch_add(1, Ordering::Relaxed);
-        }
+        Some(data) => data.queue(f),
         None => epoch::pin().defer(f),
     });
 }
+
+/// Callbacks a CPU queues before its kernel entry hands them to a grace
+/// period as one batch: the kernel's grace periods last milliseconds, over
+/// which a CPU queues many callbacks; a batch per system call would cost
+/// each call a deferral of its own.
+pub const RCU_BATCH: usize = 16;
 
 #[derive(Default)]
 struct CbList {
@@ -86,14 +94,18 @@ struct CbList {
     next: Vec<Callback>,
     /// Their grace period is over: to invoke.
     done: Vec<Callback>,
+    /// An emptied list kept for `next`, so that a batch handed on does not
+    /// cost an allocation for the one after.
+    spare: Vec<Callback>,
 }
 
 /// One CPU's callbacks (`struct rcu_data`).
 #[derive(Default)]
 pub struct RcuData {
     cbs: Mutex<CbList>,
-    /// Callbacks on both lists.
-    work: AtomicUsize,
+    /// Callbacks on `next`, and on `done`: what a kernel entry reads first.
+    nr_next: AtomicUsize,
+    nr_done: AtomicUsize,
     /// The machine is gone: a batch whose grace period ends now is invoked
     /// at once by whoever ends it, as no CPU will come for it (and the
     /// callbacks, which may hold the machine's memory, must not wait in a
@@ -102,6 +114,11 @@ pub struct RcuData {
 }
 
 impl RcuData {
+    fn queue(&self, f: Callback) {
+        self.cbs.lock().next.push(f);
+        self.nr_next.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// A batch's grace period is over (run from crossbeam's collection, on
     /// any thread).
     fn push_done(&self, batch: Vec<Callback>) {
@@ -112,17 +129,45 @@ impl RcuData {
             batch.into_iter().for_each(|f| f());
             return;
         }
-        self.work.fetch_add(batch.len(), Ordering::Relaxed);
+        self.nr_done.fetch_add(batch.len(), Ordering::Relaxed);
         l.done.extend(batch);
     }
 
-    /// Take both lists.
-    fn take(&self) -> CbList {
-        let l = std::mem::take(&mut *self.cbs.lock());
-        self.work
-            .fetch_sub(l.next.len() + l.done.len(), Ordering::Relaxed);
-        l
+    /// Take what is done, and what is queued if `all` or a batch is full.
+    fn take(&self, all: bool) -> (Vec<Callback>, Vec<Callback>) {
+        let mut l = self.cbs.lock();
+        let next = if all || l.next.len() >= RCU_BATCH {
+            let spare = std::mem::take(&mut l.spare);
+            std::mem::replace(&mut l.next, spare)
+        } else {
+            Vec::new()
+        };
+        let done = std::mem::take(&mut l.done);
+        drop(l);
+        self.nr_next.fetch_sub(next.len(), Ordering::Relaxed);
+        self.nr_done.fetch_sub(done.len(), Ordering::Relaxed);
+        (next, done)
     }
+
+    /// Invoke `done`, and keep its list for a later batch.
+    fn invoke(&self, mut done: Vec<Callback>) {
+        if done.is_empty() {
+            return;
+        }
+        done.drain(..).for_each(|f| f());
+        let mut l = self.cbs.lock();
+        if l.spare.capacity() == 0 {
+            l.spare = done;
+        }
+    }
+}
+
+/// Hand on what `data` queued (all of it, or a full batch) and invoke
+/// what is done.
+fn advance(data: &Arc<CachePadded<RcuData>>, all: bool) {
+    let (next, done) = data.take(all);
+    start_grace_period(data, next);
+    data.invoke(done);
 }
 
 /// Every CPU's callbacks.
@@ -137,7 +182,13 @@ fn start_grace_period(data: &Arc<CachePadded<RcuData>>, next: Vec<Callback>) {
         return;
     }
     let data = data.clone();
-    epoch::pin().defer(move || data.push_done(next));
+    let guard = epoch::pin();
+    guard.defer(move || data.push_done(next));
+    // Into the global queue at once, where any thread's collection finds
+    // it: left in this thread's bag, the batch would wait for 63 more
+    // before its grace period could end, and what it frees would stay
+    // allocated meanwhile.
+    guard.flush();
 }
 
 impl Rcu {
@@ -156,20 +207,28 @@ impl Rcu {
     }
 
     /// `rcu_core` on `cpu`, by the thread playing it, as it enters the
-    /// kernel: start a grace period for what it queued, and invoke what
-    /// is done.
+    /// kernel: start a grace period for a full batch of what it queued,
+    /// and invoke what is done.
     #[inline]
     pub fn rcu_core(&self, cpu: usize) {
         let Some(data) = self.cpus.get(cpu) else {
             return;
         };
         // Relaxed: a count missed now is seen at a later entry.
-        if data.work.load(Ordering::Relaxed) == 0 {
+        if data.nr_done.load(Ordering::Relaxed) == 0
+            && data.nr_next.load(Ordering::Relaxed) < RCU_BATCH
+        {
             return;
         }
-        let CbList { next, done } = data.take();
-        start_grace_period(data, next);
-        done.into_iter().for_each(|f| f());
+        advance(data, false);
+    }
+
+    /// The thread leaves `cpu`: what it queued starts its grace period
+    /// now, however few, and what is done is invoked.
+    pub fn rcu_cpu_leave(&self, cpu: usize) {
+        if let Some(data) = self.cpus.get(cpu) {
+            advance(data, true);
+        }
     }
 
     /// One step of `rcu_barrier`, from any thread: every CPU's queued
@@ -178,9 +237,7 @@ impl Rcu {
     /// every callback queued before it began.
     pub fn barrier_step(&self) {
         for data in self.cpus.iter() {
-            let CbList { next, done } = data.take();
-            start_grace_period(data, next);
-            done.into_iter().for_each(|f| f());
+            advance(data, true);
         }
     }
 
@@ -195,7 +252,8 @@ impl Rcu {
                 data.offline.store(true, Ordering::Relaxed);
                 std::mem::take(&mut *l)
             };
-            data.work.store(0, Ordering::Relaxed);
+            data.nr_next.store(0, Ordering::Relaxed);
+            data.nr_done.store(0, Ordering::Relaxed);
             if !l.next.is_empty() {
                 let next = l.next;
                 epoch::pin().defer(move || next.into_iter().for_each(|f| f()));
@@ -224,7 +282,7 @@ mod tests {
         let (ran, count) = counter();
         let on = Arc::new(Mutex::new(None));
         rcu.bind(Some(1));
-        for _ in 0..10 {
+        for _ in 0..RCU_BATCH {
             let (ran, on) = (ran.clone(), on.clone());
             call_rcu(move || {
                 ran.fetch_add(1, Ordering::SeqCst);
@@ -239,7 +297,7 @@ mod tests {
         let other = rcu.clone();
         std::thread::spawn(move || {
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-            while other.cpus[1].work.load(Ordering::Relaxed) == 0 {
+            while other.cpus[1].nr_done.load(Ordering::Relaxed) == 0 {
                 assert!(
                     std::time::Instant::now() < deadline,
                     "the grace period never ended"
@@ -251,8 +309,15 @@ mod tests {
         .unwrap();
         assert_eq!(count(), 0, "run by the collecting thread");
         rcu.rcu_core(1);
-        assert_eq!(count(), 10);
+        assert_eq!(count(), RCU_BATCH);
         assert_eq!(*on.lock(), Some(std::thread::current().id()));
+        // Less than a batch waits at a kernel entry, and goes when the
+        // thread leaves the CPU.
+        call_rcu(|| {});
+        rcu.rcu_core(1);
+        assert_eq!(rcu.cpus[1].nr_next.load(Ordering::Relaxed), 1);
+        rcu.rcu_cpu_leave(1);
+        assert_eq!(rcu.cpus[1].nr_next.load(Ordering::Relaxed), 0);
         rcu.bind(None);
     }
 
@@ -267,7 +332,11 @@ mod tests {
         call_rcu(move || {
             r.fetch_add(1, Ordering::SeqCst);
         });
-        assert!(rcu.cpus.iter().all(|d| d.work.load(Ordering::Relaxed) == 0));
+        assert!(rcu
+            .cpus
+            .iter()
+            .all(|d| d.nr_next.load(Ordering::Relaxed) == 0
+                && d.nr_done.load(Ordering::Relaxed) == 0));
         rcu.bind(Some(0));
         let r = ran.clone();
         call_rcu(move || {
@@ -298,6 +367,10 @@ mod tests {
             );
             epoch::pin().flush();
         }
-        assert!(rcu.cpus.iter().all(|d| d.work.load(Ordering::Relaxed) == 0));
+        assert!(rcu
+            .cpus
+            .iter()
+            .all(|d| d.nr_next.load(Ordering::Relaxed) == 0
+                && d.nr_done.load(Ordering::Relaxed) == 0));
     }
 }
