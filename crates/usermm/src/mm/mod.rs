@@ -172,6 +172,25 @@ impl std::fmt::Debug for Mm {
     }
 }
 
+/// Free a VMA tree version that was unpublished, and what its draft
+/// replaced or took out, after a grace period (`call_rcu`): readers that
+/// still hold them are pinned, and the callback waits for them.
+///
+/// # Safety
+///
+/// `tree` came from the mm's `tree` pointer, no reader can find it or
+/// `garbage` any longer, and each is retired once.
+unsafe fn retire_tree(tree: *const VmaTree, garbage: vma::TreeGarbage) {
+    // SAFETY: the caller's promise: nothing else frees them, and readers
+    // that found them are pinned, which the grace period waits for.
+    unsafe {
+        crate::rcu::call_rcu_unchecked(move || {
+            drop(Shared::from(tree).into_owned());
+            garbage.free();
+        })
+    }
+}
+
 impl Drop for Mm {
     /// `__mmdrop` → `mm_free_pgd`: the last reference is gone (no CPU has
     /// the mm loaded: each holds one while it does). The lower tables went
@@ -189,12 +208,9 @@ impl Drop for Mm {
             let mut all = unsafe { last.deref() }.draft(None);
             all.remove_all();
             let (_, garbage) = all.publishable();
-            // SAFETY: the tree is unreachable now; readers that found it
-            // are pinned, and the deferred functions run after they unpin.
-            unsafe {
-                guard.defer_unchecked(move || garbage.free());
-                guard.defer_destroy(last);
-            }
+            // SAFETY: the tree is unreachable now, and this is its only
+            // retirement.
+            unsafe { retire_tree(last.as_raw(), garbage) };
         }
         if self.pgtables_bytes.load(Ordering::Relaxed) == 0 {
             // SAFETY: no lower table is left (none is counted), no CPU has
@@ -266,17 +282,10 @@ impl Mm {
         let (tree, garbage) = draft.publishable();
         // Release: readers that load the new pointer see the tree's contents.
         let old = self.tree.swap(Owned::new(tree), Ordering::AcqRel, guard);
-        let old = old.as_raw();
         // SAFETY: `old` is unreachable from now on for new readers, and so
-        // are the nodes and VMAs the draft replaced or took out; readers
-        // that still hold them are pinned, and the callback waits for them.
-        // This is the only garbage of this publication, freed once.
-        unsafe {
-            crate::rcu::call_rcu_unchecked(move || {
-                drop(Shared::from(old).into_owned());
-                garbage.free();
-            })
-        }
+        // are the nodes and VMAs the draft replaced or took out. This is
+        // the only garbage of this publication.
+        unsafe { retire_tree(old.as_raw(), garbage) };
     }
 
     /// A draft of the tree for a writer, which holds mmap_lock for writing,
