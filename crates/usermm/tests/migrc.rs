@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use usermm::check::check_invariants;
 use usermm::check::shadow::Shadow;
+use usermm::mempolicy::MPOL_BIND;
 use usermm::migrate::{
     isolate_for_migration, migrate_pages, MigrateMode, MigrateReason, MigrationTarget,
 };
@@ -236,10 +237,23 @@ fn scene_in(mode: MigrcMode, w: Weakened, then: Then) -> Scene {
                     shadow.store_u64(&c0, p, p | 2).unwrap();
                 }
             }
-            Then::Reuse | Then::ReuseElsewhere => {
-                if then == Then::ReuseElsewhere {
-                    other = Some(c0.new_mm().unwrap());
+            Then::ReuseElsewhere => {
+                // LUF files the freed sources apart and hands them out
+                // only once the node is short of other free pages (v12's
+                // reserve): another address space, bound to node 0, fills
+                // it until a takeoff has to flush.
+                other = Some(c0.new_mm().unwrap());
+                let len = 64 << 20;
+                let fill = c0.mmap(0, len, RW, ANON).unwrap();
+                c0.mbind(fill, len, MPOL_BIND, &[0b1], 64, 0).unwrap();
+                for p in (fill..fill + len).step_by(PAGE as usize) {
+                    if m.vmstat().event(Event::LUF_TAKEOFF_FLUSH) > 0 || c0.store_u64(p, p).is_err()
+                    {
+                        break;
+                    }
                 }
+            }
+            Then::Reuse => {
                 let fresh = c0.mmap(0, 4 * NR * PAGE, RW, ANON).unwrap();
                 for (i, p) in (fresh..fresh + 4 * NR * PAGE)
                     .step_by(PAGE as usize)

@@ -172,6 +172,7 @@ pub fn check_invariants(m: &Machine) -> Result<(), String> {
             free.insert(head + i);
         }
     });
+    mem.check_luf_lists()?;
     if let Some(p) = ex.mapped.iter().find(|p| free.contains(p)) {
         return Err(format!("frame {p:#x} is free but mapped"));
     }

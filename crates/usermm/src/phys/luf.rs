@@ -9,15 +9,16 @@
 //!
 //! - an unmap that defers its flush draws a generation after its PTEs are
 //!   cleared ([`Luf::new_ugen`]) and stamps each page it frees with a key
-//!   ([`Luf::stamp`]): an entry of a small table of batches (`luf_batch`:
-//!   the CPUs to flush, the newest generation folded in), as v12 keeps a
-//!   16-bit `luf_key` in `struct page` while the page is free;
+//!   ([`super::PhysMem::luf_stamp`]): an entry of a small table of
+//!   batches (`luf_batch`: the CPUs to flush, the newest generation folded
+//!   in), as v12 keeps a 16-bit `luf_key` in `struct page` while the page
+//!   is free;
 //! - every batched full flush reads the generation before it sends and,
 //!   once done, records it as flushed on each CPU it covered
 //!   ([`Luf::flush_done`], v12's per-CPU `ugen_done`);
 //! - taking a block off the free lists or a per-CPU list ("takeoff") asks
-//!   [`Luf::takeoff_pending`] which of the stamped CPUs have not flushed up
-//!   to their page's generation; the allocator has them flushed before it
+//!   [`super::PhysMem::luf_takeoff_pending`] which of the stamped CPUs
+//!   have not flushed up to their page's generation; the allocator has them flushed before it
 //!   hands the block out ([`super::page_alloc::Reclaimer::luf_flush`]),
 //!   then clears the keys.
 //!
@@ -26,11 +27,24 @@
 //! batch entry never forgets: folding a newer generation into a key that
 //! older pages carry only makes their check stricter.
 //!
+//! The allocator files a free block with a key apart (v12's `pend_list`
+//! beside each order's `free_list`, counted in `nr_luf_pages`; see
+//! [`super::page_alloc`]): a keyed block goes to the tail of the pend list,
+//! or the far end of a per-CPU list, and an allocation takes a block
+//! without a key first as long as the zone keeps more than its min
+//! watermark of those (`non_luf_pages_ok`), so that the flush is deferred
+//! as long as memory allows and a context that cannot send IPIs
+//! ([`super::AllocContext`]) always finds a block that needs none. Short
+//! of them, the pend list comes first.
+//!
 //! Where the model differs: generations are 64-bit and never wrap (v12's
-//! wrap and compare with a signed difference); v12's per-zone pending
-//! lists and its reserve of pages without keys, for allocations that
-//! cannot send IPIs, have no counterpart, since every allocation of the
-//! model comes from a thread that plays a CPU or kswapd and may flush.
+//! wrap and compare with a signed difference); a merged block files under
+//! its parts' keys by keeping each page's own rather than folding two
+//! batches into one key; v12's per-zone generations (`zone_ugen`, which
+//! flush a whole pend list at once) and its skipping of flushes already
+//! done per mm have no counterpart. Every allocation the model's own paths
+//! make runs in a task that may send IPIs; the other contexts exist for
+//! the allocator's callers and are exercised by its tests.
 //!
 //! # Ordering
 //!

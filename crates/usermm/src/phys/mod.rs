@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use crate::errno::KResult;
 pub use folio::Folio;
 pub use memmap::{pg, Page};
-pub use page_alloc::{AllocFlags, Zone};
+pub use page_alloc::{AllocContext, AllocFlags, Zone};
 
 pub const PAGE_SHIFT: u32 = 12;
 pub const PAGE_SIZE: u64 = 1 << PAGE_SHIFT;

@@ -15,6 +15,12 @@
 //! kswapd reclaims (`ZONE_RECLAIM_ACTIVE`) and the heavy-freeing rule for
 //! orders 1..=3 are not modelled.
 //!
+//! Under LUF ([`super::luf`]) each order has two lists, as v12 has: the
+//! free list, and the pend list of blocks whose pages still owe a TLB
+//! shootdown. Which one an allocation tries first, and whether it may use
+//! the pend list at all, depend on the zone's reserve of pages without
+//! keys and on the allocation's [`AllocContext`].
+//!
 //! # Locking
 //!
 //! The free lists and every `PG_buddy` descriptor are guarded by the zone lock
@@ -74,6 +80,41 @@ pub struct AllocFlags {
     /// No `__GFP_KSWAPD_RECLAIM`: do not wake kswapd either
     /// (`GFP_TRANSHUGE_LIGHT`, a THP fault's outside `MADV_HUGEPAGE`).
     pub no_kswapd: bool,
+    /// The context the allocation runs in, as LUF's takeoff asks of it:
+    /// whether it may send the TLB shootdown a block freed under LUF
+    /// still needs before it is handed out.
+    pub context: AllocContext,
+}
+
+/// Where an allocation runs, for LUF's takeoff (v12's
+/// `no_shootdown_context`). Every allocation the model's own paths make
+/// runs in a task that may sleep (`Task`); the other two are the
+/// allocator's contract for callers that cannot send IPIs, and its tests
+/// use them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AllocContext {
+    /// A preemptible task: may shoot down.
+    #[default]
+    Task,
+    /// Not preemptible (a spinlock held): avoids shooting down while the
+    /// zone has enough free pages without LUF keys, may when it has not
+    /// (v12: "should be allowed under heavy memory pressure").
+    Atomic,
+    /// Interrupts off, or not in a task: never shoots down (the IPI could
+    /// deadlock); takes only blocks without keys.
+    IrqsOff,
+}
+
+impl AllocContext {
+    /// Whether a takeoff in this context may shoot down, the zone's
+    /// reserve of pages without keys being `non_luf_ok`.
+    fn can_shootdown(self, non_luf_ok: bool) -> bool {
+        match self {
+            AllocContext::Task => true,
+            AllocContext::Atomic => !non_luf_ok,
+            AllocContext::IrqsOff => false,
+        }
+    }
 }
 
 impl AllocFlags {
@@ -100,6 +141,7 @@ impl AllocFlags {
         nodes: 0,
         no_memalloc: false,
         no_kswapd: false,
+        context: AllocContext::Task,
     };
     /// `__GFP_ZERO`.
     pub const ZERO: AllocFlags = AllocFlags {
@@ -117,8 +159,34 @@ impl AllocFlags {
 }
 
 struct FreeArea {
-    head: [u32; NR_ORDERS],
+    /// `free_list`: blocks none of whose pages carries a LUF key.
+    free: [FreeList; NR_ORDERS],
+    /// `pend_list` (LUF v12): blocks some page of which was freed with its
+    /// TLB flush deferred, kept apart so that an allocation can prefer
+    /// blocks that need no shootdown, and one that cannot send IPIs can
+    /// find them.
+    pend: [FreeList; NR_ORDERS],
+    /// Blocks of each order on both lists.
     nr_free: [u64; NR_ORDERS],
+}
+
+/// One list of free blocks, linked through their heads' `lru_next` /
+/// `lru_prev`; taken from the head.
+#[derive(Clone, Copy)]
+struct FreeList {
+    head: u32,
+    tail: u32,
+}
+
+impl FreeList {
+    const EMPTY: FreeList = FreeList {
+        head: LIST_NONE,
+        tail: LIST_NONE,
+    };
+
+    fn is_empty(&self) -> bool {
+        self.head == LIST_NONE
+    }
 }
 
 #[derive(Default)]
@@ -166,6 +234,10 @@ pub struct Zone {
     /// whose flush was deferred; free to the watermark checks, since a
     /// forced flush frees them on demand.
     pub migrc_pending: AtomicU64,
+    /// `zone->nr_luf_pages` (LUF v12): pages in blocks on the pend lists.
+    /// Changed under the zone lock; read without it to decide which list
+    /// an allocation tries first.
+    nr_luf_pages: AtomicU64,
 }
 
 pub const WMARK_MIN: Option<usize> = Some(0);
@@ -228,6 +300,10 @@ impl Drop for ReclaimGuard {
 /// `MAX_RECLAIM_RETRIES`.
 const MAX_RECLAIM_RETRIES: usize = 16;
 
+/// LUF v12: how many pcp blocks an allocation that may not shoot down
+/// tries before it turns to the buddy lists.
+const PCP_TAKEOFF_TRIES: usize = 3;
+
 fn pcp_index(order: u32) -> Option<usize> {
     match order {
         0..=3 => Some(order as usize),
@@ -250,9 +326,11 @@ impl Zone {
         let pcp_high = [highsize(min + step), highsize(nr_pages / 8)];
         Zone {
             free_area: CachePadded::new(Mutex::new(FreeArea {
-                head: [LIST_NONE; NR_ORDERS],
+                free: [FreeList::EMPTY; NR_ORDERS],
+                pend: [FreeList::EMPTY; NR_ORDERS],
                 nr_free: [0; NR_ORDERS],
             })),
+            nr_luf_pages: AtomicU64::new(0),
             nr_free: CachePadded::new(AtomicU64::new(0)),
             pcp: (0..=nr_cpus)
                 .map(|_| {
@@ -397,6 +475,15 @@ impl Zone {
 
     /// `account_freepages`: `NR_FREE_PAGES` moves by `pages`, once for a
     /// whole locked section (zone lock held, or the zone private).
+    /// `non_luf_pages_ok`: the zone's free pages without LUF keys stay
+    /// above its min watermark, the reserve for contexts that cannot
+    /// shoot down.
+    fn non_luf_pages_ok(&self) -> bool {
+        let free = self.nr_free.load(Ordering::Relaxed);
+        let luf = self.nr_luf_pages.load(Ordering::Relaxed);
+        free.saturating_sub(luf) > self.watermark[0]
+    }
+
     fn account_freepages(&self, pages: i64) {
         if pages >= 0 {
             self.nr_free.fetch_add(pages as u64, Ordering::Relaxed);
@@ -422,34 +509,79 @@ pub(super) fn init_free_area(mem: &PhysMem, node: &Node) {
     node.zone.account_freepages(node.nr_pages as i64);
 }
 
+/// The LUF key a free block is filed under: its head's. A block some page
+/// of which carries a key has a key on its head too (kept so by the merges
+/// and splits below); a key on the head may be stricter than its pages
+/// need, which costs at most a flush that was not owed.
+fn block_luf_key(mem: &PhysMem, node: &Node, off: u32) -> u32 {
+    mem.page(node.start_pfn() + off as u64)
+        .luf_key
+        .load(Ordering::Relaxed)
+}
+
+/// `__add_to_free_list`: a block with a LUF key goes to the tail of its
+/// pend list (the oldest is taken first, likeliest to have been flushed
+/// meanwhile), any other to the head of its free list.
 fn add_to_free_list(mem: &PhysMem, node: &Node, area: &mut FreeArea, off: u32, order: u32) {
     let page = mem.page(node.start_pfn() + off as u64);
     page.set(pg::BUDDY);
     page.private.store(order as u64, Ordering::Relaxed);
-    let old = area.head[order as usize];
-    page.lru_next.store(old, Ordering::Relaxed);
-    page.lru_prev.store(LIST_NONE, Ordering::Relaxed);
-    if old != LIST_NONE {
-        mem.page(node.start_pfn() + old as u64)
-            .lru_prev
-            .store(off, Ordering::Relaxed);
+    let luf = block_luf_key(mem, node, off) != 0;
+    let list = if luf {
+        node.zone
+            .nr_luf_pages
+            .fetch_add(1 << order, Ordering::Relaxed);
+        &mut area.pend[order as usize]
+    } else {
+        &mut area.free[order as usize]
+    };
+    let link = |o: u32| &mem.page(node.start_pfn() + o as u64).lru_next;
+    let back = |o: u32| &mem.page(node.start_pfn() + o as u64).lru_prev;
+    if list.is_empty() {
+        page.lru_next.store(LIST_NONE, Ordering::Relaxed);
+        page.lru_prev.store(LIST_NONE, Ordering::Relaxed);
+        *list = FreeList {
+            head: off,
+            tail: off,
+        };
+    } else if luf {
+        page.lru_next.store(LIST_NONE, Ordering::Relaxed);
+        page.lru_prev.store(list.tail, Ordering::Relaxed);
+        link(list.tail).store(off, Ordering::Relaxed);
+        list.tail = off;
+    } else {
+        page.lru_next.store(list.head, Ordering::Relaxed);
+        page.lru_prev.store(LIST_NONE, Ordering::Relaxed);
+        back(list.head).store(off, Ordering::Relaxed);
+        list.head = off;
     }
-    area.head[order as usize] = off;
     area.nr_free[order as usize] += 1;
 }
 
 fn del_from_free_list(mem: &PhysMem, node: &Node, area: &mut FreeArea, off: u32, order: u32) {
     let page = mem.page(node.start_pfn() + off as u64);
+    let list = if block_luf_key(mem, node, off) != 0 {
+        node.zone
+            .nr_luf_pages
+            .fetch_sub(1 << order, Ordering::Relaxed);
+        &mut area.pend[order as usize]
+    } else {
+        &mut area.free[order as usize]
+    };
     let next = page.lru_next.load(Ordering::Relaxed);
     let prev = page.lru_prev.load(Ordering::Relaxed);
     if prev == LIST_NONE {
-        area.head[order as usize] = next;
+        debug_assert_eq!(list.head, off, "block {off:#x} not at its list's head");
+        list.head = next;
     } else {
         mem.page(node.start_pfn() + prev as u64)
             .lru_next
             .store(next, Ordering::Relaxed);
     }
-    if next != LIST_NONE {
+    if next == LIST_NONE {
+        debug_assert_eq!(list.tail, off, "block {off:#x} not at its list's tail");
+        list.tail = prev;
+    } else {
         mem.page(node.start_pfn() + next as u64)
             .lru_prev
             .store(prev, Ordering::Relaxed);
@@ -464,24 +596,75 @@ fn del_from_free_list(mem: &PhysMem, node: &Node, area: &mut FreeArea, off: u32,
     area.nr_free[order as usize] -= 1;
 }
 
+/// What a takeoff from the buddy lists may take (LUF v12's
+/// `get_page_from_free_area`).
+#[derive(Clone, Copy)]
+struct Takeoff {
+    /// The context may shoot down: a block from a pend list will do.
+    can_shootdown: bool,
+    /// The zone is short of pages without keys: try the pend list first,
+    /// so that the rest stay for contexts that cannot shoot down.
+    pend_first: bool,
+}
+
+impl Takeoff {
+    /// Any block: no key exists yet, or LUF is not in use.
+    const ANY: Takeoff = Takeoff {
+        can_shootdown: true,
+        pend_first: false,
+    };
+
+    /// The list of `order` to take from, if either has a block this
+    /// takeoff may have.
+    fn pick(self, area: &FreeArea, order: u32) -> Option<u32> {
+        let free = area.free[order as usize];
+        let pend = area.pend[order as usize];
+        let pend = (self.can_shootdown && !pend.is_empty()).then_some(pend.head);
+        let free = (!free.is_empty()).then_some(free.head);
+        if self.pend_first {
+            pend.or(free)
+        } else {
+            free.or(pend)
+        }
+    }
+}
+
 /// `__rmqueue_smallest` + `expand`: take the smallest block of at least
-/// `order` and give back the halves not needed. Zone lock held; the caller
-/// accounts the pages taken.
-fn rmqueue_smallest(mem: &PhysMem, node: &Node, area: &mut FreeArea, order: u32) -> Option<u32> {
-    let found = (order..=MAX_PAGE_ORDER).find(|&o| area.head[o as usize] != LIST_NONE)?;
-    let off = area.head[found as usize];
+/// `order` that `takeoff` allows and give back the halves not needed.
+/// Zone lock held; the caller accounts the pages taken.
+fn rmqueue_smallest(
+    mem: &PhysMem,
+    node: &Node,
+    area: &mut FreeArea,
+    order: u32,
+    takeoff: Takeoff,
+) -> Option<u32> {
+    let (found, off) =
+        (order..=MAX_PAGE_ORDER).find_map(|o| takeoff.pick(area, o).map(|off| (o, off)))?;
+    let key = block_luf_key(mem, node, off);
     del_from_free_list(mem, node, area, off, found);
     let mut high = found;
     while high > order {
         high -= 1;
-        add_to_free_list(mem, node, area, off + (1 << high), high);
+        let half = off + (1 << high);
+        // The half may hold keyed pages under a head without one: it
+        // files under the whole block's key.
+        if key != 0 && block_luf_key(mem, node, half) == 0 {
+            mem.page(node.start_pfn() + half as u64)
+                .luf_key
+                .store(key, Ordering::Relaxed);
+        }
+        add_to_free_list(mem, node, area, half, high);
     }
     Some(off)
 }
 
 /// `__free_one_page`: merge with free buddies while possible. Zone lock
-/// held; the caller accounts the pages freed.
+/// held; the caller accounts the pages freed. A merged block files under
+/// a key if either part had one (v12 folds the two batches into one key;
+/// here each page keeps its own, and the head's only says "check").
 fn free_one_page(mem: &PhysMem, node: &Node, area: &mut FreeArea, mut off: u32, mut order: u32) {
+    let mut key = block_luf_key(mem, node, off);
     while order < MAX_PAGE_ORDER {
         let buddy = off ^ (1 << order);
         if buddy as u64 >= node.nr_pages {
@@ -492,8 +675,15 @@ fn free_one_page(mem: &PhysMem, node: &Node, area: &mut FreeArea, mut off: u32, 
             break;
         }
         del_from_free_list(mem, node, area, buddy, order);
+        if key == 0 {
+            key = block_luf_key(mem, node, buddy);
+        }
         off &= buddy;
         order += 1;
+    }
+    let head = mem.page(node.start_pfn() + off as u64);
+    if key != 0 && head.luf_key.load(Ordering::Relaxed) == 0 {
+        head.luf_key.store(key, Ordering::Relaxed);
     }
     add_to_free_list(mem, node, area, off, order);
 }
@@ -523,7 +713,7 @@ impl PhysMem {
         let pfn = self
             .get_page_from_freelist(nid, order, cpu, flags, WMARK_LOW)
             .or_else(|| self.alloc_pages_slowpath(nid, order, cpu, flags))?;
-        self.luf_takeoff(pfn, order, cpu);
+        self.luf_takeoff(pfn, order, cpu, flags.context);
         self.prep_new_page(pfn, order, flags);
         self.vmstat.count(cpu, Event::PGALLOC, 1 << order);
         Some(pfn)
@@ -542,17 +732,18 @@ impl PhysMem {
         self.allowed_zonelist(nid, flags).find_map(|n| {
             let node = &self.nodes[n];
             node.zone.note_below_high(order);
-            self.rmqueue(node, order, cpu, mark).or_else(|| {
-                // MIGRC: a zone short of its watermark that holds kept
-                // sources flushes and frees them, and is tried again.
-                if node.zone.migrc_pending.load(Ordering::Relaxed) == 0 {
-                    return None;
-                }
-                let r = self.reclaimer.get().and_then(|w| w.upgrade())?;
-                r.migrc_flush_free(cpu)
-                    .then(|| self.rmqueue(node, order, cpu, mark))
-                    .flatten()
-            })
+            self.rmqueue(node, order, cpu, mark, flags.context)
+                .or_else(|| {
+                    // MIGRC: a zone short of its watermark that holds kept
+                    // sources flushes and frees them, and is tried again.
+                    if node.zone.migrc_pending.load(Ordering::Relaxed) == 0 {
+                        return None;
+                    }
+                    let r = self.reclaimer.get().and_then(|w| w.upgrade())?;
+                    r.migrc_flush_free(cpu)
+                        .then(|| self.rmqueue(node, order, cpu, mark, flags.context))
+                        .flatten()
+                })
         })
     }
 
@@ -640,14 +831,22 @@ impl PhysMem {
     }
 
     /// Take a block from `node` if it stays above `mark` (None: no
-    /// watermark, `ALLOC_NO_WATERMARKS`).
-    fn rmqueue(&self, node: &Node, order: u32, cpu: usize, mark: Option<usize>) -> Option<Pfn> {
+    /// watermark, `ALLOC_NO_WATERMARKS`), one that `context` may take.
+    fn rmqueue(
+        &self,
+        node: &Node,
+        order: u32,
+        cpu: usize,
+        mark: Option<usize>,
+        context: AllocContext,
+    ) -> Option<Pfn> {
         let zone = &node.zone;
         // Before any list is touched: the free count alone, the lists'
         // orders under the lock below.
         if mark.is_some_and(|m| !zone.watermark_fast(order, m)) {
             return None;
         }
+        let takeoff = self.takeoff(zone, context);
         // Threads that play no CPU (kswapd, the last slot) use the buddy
         // lists directly: no CPU would ever take pages from their list.
         let kernel_thread = cpu >= zone.pcp.len() - 1;
@@ -655,14 +854,19 @@ impl PhysMem {
             let mut pcp = zone.pcp[cpu.min(zone.pcp.len() - 1)].lock();
             // `__rmqueue_pcplist`: an allocation ends a run of frees.
             pcp.free_count >>= 1;
-            if pcp.lists[idx].is_empty() && !self.rmqueue_bulk(node, &mut pcp, idx, order, mark) {
+            if pcp.lists[idx].is_empty()
+                && !self.rmqueue_bulk(node, &mut pcp, idx, order, mark, takeoff)
+            {
                 return None;
             }
-            let off = pcp.lists[idx].pop_back()?;
-            pcp.count -= 1 << order;
-            let pfn = node.start_pfn() + off as u64;
-            self.page(pfn).clear(pg::PCP);
-            return Some(pfn);
+            if let Some(off) = self.pcp_takeoff(node, &mut pcp.lists[idx], takeoff) {
+                pcp.count -= 1 << order;
+                let pfn = node.start_pfn() + off as u64;
+                self.page(pfn).clear(pg::PCP);
+                return Some(pfn);
+            }
+            // Every block tried needs a shootdown this context may not
+            // send: the buddy lists' free list may have one.
         }
         let mut area = zone.free_area.lock();
         // The lock and, as the guard drops, the unlock.
@@ -671,14 +875,41 @@ impl PhysMem {
         if !zone.watermark_ok(&area, order, mark) {
             return None;
         }
-        let off = rmqueue_smallest(self, node, &mut area, order)?;
+        let off = rmqueue_smallest(self, node, &mut area, order, takeoff)?;
         zone.account_freepages(-(1i64 << order));
         Some(node.start_pfn() + off as u64)
     }
 
+    /// What a takeoff from `zone` in `context` may take.
+    fn takeoff(&self, zone: &Zone, context: AllocContext) -> Takeoff {
+        if !self.luf.used() {
+            return Takeoff::ANY;
+        }
+        let non_luf_ok = zone.non_luf_pages_ok();
+        Takeoff {
+            can_shootdown: context.can_shootdown(non_luf_ok),
+            pend_first: !non_luf_ok,
+        }
+    }
+
+    /// `__rmqueue_pcplist`'s pick: the newest block, or, for a context
+    /// that may not shoot down, the newest of the last
+    /// [`PCP_TAKEOFF_TRIES`] without a LUF key (v12 retries three times).
+    fn pcp_takeoff(&self, node: &Node, list: &mut VecDeque<u32>, takeoff: Takeoff) -> Option<u32> {
+        if takeoff.can_shootdown {
+            return list.pop_back();
+        }
+        let len = list.len();
+        let i = (0..len.min(PCP_TAKEOFF_TRIES))
+            .map(|k| len - 1 - k)
+            .find(|&i| block_luf_key(self, node, list[i]) == 0)?;
+        list.remove(i)
+    }
+
     /// `rmqueue_bulk`: refill pcp list `idx` with a batch of `order`
     /// blocks under one hold of the zone lock, never below `mark`. False
-    /// if the zone was below it before any was taken.
+    /// if the zone was below it before any was taken. Blocks with a LUF
+    /// key go to the end taken last.
     fn rmqueue_bulk(
         &self,
         node: &Node,
@@ -686,6 +917,7 @@ impl PhysMem {
         idx: usize,
         order: u32,
         mark: Option<usize>,
+        takeoff: Takeoff,
     ) -> bool {
         let zone = &node.zone;
         let mut area = zone.free_area.lock();
@@ -698,11 +930,15 @@ impl PhysMem {
             if !zone.watermark_ok_taken(&area, order, mark, taken) {
                 break;
             }
-            let Some(off) = rmqueue_smallest(self, node, &mut area, order) else {
+            let Some(off) = rmqueue_smallest(self, node, &mut area, order, takeoff) else {
                 break;
             };
             self.page(node.start_pfn() + off as u64).set(pg::PCP);
-            pcp.lists[idx].push_back(off);
+            if block_luf_key(self, node, off) != 0 {
+                pcp.lists[idx].push_front(off);
+            } else {
+                pcp.lists[idx].push_back(off);
+            }
             taken += 1 << order;
         }
         pcp.count += taken;
@@ -716,7 +952,7 @@ impl PhysMem {
     /// flush deferred is handed out only once every CPU that may still
     /// cache them has flushed (v12 checks as pages leave the buddy and the
     /// per-CPU lists; the model checks once, as the block leaves either).
-    fn luf_takeoff(&self, pfn: Pfn, order: u32, cpu: usize) {
+    fn luf_takeoff(&self, pfn: Pfn, order: u32, cpu: usize, context: AllocContext) {
         // No key exists before the first deferred unmap: no page to read
         // (a THP's block is 512).
         if !self.luf.used() {
@@ -724,6 +960,12 @@ impl PhysMem {
         }
         let pending = self.luf_takeoff_pending(pfn, order);
         if pending != 0 {
+            // Such a context takes only blocks filed without a key.
+            debug_assert_ne!(
+                context,
+                AllocContext::IrqsOff,
+                "a block owing a shootdown went to a context that cannot send one"
+            );
             let r = self.reclaimer.get().and_then(|w| w.upgrade());
             // Keys exist only on a machine's memory, which registered
             // itself: the flush is always made.
@@ -827,7 +1069,13 @@ impl PhysMem {
             let mut pcp = zone.pcp[cpu].lock();
             pcp.alloc_factor >>= 1;
             head.set(pg::PCP);
-            pcp.lists[idx].push_back(off);
+            // LUF v12: a block that owes a shootdown goes where it is
+            // taken last (and drained first), to defer the flush longest.
+            if head.luf_key.load(Ordering::Relaxed) != 0 {
+                pcp.lists[idx].push_front(off);
+            } else {
+                pcp.lists[idx].push_back(off);
+            }
             pcp.count += 1 << order;
             if pcp.free_count < PCP_BATCH << PCP_BATCH_SCALE_MAX {
                 pcp.free_count += 1 << order;
@@ -884,6 +1132,61 @@ impl PhysMem {
         }
     }
 
+    /// LUF's filing of the buddy lists (for the invariant checker): every
+    /// block on a pend list has a key on its head, no page of a block on a
+    /// free list has one, and `nr_luf_pages` counts the pend lists' pages.
+    pub fn check_luf_lists(&self) -> Result<(), String> {
+        for node in &self.nodes {
+            let area = node.zone.free_area.lock();
+            let mut luf_pages = 0;
+            for order in 0..=MAX_PAGE_ORDER {
+                let walk = |list: FreeList, f: &mut dyn FnMut(u32) -> Result<(), String>| {
+                    let mut off = list.head;
+                    while off != LIST_NONE {
+                        f(off)?;
+                        off = self
+                            .page(node.start_pfn() + off as u64)
+                            .lru_next
+                            .load(Ordering::Relaxed);
+                    }
+                    Ok::<(), String>(())
+                };
+                walk(area.pend[order as usize], &mut |off| {
+                    luf_pages += 1u64 << order;
+                    match block_luf_key(self, node, off) {
+                        0 => Err(format!(
+                            "node {} order {order}: block {off:#x} on a pend list without a key",
+                            node.id
+                        )),
+                        _ => Ok(()),
+                    }
+                })?;
+                walk(area.free[order as usize], &mut |off| {
+                    let head = node.start_pfn() + off as u64;
+                    match self
+                        .pages(head, 1 << order)
+                        .iter()
+                        .position(|p| p.luf_key.load(Ordering::Relaxed) != 0)
+                    {
+                        Some(i) => Err(format!(
+                            "frame {:#x} carries a LUF key in block {head:#x} on a free list",
+                            head + i as u64
+                        )),
+                        None => Ok(()),
+                    }
+                })?;
+            }
+            let counted = node.zone.nr_luf_pages.load(Ordering::Relaxed);
+            if counted != luf_pages {
+                return Err(format!(
+                    "node {}: nr_luf_pages {counted}, the pend lists hold {luf_pages}",
+                    node.id
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Call `f(head, order)` for every free block, in the buddy lists and on
     /// the pcp lists (for the invariant checker; takes every lock in turn).
     pub fn for_each_free_block(&self, mut f: impl FnMut(Pfn, u32)) {
@@ -902,13 +1205,15 @@ impl PhysMem {
             }
             let area = node.zone.free_area.lock();
             for order in 0..=MAX_PAGE_ORDER {
-                let mut off = area.head[order as usize];
-                while off != LIST_NONE {
-                    f(node.start_pfn() + off as u64, order);
-                    off = self
-                        .page(node.start_pfn() + off as u64)
-                        .lru_next
-                        .load(Ordering::Relaxed);
+                let lists = [area.free[order as usize], area.pend[order as usize]];
+                for mut off in lists.map(|l| l.head) {
+                    while off != LIST_NONE {
+                        f(node.start_pfn() + off as u64, order);
+                        off = self
+                            .page(node.start_pfn() + off as u64)
+                            .lru_next
+                            .load(Ordering::Relaxed);
+                    }
                 }
             }
         }
@@ -1124,5 +1429,146 @@ mod tests {
         {}
         let pfn = m.alloc_pages(0, 0, 0, AllocFlags::default()).unwrap();
         assert_eq!(PhysMem::nid(pfn), 1);
+    }
+
+    /// Free `pfns` (order 0) as LUF frees a source: stamped with a batch
+    /// whose flush is deferred. The batch names CPU 1 and is marked done
+    /// for it, so that no takeoff here needs a machine to flush.
+    fn luf_free(m: &PhysMem, pfns: &[Pfn]) {
+        let batch = crate::phys::luf::LufBatch {
+            cpumask: 0b10,
+            ugen: m.luf.new_ugen(),
+        };
+        m.luf.flush_done(0b10, batch.ugen);
+        for &pfn in pfns {
+            m.luf_stamp(pfn, 1, batch);
+            m.page(pfn).refcount.store(0, Ordering::Relaxed);
+            m.free_pages(pfn, 0, 0);
+        }
+    }
+
+    fn nr_luf_pages(m: &PhysMem) -> u64 {
+        m.nodes[0].zone.nr_luf_pages.load(Ordering::Relaxed)
+    }
+
+    fn context(context: AllocContext) -> AllocFlags {
+        AllocFlags {
+            context,
+            ..AllocFlags::NONE
+        }
+    }
+
+    #[test]
+    fn luf_pages_are_filed_apart_and_taken_last() {
+        let m = mem(16);
+        let pfns: Vec<Pfn> = (0..64)
+            .map(|_| m.alloc_pages(0, 0, 0, AllocFlags::NONE).unwrap())
+            .collect();
+        luf_free(&m, &pfns);
+        // On the pcp list they wait behind every block without a key.
+        let next = m.alloc_pages(0, 0, 0, AllocFlags::NONE).unwrap();
+        assert!(!pfns.contains(&next), "a LUF page was handed out first");
+        m.page(next).refcount.store(0, Ordering::Relaxed);
+        m.free_pages(next, 0, 0);
+        m.drain_all_pages();
+        m.check_luf_lists().unwrap();
+        let filed = nr_luf_pages(&m);
+        assert!(filed >= 64, "{filed} pages filed as LUF");
+        // With plenty of pages without keys, neither a task nor an atomic
+        // context touches the pend lists.
+        for ctx in [
+            AllocContext::Task,
+            AllocContext::Atomic,
+            AllocContext::IrqsOff,
+        ] {
+            let pfn = m.alloc_pages(0, 0, 0, context(ctx)).unwrap();
+            assert_eq!(m.page(pfn).luf_key.load(Ordering::Relaxed), 0);
+            assert_eq!(nr_luf_pages(&m), filed, "{ctx:?} took from a pend list");
+        }
+        m.check_luf_lists().unwrap();
+    }
+
+    #[test]
+    fn a_context_that_cannot_shoot_down_never_takes_a_keyed_block() {
+        let m = mem(4);
+        let mut pfns = vec![];
+        while let Some(pfn) = m.alloc_pages(0, 0, 0, AllocFlags::NONE) {
+            pfns.push(pfn);
+        }
+        // Everything free now owes a (done) flush: the reserve is gone.
+        luf_free(&m, &pfns);
+        m.drain_all_pages();
+        m.check_luf_lists().unwrap();
+        assert!(!m.nodes[0].zone.non_luf_pages_ok());
+        assert_eq!(m.alloc_pages(0, 0, 0, context(AllocContext::IrqsOff)), None);
+        // A non-preemptible context may shoot down under pressure, and the
+        // pend list comes first; so does a task's.
+        for ctx in [AllocContext::Atomic, AllocContext::Task] {
+            // Each from the buddy lists, not the last one's pcp refill.
+            m.drain_all_pages();
+            let before = nr_luf_pages(&m);
+            let pfn = m.alloc_pages(0, 0, 0, context(ctx)).unwrap();
+            assert_eq!(
+                m.page(pfn).luf_key.load(Ordering::Relaxed),
+                0,
+                "keys cleared"
+            );
+            assert!(
+                nr_luf_pages(&m) < before,
+                "{ctx:?} did not take a pend block"
+            );
+        }
+        m.check_luf_lists().unwrap();
+        // A block taken and freed without a key is one an IRQs-off context
+        // may have.
+        let pfn = m.alloc_pages(0, 0, 0, AllocFlags::NONE).unwrap();
+        m.page(pfn).refcount.store(0, Ordering::Relaxed);
+        m.free_pages(pfn, 0, 0);
+        assert_eq!(
+            m.alloc_pages(0, 0, 0, context(AllocContext::IrqsOff)),
+            Some(pfn)
+        );
+    }
+
+    #[test]
+    fn luf_filing_survives_merges_and_splits() {
+        let m = mem(16);
+        let before = m.nr_free_pages();
+        let mut got = vec![];
+        for order in [0, 3, 0, 9, 1, 0, 10, 2] {
+            got.push((m.alloc_pages(0, order, 0, AllocFlags::NONE).unwrap(), order));
+        }
+        // Every other order-0 page LUF-freed, the rest plainly.
+        let small: Vec<Pfn> = got.iter().filter(|g| g.1 == 0).map(|g| g.0).collect();
+        luf_free(&m, &small[..2]);
+        for &(pfn, order) in got
+            .iter()
+            .filter(|g| g.1 != 0 || !small[..2].contains(&g.0))
+        {
+            m.page(pfn).refcount.store(0, Ordering::Relaxed);
+            m.free_pages(pfn, order, 1);
+        }
+        m.drain_all_pages();
+        m.check_luf_lists().unwrap();
+        assert!(nr_luf_pages(&m) > 0);
+        // Take everything at mixed orders (splitting filed blocks), then
+        // give it all back without keys: nothing is filed as LUF.
+        let mut all = vec![];
+        for order in [0, 2, 9, 0, 1, 10, 3].into_iter().cycle() {
+            match m.alloc_pages(0, order, 0, AllocFlags::NONE) {
+                Some(pfn) => all.push((pfn, order)),
+                None if order == 0 => break,
+                None => {}
+            }
+            m.check_luf_lists().unwrap();
+        }
+        for (pfn, order) in all {
+            m.page(pfn).refcount.store(0, Ordering::Relaxed);
+            m.free_pages(pfn, order, 0);
+        }
+        m.drain_all_pages();
+        m.check_luf_lists().unwrap();
+        assert_eq!(nr_luf_pages(&m), 0);
+        assert_eq!(m.nr_free_pages(), before);
     }
 }
