@@ -27,24 +27,31 @@
 //! batch entry never forgets: folding a newer generation into a key that
 //! older pages carry only makes their check stricter.
 //!
-//! The allocator files a free block with a key apart (v12's `pend_list`
-//! beside each order's `free_list`, counted in `nr_luf_pages`; see
-//! [`super::page_alloc`]): a keyed block goes to the tail of the pend list,
-//! or the far end of a per-CPU list, and an allocation takes a block
-//! without a key first as long as the zone keeps more than its min
-//! watermark of those (`non_luf_pages_ok`), so that the flush is deferred
-//! as long as memory allows and a context that cannot send IPIs
-//! ([`super::AllocContext`]) always finds a block that needs none. Short
-//! of them, the pend list comes first.
+//! The allocator files a free block that owes a flush apart (v12's
+//! `pend_list` beside each order's `free_list`, counted in
+//! `nr_luf_pages`; see [`super::page_alloc`]): such a block goes to the
+//! tail of its pend list, or the far end of a per-CPU list, and an
+//! allocation takes a block that owes nothing first as long as the zone
+//! keeps more than its min watermark of those (`non_luf_pages_ok`), so
+//! that the flush is deferred as long as memory allows and the pages
+//! owing nothing are kept for contexts that cannot send IPIs
+//! ([`super::AllocContext`]). Short of them, the pend list comes first;
+//! a context that may never shoot down then finds only what is left
+//! below the watermark, and may fail.
 //!
 //! Where the model differs: generations are 64-bit and never wrap (v12's
-//! wrap and compare with a signed difference); a merged block files under
-//! its parts' keys by keeping each page's own rather than folding two
-//! batches into one key; v12's per-zone generations (`zone_ugen`, which
-//! flush a whole pend list at once) and its skipping of flushes already
-//! done per mm have no counterpart. Every allocation the model's own paths
-//! make runs in a task that may send IPIs; the other contexts exist for
-//! the allocator's callers and are exercised by its tests.
+//! wrap and compare with a signed difference); a merged block is marked
+//! as owing ([`super::memmap::pg::LUF_PEND`] on the heads a merge makes)
+//! where v12 folds the two parts' batches into the head's key, so each
+//! page keeps the key its own free gave it; which list comes first, and
+//! whether the context may shoot down, are decided once per allocation
+//! from a zone where v12 asks again for each order and each block of a
+//! per-CPU refill; a block that owes nothing goes to the head of its free
+//! list (v12 may put it at the tail when a merge is likely, as the kernel
+//! does). v12's per-zone generations (`zone_ugen`, which flush a whole
+//! pend list at once) have no counterpart. Every allocation the model's own paths make runs
+//! in a task that may send IPIs; the other contexts exist for the
+//! allocator's callers, and its tests use them.
 //!
 //! # Ordering
 //!
@@ -185,10 +192,12 @@ impl super::PhysMem {
         self.luf.pending(batch)
     }
 
-    /// Takeoff done (flushed, or nothing to flush): the block's keys go.
+    /// Takeoff done (flushed, or nothing to flush): the block's keys go,
+    /// and the marks merges left on its parts' heads.
     pub fn luf_takeoff_clear(&self, pfn: super::Pfn, order: u32) {
         for p in self.pages(pfn, 1 << order) {
             p.luf_key.store(0, Ordering::Relaxed);
+            p.clear(super::memmap::pg::LUF_PEND);
         }
     }
 

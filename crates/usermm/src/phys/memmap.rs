@@ -38,6 +38,11 @@ pub mod pg {
     pub const PARTIALLY_MAPPED: u64 = 1 << 44;
     /// The folio is MADV_FREE'd and may be discarded (lazyfree).
     pub const LAZYFREE: u64 = 1 << 45;
+    /// LUF: the head of a free block (or of a part a merge made of it) some
+    /// page of which still carries a `luf_key`; the block is filed on a
+    /// pend list. v12 folds the parts' keys into the head's key instead;
+    /// a flag leaves every page's own key as its free made it.
+    pub const LUF_PEND: u64 = 1 << 46;
     /// Low byte of the high word: the folio order (head pages only).
     pub const ORDER_SHIFT: u32 = 56;
     pub const ORDER_MASK: u64 = 0xff << ORDER_SHIFT;

@@ -473,17 +473,18 @@ impl Zone {
         order == 0 || (order as usize..NR_ORDERS).any(|o| area.nr_free[o] > 0)
     }
 
-    /// `account_freepages`: `NR_FREE_PAGES` moves by `pages`, once for a
-    /// whole locked section (zone lock held, or the zone private).
     /// `non_luf_pages_ok`: the zone's free pages without LUF keys stay
     /// above its min watermark, the reserve for contexts that cannot
-    /// shoot down.
+    /// shoot down. (v12 subtracts unsigned and may wrap; the model
+    /// saturates.)
     fn non_luf_pages_ok(&self) -> bool {
         let free = self.nr_free.load(Ordering::Relaxed);
         let luf = self.nr_luf_pages.load(Ordering::Relaxed);
         free.saturating_sub(luf) > self.watermark[0]
     }
 
+    /// `account_freepages`: `NR_FREE_PAGES` moves by `pages`, once for a
+    /// whole locked section (zone lock held, or the zone private).
     fn account_freepages(&self, pages: i64) {
         if pages >= 0 {
             self.nr_free.fetch_add(pages as u64, Ordering::Relaxed);
@@ -509,14 +510,16 @@ pub(super) fn init_free_area(mem: &PhysMem, node: &Node) {
     node.zone.account_freepages(node.nr_pages as i64);
 }
 
-/// The LUF key a free block is filed under: its head's. A block some page
-/// of which carries a key has a key on its head too (kept so by the merges
-/// and splits below); a key on the head may be stricter than its pages
-/// need, which costs at most a flush that was not owed.
-fn block_luf_key(mem: &PhysMem, node: &Node, off: u32) -> u32 {
-    mem.page(node.start_pfn() + off as u64)
-        .luf_key
-        .load(Ordering::Relaxed)
+/// Whether a free block is filed as owing a LUF shootdown: its head was
+/// freed with a key, or a merge marked it ([`pg::LUF_PEND`]). A block some
+/// page of which carries a key is always so filed, and so is every part of
+/// it a merge once headed (each merge marks the head it makes): a split
+/// files each half by its own head. A mark may be stale the other way (a
+/// part that owes nothing, under a head a merge marked), which costs at
+/// most a takeoff that finds nothing to flush.
+fn block_owes_flush(mem: &PhysMem, node: &Node, off: u32) -> bool {
+    let head = mem.page(node.start_pfn() + off as u64);
+    head.luf_key.load(Ordering::Relaxed) != 0 || head.test(pg::LUF_PEND)
 }
 
 /// `__add_to_free_list`: a block with a LUF key goes to the tail of its
@@ -526,7 +529,7 @@ fn add_to_free_list(mem: &PhysMem, node: &Node, area: &mut FreeArea, off: u32, o
     let page = mem.page(node.start_pfn() + off as u64);
     page.set(pg::BUDDY);
     page.private.store(order as u64, Ordering::Relaxed);
-    let luf = block_luf_key(mem, node, off) != 0;
+    let luf = block_owes_flush(mem, node, off);
     let list = if luf {
         node.zone
             .nr_luf_pages
@@ -560,7 +563,7 @@ fn add_to_free_list(mem: &PhysMem, node: &Node, area: &mut FreeArea, off: u32, o
 
 fn del_from_free_list(mem: &PhysMem, node: &Node, area: &mut FreeArea, off: u32, order: u32) {
     let page = mem.page(node.start_pfn() + off as u64);
-    let list = if block_luf_key(mem, node, off) != 0 {
+    let list = if block_owes_flush(mem, node, off) {
         node.zone
             .nr_luf_pages
             .fetch_sub(1 << order, Ordering::Relaxed);
@@ -608,12 +611,6 @@ struct Takeoff {
 }
 
 impl Takeoff {
-    /// Any block: no key exists yet, or LUF is not in use.
-    const ANY: Takeoff = Takeoff {
-        can_shootdown: true,
-        pend_first: false,
-    };
-
     /// The list of `order` to take from, if either has a block this
     /// takeoff may have.
     fn pick(self, area: &FreeArea, order: u32) -> Option<u32> {
@@ -641,30 +638,21 @@ fn rmqueue_smallest(
 ) -> Option<u32> {
     let (found, off) =
         (order..=MAX_PAGE_ORDER).find_map(|o| takeoff.pick(area, o).map(|off| (o, off)))?;
-    let key = block_luf_key(mem, node, off);
     del_from_free_list(mem, node, area, off, found);
     let mut high = found;
     while high > order {
         high -= 1;
-        let half = off + (1 << high);
-        // The half may hold keyed pages under a head without one: it
-        // files under the whole block's key.
-        if key != 0 && block_luf_key(mem, node, half) == 0 {
-            mem.page(node.start_pfn() + half as u64)
-                .luf_key
-                .store(key, Ordering::Relaxed);
-        }
-        add_to_free_list(mem, node, area, half, high);
+        add_to_free_list(mem, node, area, off + (1 << high), high);
     }
     Some(off)
 }
 
 /// `__free_one_page`: merge with free buddies while possible. Zone lock
-/// held; the caller accounts the pages freed. A merged block files under
-/// a key if either part had one (v12 folds the two batches into one key;
-/// here each page keeps its own, and the head's only says "check").
+/// held; the caller accounts the pages freed. Each head a merge makes is
+/// marked [`pg::LUF_PEND`] if either part owed a shootdown (v12 writes the
+/// folded key on it at each step).
 fn free_one_page(mem: &PhysMem, node: &Node, area: &mut FreeArea, mut off: u32, mut order: u32) {
-    let mut key = block_luf_key(mem, node, off);
+    let mut owes = block_owes_flush(mem, node, off);
     while order < MAX_PAGE_ORDER {
         let buddy = off ^ (1 << order);
         if buddy as u64 >= node.nr_pages {
@@ -675,15 +663,12 @@ fn free_one_page(mem: &PhysMem, node: &Node, area: &mut FreeArea, mut off: u32, 
             break;
         }
         del_from_free_list(mem, node, area, buddy, order);
-        if key == 0 {
-            key = block_luf_key(mem, node, buddy);
-        }
+        owes |= block_owes_flush(mem, node, buddy);
         off &= buddy;
         order += 1;
-    }
-    let head = mem.page(node.start_pfn() + off as u64);
-    if key != 0 && head.luf_key.load(Ordering::Relaxed) == 0 {
-        head.luf_key.store(key, Ordering::Relaxed);
+        if owes {
+            mem.page(node.start_pfn() + off as u64).set(pg::LUF_PEND);
+        }
     }
     add_to_free_list(mem, node, area, off, order);
 }
@@ -766,11 +751,17 @@ impl PhysMem {
             return self.get_page_from_freelist(nid, order, cpu, flags, None);
         }
         let reclaim = self.reclaimer.get().and_then(|w| w.upgrade());
+        // Only a task may flush, or reclaim (`GFP_ATOMIC` has no
+        // `__GFP_DIRECT_RECLAIM`; its `__GFP_HIGH` dip below the min
+        // watermark is not modelled).
+        let task = flags.context == AllocContext::Task;
         // MIGRC under pressure: no new deferral while in here, and what is
         // kept is flushed and freed once.
         let _paused = reclaim.clone().map(|r| {
             r.migrc_pause(true);
-            r.migrc_flush_free(cpu);
+            if task {
+                r.migrc_flush_free(cpu);
+            }
             MigrcPaused(r)
         });
         if let (Some(r), false) = (&reclaim, flags.no_kswapd) {
@@ -781,7 +772,7 @@ impl PhysMem {
         if let Some(p) = self.get_page_from_freelist(nid, order, cpu, flags, WMARK_MIN) {
             return Some(p);
         }
-        if flags.no_direct_reclaim || in_reclaim() {
+        if flags.no_direct_reclaim || in_reclaim() || !task {
             return None;
         }
         let r = reclaim?;
@@ -882,9 +873,9 @@ impl PhysMem {
 
     /// What a takeoff from `zone` in `context` may take.
     fn takeoff(&self, zone: &Zone, context: AllocContext) -> Takeoff {
-        if !self.luf.used() {
-            return Takeoff::ANY;
-        }
+        // No shortcut while LUF is unused: a first stamp may be filed on a
+        // pend list while this allocation decides (the pend lists are then
+        // simply empty).
         let non_luf_ok = zone.non_luf_pages_ok();
         Takeoff {
             can_shootdown: context.can_shootdown(non_luf_ok),
@@ -902,14 +893,14 @@ impl PhysMem {
         let len = list.len();
         let i = (0..len.min(PCP_TAKEOFF_TRIES))
             .map(|k| len - 1 - k)
-            .find(|&i| block_luf_key(self, node, list[i]) == 0)?;
+            .find(|&i| !block_owes_flush(self, node, list[i]))?;
         list.remove(i)
     }
 
     /// `rmqueue_bulk`: refill pcp list `idx` with a batch of `order`
     /// blocks under one hold of the zone lock, never below `mark`. False
-    /// if the zone was below it before any was taken. Blocks with a LUF
-    /// key go to the end taken last.
+    /// if the zone was below it before any was taken. (Blocks owing a LUF
+    /// shootdown keep their keys and take their turn, as in v12.)
     fn rmqueue_bulk(
         &self,
         node: &Node,
@@ -934,11 +925,7 @@ impl PhysMem {
                 break;
             };
             self.page(node.start_pfn() + off as u64).set(pg::PCP);
-            if block_luf_key(self, node, off) != 0 {
-                pcp.lists[idx].push_front(off);
-            } else {
-                pcp.lists[idx].push_back(off);
-            }
+            pcp.lists[idx].push_back(off);
             taken += 1 << order;
         }
         pcp.count += taken;
@@ -1132,49 +1119,56 @@ impl PhysMem {
         }
     }
 
-    /// LUF's filing of the buddy lists (for the invariant checker): every
-    /// block on a pend list has a key on its head, no page of a block on a
-    /// free list has one, and `nr_luf_pages` counts the pend lists' pages.
+    /// LUF's filing of the buddy lists (for the invariant checker): each
+    /// list is linked both ways and ends at its tail, every block on a
+    /// pend list is marked as owing a flush, no page of a block on a free
+    /// list carries a key, and `nr_luf_pages` counts the pend lists' pages.
     pub fn check_luf_lists(&self) -> Result<(), String> {
         for node in &self.nodes {
             let area = node.zone.free_area.lock();
             let mut luf_pages = 0;
             for order in 0..=MAX_PAGE_ORDER {
-                let walk = |list: FreeList, f: &mut dyn FnMut(u32) -> Result<(), String>| {
-                    let mut off = list.head;
+                for pend in [false, true] {
+                    let list = match pend {
+                        true => area.pend[order as usize],
+                        false => area.free[order as usize],
+                    };
+                    let what = if pend { "pend" } else { "free" };
+                    let at = |o: u32| self.page(node.start_pfn() + o as u64);
+                    let (mut prev, mut off) = (LIST_NONE, list.head);
                     while off != LIST_NONE {
-                        f(off)?;
-                        off = self
-                            .page(node.start_pfn() + off as u64)
-                            .lru_next
-                            .load(Ordering::Relaxed);
+                        let head = node.start_pfn() + off as u64;
+                        if at(off).lru_prev.load(Ordering::Relaxed) != prev {
+                            return Err(format!(
+                                "{what} list of order {order}: {head:#x} links back wrong"
+                            ));
+                        }
+                        if pend {
+                            luf_pages += 1u64 << order;
+                            if !block_owes_flush(self, node, off) {
+                                return Err(format!(
+                                    "block {head:#x} on a pend list owes no flush"
+                                ));
+                            }
+                        } else if let Some(i) = self
+                            .pages(head, 1 << order)
+                            .iter()
+                            .position(|p| p.luf_key.load(Ordering::Relaxed) != 0)
+                        {
+                            return Err(format!(
+                                "frame {:#x} carries a LUF key in block {head:#x} on a free list",
+                                head + i as u64
+                            ));
+                        }
+                        prev = off;
+                        off = at(off).lru_next.load(Ordering::Relaxed);
                     }
-                    Ok::<(), String>(())
-                };
-                walk(area.pend[order as usize], &mut |off| {
-                    luf_pages += 1u64 << order;
-                    match block_luf_key(self, node, off) {
-                        0 => Err(format!(
-                            "node {} order {order}: block {off:#x} on a pend list without a key",
-                            node.id
-                        )),
-                        _ => Ok(()),
+                    if list.tail != prev {
+                        return Err(format!(
+                            "{what} list of order {order}: its tail is not its last block"
+                        ));
                     }
-                })?;
-                walk(area.free[order as usize], &mut |off| {
-                    let head = node.start_pfn() + off as u64;
-                    match self
-                        .pages(head, 1 << order)
-                        .iter()
-                        .position(|p| p.luf_key.load(Ordering::Relaxed) != 0)
-                    {
-                        Some(i) => Err(format!(
-                            "frame {:#x} carries a LUF key in block {head:#x} on a free list",
-                            head + i as u64
-                        )),
-                        None => Ok(()),
-                    }
-                })?;
+                }
             }
             let counted = node.zone.nr_luf_pages.load(Ordering::Relaxed);
             if counted != luf_pages {
@@ -1431,20 +1425,59 @@ mod tests {
         assert_eq!(PhysMem::nid(pfn), 1);
     }
 
+    /// A machine's stand-in for LUF's tests: counts the takeoff flushes
+    /// asked of it, and records each as done.
+    #[derive(Default)]
+    struct LufFlushes {
+        mem: std::sync::OnceLock<std::sync::Weak<PhysMem>>,
+        asked: AtomicU64,
+    }
+
+    impl Reclaimer for LufFlushes {
+        fn wakeup_kswapd(&self, _: usize, _: u32) {}
+        fn try_to_free_pages(&self, _: usize, _: u32, _: usize) -> u64 {
+            0
+        }
+        fn migrc_flush_free(&self, _: usize) -> bool {
+            false
+        }
+        fn migrc_pause(&self, _: bool) {}
+        fn luf_flush(&self, _: usize, cpumask: u64) {
+            self.asked.fetch_add(1, Ordering::Relaxed);
+            let m = self.mem.get().and_then(|w| w.upgrade()).unwrap();
+            let ugen = m.luf.flush_start();
+            m.luf.flush_done(cpumask, ugen);
+        }
+    }
+
+    /// `mib` MiB on one node, with [`LufFlushes`] as its machine.
+    fn luf_mem(mib: u64) -> (std::sync::Arc<PhysMem>, std::sync::Arc<LufFlushes>) {
+        let m = std::sync::Arc::new(mem(mib));
+        let r = std::sync::Arc::new(LufFlushes::default());
+        r.mem.set(std::sync::Arc::downgrade(&m)).unwrap();
+        let weak: std::sync::Weak<dyn Reclaimer> =
+            std::sync::Arc::downgrade(&(r.clone() as std::sync::Arc<dyn Reclaimer>));
+        m.set_reclaimer(weak);
+        (m, r)
+    }
+
     /// Free `pfns` (order 0) as LUF frees a source: stamped with a batch
-    /// whose flush is deferred. The batch names CPU 1 and is marked done
-    /// for it, so that no takeoff here needs a machine to flush.
+    /// whose flush of CPU 1 is still owed.
     fn luf_free(m: &PhysMem, pfns: &[Pfn]) {
         let batch = crate::phys::luf::LufBatch {
             cpumask: 0b10,
             ugen: m.luf.new_ugen(),
         };
-        m.luf.flush_done(0b10, batch.ugen);
         for &pfn in pfns {
             m.luf_stamp(pfn, 1, batch);
             m.page(pfn).refcount.store(0, Ordering::Relaxed);
             m.free_pages(pfn, 0, 0);
         }
+    }
+
+    fn put(m: &PhysMem, pfn: Pfn, order: u32) {
+        m.page(pfn).refcount.store(0, Ordering::Relaxed);
+        m.free_pages(pfn, order, 0);
     }
 
     fn nr_luf_pages(m: &PhysMem) -> u64 {
@@ -1460,70 +1493,81 @@ mod tests {
 
     #[test]
     fn luf_pages_are_filed_apart_and_taken_last() {
-        let m = mem(16);
+        // Four max-order blocks: the one the LUF pages come from is filed
+        // whole once they merge back into it, the others owe nothing.
+        let (m, flushes) = luf_mem(16);
         let pfns: Vec<Pfn> = (0..64)
             .map(|_| m.alloc_pages(0, 0, 0, AllocFlags::NONE).unwrap())
             .collect();
         luf_free(&m, &pfns);
-        // On the pcp list they wait behind every block without a key.
+        // On the pcp list they wait behind every block that owes nothing.
         let next = m.alloc_pages(0, 0, 0, AllocFlags::NONE).unwrap();
         assert!(!pfns.contains(&next), "a LUF page was handed out first");
-        m.page(next).refcount.store(0, Ordering::Relaxed);
-        m.free_pages(next, 0, 0);
+        put(&m, next, 0);
         m.drain_all_pages();
         m.check_luf_lists().unwrap();
         let filed = nr_luf_pages(&m);
         assert!(filed >= 64, "{filed} pages filed as LUF");
-        // With plenty of pages without keys, neither a task nor an atomic
-        // context touches the pend lists.
+        // With plenty of pages owing nothing, no context takes from a pend
+        // list, and none flushes.
         for ctx in [
             AllocContext::Task,
             AllocContext::Atomic,
             AllocContext::IrqsOff,
         ] {
+            m.drain_all_pages();
             let pfn = m.alloc_pages(0, 0, 0, context(ctx)).unwrap();
-            assert_eq!(m.page(pfn).luf_key.load(Ordering::Relaxed), 0);
+            assert!(!pfns.contains(&pfn), "{ctx:?} got a LUF page");
             assert_eq!(nr_luf_pages(&m), filed, "{ctx:?} took from a pend list");
         }
+        assert_eq!(flushes.asked.load(Ordering::Relaxed), 0);
         m.check_luf_lists().unwrap();
     }
 
     #[test]
-    fn a_context_that_cannot_shoot_down_never_takes_a_keyed_block() {
-        let m = mem(4);
+    fn a_context_that_cannot_shoot_down_never_takes_a_block_that_owes() {
+        let (m, flushes) = luf_mem(4);
         let mut pfns = vec![];
         while let Some(pfn) = m.alloc_pages(0, 0, 0, AllocFlags::NONE) {
             pfns.push(pfn);
         }
-        // Everything free now owes a (done) flush: the reserve is gone.
+        // Everything free now owes a flush: the reserve is gone.
         luf_free(&m, &pfns);
         m.drain_all_pages();
         m.check_luf_lists().unwrap();
         assert!(!m.nodes[0].zone.non_luf_pages_ok());
         assert_eq!(m.alloc_pages(0, 0, 0, context(AllocContext::IrqsOff)), None);
+        assert_eq!(
+            flushes.asked.load(Ordering::Relaxed),
+            0,
+            "an IRQs-off context flushed"
+        );
         // A non-preemptible context may shoot down under pressure, and the
-        // pend list comes first; so does a task's.
-        for ctx in [AllocContext::Atomic, AllocContext::Task] {
-            // Each from the buddy lists, not the last one's pcp refill.
-            m.drain_all_pages();
-            let before = nr_luf_pages(&m);
-            let pfn = m.alloc_pages(0, 0, 0, context(ctx)).unwrap();
-            assert_eq!(
-                m.page(pfn).luf_key.load(Ordering::Relaxed),
-                0,
-                "keys cleared"
-            );
-            assert!(
-                nr_luf_pages(&m) < before,
-                "{ctx:?} did not take a pend block"
-            );
-        }
+        // pend list comes first: the takeoff flushes CPU 1.
+        let pfn = m
+            .alloc_pages(0, 0, 0, context(AllocContext::Atomic))
+            .unwrap();
+        assert!(pfns.contains(&pfn));
+        assert_eq!(flushes.asked.load(Ordering::Relaxed), 1);
+        // The same batch is done now: a task's takeoff finds nothing owed.
+        m.drain_all_pages();
+        let before = nr_luf_pages(&m);
+        let pfn2 = m.alloc_pages(0, 0, 0, context(AllocContext::Task)).unwrap();
+        assert!(pfns.contains(&pfn2));
+        assert!(
+            nr_luf_pages(&m) < before,
+            "a task did not take a pend block"
+        );
+        assert_eq!(flushes.asked.load(Ordering::Relaxed), 1);
         m.check_luf_lists().unwrap();
-        // A block taken and freed without a key is one an IRQs-off context
-        // may have.
-        let pfn = m.alloc_pages(0, 0, 0, AllocFlags::NONE).unwrap();
-        m.page(pfn).refcount.store(0, Ordering::Relaxed);
-        m.free_pages(pfn, 0, 0);
+        // A block freed owing nothing is one an IRQs-off context may have,
+        // from the back of the pcp list, past blocks that owe.
+        put(&m, pfn, 0);
+        luf_free(&m, &[pfn2]);
+        let off = |pfn: Pfn| (pfn & ((1 << NODE_PFN_SHIFT) - 1)) as u32;
+        let pcp = m.nodes[0].zone.pcp[0].lock().lists[0].clone();
+        assert_eq!(pcp.back(), Some(&off(pfn)));
+        assert_eq!(pcp.front(), Some(&off(pfn2)));
         assert_eq!(
             m.alloc_pages(0, 0, 0, context(AllocContext::IrqsOff)),
             Some(pfn)
@@ -1532,39 +1576,50 @@ mod tests {
 
     #[test]
     fn luf_filing_survives_merges_and_splits() {
-        let m = mem(16);
+        let (m, _) = luf_mem(4);
         let before = m.nr_free_pages();
         let mut got = vec![];
-        for order in [0, 3, 0, 9, 1, 0, 10, 2] {
+        for order in [0, 3, 0, 9, 1, 0, 2] {
             got.push((m.alloc_pages(0, order, 0, AllocFlags::NONE).unwrap(), order));
         }
-        // Every other order-0 page LUF-freed, the rest plainly.
-        let small: Vec<Pfn> = got.iter().filter(|g| g.1 == 0).map(|g| g.0).collect();
-        luf_free(&m, &small[..2]);
-        for &(pfn, order) in got
+        // The first two order-0 pages LUF-freed, the rest plainly.
+        let luf: Vec<Pfn> = got
             .iter()
-            .filter(|g| g.1 != 0 || !small[..2].contains(&g.0))
-        {
-            m.page(pfn).refcount.store(0, Ordering::Relaxed);
-            m.free_pages(pfn, order, 1);
+            .filter(|g| g.1 == 0)
+            .map(|g| g.0)
+            .take(2)
+            .collect();
+        luf_free(&m, &luf);
+        for &(pfn, order) in got.iter().filter(|g| !luf.contains(&g.0)) {
+            put(&m, pfn, order);
         }
         m.drain_all_pages();
         m.check_luf_lists().unwrap();
         assert!(nr_luf_pages(&m) > 0);
-        // Take everything at mixed orders (splitting filed blocks), then
-        // give it all back without keys: nothing is filed as LUF.
+        // Take everything, below the watermarks too (as a reclaiming thread
+        // may), at mixed orders that split the filed blocks; then give it
+        // all back: what was taken owes nothing any more.
         let mut all = vec![];
-        for order in [0, 2, 9, 0, 1, 10, 3].into_iter().cycle() {
-            match m.alloc_pages(0, order, 0, AllocFlags::NONE) {
-                Some(pfn) => all.push((pfn, order)),
-                None if order == 0 => break,
-                None => {}
+        {
+            let _memalloc = ReclaimGuard::enter();
+            for order in [0, 2, 9, 0, 1, 10, 3].into_iter().cycle() {
+                match m.alloc_pages(0, order, 0, AllocFlags::NONE) {
+                    Some(pfn) => all.push((pfn, order)),
+                    None if order == 0 => break,
+                    None => {}
+                }
+                m.check_luf_lists().unwrap();
             }
-            m.check_luf_lists().unwrap();
+            // What waits on the pcp lists of other orders, page by page.
+            m.drain_all_pages();
+            while let Some(pfn) = m.alloc_pages(0, 0, 0, AllocFlags::NONE) {
+                all.push((pfn, 0));
+            }
         }
+        m.drain_all_pages();
+        assert_eq!(m.nr_free_pages(), 0, "everything taken");
         for (pfn, order) in all {
-            m.page(pfn).refcount.store(0, Ordering::Relaxed);
-            m.free_pages(pfn, order, 0);
+            put(&m, pfn, order);
         }
         m.drain_all_pages();
         m.check_luf_lists().unwrap();
