@@ -148,6 +148,9 @@ pub fn task_numa_work(oncpu: &OnCpu, mm: &Arc<Mm>) {
     let Some(_g) = mm.mmap_lock.try_read() else {
         return;
     };
+    // The scan's own shootdowns (its range flushes, and the batched
+    // flushes it finds pending), told apart for experiments.
+    let _account = crate::cpu::RemoteFlushAccount::enter(Event::NUMA_SCAN_REMOTE_FLUSH);
     let pages = knobs.scan_size_mb.load(Ordering::Relaxed) << (20 - PAGE_SHIFT);
     let mut budget = pages;
     let mut virt = pages * 8;

@@ -113,6 +113,7 @@ counters! {
         SHARED_LINE_WRITES => "usermm_shared_line_writes",
         LUF_TAKEOFF_FLUSH => "usermm_luf_takeoff_flush",
         LUF_FORCED_FLUSH => "usermm_luf_forced_flush",
+        NUMA_SCAN_REMOTE_FLUSH => "usermm_numa_scan_remote_flush",
     }
 }
 

@@ -105,6 +105,8 @@ struct Sample {
     kept_peak: u64,
     luf_takeoff_flushes: u64,
     luf_forced_flushes: u64,
+    /// Shootdowns the NUMA scan sent (`usermm_numa_scan_remote_flush`).
+    scan_remote_flushes: u64,
     stale_reads: u64,
     lost_writes: u64,
     runtime_s: f64,
@@ -128,10 +130,18 @@ struct Row {
     /// VMAs, at `tlb_end_vma`).
     luf_takeoff_flushes: u64,
     luf_forced_flushes: u64,
+    /// Of `nr_tlb_remote_flush`, those the NUMA scan sent: its own range
+    /// flushes and the batched flushes it found pending. The model scans
+    /// every `scan_period_ms` over a run of seconds, the kernel at most
+    /// once a second over the seed's 38 minutes, so the scan's share here
+    /// is far above the seed's, the same in every arm.
+    usermm_numa_scan_remote_flush: u64,
     /// Medians per run of shootdowns sent, and of CPUs that handled one,
     /// per 1000 pages migrated (the migrations a run makes vary widely).
     remote_flush_per_k_migrated: f64,
     remote_flush_received_per_k_migrated: f64,
+    /// The same for the shootdowns sent outside the NUMA scan.
+    remote_flush_outside_scan_per_k_migrated: f64,
     /// Summed over the runs (any is a failure).
     stale_reads: u64,
     lost_writes: u64,
@@ -147,6 +157,10 @@ struct Row {
     remote_flush_ratio: Option<f64>,
     remote_flush_ratio_ci_low: Option<f64>,
     remote_flush_ratio_ci_high: Option<f64>,
+    /// And for those sent outside the NUMA scan.
+    outside_scan_ratio: Option<f64>,
+    outside_scan_ratio_ci_low: Option<f64>,
+    outside_scan_ratio_ci_high: Option<f64>,
     /// Every round's seconds.
     samples_runtime_s: Vec<f64>,
 }
@@ -164,6 +178,15 @@ impl Row {
             self.runs,
         )
     }
+
+    fn outside_scan_estimate(&self) -> Option<Estimate> {
+        Estimate::from_fields(
+            self.outside_scan_ratio,
+            self.outside_scan_ratio_ci_low,
+            self.outside_scan_ratio_ci_high,
+            self.runs,
+        )
+    }
 }
 
 impl Sample {
@@ -171,6 +194,12 @@ impl Sample {
     /// vary widely).
     fn per_k(&self, i: usize) -> f64 {
         1000.0 * self.counters[i] as f64 / self.counters[1].max(1) as f64
+    }
+
+    /// Shootdowns sent outside the NUMA scan, per 1000 pages migrated.
+    fn outside_scan_per_k(&self) -> f64 {
+        let outside = self.counters[2].saturating_sub(self.scan_remote_flushes);
+        1000.0 * outside as f64 / self.counters[1].max(1) as f64
     }
 }
 
@@ -249,6 +278,7 @@ fn experiment(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     };
     let runtime = |s: &[Sample]| -> Vec<f64> { s.iter().map(|x| x.runtime_s).collect() };
     let flushes = |s: &[Sample]| -> Vec<f64> { s.iter().map(|x| x.per_k(2)).collect() };
+    let outside = |s: &[Sample]| -> Vec<f64> { s.iter().map(|x| x.outside_scan_per_k()).collect() };
     let narrow = |samples: &[Vec<Sample>]| {
         (0..arms.len()).all(|k| {
             let base = &samples[off_of(k)];
@@ -291,6 +321,12 @@ fn experiment(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
                     r.remote_flush_ratio_ci_low,
                     r.remote_flush_ratio_ci_high,
                 ) = Estimate::fields(Some(f));
+                let o = Estimate::ratio(&outside(&samples[k]), &outside(base));
+                (
+                    r.outside_scan_ratio,
+                    r.outside_scan_ratio_ci_low,
+                    r.outside_scan_ratio_ci_high,
+                ) = Estimate::fields(Some(o));
             }
             r
         })
@@ -340,8 +376,12 @@ fn row(arm: &'static str, ad: bool, s: &[Sample]) -> Row {
         kept_peak: med(&|x| x.kept_peak),
         luf_takeoff_flushes: med(&|x| x.luf_takeoff_flushes),
         luf_forced_flushes: med(&|x| x.luf_forced_flushes),
+        usermm_numa_scan_remote_flush: med(&|x| x.scan_remote_flushes),
         remote_flush_per_k_migrated: per_k(s, 2),
         remote_flush_received_per_k_migrated: per_k(s, 3),
+        remote_flush_outside_scan_per_k_migrated: super::median(
+            s.iter().map(|x| x.outside_scan_per_k()).collect(),
+        ),
         stale_reads: s.iter().map(|x| x.stale_reads).sum(),
         lost_writes: s.iter().map(|x| x.lost_writes).sum(),
         runtime_s: stats::median(&times),
@@ -351,6 +391,9 @@ fn row(arm: &'static str, ad: bool, s: &[Sample]) -> Row {
         remote_flush_ratio: None,
         remote_flush_ratio_ci_low: None,
         remote_flush_ratio_ci_high: None,
+        outside_scan_ratio: None,
+        outside_scan_ratio_ci_low: None,
+        outside_scan_ratio_ci_high: None,
         samples_runtime_s: times,
     }
 }
@@ -402,6 +445,7 @@ fn run_once(m: &Machine, warmup: u64, lookups: u64) -> anyhow::Result<(Sample, u
             v.event(Event::DTLB_STORE_MISS),
             v.event(Event::LUF_TAKEOFF_FLUSH),
             v.event(Event::LUF_FORCED_FLUSH),
+            v.event(Event::NUMA_SCAN_REMOTE_FLUSH),
         )
     };
     let stale = AtomicU64::new(0);
@@ -459,6 +503,7 @@ fn run_once(m: &Machine, warmup: u64, lookups: u64) -> anyhow::Result<(Sample, u
         kept_peak: m.migrc.kept_peak(),
         luf_takeoff_flushes: after.3 - before.3,
         luf_forced_flushes: after.4 - before.4,
+        scan_remote_flushes: after.5 - before.5,
         stale_reads: stale.load(Relaxed),
         lost_writes: lost.load(Relaxed),
         runtime_s,
@@ -656,6 +701,12 @@ fn print_table(rows: &[Row], grid_mb: u64, warmup: u64, lookups: u64, machine: &
         line("  received per 1000 migrated", &|r| {
             r.remote_flush_received_per_k_migrated.round()
         });
+        line("remote flush by the NUMA scan", &|r| {
+            r.usermm_numa_scan_remote_flush as f64
+        });
+        line("  others per 1000 migrated", &|r| {
+            r.remote_flush_outside_scan_per_k_migrated.round()
+        });
         line("pages kept (peak)", &|r| r.kept_peak as f64);
         line("LUF flushes at takeoff", &|r| r.luf_takeoff_flushes as f64);
         line("LUF forced flushes", &|r| r.luf_forced_flushes as f64);
@@ -671,10 +722,14 @@ fn print_table(rows: &[Row], grid_mb: u64, warmup: u64, lookups: u64, machine: &
         };
         ratios("  runtime / off's [95% CI]", &|r| r.estimate());
         ratios("  remote per 1000 / off's", &|r| r.remote_flush_estimate());
+        ratios("  others per 1000 / off's", &|r| r.outside_scan_estimate());
         crate::outln!();
     }
     crate::outln!(
         "seed: the change MIGRC made in the seed's own run (v6.7 and v6.7 with MIGRC v8, XSBench -p 100000000 on a 16-CPU guest)"
+    );
+    crate::outln!(
+        "NUMA scan: every {SCAN_PERIOD_MS} ms over a run of seconds here, at most once a second over the seed's 38 minutes: its shootdowns weigh far more here (\"others\" leaves them out)"
     );
     crate::outln!(
         "{}",

@@ -597,6 +597,32 @@ pub fn flush_tlb_mm_range<M: TlbMm>(
     flush_tlb_multi(cpus, me, others, &req, vmstat);
 }
 
+std::thread_local! {
+    /// A model-only event under which this thread's remote flushes are
+    /// counted as well ([`RemoteFlushAccount`]).
+    static REMOTE_FLUSH_ACCOUNT: std::cell::Cell<Option<Event>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// While held, every shootdown the calling thread sends is also counted
+/// under a model-only event, so that an experiment can tell whose flushes
+/// they were (the kernel has no such counter; its tracepoint gives a
+/// reason, not a caller). Nested accounts restore the outer one as they
+/// drop.
+pub struct RemoteFlushAccount(Option<Event>);
+
+impl RemoteFlushAccount {
+    pub fn enter(event: Event) -> RemoteFlushAccount {
+        RemoteFlushAccount(REMOTE_FLUSH_ACCOUNT.with(|a| a.replace(Some(event))))
+    }
+}
+
+impl Drop for RemoteFlushAccount {
+    fn drop(&mut self) {
+        REMOTE_FLUSH_ACCOUNT.with(|a| a.set(self.0));
+    }
+}
+
 /// `native_flush_tlb_multi` with `should_flush_tlb`: send `req` to the
 /// CPUs of `others` that are not lazy (to all of them if page tables were
 /// freed), and wait until each that was in user mode has handled it or
@@ -615,6 +641,9 @@ fn flush_tlb_multi<M: TlbMm>(
         return;
     }
     vmstat.count(me.id, Event::NR_TLB_REMOTE_FLUSH, 1);
+    if let Some(e) = REMOTE_FLUSH_ACCOUNT.with(|a| a.get()) {
+        vmstat.count(me.id, e, 1);
+    }
     let mut waits = Vec::new();
     let mut sent = 0;
     for cpu in cpus.iter().filter(|c| others & (1 << c.id) != 0) {
