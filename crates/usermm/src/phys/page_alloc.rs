@@ -1576,7 +1576,7 @@ mod tests {
 
     #[test]
     fn luf_filing_survives_merges_and_splits() {
-        let (m, _) = luf_mem(4);
+        let (m, _flushes) = luf_mem(4);
         let before = m.nr_free_pages();
         let mut got = vec![];
         for order in [0, 3, 0, 9, 1, 0, 2] {
