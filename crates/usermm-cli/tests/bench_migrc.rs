@@ -20,6 +20,19 @@ fn migrc_keeps_sources_only_when_pages_come_back_clean() {
         assert_eq!(r["stale_reads"], 0, "{r}");
         assert_eq!(r["lost_writes"], 0, "{r}");
         assert!(r["pgmigrate_success"].as_u64().unwrap() > 0, "{r}");
+        // One round: its samples are the medians.
+        assert_eq!(
+            r["samples_pgmigrate_success"][0], r["pgmigrate_success"],
+            "{r}"
+        );
+        assert_eq!(
+            r["samples_nr_tlb_remote_flush"][0], r["nr_tlb_remote_flush"],
+            "{r}"
+        );
+        // The scan's shootdowns are some of them, and the scan ran.
+        let scan = r["usermm_numa_scan_remote_flush"].as_u64().unwrap();
+        assert!(scan > 0, "{r}");
+        assert!(scan <= r["nr_tlb_remote_flush"].as_u64().unwrap(), "{r}");
         let kept = r["kept_peak"].as_u64().unwrap();
         let clean = r["migration_entry_ad"] == false;
         if r["arm"] == "migrc" && clean {

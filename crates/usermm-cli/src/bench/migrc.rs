@@ -163,6 +163,12 @@ struct Row {
     outside_scan_ratio_ci_high: Option<f64>,
     /// Every round's seconds.
     samples_runtime_s: Vec<f64>,
+    /// Every round's `pgmigrate_success` and `nr_tlb_remote_flush`: a
+    /// round may migrate several times what another of the same arm does
+    /// (the churn between the tiers comes and goes), which the medians
+    /// alone hide.
+    samples_pgmigrate_success: Vec<u64>,
+    samples_nr_tlb_remote_flush: Vec<u64>,
 }
 
 impl Row {
@@ -395,6 +401,8 @@ fn row(arm: &'static str, ad: bool, s: &[Sample]) -> Row {
         outside_scan_ratio_ci_low: None,
         outside_scan_ratio_ci_high: None,
         samples_runtime_s: times,
+        samples_pgmigrate_success: s.iter().map(|x| x.counters[1]).collect(),
+        samples_nr_tlb_remote_flush: s.iter().map(|x| x.counters[2]).collect(),
     }
 }
 
