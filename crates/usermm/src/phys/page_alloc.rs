@@ -170,6 +170,17 @@ struct FreeArea {
     nr_free: [u64; NR_ORDERS],
 }
 
+impl FreeArea {
+    /// The list of `order` a block is filed on: the pend list if it owes a
+    /// LUF shootdown, else the free list.
+    fn list(&mut self, order: u32, owes: bool) -> &mut FreeList {
+        match owes {
+            true => &mut self.pend[order as usize],
+            false => &mut self.free[order as usize],
+        }
+    }
+}
+
 /// One list of free blocks, linked through their heads' `lru_next` /
 /// `lru_prev`; taken from the head.
 #[derive(Clone, Copy)]
@@ -522,6 +533,28 @@ fn block_owes_flush(mem: &PhysMem, node: &Node, off: u32) -> bool {
     head.luf_key.load(Ordering::Relaxed) != 0 || head.test(pg::LUF_PEND)
 }
 
+/// The list the block at `off` of `order` is filed on, and whether it is
+/// a pend list; `nr_luf_pages` counts the block in as it is `added`, out
+/// as it is taken off.
+fn filed_list<'a>(
+    mem: &PhysMem,
+    node: &Node,
+    area: &'a mut FreeArea,
+    off: u32,
+    order: u32,
+    added: bool,
+) -> (&'a mut FreeList, bool) {
+    let luf = block_owes_flush(mem, node, off);
+    if luf {
+        let count = &node.zone.nr_luf_pages;
+        match added {
+            true => count.fetch_add(1 << order, Ordering::Relaxed),
+            false => count.fetch_sub(1 << order, Ordering::Relaxed),
+        };
+    }
+    (area.list(order, luf), luf)
+}
+
 /// `__add_to_free_list`: a block with a LUF key goes to the tail of its
 /// pend list (the oldest is taken first, likeliest to have been flushed
 /// meanwhile), any other to the head of its free list.
@@ -529,15 +562,7 @@ fn add_to_free_list(mem: &PhysMem, node: &Node, area: &mut FreeArea, off: u32, o
     let page = mem.page(node.start_pfn() + off as u64);
     page.set(pg::BUDDY);
     page.private.store(order as u64, Ordering::Relaxed);
-    let luf = block_owes_flush(mem, node, off);
-    let list = if luf {
-        node.zone
-            .nr_luf_pages
-            .fetch_add(1 << order, Ordering::Relaxed);
-        &mut area.pend[order as usize]
-    } else {
-        &mut area.free[order as usize]
-    };
+    let (list, luf) = filed_list(mem, node, area, off, order, true);
     let link = |o: u32| &mem.page(node.start_pfn() + o as u64).lru_next;
     let back = |o: u32| &mem.page(node.start_pfn() + o as u64).lru_prev;
     if list.is_empty() {
@@ -563,14 +588,7 @@ fn add_to_free_list(mem: &PhysMem, node: &Node, area: &mut FreeArea, off: u32, o
 
 fn del_from_free_list(mem: &PhysMem, node: &Node, area: &mut FreeArea, off: u32, order: u32) {
     let page = mem.page(node.start_pfn() + off as u64);
-    let list = if block_owes_flush(mem, node, off) {
-        node.zone
-            .nr_luf_pages
-            .fetch_sub(1 << order, Ordering::Relaxed);
-        &mut area.pend[order as usize]
-    } else {
-        &mut area.free[order as usize]
-    };
+    let (list, _) = filed_list(mem, node, area, off, order, false);
     let next = page.lru_next.load(Ordering::Relaxed);
     let prev = page.lru_prev.load(Ordering::Relaxed);
     if prev == LIST_NONE {
