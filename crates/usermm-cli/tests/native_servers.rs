@@ -89,6 +89,7 @@ fn a_killed_native_run_leaves_nothing_behind() {
         servers()
     );
     let servers = servers();
+    let killed = run.id();
     // Into the populate.
     std::thread::sleep(Duration::from_millis(300));
     run.kill().unwrap();
@@ -140,6 +141,14 @@ fn a_killed_native_run_leaves_nothing_behind() {
         "the next native run waited for the killed run's lock"
     );
     assert!(next.wait().unwrap().success());
+    // Nor does the killed run's FIFO folder outlive the next run.
+    let left: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&format!("usermm-scenario-{killed}-")))
+        .collect();
+    assert!(left.is_empty(), "the killed run's folder is left: {left:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

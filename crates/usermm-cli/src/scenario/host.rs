@@ -40,6 +40,35 @@ use super::Backend;
 
 const THP: &str = "/sys/kernel/mm/transparent_hugepage";
 
+/// The start of a run's FIFO folder's name, which goes on with the run's
+/// process id.
+const SCENARIO_DIR_PREFIX: &str = "usermm-scenario-";
+
+/// Remove the FIFO folders of runs that were killed (their process is
+/// gone): a run removes its own as it ends, which a killed one cannot.
+/// Called under the runs' lock, so no live run is setting one up.
+fn remove_stale_dirs() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(SCENARIO_DIR_PREFIX))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|p| p.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        // SAFETY: kill with signal 0 only asks whether the process exists.
+        let gone = unsafe { libc::kill(pid, 0) } != 0 && errno_now().0 == libc::ESRCH;
+        if gone {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
 /// How long a new server waits for this process to open its FIFOs.
 const CONNECT_TIMEOUT_S: u32 = 10;
 
@@ -134,8 +163,9 @@ impl HostBackend {
             .open(&lock_path)?;
         // SAFETY: flock on an fd we own.
         unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) };
+        remove_stale_dirs();
         let dir = std::env::temp_dir().join(format!(
-            "usermm-scenario-{}-{}",
+            "{SCENARIO_DIR_PREFIX}{}-{}",
             std::process::id(),
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
