@@ -623,7 +623,7 @@ fn server_detach(b: &HostBackend, lifeline: std::os::unix::io::RawFd, caller: li
 fn serve_at(inp: &PathBuf, out: &PathBuf) -> ! {
     // SAFETY: alarm has no memory arguments; the server is single-threaded.
     unsafe { libc::alarm(CONNECT_TIMEOUT_S) };
-    let r = File::open(inp).map(BufReader::new);
+    let r = File::open(inp);
     let w = OpenOptions::new().write(true).open(out);
     // SAFETY: as above.
     unsafe { libc::alarm(0) };
@@ -696,7 +696,7 @@ fn touch_stack(kb: usize) {
     std::hint::black_box(&a);
 }
 
-fn serve(r: BufReader<File>, mut w: File) -> ! {
+fn serve(requests: File, mut w: File) -> ! {
     // Children this server forks are reaped by the kernel as they exit (no
     // zombies; the scenario's side waits for them to be gone).
     // SAFETY: setting a signal disposition; the server is single-threaded.
@@ -721,12 +721,12 @@ fn serve(r: BufReader<File>, mut w: File) -> ! {
     let mut proc_buf = String::with_capacity(1 << 20);
     proc_buf.extend(std::iter::repeat_n('x', 1 << 20));
     touch_stack(128);
-    // The request reader's buffer, taken now from that room: the one the
-    // FIFO was opened with came from wherever the heap's top was, and a
-    // request longer than those before it could reach into a page of it
-    // never touched (4K of RssAnon between a mark and an expect, on the
-    // runs whose heap put the buffer across a page boundary).
-    let mut r = BufReader::with_capacity(4096, r.into_inner());
+    // The request reader's buffer, taken now from that room: taken before,
+    // from wherever the heap's top was, a request longer than those before
+    // it could reach into a page of it never touched (4K of RssAnon
+    // between a mark and an expect, on the runs whose heap put the buffer
+    // across a page boundary).
+    let mut r = BufReader::with_capacity(4096, requests);
     let mut line = String::with_capacity(4096);
     loop {
         line.clear();
