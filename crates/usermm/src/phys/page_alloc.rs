@@ -738,8 +738,11 @@ impl PhysMem {
             self.rmqueue(node, order, cpu, mark, flags.context)
                 .or_else(|| {
                     // MIGRC: a zone short of its watermark that holds kept
-                    // sources flushes and frees them, and is tried again.
-                    if node.zone.migrc_pending.load(Ordering::Relaxed) == 0 {
+                    // sources flushes and frees them, and is tried again
+                    // (by a task: no other context may send the flush).
+                    if node.zone.migrc_pending.load(Ordering::Relaxed) == 0
+                        || flags.context != AllocContext::Task
+                    {
                         return None;
                     }
                     let r = self.reclaimer.get().and_then(|w| w.upgrade())?;
@@ -1449,6 +1452,8 @@ mod tests {
     struct LufFlushes {
         mem: std::sync::OnceLock<std::sync::Weak<PhysMem>>,
         asked: AtomicU64,
+        /// MIGRC's forced flushes asked of it.
+        migrc_asked: AtomicU64,
     }
 
     impl Reclaimer for LufFlushes {
@@ -1457,6 +1462,7 @@ mod tests {
             0
         }
         fn migrc_flush_free(&self, _: usize) -> bool {
+            self.migrc_asked.fetch_add(1, Ordering::Relaxed);
             false
         }
         fn migrc_pause(&self, _: bool) {}
@@ -1643,5 +1649,31 @@ mod tests {
         m.check_luf_lists().unwrap();
         assert_eq!(nr_luf_pages(&m), 0);
         assert_eq!(m.nr_free_pages(), before);
+    }
+
+    #[test]
+    fn only_a_task_flushes_kept_migrc_sources() {
+        let (m, r) = luf_mem(4);
+        {
+            // Everything, the reserves too.
+            let _memalloc = ReclaimGuard::enter();
+            while m.alloc_pages(0, 0, 0, AllocFlags::NONE).is_some() {}
+            m.drain_all_pages();
+            while m.alloc_pages(0, 0, 0, AllocFlags::NONE).is_some() {}
+        }
+        assert_eq!(m.nr_free_pages(), 0);
+        // Sources kept by MIGRC, which only a forced flush would free.
+        m.nodes[0].zone.migrc_pending.store(1, Ordering::Relaxed);
+        for ctx in [AllocContext::IrqsOff, AllocContext::Atomic] {
+            r.migrc_asked.store(0, Ordering::Relaxed);
+            assert_eq!(m.alloc_pages(0, 0, 0, context(ctx)), None);
+            assert_eq!(r.migrc_asked.load(Ordering::Relaxed), 0, "{ctx:?} flushed");
+        }
+        assert_eq!(m.alloc_pages(0, 0, 0, context(AllocContext::Task)), None);
+        assert!(
+            r.migrc_asked.load(Ordering::Relaxed) > 0,
+            "a task did not flush"
+        );
+        m.nodes[0].zone.migrc_pending.store(0, Ordering::Relaxed);
     }
 }
