@@ -1079,7 +1079,7 @@ impl PhysMem {
             head.set(pg::PCP);
             // LUF v12: a block that owes a shootdown goes where it is
             // taken last (and drained first), to defer the flush longest.
-            if head.luf_key.load(Ordering::Relaxed) != 0 {
+            if block_owes_flush(self, node, off) {
                 pcp.lists[idx].push_front(off);
             } else {
                 pcp.lists[idx].push_back(off);
@@ -1149,11 +1149,11 @@ impl PhysMem {
             let area = node.zone.free_area.lock();
             let mut luf_pages = 0;
             for order in 0..=MAX_PAGE_ORDER {
-                for pend in [false, true] {
-                    let list = match pend {
-                        true => area.pend[order as usize],
-                        false => area.free[order as usize],
-                    };
+                let lists = [
+                    (false, area.free[order as usize]),
+                    (true, area.pend[order as usize]),
+                ];
+                for (pend, list) in lists {
                     let what = if pend { "pend" } else { "free" };
                     let at = |o: u32| self.page(node.start_pfn() + o as u64);
                     let (mut prev, mut off) = (LIST_NONE, list.head);
