@@ -5,10 +5,22 @@
 //!
 //! The workload is an XSBench-like lookup kernel: a grid of sorted keys,
 //! half again as large as the fast node, is written once by CPU 0; then
-//! every CPU of the machine does a fixed number of lookups, each a binary
-//! search for a random key through the CPU's TLB followed by reads of the
-//! entries after the one found (XSBench's nuclide data), and a store of
-//! its result into a small array of its own. NUMA balancing's hinting
+//! every CPU of the machine takes lookups from a shared count, a hundred
+//! at a time, as XSBench's `omp parallel for schedule(dynamic, 100)`
+//! hands them out, each a binary search for a random key through the
+//! CPU's TLB followed by reads of the entries after the one found
+//! (XSBench's nuclide data), and a store of its result into a small array
+//! of its own.
+//!
+//! Why the lookups are shared rather than split evenly: a CPU that has
+//! finished goes idle, and a shootdown does not wait for an idle CPU, so
+//! while the others finish kswapd demotes, and the hinting faults promote,
+//! many times faster than while all four run (the model's CPUs share the
+//! host's cores, and a shootdown waits for each target's thread to be
+//! scheduled). With fixed shares the CPUs finished up to a second apart,
+//! and that tail, a different length in each round, decided how many
+//! pages a round migrated; with shared ones they finish within a hundred
+//! lookups of each other. NUMA balancing's hinting
 //! faults promote the grid pages in use to the fast node throughout, and
 //! kswapd demotes others to make room: the migrations MIGRC and LUF defer.
 //!
@@ -71,8 +83,12 @@ const CPUS: usize = 4;
 /// Lookups per CPU, measured (`--lookups`), after the warm-up
 /// (`--warmup`, by default [`WARMUP_FACTOR`] times as many): the pages the
 /// build left writable cycle through the tiers first, as they would early
-/// in a long run.
+/// in a long run. The CPUs share the phase's lookups (`CPUS` times as
+/// many), a [`LOOKUP_CHUNK`] at a time.
 pub const LOOKUPS: u64 = 300_000;
+/// Lookups a CPU takes from the shared count at a time: XSBench's
+/// `schedule(dynamic, 100)`.
+const LOOKUP_CHUNK: u64 = 100;
 /// The warm-up's lookups per measured one, by default.
 pub const WARMUP_FACTOR: u64 = 3;
 /// Entries read after the one found (the nuclide data).
@@ -458,6 +474,8 @@ fn run_once(m: &Machine, warmup: u64, lookups: u64) -> anyhow::Result<(Sample, u
     };
     let stale = AtomicU64::new(0);
     let lost = AtomicU64::new(0);
+    let warm_pool = LookupPool::new(warmup * cpus as u64);
+    let pool = LookupPool::new(lookups * cpus as u64);
     // Every CPU warms up, then all measure together: between the two
     // barriers CPU 0 reads the counters and the clock.
     let barrier = Barrier::new(cpus);
@@ -468,6 +486,7 @@ fn run_once(m: &Machine, warmup: u64, lookups: u64) -> anyhow::Result<(Sample, u
         let handles: Vec<_> = (1..cpus)
             .map(|id| {
                 let (mm, stale, lost, barrier) = (mm.clone(), &stale, &lost, &barrier);
+                let (warm_pool, pool) = (&warm_pool, &pool);
                 s.spawn(move || -> anyhow::Result<()> {
                     // CPU i on host CPU i modulo the host's: the model's
                     // four CPUs share what the host has.
@@ -475,24 +494,24 @@ fn run_once(m: &Machine, warmup: u64, lookups: u64) -> anyhow::Result<(Sample, u
                     let c = m.bind(id).map_err(|e| anyhow!("bind: {e}"))?;
                     c.switch_mm(&mm);
                     let mut cpu = LookupCpu::new(&c, id, grid, n, results, stale, lost);
-                    let warm = cpu.lookups(warmup);
+                    let warm = cpu.lookups(warm_pool);
                     c.idle();
                     barrier.wait();
                     barrier.wait();
-                    let r = warm.and_then(|()| cpu.lookups(lookups));
+                    let r = warm.and_then(|()| cpu.lookups(pool));
                     c.idle();
                     r
                 })
             })
             .collect();
         let mut cpu = LookupCpu::new(&c0, 0, grid, n, results, &stale, &lost);
-        let warm = cpu.lookups(warmup);
+        let warm = cpu.lookups(&warm_pool);
         c0.idle();
         barrier.wait();
         before = read();
         t0 = Instant::now();
         barrier.wait();
-        errors.push(warm.and_then(|()| cpu.lookups(lookups)));
+        errors.push(warm.and_then(|()| cpu.lookups(&pool)));
         c0.idle();
         for h in handles {
             errors.push(h.join().expect("a lookup thread panicked"));
@@ -520,6 +539,31 @@ fn run_once(m: &Machine, warmup: u64, lookups: u64) -> anyhow::Result<(Sample, u
     c0.idle();
     m.kswapd_quiesce();
     Ok((sample, grid_len))
+}
+
+/// A phase's lookups, shared by the CPUs: each takes the next
+/// [`LOOKUP_CHUNK`] (or what is left) until none are.
+struct LookupPool {
+    left: AtomicU64,
+}
+
+impl LookupPool {
+    fn new(lookups: u64) -> Self {
+        LookupPool {
+            left: AtomicU64::new(lookups),
+        }
+    }
+
+    /// The number of lookups this CPU is to do next, 0 when all are
+    /// taken.
+    fn take(&self) -> u64 {
+        // Only the count is shared: Relaxed suffices.
+        self.left
+            .fetch_update(Relaxed, Relaxed, |left| {
+                (left > 0).then(|| left - left.min(LOOKUP_CHUNK))
+            })
+            .map_or(0, |left| left.min(LOOKUP_CHUNK))
+    }
 }
 
 /// One CPU's lookups, with what it stored in its result slots.
@@ -572,9 +616,19 @@ impl<'a, 'm> LookupCpu<'a, 'm> {
         Ok(v)
     }
 
+    /// Lookups from `pool` until it is empty, a chunk at a time.
+    fn lookups(&mut self, pool: &LookupPool) -> anyhow::Result<()> {
+        loop {
+            match pool.take() {
+                0 => return Ok(()),
+                chunk => self.lookup_chunk(chunk)?,
+            }
+        }
+    }
+
     /// `count` lookups: a binary search for a random key, the entries
     /// after it, the result stored; every value checked.
-    fn lookups(&mut self, count: u64) -> anyhow::Result<()> {
+    fn lookup_chunk(&mut self, count: u64) -> anyhow::Result<()> {
         for _ in 0..count {
             self.rng ^= self.rng << 13;
             self.rng ^= self.rng >> 7;
@@ -791,4 +845,38 @@ fn plot_rows(a: &BenchArgs, rows: &[Row]) -> anyhow::Result<()> {
         "% of off",
         &bars,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shared count hands out whole chunks, then what is left, then
+    /// nothing, and never more than it held, however many CPUs take.
+    #[test]
+    fn lookup_pool_hands_out_chunks_and_the_rest() {
+        let pool = LookupPool::new(2 * LOOKUP_CHUNK + 7);
+        assert_eq!(pool.take(), LOOKUP_CHUNK);
+        assert_eq!(pool.take(), LOOKUP_CHUNK);
+        assert_eq!(pool.take(), 7);
+        assert_eq!(pool.take(), 0);
+        assert_eq!(pool.take(), 0);
+
+        let pool = LookupPool::new(10_007);
+        let taken = AtomicU64::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| loop {
+                    match pool.take() {
+                        0 => break,
+                        n => {
+                            assert!(n <= LOOKUP_CHUNK);
+                            taken.fetch_add(n, Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(taken.load(Relaxed), 10_007);
+    }
 }
