@@ -71,7 +71,7 @@ pub struct BenchArgs {
     pub lookups: u64,
     /// migrc: lookups per CPU before the measured ones, so that the pages
     /// the build left writable and dirty have cycled through the tiers
-    /// (by default three times `--lookups`).
+    /// (by default six times `--lookups`).
     #[arg(long)]
     pub warmup: Option<u64>,
     /// migrc: the shootdown cost model: `off` (the default: an IPI costs
