@@ -4,9 +4,33 @@
 //! that serialises native runs.
 
 use std::io::Read;
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+
+/// A folder of the test's own in the temp dir, removed when it is
+/// dropped, also when an assertion fails first (a failed run left them
+/// behind otherwise).
+struct ScratchDir(PathBuf);
+
+impl ScratchDir {
+    fn new(what: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("usermm-native-{what}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        ScratchDir(dir)
+    }
+
+    fn join(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
 
 /// The processes whose parent is `pid` (from /proc).
 fn children_of(pid: u32) -> Vec<u32> {
@@ -55,8 +79,7 @@ fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
 
 #[test]
 fn a_killed_native_run_leaves_nothing_behind() {
-    let dir = std::env::temp_dir().join(format!("usermm-native-kill-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = ScratchDir::new("kill");
     // Populating 2 GiB takes the host seconds: the run is killed inside
     // that one request, which a forked process serves, its parent waiting
     // for requests beside.
@@ -149,7 +172,6 @@ fn a_killed_native_run_leaves_nothing_behind() {
         .filter(|n| n.starts_with(&format!("usermm-scenario-{killed}-")))
         .collect();
     assert!(left.is_empty(), "the killed run's folder is left: {left:?}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A native run killed in the middle puts back the THP knobs it changed:
@@ -164,8 +186,7 @@ fn a_killed_native_run_puts_the_host_knobs_back() {
     if std::fs::OpenOptions::new().write(true).open(knob).is_err() {
         return;
     }
-    let dir = std::env::temp_dir().join(format!("usermm-native-knobs-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = ScratchDir::new("knobs");
     let long = dir.join("long.scn");
     std::fs::write(
         &long,
@@ -194,7 +215,6 @@ fn a_killed_native_run_puts_the_host_knobs_back() {
         "{knob} was left at {:?}, not put back to {before:?}",
         std::fs::read_to_string(knob)
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A native run that runs out of file descriptors while it makes the
@@ -202,8 +222,7 @@ fn a_killed_native_run_puts_the_host_knobs_back() {
 /// and leaves no process behind.
 #[test]
 fn running_out_of_file_descriptors_is_a_clear_error() {
-    let dir = std::env::temp_dir().join(format!("usermm-native-nofile-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = ScratchDir::new("nofile");
     let forks = dir.join("forks.scn");
     let text: String = (0..40).map(|i| format!("fork c{i}\n")).collect();
     std::fs::write(&forks, format!("map A 4K rw at=0x600000000000\n{text}")).unwrap();
@@ -251,5 +270,4 @@ fn running_out_of_file_descriptors_is_a_clear_error() {
         "processes outlived the run: {:?}",
         left()
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
