@@ -10,7 +10,9 @@
 //! hands them out, each a binary search for a random key through the
 //! CPU's TLB followed by reads of the entries after the one found
 //! (XSBench's nuclide data), and a store of its result into a small array
-//! of its own.
+//! of its own. NUMA balancing's hinting faults promote the grid pages in
+//! use to the fast node throughout, and kswapd demotes others to make
+//! room: the migrations MIGRC and LUF defer.
 //!
 //! Why the lookups are shared rather than split evenly: a CPU that has
 //! finished goes idle, and a shootdown does not wait for an idle CPU, so
@@ -20,9 +22,7 @@
 //! scheduled). With fixed shares the CPUs finished up to a second apart,
 //! and that tail, a different length in each round, decided how many
 //! pages a round migrated; with shared ones they finish within a hundred
-//! lookups of each other. NUMA balancing's hinting
-//! faults promote the grid pages in use to the fast node throughout, and
-//! kswapd demotes others to make room: the migrations MIGRC and LUF defer.
+//! lookups of each other.
 //!
 //! Every load of the grid is checked against the key its index must hold,
 //! and every result slot read back against what the CPU stored there last:
@@ -315,7 +315,6 @@ fn experiment(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     };
     let runtime = |s: &[Sample]| -> Vec<f64> { s.iter().map(|x| x.runtime_s).collect() };
     let flushes = |s: &[Sample]| -> Vec<f64> { s.iter().map(|x| x.per_k(2)).collect() };
-    let outside = |s: &[Sample]| -> Vec<f64> { s.iter().map(|x| x.outside_scan_per_k()).collect() };
     let narrow = |samples: &[Vec<Sample>]| {
         (0..arms.len()).all(|k| {
             let base = &samples[off_of(k)];
@@ -358,7 +357,8 @@ fn experiment(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
                     r.remote_flush_ratio_ci_low,
                     r.remote_flush_ratio_ci_high,
                 ) = Estimate::fields(Some(f));
-                let o = Estimate::ratio(&outside(&samples[k]), &outside(base));
+                let o =
+                    Estimate::ratio(&outside_scan_per_k(&samples[k]), &outside_scan_per_k(base));
                 (
                     r.outside_scan_ratio,
                     r.outside_scan_ratio_ci_low,
@@ -416,9 +416,7 @@ fn row(arm: &'static str, ad: bool, s: &[Sample]) -> Row {
         usermm_numa_scan_remote_flush: med(&|x| x.scan_remote_flushes),
         remote_flush_per_k_migrated: per_k(s, 2),
         remote_flush_received_per_k_migrated: per_k(s, 3),
-        remote_flush_outside_scan_per_k_migrated: super::median(
-            s.iter().map(|x| x.outside_scan_per_k()).collect(),
-        ),
+        remote_flush_outside_scan_per_k_migrated: super::median(outside_scan_per_k(s)),
         stale_reads: s.iter().map(|x| x.stale_reads).sum(),
         lost_writes: s.iter().map(|x| x.lost_writes).sum(),
         runtime_s: stats::median(&times),
@@ -440,6 +438,12 @@ fn row(arm: &'static str, ad: bool, s: &[Sample]) -> Row {
 /// The median over the runs of counter `i` per 1000 pages migrated.
 fn per_k(s: &[Sample], i: usize) -> f64 {
     super::median(s.iter().map(|x| x.per_k(i)).collect())
+}
+
+/// Every run's shootdowns sent outside the NUMA scan per 1000 pages
+/// migrated.
+fn outside_scan_per_k(s: &[Sample]) -> Vec<f64> {
+    s.iter().map(Sample::outside_scan_per_k).collect()
 }
 
 /// Lookups per CPU before the measured ones.
