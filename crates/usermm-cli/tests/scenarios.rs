@@ -112,17 +112,18 @@ fn outcomes_agree(eng: &Value, nat: &Value) -> bool {
         .eq(lines(nat).iter().map(|x| &x.2))
 }
 
-/// After a disagreement (or a native failure), whether one of three more
+/// After a disagreement (or a native failure), whether one of five more
 /// native runs of `f` agrees with usermm and passes as it did: then the
 /// first was the host's own noise (about 1 scenario in 2,000 gets an
 /// extra page table in the server process between a mark and an expect,
 /// or, with an mTHP size enabled, a folio of that size that another
 /// process faulted into a system-wide counter), not a divergence, which
 /// repeats on every run. The runs wait a little longer each time (0.1,
-/// 0.2, 0.4 s), so that a burst of activity elsewhere on the host does not
-/// spoil them all.
+/// 0.2, 0.4, 0.8, 1.6 s), so that a burst of activity elsewhere on the
+/// host does not spoil them all (one of a second, with 16K folios enabled,
+/// spoiled the first run and three more).
 fn host_noise(f: &Path, eng: &Value, ecode: i32) -> bool {
-    (0..3).any(|i| {
+    (0..5).any(|i| {
         std::thread::sleep(std::time::Duration::from_millis(100 << i));
         let (code, nat, _) = run(f, true);
         code == ecode && outcomes_agree(eng, &nat)
