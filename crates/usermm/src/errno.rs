@@ -22,6 +22,8 @@ impl Errno {
     pub const ENODEV: Errno = Errno(19);
     pub const EINVAL: Errno = Errno(22);
     pub const EOVERFLOW: Errno = Errno(75);
+    /// Not a system call's here: a scenario's wait that ran out.
+    pub const ETIMEDOUT: Errno = Errno(110);
     pub const EOPNOTSUPP: Errno = Errno(95);
 
     pub fn name(self) -> &'static str {
@@ -41,6 +43,7 @@ impl Errno {
             22 => "EINVAL",
             75 => "EOVERFLOW",
             95 => "EOPNOTSUPP",
+            110 => "ETIMEDOUT",
             _ => "E?",
         }
     }
@@ -62,6 +65,7 @@ impl Errno {
             Errno::EINVAL,
             Errno::EOVERFLOW,
             Errno::EOPNOTSUPP,
+            Errno::ETIMEDOUT,
         ]
         .into_iter()
         .find(|e| e.name() == name)

@@ -3,8 +3,11 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use usermm::mm::vma::VM_ACCESS_FLAGS;
 use usermm::mm::Mm;
+use usermm::vmstat::Event;
 use usermm::{Errno, Machine, MachineConfig, ThpMode};
 
 use super::Backend;
@@ -217,6 +220,40 @@ impl Backend for EngineBackend {
     fn nr_nodes(&mut self) -> usize {
         self.m.mem.nodes.len()
     }
+    fn read_faults(&mut self, addr: u64, len: u64, every: u64) -> Result<u64, Errno> {
+        let addrs = super::load_addrs(addr, len, every).ok_or(Errno::EINVAL)?;
+        // Nothing else runs here while CPU 0 does: the machine's faults are
+        // the loads'.
+        let mm = Arc::clone(&self.procs[&self.cur]);
+        if !addrs.iter().all(|&a| readable(&mm, a)) {
+            return Err(Errno::EFAULT);
+        }
+        self.on(|c| {
+            let before = self.m.vmstat().event(Event::PGFAULT);
+            for &a in &addrs {
+                c.load_u8(a)?;
+            }
+            Ok(self.m.vmstat().event(Event::PGFAULT) - before)
+        })
+    }
+    fn await_numa_hint(&mut self, addr: u64) -> Result<(), Errno> {
+        self.on(|c| {
+            c.load_u64(addr)?;
+            let faults = || self.m.vmstat().event(Event::PGFAULT);
+            let before = faults();
+            let start = Instant::now();
+            // Each load is an access of the process; every so many, the
+            // scan runs when due (`task_tick_numa`), as the host's runs
+            // off the tick while the process spins.
+            while faults() == before {
+                if start.elapsed() > Duration::from_secs(super::AWAIT_NUMA_HINT_S) {
+                    return Err(Errno::ETIMEDOUT);
+                }
+                c.load_u64(addr)?;
+            }
+            Ok(())
+        })
+    }
     fn machine(&self) -> String {
         let changed = self.m.tunables.changed();
         if changed.is_empty() {
@@ -228,6 +265,15 @@ impl Backend for EngineBackend {
     fn dump(&mut self) -> String {
         format!("{}\n{}", self.processes_line(), self.inspection())
     }
+}
+
+/// Whether a VMA of `mm` lets a load from `addr` through (on x86 a
+/// writable or executable page is readable too).
+fn readable(mm: &Mm, addr: u64) -> bool {
+    let guard = usermm::sync::epoch::pin();
+    mm.vma_tree(&guard)
+        .vma_lookup(addr)
+        .is_some_and(|v| v.flags() & VM_ACCESS_FLAGS != 0)
 }
 
 impl Drop for EngineBackend {

@@ -496,6 +496,13 @@ impl Backend for HostBackend {
         self.remember(path, old.trim().to_string());
         Ok(())
     }
+    fn read_faults(&mut self, addr: u64, len: u64, every: u64) -> Result<u64, Errno> {
+        self.call_errno(&format!("read_faults {addr} {len} {every}"))
+    }
+    fn await_numa_hint(&mut self, addr: u64) -> Result<(), Errno> {
+        self.call_errno(&format!("await_numa_hint {addr}"))
+            .map(|_| ())
+    }
     fn nr_nodes(&mut self) -> usize {
         // Nodes with memory, as /sys lists them (N_MEMORY).
         std::fs::read_to_string("/sys/devices/system/node/has_memory")
@@ -815,9 +822,15 @@ fn serve(requests: File, mut w: File) -> ! {
                     format!("err {}", Errno::EFAULT.0)
                 }
             }
+            Some("await_numa_hint") => await_numa_hint_here(n(1), &mut proc_buf),
+            Some("read_faults") => {
+                read_faults_here(&super::load_addrs(n(1), n(2), n(3)), &mut proc_buf)
+            }
             Some("fork") => {
                 let (i, o) = (PathBuf::from(words[1]), PathBuf::from(words[2]));
-                // SAFETY: the server is single-threaded.
+                // SAFETY: the server's only other thread, if it has one, is
+                // parked for good and holds no lock (see
+                // `start_numa_helper_thread`); the child has this one only.
                 let pid = unsafe { libc::fork() };
                 if pid == 0 {
                     drop(r);
@@ -871,6 +884,103 @@ fn serve(requests: File, mut w: File) -> ! {
             unsafe { libc::_exit(1) };
         }
     }
+}
+
+/// This thread's page faults so far (`min_flt` + `maj_flt`).
+fn thread_faults() -> i64 {
+    // SAFETY: getrusage fills the zeroed struct it is given.
+    let u = unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_THREAD, &mut u);
+        u
+    };
+    u.ru_minflt + u.ru_majflt
+}
+
+/// Load one byte at each address: a function of its own, which
+/// [`read_faults_here`] runs once on its own stack first, so that its code
+/// is faulted in before the loads it counts.
+#[inline(never)]
+fn load_each(addrs: &[u64]) {
+    for &a in addrs {
+        // SAFETY: the caller checked that a readable VMA covers each
+        // address (this server does one request at a time).
+        unsafe { (a as *const u8).read_volatile() };
+    }
+}
+
+/// `expect faults reading` in the server: see
+/// [`super::Backend::read_faults`]. `None` addresses: too many loads, or a
+/// range past the top.
+fn read_faults_here(addrs: &Option<Vec<u64>>, buf: &mut String) -> String {
+    let Some(addrs) = addrs else {
+        return format!("err {}", Errno::EINVAL.0);
+    };
+    if !addrs.iter().all(|&a| accessible(a, false, buf)) {
+        return format!("err {}", Errno::EFAULT.0);
+    }
+    let here = 0u8;
+    load_each(&[&here as *const u8 as u64]);
+    let before = thread_faults();
+    load_each(addrs);
+    format!("ok {}", thread_faults() - before)
+}
+
+/// The process whose NUMA helper thread runs (a forked server has none).
+static NUMA_HELPER_OF: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// Give this server a second thread, parked for good, if it has none. The
+/// kernel's scan leaves alone, in a process of one thread, the pages on the
+/// node it runs on (`prot_numa_skip`'s target node), so that on a host of
+/// one node it would hint nothing; two threads share the mm (`mm_users`
+/// 2), as the model's CPUs may, which has no such rule. Returns once the
+/// thread has started, its own faults (its stack) taken.
+fn start_numa_helper_thread() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let me = std::process::id() as i32;
+    if NUMA_HELPER_OF.load(Relaxed) == me {
+        return;
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("numa-helper".into())
+        .spawn(move || {
+            let _ = tx.send(());
+            loop {
+                std::thread::park();
+            }
+        });
+    if spawned.is_ok() && rx.recv().is_ok() {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        NUMA_HELPER_OF.store(me, Relaxed);
+    }
+}
+
+/// `await_numa_hint ADDR` in the server: see
+/// [`super::Backend::await_numa_hint`]. The loop is the process's run
+/// time, whose ticks start the scan (`task_tick_numa`).
+fn await_numa_hint_here(addr: u64, buf: &mut String) -> String {
+    if !accessible(addr, false, buf) {
+        return format!("err {}", Errno::EFAULT.0);
+    }
+    start_numa_helper_thread();
+    let byte = addr as *const u8;
+    // SAFETY: a readable VMA covers the byte (checked above; nothing
+    // unmaps it meanwhile: this server does one request at a time).
+    let load = || unsafe { byte.read_volatile() };
+    // The clock first: its first read may fault the vDSO's data page in.
+    let start = std::time::Instant::now();
+    let limit = std::time::Duration::from_secs(super::AWAIT_NUMA_HINT_S);
+    load();
+    // This thread's faults: the helper's are not the load's.
+    let before = thread_faults();
+    while thread_faults() == before {
+        if start.elapsed() > limit {
+            return format!("err {}", Errno::ETIMEDOUT.0);
+        }
+        load();
+    }
+    "ok".into()
 }
 
 fn rc(r: i32) -> String {

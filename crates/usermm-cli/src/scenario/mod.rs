@@ -19,6 +19,25 @@ use usermm::Errno;
 
 use parse::{Addr, Figure, Op, Pattern, Stmt};
 
+/// How long `await_numa_hint` waits for a scan: the host's first comes
+/// after a second of the process's run time (`scan_delay_ms`), the next a
+/// second after (`scan_period_min_ms`).
+pub const AWAIT_NUMA_HINT_S: u64 = 10;
+
+/// The most loads one `expect faults reading` makes.
+pub const MAX_READ_FAULT_LOADS: u64 = 1 << 16;
+
+/// The addresses `expect faults reading ADDR LEN every=EVERY` loads from:
+/// None when they would be more than [`MAX_READ_FAULT_LOADS`] or run past
+/// the top of the address space (EINVAL).
+pub fn load_addrs(addr: u64, len: u64, every: u64) -> Option<Vec<u64>> {
+    let n = len.div_ceil(every.max(1));
+    if n > MAX_READ_FAULT_LOADS {
+        return None;
+    }
+    (0..n).map(|i| addr.checked_add(i * every)).collect()
+}
+
 /// What a backend does for the interpreter.
 pub trait Backend {
     fn mmap(&mut self, addr: u64, len: u64, prot: u32, flags: u32) -> Result<u64, Errno>;
@@ -70,6 +89,17 @@ pub trait Backend {
     fn demotion(&mut self, on: bool) -> Result<(), String>;
     /// Set `numa_balancing`; Err says why it cannot be (skipped).
     fn numa_balancing(&mut self, mode: u8) -> Result<(), String>;
+    /// Run the current process, loading the word at `addr` (faulting it in
+    /// first), until a load faults: the NUMA scan has made its PTE a
+    /// hinting entry. EFAULT where nothing readable is mapped, ETIMEDOUT
+    /// after [`AWAIT_NUMA_HINT_S`].
+    fn await_numa_hint(&mut self, addr: u64) -> Result<(), Errno>;
+    /// Load one byte of every `every` bytes of `[addr, addr + len)` in the
+    /// current process: the page faults those loads took (the process's
+    /// own work around them left out). EFAULT, before any load, where
+    /// nothing readable is mapped at one of them; EINVAL where
+    /// [`load_addrs`] gives none.
+    fn read_faults(&mut self, addr: u64, len: u64, every: u64) -> Result<u64, Errno>;
     /// `mbind(2)` with a 64-node mask.
     fn mbind(
         &mut self,
@@ -275,8 +305,18 @@ impl Interp<'_> {
                 let (a, _) = self.addr(addr)?;
                 Ok(Self::done(self.b.madvise(a, *len, *advice)))
             }
-            Op::Fill { addr, len, seed } => self.fill(addr, *len, *seed),
-            Op::Check { addr, len, pattern } => self.check(addr, *len, pattern),
+            Op::Fill {
+                addr,
+                len,
+                seed,
+                every,
+            } => self.fill(addr, *len, *seed, *every),
+            Op::Check {
+                addr,
+                len,
+                pattern,
+                every,
+            } => self.check(addr, *len, pattern, *every),
             Op::Write { addr, value } => {
                 let (a, _) = self.addr(addr)?;
                 Ok(Self::done(self.b.store(a, *value)))
@@ -353,6 +393,26 @@ impl Interp<'_> {
             }
             Op::Demotion { on } => Ok(Self::settable(self.b.demotion(*on))),
             Op::NumaBalancing { mode } => Ok(Self::settable(self.b.numa_balancing(*mode))),
+            Op::ExpectReadFaults {
+                addr,
+                len,
+                every,
+                value,
+            } => {
+                let (a, _) = self.addr(addr)?;
+                Ok(match self.b.read_faults(a, *len, *every) {
+                    Ok(n) if n == *value => ok(format!("{n} faults")),
+                    Ok(n) => Res::Fail(
+                        format!("expected {value} faults, the loads took {n}"),
+                        Some(format!("{n} faults")),
+                    ),
+                    Err(e) => Self::errno_res(e),
+                })
+            }
+            Op::AwaitNumaHint { addr } => {
+                let (a, _) = self.addr(addr)?;
+                Ok(Self::done(self.b.await_numa_hint(a)))
+            }
             Op::RequireNodes { n } => {
                 let have = self.b.nr_nodes();
                 Ok(if (have as u64) < *n {
@@ -433,8 +493,9 @@ impl Interp<'_> {
         Ok(Self::done(self.b.munmap(a, len)))
     }
 
-    /// `fill ADDR LEN SEED`: one word of the pattern per page.
-    fn fill(&mut self, addr: &Addr, len: u64, seed: u64) -> Result<Res, String> {
+    /// `fill ADDR LEN SEED [every=SIZE]`: one word of the pattern per page
+    /// (or per SIZE).
+    fn fill(&mut self, addr: &Addr, len: u64, seed: u64, every: u64) -> Result<Res, String> {
         let (a, base) = self.addr(addr)?;
         let end = a.checked_add(len).ok_or("the range wraps around")?;
         let mut p = a;
@@ -442,7 +503,7 @@ impl Interp<'_> {
             if let Err(e) = self.b.store(p, pattern(seed, p.wrapping_sub(base))) {
                 return Ok(Self::errno_res(e));
             }
-            p = match p.checked_add(4096) {
+            p = match p.checked_add(every) {
                 Some(n) => n,
                 None => break,
             };
@@ -450,8 +511,9 @@ impl Interp<'_> {
         Ok(ok("ok"))
     }
 
-    /// `check ADDR LEN SEED|zero`: the word of each page.
-    fn check(&mut self, addr: &Addr, len: u64, pat: &Pattern) -> Result<Res, String> {
+    /// `check ADDR LEN SEED|zero [every=SIZE]`: the word of each page (or
+    /// of one every SIZE).
+    fn check(&mut self, addr: &Addr, len: u64, pat: &Pattern, every: u64) -> Result<Res, String> {
         let (a, base) = self.addr(addr)?;
         let end = a.checked_add(len).ok_or("the range wraps around")?;
         let mut p = a;
@@ -470,7 +532,7 @@ impl Interp<'_> {
                 }
                 Err(e) => return Ok(Self::errno_res(e)),
             }
-            p = match p.checked_add(4096) {
+            p = match p.checked_add(every) {
                 Some(n) => n,
                 None => break,
             };
@@ -576,7 +638,7 @@ impl Interp<'_> {
             None => (f[i], fig.name().to_string()),
         };
         let cmp = since.map(|_| format!("{} {:+}", fig.name(), got));
-        let unit = if fig == Figure::Vmas { "" } else { " kB" };
+        let unit = if fig.is_count() { "" } else { " kB" };
         Ok(if got == value {
             Res::Ok(cmp, format!("{what} {got:+}{unit}"))
         } else {
@@ -772,6 +834,11 @@ mod tests {
             Just("since"),
             Just("VmRSS"),
             Just("VMAs"),
+            Just("faults"),
+            Just("reading"),
+            Just("every=2M"),
+            Just("every=3K"),
+            Just("await_numa_hint"),
             Just("only"),
             Just("64K"),
             Just("always"),
@@ -823,7 +890,7 @@ mod tests {
             3 => format!("mprotect {a} {l} {p}"),
             4 => format!("madvise {a} {l} {v}"),
             5 => format!("fill {a} {l} 3"),
-            6 => format!("check {a} {l} 3"),
+            6 => format!("check {a} {l} 3 every=64K"),
             7 => format!("write {a} 5"),
             8 => format!("fork {n}"),
             9 => format!("switch {n}"),

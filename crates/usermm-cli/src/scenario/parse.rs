@@ -53,6 +53,10 @@ impl Figure {
             Figure::Vmas => "VMAs",
         }
     }
+    /// Whether it is a count rather than a size in kB.
+    pub fn is_count(self) -> bool {
+        self == Figure::Vmas
+    }
     fn parse(s: &str) -> Option<Figure> {
         Figure::ALL.into_iter().find(|f| f.name() == s)
     }
@@ -91,17 +95,20 @@ pub enum Op {
         len: u64,
         advice: i32,
     },
-    /// `fill ADDR LEN SEED`: the first word of every page gets the pattern.
+    /// `fill ADDR LEN SEED [every=SIZE]`: the first word of every page
+    /// (or of one page every SIZE) gets the pattern.
     Fill {
         addr: Addr,
         len: u64,
         seed: u64,
+        every: u64,
     },
-    /// `check ADDR LEN SEED|zero`
+    /// `check ADDR LEN SEED|zero [every=SIZE]`
     Check {
         addr: Addr,
         len: u64,
         pattern: Pattern,
+        every: u64,
     },
     Write {
         addr: Addr,
@@ -199,6 +206,22 @@ pub enum Op {
     /// `numa_balancing MODE`: `/proc/sys/kernel/numa_balancing` (0..=3).
     NumaBalancing {
         mode: u8,
+    },
+    /// `expect faults reading ADDR LEN [every=SIZE] == N`: a load of one
+    /// byte of every page of the range (or one every SIZE) takes N page
+    /// faults, counted around the loads alone.
+    ExpectReadFaults {
+        addr: Addr,
+        len: u64,
+        every: u64,
+        value: u64,
+    },
+    /// `await_numa_hint ADDR`: the process runs, loading the word at ADDR
+    /// (which must be present), until that load takes a fault: NUMA
+    /// balancing's scan has made its PTE a hinting entry. ETIMEDOUT after
+    /// [`super::AWAIT_NUMA_HINT_S`] seconds.
+    AwaitNumaHint {
+        addr: Addr,
     },
     /// `demotion on|off`: `/sys/kernel/mm/numa/demotion_enabled`.
     Demotion {
@@ -317,6 +340,24 @@ impl<'a> Words<'a> {
     fn addr(&mut self) -> Result<Addr, ParseError> {
         let (c, w) = self.next("an address")?;
         parse_addr(w).ok_or_else(|| self.err(c, format!("expected an address, found {w:?}")))
+    }
+
+    /// An optional `every=SIZE` (a multiple of 4K): the stride of a
+    /// `fill` or `check`, a page if not given.
+    fn every(&mut self) -> Result<u64, ParseError> {
+        let Some(word) = self.peek() else {
+            return Ok(4096);
+        };
+        let (c, _) = self.next("every=SIZE")?;
+        word.strip_prefix("every=")
+            .and_then(parse_size)
+            .filter(|&n| n > 0 && n % 4096 == 0)
+            .ok_or_else(|| {
+                self.err(
+                    c,
+                    format!("expected every=SIZE, a multiple of 4K, found {word:?}"),
+                )
+            })
     }
 
     fn prot(&mut self) -> Result<u32, ParseError> {
@@ -522,6 +563,7 @@ fn parse_op(w: &mut Words) -> Result<Op, ParseError> {
             addr: w.addr()?,
             len: w.number("a length")?,
             seed: w.number("a seed")?,
+            every: w.every()?,
         },
         "check" => {
             let addr = w.addr()?;
@@ -535,7 +577,12 @@ fn parse_op(w: &mut Words) -> Result<Op, ParseError> {
                         w.err(col, format!("expected a seed or zero, found {p:?}"))
                     })?)
                 };
-            Op::Check { addr, len, pattern }
+            Op::Check {
+                addr,
+                len,
+                pattern,
+                every: w.every()?,
+            }
         }
         "write" => Op::Write {
             addr: w.addr()?,
@@ -553,6 +600,32 @@ fn parse_op(w: &mut Words) -> Result<Op, ParseError> {
                 Op::ExpectNode {
                     addr,
                     node: w.number("a node")?,
+                }
+            } else if first == "faults" {
+                let (col1, kw) = w.next("reading")?;
+                if kw != "reading" {
+                    return Err(w.err(col1, format!("expected reading ADDR LEN, found {kw:?}")));
+                }
+                let addr = w.addr()?;
+                let len = w.number("a length")?;
+                let every = if w.peek().is_some_and(|x| x.starts_with("every=")) {
+                    w.every()?
+                } else {
+                    4096
+                };
+                let (col2, eq) = w.next("==")?;
+                if eq != "==" {
+                    return Err(w.err(col2, format!("expected ==, found {eq:?}")));
+                }
+                let (col3, v) = w.next("a count")?;
+                let value = v
+                    .parse()
+                    .map_err(|_| w.err(col3, format!("expected a count, found {v:?}")))?;
+                Op::ExpectReadFaults {
+                    addr,
+                    len,
+                    every,
+                    value,
                 }
             } else if first == "vmstat" {
                 let (col, name) = w.next("a counter name")?;
@@ -593,22 +666,18 @@ fn parse_op(w: &mut Words) -> Result<Op, ParseError> {
                 let (col3, v) = w.next("a size")?;
                 let value = parse_signed_size(v)
                     .ok_or_else(|| w.err(col3, format!("expected a size, found {v:?}")))?;
-                // Sizes are in kB, whole ones; the VMA count is a plain number.
-                if fig != Figure::Vmas && value % 1024 != 0 {
+                // Sizes are in kB, whole ones; counts are plain numbers.
+                if !fig.is_count() && value % 1024 != 0 {
                     return Err(w.err(col3, format!("{v:?} is not a whole number of kB")));
                 }
                 Op::ExpectFigure {
                     fig,
                     since,
-                    value: if fig == Figure::Vmas {
-                        value
-                    } else {
-                        value >> 10
-                    },
+                    value: if fig.is_count() { value } else { value >> 10 },
                 }
             } else {
                 let addr = parse_addr(first).ok_or_else(|| {
-                    w.err(col, format!("expected a figure (VmRSS, RssAnon, VmPTE, AnonHugePages) or an address, found {first:?}"))
+                    w.err(col, format!("expected a figure (VmRSS, RssAnon, VmPTE, AnonHugePages, VMAs), faults, vmstat, node or an address, found {first:?}"))
                 })?;
                 let (col2, eq) = w.next("==")?;
                 if eq != "==" {
@@ -777,6 +846,7 @@ fn parse_op(w: &mut Words) -> Result<Op, ParseError> {
                 flags,
             }
         }
+        "await_numa_hint" => Op::AwaitNumaHint { addr: w.addr()? },
         "numa_balancing" => {
             let (col, v) = w.next("a mode (0 off, 1 normal, 2 memory tiering, 3 both)")?;
             Op::NumaBalancing {
