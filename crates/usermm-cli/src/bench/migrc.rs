@@ -30,14 +30,21 @@
 //! oracle for this workload; `tests/migrc.rs` checks MIGRC's rules with
 //! the full shadow memory).
 //!
-//! Reading `pgmigrate_success` on a host with fewer cores than the model
-//! has CPUs: a shootdown then waits for each target CPU's thread to get a
-//! host core, a scheduler slice rather than an IPI's microseconds, and
-//! kswapd, whose demotions make the room every promotion needs, spends
-//! its runs waiting on them. MIGRC skips most of those waits, so there it
-//! migrates more than `off` does: on two cores about half again to
-//! twice as many pages, where on sixteen, each CPU with a core of its
-//! own, the two arms migrate within a quarter of each other.
+//! Reading the counters on a host with fewer cores than the model has
+//! CPUs: a shootdown then waits for each target CPU's thread to get a
+//! host core, a scheduler slice rather than an IPI's microseconds.
+//! * kswapd, whose demotions make the room every promotion needs, spends
+//!   its runs waiting on them. MIGRC skips most of those waits, so there
+//!   it may migrate more than `off` does: on two cores, 7–11% more pages
+//!   with the scan of one PTE table (half again to twice as many when the
+//!   scan covered the whole grid, where on sixteen cores the two arms then
+//!   migrated within a quarter of each other).
+//! * A scan's flush stays pending (`mm->tlb_flush_pending`, from its
+//!   mmu_gather until its own shootdown is done) for as long as those
+//!   waits last, and a promotion of a hinting entry meanwhile counts as
+//!   accessible (`pte_accessible`) and queues a flush: on two cores about
+//!   a hundred of `off`'s shootdowns a round (of some 900) came from
+//!   there. MIGRC defers those of clean pages.
 //!
 //! Each arm runs on a fresh machine, with `migration_entry_ad` on (the
 //! host: a written page keeps its dirty bit across migration, so it never
