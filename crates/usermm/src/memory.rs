@@ -350,7 +350,7 @@ pub fn handle_mm_fault<'a>(
 ) -> VmFaultResult {
     let pmd = match mm.pmd_alloc(addr, oncpu.id()) {
         Ok(slot) => slot,
-        Err(e) => return e.into(),
+        Err(e) => return mm_account_fault(oncpu, e.into()),
     };
     let mut vmf = VmFault::new(oncpu, mm, vma, addr, flags, pmd);
     let r = mm_account_fault(oncpu, __handle_mm_fault(&mut vmf));
@@ -380,10 +380,17 @@ fn luf_flush_after_fault(oncpu: &OnCpu, mm: &Mm, vma: &Vma, flags: FaultFlags) {
     crate::migrc::luf_flush_mm(oncpu, mm);
 }
 
-/// `mm_account_fault`: a fault that completed (not retried, not an error)
-/// counts in `pgfault`, once however many tries it took.
+/// `mm_account_fault`: a fault that was not given up for a retry counts
+/// in `pgfault`, once however many tries it took, and whether it
+/// succeeded or failed (OOM, SIGSEGV): the kernel keeps `pgfault` as older
+/// kernels counted it, where a task's `min_flt`/`maj_flt` (which the model
+/// does not keep) count only the faults that succeeded.
 fn mm_account_fault(oncpu: &OnCpu, r: VmFaultResult) -> VmFaultResult {
-    if r.handled() {
+    debug_assert!(
+        r != VmFaultResult::Fallback,
+        "a fallback is the handler's own"
+    );
+    if r != VmFaultResult::Retry {
         oncpu.vmstat().count(oncpu.id(), Event::PGFAULT, 1);
     }
     r

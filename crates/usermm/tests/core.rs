@@ -137,6 +137,34 @@ fn zapping_a_huge_pmd_frees_its_deposited_table_at_once() {
 /// another CPU reused the page after fork (`wp_page_reuse` flushes no
 /// other CPU). The fault finds the PTE writable already, a spurious fault,
 /// and flushes the page from every CPU of the mm
+/// `pgfault` counts a fault that fails as well as one that succeeds, as
+/// the kernel's `mm_account_fault` does: stores into a mapping larger than
+/// memory count one fault a page until the one that runs out.
+#[test]
+fn pgfault_counts_the_fault_that_runs_out_of_memory_too() {
+    use usermm::vmstat::Event;
+    let m = Machine::new(MachineConfig::single_node(4 << 20, 1)).unwrap();
+    let c = m.bind(0).unwrap();
+    c.new_mm().unwrap();
+    let len = 8 << 20;
+    let a = c.mmap(0, len, RW, ANON | MAP_NORESERVE).unwrap();
+    let before = m.vmstat().event(Event::PGFAULT);
+    let mut stored = 0;
+    let err = (a..a + len)
+        .step_by(4096)
+        .find_map(|p| match c.store_u64(p, p) {
+            Ok(()) => {
+                stored += 1;
+                None
+            }
+            Err(e) => Some(e),
+        });
+    assert_eq!(err, Some(Errno::ENOMEM));
+    assert_eq!(m.vmstat().event(Event::PGFAULT) - before, stored + 1);
+    c.munmap(a, len).unwrap();
+    check_invariants(&m).unwrap();
+}
+
 /// (`flush_tlb_fix_spurious_fault`).
 #[test]
 fn a_store_through_a_stale_read_only_entry_is_a_spurious_fault() {
