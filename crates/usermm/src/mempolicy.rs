@@ -195,6 +195,17 @@ pub fn get_vma_policy(mm: &Mm, vma: &Vma) -> Option<Arc<Mempolicy>> {
     vma.policy().cloned().or_else(|| mm.mempolicy.get())
 }
 
+/// `vma_policy_mof`: whether NUMA balancing may move the VMA's pages on
+/// fault (`MPOL_F_MOF`), which decides whether its scan visits the VMA at
+/// all. With no policy of the VMA's nor the process's, the default for
+/// the CPU's node (`preferred_node_policy`) has the flag; a policy set by
+/// `mbind` or `set_mempolicy` has it only if made with
+/// `MPOL_F_NUMA_BALANCING` (`sanitize_mpol_flags` adds it, with
+/// `MPOL_F_MORON`, to `MPOL_BIND` and `MPOL_PREFERRED_MANY`).
+pub fn vma_policy_mof(mm: &Mm, vma: &Vma) -> bool {
+    get_vma_policy(mm, vma).is_none_or(|pol| pol.flags & MPOL_F_NUMA_BALANCING != 0)
+}
+
 /// `vma_alloc_folio`: a folio of `order` for a fault at `addr` of `vma`,
 /// placed by its policy.
 pub fn vma_alloc_folio(

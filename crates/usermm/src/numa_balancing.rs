@@ -29,9 +29,30 @@
 //! becomes readable: `change_pte_range` and `change_huge_pmd` treat them
 //! alike whatever the caller), and counts the PTE ones it changes.
 //!
+//! The scan visits only the VMAs whose policy lets NUMA balancing move
+//! their pages (`vma_policy_mof`): those with no policy of their own or
+//! the process's, and those bound with `MPOL_F_NUMA_BALANCING`; a plain
+//! `mbind(MPOL_BIND)` takes a VMA out of the scan.
+//!
 //! The model keeps the hot threshold at its default (the kernel adjusts it to the rate limit,
 //! `numa_promotion_adjust_threshold`). Times are milliseconds since the
-//! machine was made.
+//! machine was made. Not modelled:
+//! * the scan's timing per thread: the kernel starts a scan from the
+//!   scheduler tick once the thread has run `numa_scan_period` (first
+//!   `scan_delay_ms`, then a period between `scan_period_min_ms` and
+//!   `scan_period_max_ms` that it adapts to the faults it sees); the model
+//!   scans every `scan_period_ms` of wall time, from whichever CPU of the
+//!   process gets there first;
+//! * the per-VMA state of 6.x (`vma->numab_state`): a VMA first seen after
+//!   the first full pass waits `scan_delay_ms`, a VMA is scanned once per
+//!   pass (`prev_scan_seq`), and after two passes only if the scanning
+//!   thread has taken hinting faults in it lately (`vma_is_accessed`);
+//! * `prot_numa_skip`'s rule for a process of one thread (the pages on the
+//!   node it runs on are left alone): the model has no threads to count,
+//!   and scans as for a process of several;
+//! * `mpol_misplaced`: a hinting fault promotes to the faulting CPU's node
+//!   whatever the policy (the kernel's `MPOL_BIND | MPOL_F_NUMA_BALANCING`
+//!   keeps a page off a CPU's node outside the bound ones).
 
 use crate::machine::OnCpu;
 use crate::mm::vma::{VM_ACCESS_FLAGS, VM_WRITE};
@@ -137,13 +158,19 @@ pub fn task_numa_work(oncpu: &OnCpu, mm: &Arc<Mm>) {
         return;
     }
     let period = knobs.scan_period_ms.load(Ordering::Relaxed);
-    // One CPU of the process scans (the cmpxchg on numa_next_scan).
+    // One CPU of the process scans (the cmpxchg on numa_next_scan). Never
+    // 0, which means not looked at yet.
+    let due = (now + period).max(1);
     if mm
         .numa_scan
         .next_scan
-        .compare_exchange(next, now + period, Ordering::Relaxed, Ordering::Relaxed)
+        .compare_exchange(next, due, Ordering::Relaxed, Ordering::Relaxed)
         .is_err()
     {
+        return;
+    }
+    let pages = knobs.scan_size_mb.load(Ordering::Relaxed) << (20 - PAGE_SHIFT);
+    if pages == 0 {
         return;
     }
     let Some(_g) = mm.mmap_lock.try_read() else {
@@ -152,20 +179,25 @@ pub fn task_numa_work(oncpu: &OnCpu, mm: &Arc<Mm>) {
     // The scan's own shootdowns (its range flushes, and the batched
     // flushes it finds pending), told apart for experiments.
     let _account = crate::cpu::RemoteFlushAccount::enter(Event::NUMA_SCAN_REMOTE_FLUSH);
-    let pages = knobs.scan_size_mb.load(Ordering::Relaxed) << (20 - PAGE_SHIFT);
     let mut budget = pages;
     let mut virt = pages * 8;
-    let start = mm.numa_scan.offset.load(Ordering::Relaxed);
     let guard = crate::sync::epoch::pin();
     let vmas: Vec<Arc<Vma>> = mm.vma_tree(&guard).iter().cloned().collect();
     drop(guard);
-    let mut offset = 0;
+    let mut start = mm.numa_scan.offset.load(Ordering::Relaxed);
+    if !vmas.iter().any(|v| v.end() > start) {
+        // Nothing past where the last scan stopped: start over now
+        // (`reset_ptenuma_scan`).
+        start = 0;
+    }
     for vma in vmas.iter().filter(|v| v.end() > start) {
-        if vma.flags() & VM_ACCESS_FLAGS == 0 || vma.anon_vma().is_none() {
+        // `vma_is_accessible`, and `vma_policy_mof`: a VMA under a policy
+        // made without MPOL_F_NUMA_BALANCING is never scanned.
+        if vma.flags() & VM_ACCESS_FLAGS == 0 || !crate::mempolicy::vma_policy_mof(mm, vma) {
             continue;
         }
         let mut a = vma.start().max(start);
-        while a < vma.end() && budget > 0 && virt > 0 {
+        while a < vma.end() {
             // Ends on a huge-page boundary, as the kernel's does: a scan
             // never covers a THP in part (which would split it).
             let huge = crate::pgtable::PMD_SIZE;
@@ -183,17 +215,15 @@ pub fn task_numa_work(oncpu: &OnCpu, mm: &Arc<Mm>) {
             }
             virt = virt.saturating_sub(range);
             a = end;
-        }
-        offset = a;
-        if budget == 0 || virt == 0 {
-            break;
+            if budget == 0 || virt == 0 {
+                // Done for this period: the next scan goes on from here.
+                mm.numa_scan.offset.store(a, Ordering::Relaxed);
+                return;
+            }
         }
     }
-    // Past the last VMA: the next scan starts over.
-    let done = vmas.last().is_none_or(|v| offset >= v.end());
-    mm.numa_scan
-        .offset
-        .store(if done { 0 } else { offset }, Ordering::Relaxed);
+    // Past the last VMA: the next scan starts over (`reset_ptenuma_scan`).
+    mm.numa_scan.offset.store(0, Ordering::Relaxed);
 }
 
 /// What a scan's `change_pte_range` with `MM_CP_PROT_NUMA` decides per
@@ -474,8 +504,10 @@ mod tests {
         m.numa.scan_delay_ms.store(0, Ordering::Relaxed);
         m.numa.scan_period_ms.store(0, Ordering::Relaxed);
         m.numa.mode.store(NUMA_BALANCING_NORMAL, Ordering::Relaxed);
-        // The first call only sets when the first scan is due: now.
+        // The first call only sets when the first scan is due: now, or the
+        // first millisecond of the machine.
         task_numa_work(&c, &mm);
+        std::thread::sleep(std::time::Duration::from_millis(2));
         let updates = || m.vmstat().event(Event::NUMA_PTE_UPDATES);
         let mut seen = Vec::new();
         for _ in 0..5 {

@@ -1,7 +1,9 @@
 //! `bench tiering`: the memory-tiering loop, end to end, on the tiered
 //! machine. A process writes a working set larger than the fast node,
-//! bound to it (`mbind MPOL_BIND`): with demotion on, reclaim demotes its
-//! oldest pages to the slow node to make room. Then it keeps reading a
+//! bound to it (`mbind MPOL_BIND | MPOL_F_NUMA_BALANCING`: a plain bind
+//! would take it out of NUMA balancing's scan): with demotion on, reclaim
+//! demotes its oldest pages to the slow node to make room. Then it keeps
+//! reading a
 //! hot part of it, which began on the slow node: NUMA balancing in
 //! tiering mode finds it by its hinting faults and promotes it, and kswapd
 //! demotes colder pages to make room. Every interval the table gives how
@@ -20,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::anyhow;
 use serde::Serialize;
-use usermm::mempolicy::MPOL_BIND;
+use usermm::mempolicy::{MPOL_BIND, MPOL_F_NUMA_BALANCING};
 use usermm::mmap::{MAP_ANONYMOUS, MAP_PRIVATE, PROT_READ, PROT_WRITE};
 use usermm::numa_balancing::NUMA_BALANCING_MEMORY_TIERING;
 use usermm::vmstat::{Event, NodeStat};
@@ -88,7 +90,7 @@ fn experiment(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let w = c
         .mmap(0, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS)
         .map_err(|e| anyhow!("mmap: {e}"))?;
-    c.mbind(w, len, MPOL_BIND, &[1], 64, 0)
+    c.mbind(w, len, MPOL_BIND | MPOL_F_NUMA_BALANCING, &[1], 64, 0)
         .map_err(|e| anyhow!("mbind: {e}"))?;
     for p in (w..w + len).step_by(PAGE as usize) {
         c.store_u64(p, p).map_err(|e| anyhow!("write: {e}"))?;
