@@ -238,7 +238,7 @@ impl Backend for EngineBackend {
     }
     fn await_numa_hint(&mut self, addr: u64) -> Result<(), Errno> {
         self.on(|c| {
-            c.load_u64(addr)?;
+            c.load_u8(addr)?;
             let faults = || self.m.vmstat().event(Event::PGFAULT);
             let before = faults();
             let start = Instant::now();
@@ -249,7 +249,7 @@ impl Backend for EngineBackend {
                 if start.elapsed() > Duration::from_secs(super::AWAIT_NUMA_HINT_S) {
                     return Err(Errno::ETIMEDOUT);
                 }
-                c.load_u64(addr)?;
+                c.load_u8(addr)?;
             }
             Ok(())
         })

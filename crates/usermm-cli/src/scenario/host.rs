@@ -494,6 +494,15 @@ impl Backend for HostBackend {
         let old = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
         std::fs::write(&path, mode.to_string()).map_err(|e| format!("cannot set {path}: {e}"))?;
         self.remember(path, old.trim().to_string());
+        // The second thread the scan needs (see `start_numa_helper_thread`),
+        // now rather than at the first wait, so that the figures between a
+        // mark and an expect do not take in its stack.
+        if mode != 0 {
+            let r = self.call("numa_helper")?;
+            if r != "ok" {
+                return Err(format!("the scenario's process: {r}"));
+            }
+        }
         Ok(())
     }
     fn read_faults(&mut self, addr: u64, len: u64, every: u64) -> Result<u64, Errno> {
@@ -823,6 +832,10 @@ fn serve(requests: File, mut w: File) -> ! {
                 }
             }
             Some("await_numa_hint") => await_numa_hint_here(n(1), &mut proc_buf),
+            Some("numa_helper") => match start_numa_helper_thread() {
+                Ok(()) => "ok".into(),
+                Err(why) => format!("err {} {why}", Errno::EAGAIN.0),
+            },
             Some("read_faults") => {
                 read_faults_here(&super::load_addrs(n(1), n(2), n(3)), &mut proc_buf)
             }
@@ -916,7 +929,8 @@ fn read_faults_here(addrs: &Option<Vec<u64>>, buf: &mut String) -> String {
     let Some(addrs) = addrs else {
         return format!("err {}", Errno::EINVAL.0);
     };
-    if !addrs.iter().all(|&a| accessible(a, false, buf)) {
+    let maps = read_proc("/proc/self/maps", buf);
+    if !addrs.iter().all(|&a| maps_allow(maps, a, false)) {
         return format!("err {}", Errno::EFAULT.0);
     }
     let here = 0u8;
@@ -934,53 +948,65 @@ static NUMA_HELPER_OF: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI
 /// node it runs on (`prot_numa_skip`'s target node), so that on a host of
 /// one node it would hint nothing; two threads share the mm (`mm_users`
 /// 2), as the model's CPUs may, which has no such rule. Returns once the
-/// thread has started, its own faults (its stack) taken.
-fn start_numa_helper_thread() {
+/// thread has started, its own faults (its stack) taken; Err says why it
+/// could not be.
+fn start_numa_helper_thread() -> Result<(), String> {
     use std::sync::atomic::Ordering::Relaxed;
     let me = std::process::id() as i32;
     if NUMA_HELPER_OF.load(Relaxed) == me {
-        return;
+        return Ok(());
     }
     let (tx, rx) = std::sync::mpsc::channel();
-    let spawned = std::thread::Builder::new()
+    std::thread::Builder::new()
         .name("numa-helper".into())
         .spawn(move || {
             let _ = tx.send(());
             loop {
                 std::thread::park();
             }
-        });
-    if spawned.is_ok() && rx.recv().is_ok() {
-        std::thread::sleep(std::time::Duration::from_millis(10));
-        NUMA_HELPER_OF.store(me, Relaxed);
-    }
+        })
+        .map_err(|e| format!("no second thread for NUMA balancing: {e}"))?;
+    rx.recv()
+        .map_err(|_| "the NUMA helper thread ended".to_string())?;
+    std::thread::sleep(std::time::Duration::from_millis(10));
+    NUMA_HELPER_OF.store(me, Relaxed);
+    Ok(())
 }
 
 /// `await_numa_hint ADDR` in the server: see
 /// [`super::Backend::await_numa_hint`]. The loop is the process's run
 /// time, whose ticks start the scan (`task_tick_numa`).
 fn await_numa_hint_here(addr: u64, buf: &mut String) -> String {
-    if !accessible(addr, false, buf) {
+    if !maps_allow(read_proc("/proc/self/maps", buf), addr, false) {
         return format!("err {}", Errno::EFAULT.0);
     }
-    start_numa_helper_thread();
+    if let Err(why) = start_numa_helper_thread() {
+        return format!("err {} {why}", Errno::EAGAIN.0);
+    }
     let byte = addr as *const u8;
     // SAFETY: a readable VMA covers the byte (checked above; nothing
     // unmaps it meanwhile: this server does one request at a time).
     let load = || unsafe { byte.read_volatile() };
-    // The clock first: its first read may fault the vDSO's data page in.
+    // Everything the loop runs, once before it counts: a first read of the
+    // clock may fault the vDSO's data page in, and a forked server faults
+    // in each page of code the first time it runs it.
     let start = std::time::Instant::now();
     let limit = std::time::Duration::from_secs(super::AWAIT_NUMA_HINT_S);
+    let _ = start.elapsed() > limit;
     load();
-    // This thread's faults: the helper's are not the load's.
-    let before = thread_faults();
-    while thread_faults() == before {
+    let _ = thread_faults();
+    // Only this thread's faults, and only those between the two counts
+    // around a load: the loop's own work, and the helper, are left out.
+    loop {
+        let before = thread_faults();
+        load();
+        if thread_faults() != before {
+            return "ok".into();
+        }
         if start.elapsed() > limit {
             return format!("err {}", Errno::ETIMEDOUT.0);
         }
-        load();
     }
-    "ok".into()
 }
 
 fn rc(r: i32) -> String {
@@ -1000,7 +1026,13 @@ fn accessible(addr: u64, write: bool, buf: &mut String) -> bool {
         return false;
     };
     let maps = read_proc("/proc/self/maps", buf);
-    let allows = |a: u64| {
+    maps_allow(maps, addr, write) && maps_allow(maps, last, write)
+}
+
+/// Whether a line of `maps` (`/proc/self/maps`) covers byte `a` with a
+/// protection that lets the MMU load it (or store to it).
+fn maps_allow(maps: &str, a: u64, write: bool) -> bool {
+    {
         maps.lines().any(|l| {
             let mut w = l.split_whitespace();
             let (Some(range), Some(perms)) = (w.next(), w.next()) else {
@@ -1026,8 +1058,7 @@ fn accessible(addr: u64, write: bool, buf: &mut String) -> bool {
                     p[0] == b'r' || p[1] == b'w' || (p[2] == b'x' && !xonly_vsyscall)
                 }
         })
-    };
-    allows(addr) && allows(last)
+    }
 }
 
 /// Whether the host maps the vsyscall page readable (`vsyscall=emulate`).

@@ -22,7 +22,7 @@ use parse::{Addr, Figure, Op, Pattern, Stmt};
 /// How long `await_numa_hint` waits for a scan: the host's first comes
 /// after a second of the process's run time (`scan_delay_ms`), the next a
 /// second after (`scan_period_min_ms`).
-pub const AWAIT_NUMA_HINT_S: u64 = 10;
+pub const AWAIT_NUMA_HINT_S: u64 = 5;
 
 /// The most loads one `expect faults reading` makes.
 pub const MAX_READ_FAULT_LOADS: u64 = 1 << 16;

@@ -216,7 +216,7 @@ pub enum Op {
         every: u64,
         value: u64,
     },
-    /// `await_numa_hint ADDR`: the process runs, loading the word at ADDR
+    /// `await_numa_hint ADDR`: the process runs, loading the byte at ADDR
     /// (which must be present), until that load takes a fault: NUMA
     /// balancing's scan has made its PTE a hinting entry. ETIMEDOUT after
     /// [`super::AWAIT_NUMA_HINT_S`] seconds.
