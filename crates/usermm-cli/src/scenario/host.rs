@@ -997,7 +997,12 @@ fn await_numa_hint_here(addr: u64, buf: &mut String) -> String {
     let _ = thread_faults();
     // Only this thread's faults, and only those between the two counts
     // around a load: the loop's own work, and the helper, are left out.
+    // The count is read twice before the load: the first read writes the
+    // stack page the second writes to, so that a hinting fault on it (once
+    // the scan has reached the server's own memory) falls before the
+    // window.
     loop {
+        let _ = thread_faults();
         let before = thread_faults();
         load();
         if thread_faults() != before {
