@@ -342,10 +342,27 @@ impl<'a> Words<'a> {
         parse_addr(w).ok_or_else(|| self.err(c, format!("expected an address, found {w:?}")))
     }
 
+    /// `==`, before an `expect`'s value.
+    fn eq(&mut self) -> Result<(), ParseError> {
+        let (c, w) = self.next("==")?;
+        if w == "==" {
+            Ok(())
+        } else {
+            Err(self.err(c, format!("expected ==, found {w:?}")))
+        }
+    }
+
+    /// A plain count, without a size's suffix.
+    fn count<T: std::str::FromStr>(&mut self) -> Result<T, ParseError> {
+        let (c, v) = self.next("a count")?;
+        v.parse()
+            .map_err(|_| self.err(c, format!("expected a count, found {v:?}")))
+    }
+
     /// An optional `every=SIZE` (a multiple of 4K): the stride of a
-    /// `fill` or `check`, a page if not given.
+    /// `fill`, `check` or `expect faults reading`, a page if not given.
     fn every(&mut self) -> Result<u64, ParseError> {
-        let Some(word) = self.peek() else {
+        let Some(word) = self.peek().filter(|w| w.starts_with("every=")) else {
             return Ok(4096);
         };
         let (c, _) = self.next("every=SIZE")?;
@@ -593,10 +610,7 @@ fn parse_op(w: &mut Words) -> Result<Op, ParseError> {
             let (col, first) = w.next("a figure or an address")?;
             if first == "node" {
                 let addr = w.addr()?;
-                let (col2, eq) = w.next("==")?;
-                if eq != "==" {
-                    return Err(w.err(col2, format!("expected ==, found {eq:?}")));
-                }
+                w.eq()?;
                 Op::ExpectNode {
                     addr,
                     node: w.number("a node")?,
@@ -608,19 +622,9 @@ fn parse_op(w: &mut Words) -> Result<Op, ParseError> {
                 }
                 let addr = w.addr()?;
                 let len = w.number("a length")?;
-                let every = if w.peek().is_some_and(|x| x.starts_with("every=")) {
-                    w.every()?
-                } else {
-                    4096
-                };
-                let (col2, eq) = w.next("==")?;
-                if eq != "==" {
-                    return Err(w.err(col2, format!("expected ==, found {eq:?}")));
-                }
-                let (col3, v) = w.next("a count")?;
-                let value = v
-                    .parse()
-                    .map_err(|_| w.err(col3, format!("expected a count, found {v:?}")))?;
+                let every = w.every()?;
+                w.eq()?;
+                let value = w.count()?;
                 Op::ExpectReadFaults {
                     addr,
                     len,
@@ -640,14 +644,8 @@ fn parse_op(w: &mut Words) -> Result<Op, ParseError> {
                     return Err(w.err(col1, format!("expected since MARK (counters are compared by their change), found {kw:?}")));
                 }
                 let since = w.name("a mark")?;
-                let (col2, eq) = w.next("==")?;
-                if eq != "==" {
-                    return Err(w.err(col2, format!("expected ==, found {eq:?}")));
-                }
-                let (col3, v) = w.next("a count")?;
-                let value = v
-                    .parse()
-                    .map_err(|_| w.err(col3, format!("expected a count, found {v:?}")))?;
+                w.eq()?;
+                let value = w.count()?;
                 Op::ExpectVmstat {
                     name: name.to_string(),
                     since,
@@ -659,10 +657,7 @@ fn parse_op(w: &mut Words) -> Result<Op, ParseError> {
                     w.next("since")?;
                     since = Some(w.name("a mark")?);
                 }
-                let (col2, eq) = w.next("==")?;
-                if eq != "==" {
-                    return Err(w.err(col2, format!("expected ==, found {eq:?}")));
-                }
+                w.eq()?;
                 let (col3, v) = w.next("a size")?;
                 let value = parse_signed_size(v)
                     .ok_or_else(|| w.err(col3, format!("expected a size, found {v:?}")))?;
@@ -679,10 +674,7 @@ fn parse_op(w: &mut Words) -> Result<Op, ParseError> {
                 let addr = parse_addr(first).ok_or_else(|| {
                     w.err(col, format!("expected a figure (VmRSS, RssAnon, VmPTE, AnonHugePages, VMAs), faults, vmstat, node or an address, found {first:?}"))
                 })?;
-                let (col2, eq) = w.next("==")?;
-                if eq != "==" {
-                    return Err(w.err(col2, format!("expected ==, found {eq:?}")));
-                }
+                w.eq()?;
                 Op::ExpectValue {
                     addr,
                     value: w.number("a value")?,
@@ -995,6 +987,33 @@ mod tests {
             "expect VMAs == 3",
         ] {
             assert!(parse(src).is_ok(), "{src:?} refused");
+        }
+    }
+
+    #[test]
+    fn strides_and_fault_counts() {
+        for src in [
+            "fill A 1G 1 every=2M",
+            "check A 1G zero every=8K",
+            "check A 64K 3",
+            "expect faults reading A 1G every=2M == 127",
+            "expect faults reading A+4K 64K == 0",
+            "await_numa_hint A+256M",
+        ] {
+            assert!(parse(src).is_ok(), "{src:?} refused");
+        }
+        for (src, why) in [
+            ("fill A 1G 1 every=3K", "multiple of 4K"),
+            ("fill A 1G 1 every=0", "multiple of 4K"),
+            ("fill A 1G 1 junk", "unexpected"),
+            ("expect faults A 4K == 1", "expected reading"),
+            ("expect faults reading A 4K every=2M = 1", "expected =="),
+            ("expect faults reading A 4K == 1K", "expected a count"),
+            ("expect faults reading A 4K == -1", "expected a count"),
+            ("await_numa_hint", "an address"),
+        ] {
+            let e = parse(src).unwrap_err().to_string();
+            assert!(e.contains(why), "{src:?}: {e}");
         }
     }
 
