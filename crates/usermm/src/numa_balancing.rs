@@ -6,9 +6,10 @@
 //!   stopped, it makes the process's present PTEs PROT_NONE hinting
 //!   entries (`change_prot_numa`, `numa_pte_updates`), a huge-page-aligned
 //!   range at a time, until it has covered `scan_size_mb` of address space
-//!   in ranges where it hinted something, or eight times that in all. In tiering mode alone it leaves pages on the top tier
-//!   alone (mode 3, normal balancing too, hints them), and it notes when
-//!   it scanned each folio below the top tier (`folio_xchg_access_time`).
+//!   in ranges where it hinted something, or eight times that in all. In
+//!   tiering mode alone it leaves pages on the top tier alone (mode 3,
+//!   normal balancing too, hints them), and it notes when it scanned each
+//!   folio below the top tier (`folio_xchg_access_time`).
 //! * An access to such an entry faults (`do_numa_page`,
 //!   `numa_hint_faults`, `numa_hint_faults_local`). A folio on a slow tier
 //!   whose fault came within `hot_threshold_ms` of its scan is hot

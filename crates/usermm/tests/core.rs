@@ -132,11 +132,6 @@ fn zapping_a_huge_pmd_frees_its_deposited_table_at_once() {
     check_invariants(&m).unwrap();
 }
 
-/// A store through a stale read-only TLB entry faults, as on Intel's MMU,
-/// which does not walk again first: here the entry is stale because
-/// another CPU reused the page after fork (`wp_page_reuse` flushes no
-/// other CPU). The fault finds the PTE writable already, a spurious fault,
-/// and flushes the page from every CPU of the mm
 /// `pgfault` counts a fault that fails as well as one that succeeds, as
 /// the kernel's `mm_account_fault` does: stores into a mapping larger than
 /// memory count one fault a page until the one that runs out.
@@ -165,6 +160,11 @@ fn pgfault_counts_the_fault_that_runs_out_of_memory_too() {
     check_invariants(&m).unwrap();
 }
 
+/// A store through a stale read-only TLB entry faults, as on Intel's MMU,
+/// which does not walk again first: here the entry is stale because
+/// another CPU reused the page after fork (`wp_page_reuse` flushes no
+/// other CPU). The fault finds the PTE writable already, a spurious fault,
+/// and flushes the page from every CPU of the mm
 /// (`flush_tlb_fix_spurious_fault`).
 #[test]
 fn a_store_through_a_stale_read_only_entry_is_a_spurious_fault() {

@@ -40,7 +40,7 @@ pub struct BenchArgs {
     /// minimum six included: after those, further rounds go to the rows
     /// whose intervals are widest. By default each experiment's own
     /// (`--list` shows them), which keep the whole bench to about
-    /// seventeen minutes on two cores.
+    /// fifteen minutes on two cores.
     #[arg(long = "budget-s")]
     pub budget_arg: Option<u64>,
     /// The budget in force: `--budget-s`, or the experiment's own (set by

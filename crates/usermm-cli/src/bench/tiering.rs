@@ -3,10 +3,9 @@
 //! bound to it (`mbind MPOL_BIND | MPOL_F_NUMA_BALANCING`: a plain bind
 //! would take it out of NUMA balancing's scan): with demotion on, reclaim
 //! demotes its oldest pages to the slow node to make room. Then it keeps
-//! reading a
-//! hot part of it, which began on the slow node: NUMA balancing in
-//! tiering mode finds it by its hinting faults and promotes it, and kswapd
-//! demotes colder pages to make room. Every interval the table gives how
+//! reading a hot part of it, which began on the slow node: NUMA balancing
+//! in tiering mode finds it by its hinting faults and promotes it, and
+//! kswapd demotes colder pages to make room. Every interval the table gives how
 //! much of the hot part is on the fast node, and the counters so far.
 //!
 //! It compares no arms: the table is one run's trajectory, so it carries

@@ -1037,33 +1037,30 @@ fn accessible(addr: u64, write: bool, buf: &mut String) -> bool {
 /// Whether a line of `maps` (`/proc/self/maps`) covers byte `a` with a
 /// protection that lets the MMU load it (or store to it).
 fn maps_allow(maps: &str, a: u64, write: bool) -> bool {
-    {
-        maps.lines().any(|l| {
-            let mut w = l.split_whitespace();
-            let (Some(range), Some(perms)) = (w.next(), w.next()) else {
-                return false;
-            };
-            let Some((lo, hi)) = range.split_once('-') else {
-                return false;
-            };
-            let (Ok(lo), Ok(hi)) = (u64::from_str_radix(lo, 16), u64::from_str_radix(hi, 16))
-            else {
-                return false;
-            };
-            let p = perms.as_bytes();
-            // The vsyscall page is execute-only unless the kernel was booted
-            // with vsyscall=emulate: a load from it faults.
-            let xonly_vsyscall = l.ends_with("[vsyscall]") && !vsyscall_emulated();
-            lo <= a
-                && a < hi
-                && if write {
-                    p[1] == b'w'
-                } else {
-                    // On x86 a writable or executable page is also readable.
-                    p[0] == b'r' || p[1] == b'w' || (p[2] == b'x' && !xonly_vsyscall)
-                }
-        })
-    }
+    maps.lines().any(|l| {
+        let mut w = l.split_whitespace();
+        let (Some(range), Some(perms)) = (w.next(), w.next()) else {
+            return false;
+        };
+        let Some((lo, hi)) = range.split_once('-') else {
+            return false;
+        };
+        let (Ok(lo), Ok(hi)) = (u64::from_str_radix(lo, 16), u64::from_str_radix(hi, 16)) else {
+            return false;
+        };
+        let p = perms.as_bytes();
+        // The vsyscall page is execute-only unless the kernel was booted
+        // with vsyscall=emulate: a load from it faults.
+        let xonly_vsyscall = l.ends_with("[vsyscall]") && !vsyscall_emulated();
+        lo <= a
+            && a < hi
+            && if write {
+                p[1] == b'w'
+            } else {
+                // On x86 a writable or executable page is also readable.
+                p[0] == b'r' || p[1] == b'w' || (p[2] == b'x' && !xonly_vsyscall)
+            }
+    })
 }
 
 /// Whether the host maps the vsyscall page readable (`vsyscall=emulate`).

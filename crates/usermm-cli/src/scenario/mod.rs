@@ -89,7 +89,7 @@ pub trait Backend {
     fn demotion(&mut self, on: bool) -> Result<(), String>;
     /// Set `numa_balancing`; Err says why it cannot be (skipped).
     fn numa_balancing(&mut self, mode: u8) -> Result<(), String>;
-    /// Run the current process, loading the word at `addr` (faulting it in
+    /// Run the current process, loading the byte at `addr` (faulting it in
     /// first), until a load faults: the NUMA scan has made its PTE a
     /// hinting entry. EFAULT where nothing readable is mapped, ETIMEDOUT
     /// after [`AWAIT_NUMA_HINT_S`].
@@ -638,7 +638,7 @@ impl Interp<'_> {
             None => (f[i], fig.name().to_string()),
         };
         let cmp = since.map(|_| format!("{} {:+}", fig.name(), got));
-        let unit = if fig.is_count() { "" } else { " kB" };
+        let unit = if fig == Figure::Vmas { "" } else { " kB" };
         Ok(if got == value {
             Res::Ok(cmp, format!("{what} {got:+}{unit}"))
         } else {

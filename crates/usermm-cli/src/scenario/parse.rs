@@ -53,10 +53,6 @@ impl Figure {
             Figure::Vmas => "VMAs",
         }
     }
-    /// Whether it is a count rather than a size in kB.
-    pub fn is_count(self) -> bool {
-        self == Figure::Vmas
-    }
     fn parse(s: &str) -> Option<Figure> {
         Figure::ALL.into_iter().find(|f| f.name() == s)
     }
@@ -661,14 +657,18 @@ fn parse_op(w: &mut Words) -> Result<Op, ParseError> {
                 let (col3, v) = w.next("a size")?;
                 let value = parse_signed_size(v)
                     .ok_or_else(|| w.err(col3, format!("expected a size, found {v:?}")))?;
-                // Sizes are in kB, whole ones; counts are plain numbers.
-                if !fig.is_count() && value % 1024 != 0 {
+                // Sizes are in kB, whole ones; the VMA count is a plain number.
+                if fig != Figure::Vmas && value % 1024 != 0 {
                     return Err(w.err(col3, format!("{v:?} is not a whole number of kB")));
                 }
                 Op::ExpectFigure {
                     fig,
                     since,
-                    value: if fig.is_count() { value } else { value >> 10 },
+                    value: if fig == Figure::Vmas {
+                        value
+                    } else {
+                        value >> 10
+                    },
                 }
             } else {
                 let addr = parse_addr(first).ok_or_else(|| {
