@@ -713,12 +713,14 @@ impl Operator<'_, '_> {
                 let _ = t.set_order(order, modes[self.rng.gen_range(0..4)]);
                 t.use_zero_page
                     .store(self.rng.gen_bool(0.8), std::sync::atomic::Ordering::Relaxed);
-                // NUMA balancing off or in tiering mode, scanning often.
+                // NUMA balancing off or in tiering mode, scanning as often
+                // as the kernel does at all (16 MB each 6 ms).
                 let numa = &c.m.numa;
                 let mode = [0, usermm::numa_balancing::NUMA_BALANCING_MEMORY_TIERING]
                     [self.rng.gen_range(0..2)];
                 numa.scan_delay_ms.store(0, Ordering::Relaxed);
-                numa.scan_period_ms.store(10, Ordering::Relaxed);
+                numa.scan_size_mb.store(16, Ordering::Relaxed);
+                numa.scan_period_min_ms.store(0, Ordering::Relaxed);
                 numa.mode.store(mode, Ordering::Relaxed);
                 self.set_last_op(format!("THP knobs, numa_balancing {mode}"));
                 "knob"

@@ -39,11 +39,17 @@
 //! `numa_promotion_adjust_threshold`). Times are milliseconds since the
 //! machine was made. Not modelled:
 //! * the scan's timing per thread: the kernel starts a scan from the
-//!   scheduler tick once the thread has run `numa_scan_period` (first
-//!   `scan_delay_ms`, then a period between `scan_period_min_ms` and
-//!   `scan_period_max_ms` that it adapts to the faults it sees); the model
-//!   scans every `scan_period_ms` of wall time, from whichever CPU of the
-//!   process gets there first;
+//!   scheduler tick once the thread has run its `numa_scan_period` (of
+//!   run time, with the scan's own time charged 32-fold), each thread
+//!   with its own period, set at its first tick; the model keeps one
+//!   period per process, set when its first scan is due, and counts wall
+//!   time, scanning from whichever CPU of the process gets there first;
+//! * the period's adaptation (`update_task_scan_period`, between
+//!   `task_scan_min` and `task_scan_max` after the locality of the faults
+//!   of each pass): the kernel makes it only from the hinting faults it
+//!   records, and in tiering mode it records none for pages below the top
+//!   tier, and hints none on it, so there the period stays as it started,
+//!   as the model's always does (in normal mode the kernel's would move);
 //! * the per-VMA state of 6.x (`vma->numab_state`): a VMA first seen after
 //!   the first full pass waits `scan_delay_ms`, a VMA is scanned once per
 //!   pass (`prev_scan_seq`), and after two passes only if the scanning
@@ -81,10 +87,10 @@ pub struct NumaKnobs {
     pub mode: AtomicU8,
     /// `scan_delay_ms`: before a process's first scan.
     pub scan_delay_ms: AtomicU64,
-    /// `scan_period_min_ms`: between scans (the kernel widens it up to
-    /// `scan_period_max_ms` when scans find nothing to do; the model
-    /// keeps it).
-    pub scan_period_ms: AtomicU64,
+    /// `scan_period_min_ms`: the shortest time in which the scan is to
+    /// cover the process's resident memory; divided among the scans that
+    /// takes ([`task_scan_min`]).
+    pub scan_period_min_ms: AtomicU64,
     /// `scan_size_mb`: how much of the address space one scan marks.
     pub scan_size_mb: AtomicU64,
     /// `numa_balancing_hot_threshold_ms`.
@@ -98,7 +104,7 @@ impl Default for NumaKnobs {
         NumaKnobs {
             mode: AtomicU8::new(0),
             scan_delay_ms: AtomicU64::new(1000),
-            scan_period_ms: AtomicU64::new(1000),
+            scan_period_min_ms: AtomicU64::new(1000),
             scan_size_mb: AtomicU64::new(256),
             hot_threshold_ms: AtomicU64::new(1000),
             promote_rate_limit_mbps: AtomicU64::new(65536),
@@ -123,11 +129,59 @@ pub struct PromoteRateLimit {
 }
 
 /// Per address space: when it is next scanned and where the scan resumes
-/// (`mm->numa_next_scan`, `mm->numa_scan_offset`).
+/// (`mm->numa_next_scan`, `mm->numa_scan_offset`), and the time between
+/// scans (the kernel's `p->numa_scan_period`, per thread there; 0 until
+/// the first scan is due).
 #[derive(Default)]
 pub struct MmNumaScan {
     pub next_scan: AtomicU64,
     pub offset: AtomicU64,
+    pub period_ms: AtomicU64,
+}
+
+/// The scan never covers more than this many MB a second, whatever the
+/// knobs say (`MAX_SCAN_WINDOW`).
+const MAX_SCAN_WINDOW: u64 = 2560;
+
+/// `task_nr_scan_windows`: the scans of `scan_size_mb` it takes to cover
+/// the process's resident pages (at least one). Resident rather than
+/// mapped: the scan skips what is not present, and only what is present
+/// takes hinting faults.
+fn task_nr_scan_windows(mm: &Mm, scan_size_mb: u64) -> u64 {
+    let nr_scan_pages = scan_size_mb << (20 - PAGE_SHIFT);
+    let rss = match mm.rss_pages() {
+        r if r > 0 => r as u64,
+        _ => nr_scan_pages,
+    };
+    rss.div_ceil(nr_scan_pages)
+}
+
+/// `task_scan_min`: the shortest time between two scans, in ms:
+/// `scan_period_min_ms` shared among the scans a pass over the resident
+/// pages takes, but never so short that more than [`MAX_SCAN_WINDOW`] MB
+/// a second would be scanned (in whole ms, as the kernel's integer
+/// arithmetic has it: a scan of 2 MB or less has no floor). `scan_size_mb`
+/// is not 0.
+pub fn task_scan_min(knobs: &NumaKnobs, mm: &Mm) -> u64 {
+    let scan_size = knobs.scan_size_mb.load(Ordering::Relaxed);
+    debug_assert!(scan_size > 0, "task_scan_min with scan_size_mb 0");
+    let windows = if scan_size < MAX_SCAN_WINDOW {
+        MAX_SCAN_WINDOW / scan_size
+    } else {
+        1
+    };
+    let floor = 1000 / windows;
+    let scan =
+        knobs.scan_period_min_ms.load(Ordering::Relaxed) / task_nr_scan_windows(mm, scan_size);
+    floor.max(scan)
+}
+
+/// `task_scan_start`: the period a thread starts with, at its first
+/// scheduler tick past `scan_delay_ms` ([`task_scan_min`]; the kernel
+/// lengthens it for a task in a NUMA group that shares memory, which the
+/// model has not).
+fn task_scan_start(knobs: &NumaKnobs, mm: &Mm) -> u64 {
+    task_scan_min(knobs, mm)
 }
 
 /// `node_is_toptier`: a node of the fastest tier.
@@ -158,7 +212,13 @@ pub fn task_numa_work(oncpu: &OnCpu, mm: &Arc<Mm>) {
     if now < next {
         return;
     }
-    let period = knobs.scan_period_ms.load(Ordering::Relaxed);
+    let scan_size_mb = knobs.scan_size_mb.load(Ordering::Relaxed);
+    if scan_size_mb == 0 {
+        // Nothing to scan (the kernel, working out the period, would
+        // divide by this debugfs knob first).
+        return;
+    }
+    let period = scan_period(knobs, mm);
     // One CPU of the process scans (the cmpxchg on numa_next_scan). Never
     // 0, which means not looked at yet.
     let due = (now + period).max(1);
@@ -170,10 +230,7 @@ pub fn task_numa_work(oncpu: &OnCpu, mm: &Arc<Mm>) {
     {
         return;
     }
-    let pages = knobs.scan_size_mb.load(Ordering::Relaxed) << (20 - PAGE_SHIFT);
-    if pages == 0 {
-        return;
-    }
+    let pages = scan_size_mb << (20 - PAGE_SHIFT);
     let Some(_g) = mm.mmap_lock.try_read() else {
         return;
     };
@@ -225,6 +282,29 @@ pub fn task_numa_work(oncpu: &OnCpu, mm: &Arc<Mm>) {
     }
     // Past the last VMA: the next scan starts over (`reset_ptenuma_scan`).
     mm.numa_scan.offset.store(0, Ordering::Relaxed);
+}
+
+/// The process's time between scans: set once, from its resident pages
+/// when its first scan is due ([`task_scan_start`]), and kept (see the
+/// module doc on its adaptation).
+fn scan_period(knobs: &NumaKnobs, mm: &Mm) -> u64 {
+    let set = mm.numa_scan.period_ms.load(Ordering::Relaxed);
+    if set != 0 {
+        return set;
+    }
+    // Racing CPUs of the process work out the same period, give or take
+    // the pages faulted meanwhile: either may stand. A period of 0 (no
+    // floor, and fewer ms than scans) stays unset and is worked out again
+    // each time, as the kernel's `numa_scan_period == 0` is.
+    let start = task_scan_start(knobs, mm);
+    match mm
+        .numa_scan
+        .period_ms
+        .compare_exchange(0, start, Ordering::Relaxed, Ordering::Relaxed)
+    {
+        Ok(_) => start,
+        Err(other) => other,
+    }
 }
 
 /// What a scan's `change_pte_range` with `MM_CP_PROT_NUMA` decides per
@@ -503,7 +583,7 @@ mod tests {
             c.store_u8(p, 1).unwrap();
         }
         m.numa.scan_delay_ms.store(0, Ordering::Relaxed);
-        m.numa.scan_period_ms.store(0, Ordering::Relaxed);
+        m.numa.scan_period_min_ms.store(0, Ordering::Relaxed);
         m.numa.mode.store(NUMA_BALANCING_NORMAL, Ordering::Relaxed);
         // The first call only sets when the first scan is due: now, or the
         // first millisecond of the machine.
@@ -515,11 +595,95 @@ mod tests {
             let before = updates();
             task_numa_work(&c, &mm);
             seen.push(updates() - before);
+            // 256 MB scans come at most ten times a second (the floor).
+            std::thread::sleep(std::time::Duration::from_millis(101));
         }
         m.numa.mode.store(0, Ordering::Relaxed);
         // The fifth finds the mapping hinted already (and the offset back
         // at its start): nothing more to change.
         assert_eq!(seen, [128, 128, 128, 128, 0]);
+        crate::check::check_invariants(&m).unwrap();
+    }
+
+    /// `task_scan_min`: `scan_period_min_ms` shared among the scans a pass
+    /// over the resident pages takes, but no shorter than 2560 MB a second
+    /// allows, in whole ms.
+    #[test]
+    fn the_scan_period_is_shared_among_the_scans_of_the_resident_pages() {
+        let m = Machine::new(MachineConfig::single_node(64 << 20, 1)).unwrap();
+        let c = m.bind(0).unwrap();
+        let mm = c.new_mm().unwrap();
+        let knobs = &m.numa;
+        let period = |size_mb: u64, min_ms: u64| {
+            knobs.scan_size_mb.store(size_mb, Ordering::Relaxed);
+            knobs.scan_period_min_ms.store(min_ms, Ordering::Relaxed);
+            task_scan_min(knobs, &mm)
+        };
+        // Nothing resident counts as one scan's worth.
+        assert_eq!(period(1, 1000), 1000);
+        let len = 24 << 20;
+        let a = c
+            .mmap(
+                0,
+                len + PAGE_SIZE,
+                PROT_READ | PROT_WRITE,
+                MAP_PRIVATE | MAP_ANONYMOUS,
+            )
+            .unwrap();
+        for p in (a..a + len).step_by(PAGE_SIZE as usize) {
+            c.store_u8(p, 1).unwrap();
+        }
+        // 24 MiB resident: 24 scans of 1 MB, 1000 / 24 ms apart.
+        assert_eq!(period(1, 1000), 41);
+        // A page more takes a 25th.
+        c.store_u8(a + len, 1).unwrap();
+        assert_eq!(period(1, 1000), 40);
+        // The default 256 MB covers it in one: a second apart, and at
+        // most ten a second (1000 / (2560 / 256)) however short the knob.
+        assert_eq!(period(256, 1000), 1000);
+        assert_eq!(period(256, 0), 100);
+        // 2 MB or less: 1000 / 1280 rounds the floor to nothing.
+        assert_eq!(period(2, 0), 0);
+        assert_eq!(period(2560, 0), 1000);
+        assert_eq!(period(4096, 0), 1000);
+    }
+
+    /// The period is set when the process's first scan is due, from what
+    /// is resident then, and kept: in tiering mode the kernel's never
+    /// adapts (its faults below the top tier are not recorded).
+    #[test]
+    fn the_scan_period_is_set_at_the_first_scan_and_kept() {
+        let m = Machine::new(MachineConfig::single_node(64 << 20, 1)).unwrap();
+        let c = m.bind(0).unwrap();
+        let mm = c.new_mm().unwrap();
+        let rw = PROT_READ | PROT_WRITE;
+        let a = c.mmap(0, 8 << 20, rw, MAP_PRIVATE | MAP_ANONYMOUS).unwrap();
+        let touch = |from: u64, to: u64| {
+            for p in (from..to).step_by(PAGE_SIZE as usize) {
+                c.store_u8(p, 1).unwrap();
+            }
+        };
+        touch(a, a + (4 << 20));
+        m.numa.scan_delay_ms.store(0, Ordering::Relaxed);
+        m.numa.scan_size_mb.store(1, Ordering::Relaxed);
+        m.numa
+            .mode
+            .store(NUMA_BALANCING_MEMORY_TIERING, Ordering::Relaxed);
+        // Not due yet: unset.
+        task_numa_work(&c, &mm);
+        assert_eq!(mm.numa_scan.period_ms.load(Ordering::Relaxed), 0);
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let before = m.jiffies_ms();
+        task_numa_work(&c, &mm);
+        let after = m.jiffies_ms();
+        // 4 MiB resident in scans of 1 MB; the next is due a period on.
+        assert_eq!(mm.numa_scan.period_ms.load(Ordering::Relaxed), 250);
+        let next = mm.numa_scan.next_scan.load(Ordering::Relaxed);
+        assert!((before + 250..=after + 250).contains(&next), "{next}");
+        touch(a + (4 << 20), a + (8 << 20));
+        m.numa.mode.store(0, Ordering::Relaxed);
+        assert_eq!(task_scan_min(&m.numa, &mm), 125);
+        assert_eq!(mm.numa_scan.period_ms.load(Ordering::Relaxed), 250);
         crate::check::check_invariants(&m).unwrap();
     }
 }

@@ -55,17 +55,28 @@
 //! memory, 16 CPUs and `XSBench -p 100000000` (about 5.6 GB of grids, a
 //! run of 38 minutes); here the fast node holds 16 MiB and the grid
 //! 24 MiB, with 4 CPUs and 300,000 measured lookups each (about a second),
-//! after six times as many to warm up; the scan period is 50 ms (the
-//! kernel's minimum is 1 s) and the first scan starts at once. A scan
-//! covers 1 MB of the grid (`scan_size_mb`), which the kernel rounds up to
-//! the next 2 MiB boundary: one PTE table, a twelfth of the grid, where
-//! the kernel's default 256 MB was a twenty-second of the seed's grids.
-//! That default would scan the whole grid every time here, and a scan
-//! flushes the whole mm at each PTE table where it finds a batched flush
-//! pending (`flush_tlb_batched_pending`), which MIGRC's deferred flushes
-//! keep so: a dozen flushes a scan in every arm. The counters
-//! are those of the measured part, except the peak of pages kept (the
-//! whole run).
+//! after six times as many to warm up; the first scan starts at once. A
+//! scan covers 1 MB of the grid (`scan_size_mb`), which the kernel rounds
+//! up to the next 2 MiB boundary: one PTE table, a twelfth of the grid,
+//! where the kernel's default 256 MB was a twenty-second of the seed's
+//! grids. That default would scan the whole grid every time here, and a
+//! scan flushes the whole mm at each PTE table where it finds a batched
+//! flush pending (`flush_tlb_batched_pending`), which MIGRC's deferred
+//! flushes keep so: a dozen flushes a scan in every arm. The counters are
+//! those of the measured part, except the peak of pages kept (the whole
+//! run).
+//!
+//! The scan period is the kernel's own (`task_scan_min`, at its default
+//! `scan_period_min_ms` of 1 s): the second shared among the 25 scans of
+//! 1 MB that cover what the process has resident (the grid and its result
+//! pages), 40 ms. The same rule gave the seed's threads 100 ms (a second
+//! over 22 scans of 256 MB is 45 ms, under the floor that holds the scan
+//! to 2560 MB a second), if they took their period once the grids were
+//! built; in tiering mode it never changes after. So the seed made some
+//! 22,000 scans in its 38 minutes, about 1,200 migrations each with MIGRC
+//! off, where a round here makes some 30, about 100 each: per page
+//! migrated, the scan's own shootdowns weigh ten times more here than in
+//! the seed's run, alike in every arm.
 //!
 //! Why the warm-up is long: the build leaves every grid page writable and
 //! dirty, and such a page is never eligible; it becomes so once a hinting
@@ -122,9 +133,6 @@ const LOOKUP_CHUNK: u64 = 100;
 pub const WARMUP_FACTOR: u64 = 6;
 /// Entries read after the one found (the nuclide data).
 const NUCLIDE_READS: u64 = 4;
-/// NUMA balancing's scan period (the kernel's minimum is 1 s): dozens of
-/// scans in a run, as in the seed's.
-const SCAN_PERIOD_MS: u64 = 50;
 /// NUMA balancing's scan size (`scan_size_mb`): the share of the grid the
 /// kernel's 256 MB was of the seed's, as near as the knob goes.
 const SCAN_SIZE_MB: u64 = 1;
@@ -155,6 +163,8 @@ struct Sample {
     luf_forced_flushes: u64,
     /// Shootdowns the NUMA scan sent (`usermm_numa_scan_remote_flush`).
     scan_remote_flushes: u64,
+    /// The process's time between scans (`task_scan_min`).
+    scan_period_ms: u64,
     stale_reads: u64,
     lost_writes: u64,
     runtime_s: f64,
@@ -179,11 +189,9 @@ struct Row {
     luf_takeoff_flushes: u64,
     luf_forced_flushes: u64,
     /// Of `nr_tlb_remote_flush`, those the NUMA scan sent: its own range
-    /// flushes and the batched flushes it found pending. The model scans
-    /// a twelfth of the grid every `scan_period_ms` over a run of
-    /// seconds, the kernel a twenty-second of the seed's at most once a
-    /// second over its 38 minutes, so the scan's share here is above the
-    /// seed's, the same in every arm.
+    /// flushes and the batched flushes it found pending. A scan here makes
+    /// some 100 migrations, the seed's some 1,200 (see the module doc), so
+    /// the scan's share here is above the seed's, the same in every arm.
     usermm_numa_scan_remote_flush: u64,
     /// Medians per run of shootdowns sent, and of CPUs that handled one,
     /// per 1000 pages migrated (the migrations a run makes vary widely).
@@ -325,6 +333,7 @@ fn experiment(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let pb = progress("migrc", (Rounds::expected(a.runs()) * arms.len()) as u64);
     let mut machine_desc = String::new();
     let mut grid_mb = 0;
+    let mut scan_period_min_ms = 0;
     // The index of `off` with the same migration_entry_ad.
     let off_of = |k: usize| {
         arms.iter()
@@ -355,6 +364,7 @@ fn experiment(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
             let (s, grid) = run_once(&m, warmup(a), a.lookups)?;
             samples[k].push(s);
             machine_desc = m.config.to_string();
+            scan_period_min_ms = m.numa.scan_period_min_ms.load(Relaxed);
             grid_mb = grid >> 20;
             pb.inc(1);
         }
@@ -387,7 +397,8 @@ fn experiment(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         })
         .collect();
     if !a.json {
-        print_table(&rows, grid_mb, warmup(a), a.lookups, &machine_desc);
+        let scan_ms = scan_period_ms(&samples);
+        print_table(&rows, grid_mb, warmup(a), a.lookups, &machine_desc, scan_ms);
         if cost_from != "off" {
             crate::outln!(
                 "shootdown cost model ({cost_from}): {send_ns} ns per shootdown sent, {recv_ns} ns per request handled\n"
@@ -401,7 +412,10 @@ fn experiment(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         "grid_mb": grid_mb,
         "lookups_per_cpu": a.lookups,
         "warmup_lookups_per_cpu": warmup(a),
-        "scan_period_ms": SCAN_PERIOD_MS,
+        // The kernel's default scan_period_min_ms, and what it made of it
+        // for this process (task_scan_min).
+        "scan_period_min_ms": scan_period_min_ms,
+        "scan_period_ms": scan_period_ms(&samples),
         "scan_size_mb": SCAN_SIZE_MB,
         "ipi_cost": { "from": cost_from, "send_ns": send_ns, "recv_ns": recv_ns },
         "seed": SEED
@@ -465,6 +479,17 @@ fn outside_scan_per_k(s: &[Sample]) -> Vec<f64> {
     s.iter().map(Sample::outside_scan_per_k).collect()
 }
 
+/// The process's time between scans in the runs (the same in each: the
+/// grid is resident when NUMA balancing is switched on).
+fn scan_period_ms(samples: &[Vec<Sample>]) -> u64 {
+    samples
+        .iter()
+        .flatten()
+        .map(|s| s.scan_period_ms)
+        .max()
+        .unwrap_or(0)
+}
+
 /// Lookups per CPU before the measured ones.
 fn warmup(a: &BenchArgs) -> u64 {
     a.warmup.unwrap_or(WARMUP_FACTOR * a.lookups)
@@ -479,7 +504,6 @@ fn run_once(m: &Machine, warmup: u64, lookups: u64) -> anyhow::Result<(Sample, u
     m.set_demotion_enabled(true);
     m.thp.only_order(0);
     m.numa.scan_delay_ms.store(0, Relaxed);
-    m.numa.scan_period_ms.store(SCAN_PERIOD_MS, Relaxed);
     m.numa.scan_size_mb.store(SCAN_SIZE_MB, Relaxed);
     let cpus = m.cpus.len();
     let _pinned = crate::native::pin_thread(0);
@@ -570,6 +594,7 @@ fn run_once(m: &Machine, warmup: u64, lookups: u64) -> anyhow::Result<(Sample, u
         luf_takeoff_flushes: after.3 - before.3,
         luf_forced_flushes: after.4 - before.4,
         scan_remote_flushes: after.5 - before.5,
+        scan_period_ms: mm.numa_scan.period_ms.load(Relaxed),
         stale_reads: stale.load(Relaxed),
         lost_writes: lost.load(Relaxed),
         runtime_s,
@@ -744,7 +769,7 @@ fn change_text(a: f64, b: f64) -> String {
     }
 }
 
-fn print_table(rows: &[Row], grid_mb: u64, warmup: u64, lookups: u64, machine: &str) {
+fn print_table(rows: &[Row], grid_mb: u64, warmup: u64, lookups: u64, machine: &str, scan_ms: u64) {
     crate::outln!(
         "bench migrc: {lookups} lookups per CPU measured after {warmup} to warm up, in a {grid_mb} MiB grid, NUMA balancing in tiering mode, demotion on\n"
     );
@@ -826,11 +851,21 @@ fn print_table(rows: &[Row], grid_mb: u64, warmup: u64, lookups: u64, machine: &
         ratios("  others per 1000 / off's", &|r| r.outside_scan_estimate());
         crate::outln!();
     }
+    // Pages migrated per scan by `off` (migration_entry_ad off, the
+    // aims' arm), from its medians.
+    let per_scan = rows
+        .iter()
+        .find(|r| r.arm == "off" && !r.migration_entry_ad)
+        .filter(|r| scan_ms > 0 && r.runtime_s > 0.0)
+        .map_or("?".to_string(), |r| {
+            let scans = r.runtime_s * 1000.0 / scan_ms as f64;
+            format!("{:.0}", r.pgmigrate_success as f64 / scans)
+        });
     crate::outln!(
         "seed: the change MIGRC made in the seed's own run (v6.7 and v6.7 with MIGRC v8, XSBench -p 100000000 on a 16-CPU guest)"
     );
     crate::outln!(
-        "NUMA scan: {SCAN_SIZE_MB} MB every {SCAN_PERIOD_MS} ms over a run of seconds here, 256 MB at most once a second over the seed's 38 minutes: its shootdowns weigh more here (\"others\" leaves them out)"
+        "NUMA scan: {SCAN_SIZE_MB} MB every {scan_ms} ms here (the kernel's period for this process), {per_scan} pages migrated a scan with migrc off; 256 MB every 100 ms in the seed's run, about 1,200 (26.8 million in some 22,000 scans): its shootdowns weigh more here (\"others\" leaves them out)"
     );
     crate::outln!(
         "{}",
