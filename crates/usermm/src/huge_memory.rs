@@ -653,7 +653,7 @@ pub fn do_huge_pmd_numa_page(vmf: &mut VmFault<'_>) -> VmFaultResult {
     let hint = if is_huge_zero_pmd(oncpu, old) {
         NumaHint::Stay
     } else {
-        numa_migrate_check(oncpu, folio)
+        numa_migrate_check(oncpu, mm, vmf.vma, folio)
     };
     if let NumaHint::Migrate(dst) = hint {
         // migrate_misplaced_folio_prepare: isolated under the PMD lock.

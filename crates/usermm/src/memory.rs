@@ -537,7 +537,7 @@ fn do_numa_page<'a>(vmf: &mut VmFault<'a>, mut pt: PteLocked<'a>) -> VmFaultResu
     let idx = vmf.pte_idx();
     let old = vmf.orig_pte;
     let folio = mem.page_folio(old.pfn());
-    if let NumaHint::Migrate(dst) = numa_migrate_check(oncpu, folio) {
+    if let NumaHint::Migrate(dst) = numa_migrate_check(oncpu, vmf.mm, vmf.vma, folio) {
         // migrate_misplaced_folio_prepare: isolated under the PTE lock.
         if let Some(iso) = crate::migrate::isolate_for_migration(mem, folio) {
             drop(pt);

@@ -206,6 +206,25 @@ pub fn vma_policy_mof(mm: &Mm, vma: &Vma) -> bool {
     get_vma_policy(mm, vma).is_none_or(|pol| pol.flags & MPOL_F_NUMA_BALANCING != 0)
 }
 
+/// `mpol_misplaced`: the node a NUMA hinting fault on `vma`, taken on a
+/// CPU of node `this_nid`, may move its folio to, before the hot and rate
+/// checks (`should_numa_migrate_memory`, which the caller makes); None to
+/// leave it.
+/// * No policy of the VMA's nor the process's: the default for the CPU's
+///   node (`preferred_node_policy`) moves the folio to that node.
+/// * A policy made without `MPOL_F_NUMA_BALANCING` (no `MPOL_F_MOF`)
+///   never moves it: such a VMA is not scanned, but a hinting entry made
+///   before the policy was set can still fault.
+/// * `MPOL_BIND` or `MPOL_PREFERRED_MANY` with it (`MPOL_F_MORON`): to the
+///   CPU's node if the policy's nodes include it, else nowhere.
+pub fn mpol_misplaced(mm: &Mm, vma: &Vma, this_nid: usize) -> Option<usize> {
+    match get_vma_policy(mm, vma) {
+        None => Some(this_nid),
+        Some(pol) if pol.flags & MPOL_F_NUMA_BALANCING == 0 => None,
+        Some(pol) => (pol.nodes & (1 << this_nid) != 0).then_some(this_nid),
+    }
+}
+
 /// `vma_alloc_folio`: a folio of `order` for a fault at `addr` of `vma`,
 /// placed by its policy.
 pub fn vma_alloc_folio(

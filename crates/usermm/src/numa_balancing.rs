@@ -14,8 +14,11 @@
 //!   `numa_hint_faults`, `numa_hint_faults_local`). A folio on a slow tier
 //!   whose fault came within `hot_threshold_ms` of its scan is hot
 //!   (`should_numa_migrate_memory`, with the promotion rate limit, which
-//!   counts `pgpromote_candidate`) and is promoted to the faulting CPU's
-//!   node (`migrate_misplaced_folio`, `MR_NUMA_MISPLACED`:
+//!   counts `pgpromote_candidate`) and, where the VMA's policy lets it go
+//!   (`mpol_misplaced`: the default policy anywhere, `MPOL_BIND` or
+//!   `MPOL_PREFERRED_MANY` with `MPOL_F_NUMA_BALANCING` only to one of its
+//!   nodes), is promoted to the faulting CPU's node
+//!   (`migrate_misplaced_folio`, `MR_NUMA_MISPLACED`:
 //!   `numa_pages_migrated`, `pgpromote_success`) if that node has room
 //!   above its high watermark (`migrate_balanced_pgdat`); if not, its
 //!   kswapd is woken, to demote cold pages and make room, and the entry is
@@ -56,10 +59,7 @@
 //!   thread has taken hinting faults in it lately (`vma_is_accessed`);
 //! * `prot_numa_skip`'s rule for a process of one thread (the pages on the
 //!   node it runs on are left alone): the model has no threads to count,
-//!   and scans as for a process of several;
-//! * `mpol_misplaced`: a hinting fault promotes to the faulting CPU's node
-//!   whatever the policy (the kernel's `MPOL_BIND | MPOL_F_NUMA_BALANCING`
-//!   keeps a page off a CPU's node outside the bound ones).
+//!   and scans as for a process of several.
 
 use crate::machine::OnCpu;
 use crate::mm::vma::{VM_ACCESS_FLAGS, VM_WRITE};
@@ -504,15 +504,20 @@ pub enum NumaHint {
 }
 
 /// `numa_migrate_check` + `migrate_misplaced_folio_prepare`'s checks:
-/// count the hint fault, and decide. Called with the PTE lock held.
-pub fn numa_migrate_check(oncpu: &OnCpu, folio: Folio) -> NumaHint {
+/// count the hint fault on `vma`, and decide: where the VMA's policy lets
+/// the folio go (`mpol_misplaced`), if it is hot. Called with the page
+/// table lock held.
+pub fn numa_migrate_check(oncpu: &OnCpu, mm: &Mm, vma: &Vma, folio: Folio) -> NumaHint {
     let v = oncpu.vmstat();
     v.count(oncpu.id(), Event::NUMA_HINT_FAULTS, 1);
     let src = folio.nid();
-    let dst = oncpu.cpu.node;
-    if src == dst {
+    let this_nid = oncpu.cpu.node;
+    if src == this_nid {
         v.count(oncpu.id(), Event::NUMA_HINT_FAULTS_LOCAL, 1);
     }
+    let Some(dst) = crate::mempolicy::mpol_misplaced(mm, vma, this_nid) else {
+        return NumaHint::Stay;
+    };
     let knobs = &oncpu.m.numa;
     if !knobs.tiering() || src == dst || node_is_toptier(oncpu, src) {
         return NumaHint::Stay;

@@ -227,3 +227,66 @@ fn a_hot_thp_is_promoted_whole_by_its_pmd() {
     m.kswapd_quiesce();
     check_invariants(&m).unwrap();
 }
+
+/// A hinting fault moves a folio only where the VMA's policy lets it go
+/// (`mpol_misplaced`): with no policy, to the faulting CPU's node; bound
+/// with `MPOL_F_NUMA_BALANCING`, only to one of the bound nodes; under a
+/// policy made without it, nowhere (such a VMA is not scanned, but an
+/// entry hinted before the policy was set still faults).
+#[test]
+fn a_hinting_fault_promotes_only_where_the_policy_allows() {
+    use std::sync::atomic::Ordering::Relaxed;
+    use usermm::mempolicy::{MPOL_DEFAULT, MPOL_F_NUMA_BALANCING};
+    use usermm::numa_balancing::{task_numa_work, NUMA_BALANCING_MEMORY_TIERING};
+    let m = tiered(64);
+    let c = m.bind(0).unwrap();
+    let mm = c.new_mm().unwrap();
+    let len = 16 * PAGE;
+    // Four regions written on the slow node.
+    let regions: Vec<u64> = (0..4)
+        .map(|_| {
+            let a = c.mmap(0, len, RW, ANON).unwrap();
+            c.mbind(a, len, MPOL_BIND, &[0b10], 3, 0).unwrap();
+            for p in (a..a + len).step_by(PAGE as usize) {
+                c.store_u64(p, p).unwrap();
+            }
+            assert_eq!(nodes_of(&c, a, len), [0, 16]);
+            a
+        })
+        .collect();
+    let [free, slow_only, both, plain] = regions[..] else {
+        unreachable!()
+    };
+    let balancing = MPOL_BIND | MPOL_F_NUMA_BALANCING;
+    c.mbind(free, len, MPOL_DEFAULT, &[], 0, 0).unwrap();
+    c.mbind(slow_only, len, balancing, &[0b10], 3, 0).unwrap();
+    c.mbind(both, len, balancing, &[0b11], 3, 0).unwrap();
+    c.mbind(plain, len, MPOL_DEFAULT, &[], 0, 0).unwrap();
+    // One scan hints all four (the first call only sets when it is due).
+    m.numa.scan_delay_ms.store(0, Relaxed);
+    m.numa.mode.store(NUMA_BALANCING_MEMORY_TIERING, Relaxed);
+    task_numa_work(&c, &mm);
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    task_numa_work(&c, &mm);
+    assert_eq!(m.vmstat().event(Event::NUMA_PTE_UPDATES), 4 * 16);
+    // Bound plainly after it was hinted.
+    c.mbind(plain, len, MPOL_BIND, &[0b11], 3, 0).unwrap();
+    for &a in &regions {
+        for p in (a..a + len).step_by(PAGE as usize) {
+            assert_eq!(c.load_u64(p).unwrap(), p);
+        }
+    }
+    m.numa.mode.store(0, Relaxed);
+    assert_eq!(m.vmstat().event(Event::NUMA_HINT_FAULTS), 4 * 16);
+    assert_eq!(nodes_of(&c, free, len), [16, 0], "no policy: promoted");
+    assert_eq!(
+        nodes_of(&c, slow_only, len),
+        [0, 16],
+        "bound to the slow node"
+    );
+    assert_eq!(nodes_of(&c, both, len), [16, 0], "bound to both");
+    assert_eq!(nodes_of(&c, plain, len), [0, 16], "bound without balancing");
+    c.idle();
+    m.kswapd_quiesce();
+    check_invariants(&m).unwrap();
+}
