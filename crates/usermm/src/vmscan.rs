@@ -220,25 +220,30 @@ pub fn pgdat_below_low(oncpu: &OnCpu, nid: usize) -> bool {
 }
 
 /// `balance_pgdat`: kswapd's run on node `nid`, from the lowest priority
-/// up, until the node is balanced; returns the pages reclaimed, None if it
-/// was balanced already. Its own LRU batch is drained at the end (the
-/// demoted folios' way onto their lists).
+/// (`DEF_PRIORITY`) down to 1, until the node is balanced; returns the
+/// pages reclaimed, None if it was balanced already. A pass that scanned
+/// less than its target ([`kswapd_shrink_node`]), or reclaimed nothing,
+/// raises the priority: on a small node the first passes scan a page or
+/// two (a list's size shifted by 12), and kswapd reaches within a few
+/// passes the priority at which one pass scans the high watermark's worth,
+/// in batches of `SWAP_CLUSTER_MAX`, each with its one TLB flush. Its own
+/// LRU batch is drained at the end (the demoted folios' way onto their
+/// lists). Not modelled: watermark boosting, and the aging pass that
+/// comes first (`kswapd_age_node`; [`shrink_node`] refills a low
+/// inactive list itself).
 pub fn balance_pgdat(oncpu: &OnCpu, nid: usize) -> Option<u64> {
     if pgdat_balanced(oncpu, nid) {
         // Nothing to do: not a failure.
         return None;
     }
     let _memalloc = crate::phys::page_alloc::ReclaimGuard::enter();
-    let mut sc = ScanControl::new(u64::MAX, true);
+    let mut sc = ScanControl::new(0, true);
     oncpu.vmstat().count(oncpu.id(), Event::PAGEOUTRUN, 1);
-    while !pgdat_balanced(oncpu, nid) {
-        sc.nr_to_reclaim = (sc.nr_reclaimed + SWAP_CLUSTER_MAX).max(high_deficit(oncpu, nid));
+    while sc.priority >= 1 && !pgdat_balanced(oncpu, nid) {
         let before = sc.nr_reclaimed;
-        shrink_node(oncpu, nid, &mut sc);
-        if sc.nr_reclaimed == before {
-            if sc.priority == 0 {
-                break;
-            }
+        sc.nr_scanned = 0;
+        let raise_priority = !kswapd_shrink_node(oncpu, nid, &mut sc);
+        if raise_priority || sc.nr_reclaimed == before {
             sc.priority -= 1;
         }
     }
@@ -246,16 +251,15 @@ pub fn balance_pgdat(oncpu: &OnCpu, nid: usize) -> Option<u64> {
     Some(sc.nr_reclaimed)
 }
 
-/// Pages the node lacks to reach its high watermark.
-fn high_deficit(oncpu: &OnCpu, nid: usize) -> u64 {
-    let z = &oncpu.mem().nodes[nid].zone;
-    let [_, low, high] = z.watermark;
-    let mark = if oncpu.m.numa.tiering() {
-        high + (high - low)
-    } else {
-        high
-    };
-    mark.saturating_sub(z.nr_free_for_watermark()) + 1
+/// `kswapd_shrink_node`: one pass of kswapd over the node, aiming at the
+/// high watermark's worth of pages (at least `SWAP_CLUSTER_MAX`); whether
+/// it scanned (or reclaimed) that many, so that the priority may stay.
+fn kswapd_shrink_node(oncpu: &OnCpu, nid: usize, sc: &mut ScanControl) -> bool {
+    let before = sc.nr_reclaimed;
+    let high = oncpu.mem().nodes[nid].zone.watermark[2];
+    sc.nr_to_reclaim = high.max(SWAP_CLUSTER_MAX);
+    shrink_node(oncpu, nid, sc);
+    sc.nr_scanned.max(sc.nr_reclaimed - before) >= sc.nr_to_reclaim
 }
 
 /// `try_to_free_pages`: direct reclaim by an allocation short of memory on
@@ -275,11 +279,15 @@ pub fn try_to_free_pages(oncpu: &OnCpu, nid: usize, order: u32) -> u64 {
 
 /// `shrink_node` / `shrink_lruvec` / `get_scan_count`: scan each
 /// evictable list by its size shifted by the priority, a cluster at a time,
-/// refilling an inactive list from its active one when it is low. The anon
-/// lists are scanned only if their folios can be demoted (there is no
-/// swap); the file lists hold the lazyfree folios.
+/// refilling an inactive list from its active one when it is low, until
+/// this call has reclaimed `nr_to_reclaim`. The anon lists are scanned
+/// only if their folios can be demoted (there is no swap); the file lists
+/// hold the lazyfree folios.
 pub fn shrink_node(oncpu: &OnCpu, nid: usize, sc: &mut ScanControl) {
     let mem = oncpu.mem();
+    // shrink_lruvec's target is of this call's reclaim, not the caller's
+    // total.
+    let start = sc.nr_reclaimed;
     let anon = can_reclaim_anon(oncpu, nid);
     let sizes = {
         let l = mem.node_lruvec_lock(nid);
@@ -307,7 +315,7 @@ pub fn shrink_node(oncpu: &OnCpu, nid: usize, sc: &mut ScanControl) {
     .into_iter()
     .enumerate()
     {
-        if (i == 0 && !anon) || sc.nr_reclaimed >= sc.nr_to_reclaim {
+        if (i == 0 && !anon) || sc.nr_reclaimed - start >= sc.nr_to_reclaim {
             continue;
         }
         if inactive_is_low(sizes[inactive as usize], sizes[active as usize]) {
@@ -315,7 +323,7 @@ pub fn shrink_node(oncpu: &OnCpu, nid: usize, sc: &mut ScanControl) {
             shrink_active_list(oncpu, nid, active, refill, sc);
             nr[i] = nr[i].max(SWAP_CLUSTER_MAX.min(sizes[active as usize]));
         }
-        while nr[i] > 0 && sc.nr_reclaimed < sc.nr_to_reclaim {
+        while nr[i] > 0 && sc.nr_reclaimed - start < sc.nr_to_reclaim {
             let chunk = nr[i].min(SWAP_CLUSTER_MAX);
             nr[i] -= chunk;
             shrink_inactive_list(oncpu, nid, inactive, chunk, sc);
@@ -776,4 +784,58 @@ fn unmap_lazyfree_pte(
     rmap::folio_remove_rmap_ptes(mem, folio, folio.pfn() + i, 1, mm.id, oncpu.id());
     folio.put(mem, oncpu.id());
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::madvise::MADV_FREE;
+    use crate::mmap::{MAP_ANONYMOUS, MAP_PRIVATE, PROT_READ, PROT_WRITE};
+    use crate::{Machine, MachineConfig};
+
+    /// kswapd raises its priority after every pass that scanned less than
+    /// the high watermark's worth (`kswapd_shrink_node`), not only after
+    /// one that reclaimed nothing: on a 16 MiB node its passes scan 1, 2,
+    /// 4, ... pages, so the few dozen it discards to reach the high
+    /// watermark go in a handful of batches, one TLB flush each, where a
+    /// priority kept while each one-page pass succeeded took a flush a
+    /// page.
+    #[test]
+    fn kswapd_raises_its_priority_until_a_pass_scans_its_target() {
+        let m = Machine::new(MachineConfig::two_tiers(16 << 20, 64 << 20, 2)).unwrap();
+        m.thp.only_order(0);
+        let c = m.bind(0).unwrap();
+        let mm = c.new_mm().unwrap();
+        // The fast node filled to its low watermark (the rest on the slow
+        // one) with anon pages kswapd cannot reclaim (no demotion), then
+        // made lazyfree: clean, old, on the inactive file list.
+        let len = 20 << 20;
+        let a = c
+            .mmap(0, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS)
+            .unwrap();
+        for p in (a..a + len).step_by(crate::phys::PAGE_SIZE as usize) {
+            c.store_u64(p, p).unwrap();
+        }
+        m.kswapd_quiesce();
+        c.madvise(a, len, MADV_FREE).unwrap();
+        // A second CPU that ran the mm: each batch's unmap is one
+        // shootdown.
+        let c1 = m.bind(1).unwrap();
+        c1.switch_mm(&mm);
+        c1.idle();
+        assert!(!pgdat_balanced(&c, 0));
+        let shootdowns = || m.vmstat().event_on(0, Event::NR_TLB_REMOTE_FLUSH);
+        let before = shootdowns();
+        let reclaimed = balance_pgdat(&c, 0).expect("not balanced");
+        let batches = shootdowns() - before;
+        assert!(pgdat_balanced(&c, 0));
+        // Passes of 1, 2, 4, ... 64 pages: some hundred pages in seven
+        // batches (at one priority throughout, a batch a page).
+        assert!(reclaimed >= 32, "{reclaimed} reclaimed");
+        assert!(
+            batches <= 10 && reclaimed >= 8 * batches,
+            "{reclaimed} pages in {batches} batches"
+        );
+        crate::check::check_invariants(&m).unwrap();
+    }
 }
