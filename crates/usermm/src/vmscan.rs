@@ -221,16 +221,16 @@ pub fn pgdat_below_low(oncpu: &OnCpu, nid: usize) -> bool {
 
 /// `balance_pgdat`: kswapd's run on node `nid`, from the lowest priority
 /// (`DEF_PRIORITY`) down to 1, until the node is balanced; returns the
-/// pages reclaimed, None if it was balanced already. A pass that scanned
+/// pages reclaimed, None if the node was balanced without kswapd
+/// reclaiming anything (at once, or by others' frees meanwhile: not a
+/// failure, as the kernel's `goto out` skips `kswapd_failures`). A pass that scanned
 /// less than its target ([`kswapd_shrink_node`]), or reclaimed nothing,
 /// raises the priority: on a small node the first passes scan a page or
 /// two (a list's size shifted by 12), and kswapd reaches within a few
 /// passes the priority at which one pass scans the high watermark's worth,
 /// in batches of `SWAP_CLUSTER_MAX`, each with its one TLB flush. Its own
 /// LRU batch is drained at the end (the demoted folios' way onto their
-/// lists). Not modelled: watermark boosting, and the aging pass that
-/// comes first (`kswapd_age_node`; [`shrink_node`] refills a low
-/// inactive list itself).
+/// lists). Not modelled: watermark boosting.
 pub fn balance_pgdat(oncpu: &OnCpu, nid: usize) -> Option<u64> {
     if pgdat_balanced(oncpu, nid) {
         // Nothing to do: not a failure.
@@ -241,6 +241,8 @@ pub fn balance_pgdat(oncpu: &OnCpu, nid: usize) -> Option<u64> {
     oncpu.vmstat().count(oncpu.id(), Event::PAGEOUTRUN, 1);
     while sc.priority >= 1 && !pgdat_balanced(oncpu, nid) {
         let before = sc.nr_reclaimed;
+        // kswapd_age_node
+        age_active_anon(oncpu, nid, &mut sc);
         sc.nr_scanned = 0;
         let raise_priority = !kswapd_shrink_node(oncpu, nid, &mut sc);
         if raise_priority || sc.nr_reclaimed == before {
@@ -248,6 +250,9 @@ pub fn balance_pgdat(oncpu: &OnCpu, nid: usize) -> Option<u64> {
         }
     }
     crate::swap::lru_add_drain(oncpu.mem(), oncpu.id());
+    if sc.nr_reclaimed == 0 && pgdat_balanced(oncpu, nid) {
+        return None;
+    }
     Some(sc.nr_reclaimed)
 }
 
@@ -278,12 +283,17 @@ pub fn try_to_free_pages(oncpu: &OnCpu, nid: usize, order: u32) -> u64 {
 }
 
 /// `shrink_node` / `shrink_lruvec` / `get_scan_count`: scan each
-/// evictable list by its size shifted by the priority, a cluster at a time,
-/// refilling an inactive list from its active one when it is low, until
-/// this call has reclaimed `nr_to_reclaim`. The anon lists are scanned
-/// only if their folios can be demoted (there is no swap); the file lists
-/// hold the lazyfree folios.
+/// evictable list by its size shifted by the priority, a cluster of each
+/// in turn, until they are scanned or this call has reclaimed
+/// `nr_to_reclaim` (the kernel then scans the other type on, in
+/// proportion; the model stops). An active list is scanned (its folios
+/// deactivated) only while its inactive list is low
+/// (`prepare_scan_control`'s `may_deactivate`), and only beside another
+/// list still to scan. The anon lists are scanned only if their folios
+/// can be demoted (there is no swap); the file lists hold the lazyfree
+/// folios.
 pub fn shrink_node(oncpu: &OnCpu, nid: usize, sc: &mut ScanControl) {
+    use LruList::{ActiveAnon, ActiveFile, InactiveAnon, InactiveFile};
     let mem = oncpu.mem();
     // shrink_lruvec's target is of this call's reclaim, not the caller's
     // total.
@@ -293,41 +303,52 @@ pub fn shrink_node(oncpu: &OnCpu, nid: usize, sc: &mut ScanControl) {
         let l = mem.node_lruvec_lock(nid);
         LruList::ALL.map(|lru| l.size(lru))
     };
-    let priority = sc.priority;
-    let scan = |lru: LruList| {
-        let size = sizes[lru as usize];
-        let n = size >> priority;
-        if n == 0 && priority == 0 {
-            size
-        } else {
-            n
+    let size = |lru: LruList| sizes[lru as usize];
+    let scan = |lru: LruList, on: bool| if on { size(lru) >> sc.priority } else { 0 };
+    let deactivate_anon = inactive_is_low(size(InactiveAnon), size(ActiveAnon));
+    let deactivate_file = inactive_is_low(size(InactiveFile), size(ActiveFile));
+    // In the kernel's order of the lists.
+    let mut nr = [
+        (InactiveAnon, scan(InactiveAnon, anon)),
+        (ActiveAnon, scan(ActiveAnon, anon && deactivate_anon)),
+        (InactiveFile, scan(InactiveFile, true)),
+        (ActiveFile, scan(ActiveFile, deactivate_file)),
+    ];
+    // The active anon list alone does not keep the loop going.
+    while nr.iter().any(|&(lru, n)| n > 0 && lru != ActiveAnon) {
+        for (lru, n) in nr.iter_mut() {
+            if *n == 0 {
+                continue;
+            }
+            let chunk = (*n).min(SWAP_CLUSTER_MAX);
+            *n -= chunk;
+            if lru.is_active() {
+                shrink_active_list(oncpu, nid, *lru, chunk, sc);
+            } else {
+                shrink_inactive_list(oncpu, nid, *lru, chunk, sc);
+            }
         }
-    };
-    let mut nr = [0u64; 2];
-    if anon {
-        nr[0] = scan(LruList::InactiveAnon);
+        if sc.nr_reclaimed - start >= sc.nr_to_reclaim {
+            break;
+        }
     }
-    nr[1] = scan(LruList::InactiveFile);
-    for (i, (inactive, active)) in [
-        (LruList::InactiveAnon, LruList::ActiveAnon),
-        (LruList::InactiveFile, LruList::ActiveFile),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        if (i == 0 && !anon) || sc.nr_reclaimed - start >= sc.nr_to_reclaim {
-            continue;
-        }
-        if inactive_is_low(sizes[inactive as usize], sizes[active as usize]) {
-            let refill = scan(active).max(SWAP_CLUSTER_MAX.min(sizes[active as usize]));
-            shrink_active_list(oncpu, nid, active, refill, sc);
-            nr[i] = nr[i].max(SWAP_CLUSTER_MAX.min(sizes[active as usize]));
-        }
-        while nr[i] > 0 && sc.nr_reclaimed - start < sc.nr_to_reclaim {
-            let chunk = nr[i].min(SWAP_CLUSTER_MAX);
-            nr[i] -= chunk;
-            shrink_inactive_list(oncpu, nid, inactive, chunk, sc);
-        }
+    // Whether or not anon was scanned, its lists are kept in proportion.
+    age_active_anon(oncpu, nid, sc);
+}
+
+/// `kswapd_age_node`, and the end of `shrink_lruvec`: a cluster of the
+/// active anon list deactivated if the inactive one is low (and its
+/// folios can be demoted at all); kswapd does it before each pass too.
+fn age_active_anon(oncpu: &OnCpu, nid: usize, sc: &mut ScanControl) {
+    if !can_reclaim_anon(oncpu, nid) {
+        return;
+    }
+    let (inactive, active) = {
+        let l = oncpu.mem().node_lruvec_lock(nid);
+        (l.size(LruList::InactiveAnon), l.size(LruList::ActiveAnon))
+    };
+    if inactive_is_low(inactive, active) {
+        shrink_active_list(oncpu, nid, LruList::ActiveAnon, SWAP_CLUSTER_MAX, sc);
     }
 }
 

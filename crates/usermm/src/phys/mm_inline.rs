@@ -53,6 +53,11 @@ impl LruList {
         LruList::Unevictable,
     ];
 
+    /// `is_active_lru`.
+    pub fn is_active(self) -> bool {
+        matches!(self, LruList::ActiveAnon | LruList::ActiveFile)
+    }
+
     /// The node statistic that counts this list's pages
     /// (`NR_LRU_BASE + lru`).
     pub fn stat(self) -> NodeStat {
