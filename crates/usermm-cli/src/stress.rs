@@ -714,13 +714,15 @@ impl Operator<'_, '_> {
                 t.use_zero_page
                     .store(self.rng.gen_bool(0.8), std::sync::atomic::Ordering::Relaxed);
                 // NUMA balancing off or in tiering mode, scanning as often
-                // as the kernel does at all (16 MB each 6 ms).
+                // as the kernel does at all (16 MB each 6 ms), and no
+                // slower after the passes that promote.
                 let numa = &c.m.numa;
                 let mode = [0, usermm::numa_balancing::NUMA_BALANCING_MEMORY_TIERING]
                     [self.rng.gen_range(0..2)];
                 numa.scan_delay_ms.store(0, Ordering::Relaxed);
                 numa.scan_size_mb.store(16, Ordering::Relaxed);
                 numa.scan_period_min_ms.store(0, Ordering::Relaxed);
+                numa.scan_period_max_ms.store(0, Ordering::Relaxed);
                 numa.mode.store(mode, Ordering::Relaxed);
                 self.set_last_op(format!("THP knobs, numa_balancing {mode}"));
                 "knob"

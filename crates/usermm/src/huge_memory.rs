@@ -640,7 +640,8 @@ pub fn remove_migration_pmd(
 /// PMD migration entry, whose removal maps it again); otherwise the PMD is
 /// restored where it is.
 pub fn do_huge_pmd_numa_page(vmf: &mut VmFault<'_>) -> VmFaultResult {
-    use crate::numa_balancing::{numa_migrate_check, numa_restore_pmd, NumaHint};
+    use crate::numa_balancing::{numa_migrate_check, numa_restore_pmd, task_numa_fault};
+    use crate::numa_balancing::{NumaHint, TaskNumaFault};
     let (oncpu, mm) = (vmf.oncpu, vmf.mm);
     let mem = oncpu.mem();
     let mut ptl = mm.pmd_lock(vmf.pmd);
@@ -649,28 +650,42 @@ pub fn do_huge_pmd_numa_page(vmf: &mut VmFault<'_>) -> VmFaultResult {
         return VmFaultResult::Raced;
     }
     let folio = Folio(old.pfn());
-    // vm_normal_folio_pmd: the huge zero page is only restored.
-    let hint = if is_huge_zero_pmd(oncpu, old) {
+    // vm_normal_folio_pmd: the huge zero page is only restored, and its
+    // fault not recorded.
+    let zero = is_huge_zero_pmd(oncpu, old);
+    let mut fault = TaskNumaFault::new(oncpu, folio);
+    let hint = if zero {
         NumaHint::Stay
     } else {
         numa_migrate_check(oncpu, mm, vmf.vma, folio)
     };
-    if let NumaHint::Migrate(dst) = hint {
-        // migrate_misplaced_folio_prepare: isolated under the PMD lock.
-        if let Some(iso) = crate::migrate::isolate_for_migration(mem, folio) {
-            drop(ptl);
-            if crate::migrate::migrate_misplaced_folio(oncpu, iso, dst) {
-                return VmFaultResult::Done;
+    match hint {
+        NumaHint::Migrate(dst) => {
+            // migrate_misplaced_folio_prepare: isolated under the PMD lock.
+            if let Some(iso) = crate::migrate::isolate_for_migration(mem, folio) {
+                drop(ptl);
+                if crate::migrate::migrate_misplaced_folio(oncpu, iso, dst) {
+                    task_numa_fault(oncpu, mm, TaskNumaFault { nid: dst, ..fault });
+                    return VmFaultResult::Done;
+                }
+                // Not migrated: restore the PMD, if it is still ours (if
+                // not, the fault is not recorded either).
+                ptl = mm.pmd_lock(vmf.pmd);
+                if ptl.get() != old {
+                    return VmFaultResult::Raced;
+                }
             }
-            // Not migrated: restore the PMD, if it is still ours.
-            ptl = mm.pmd_lock(vmf.pmd);
-            if ptl.get() != old {
-                return VmFaultResult::Raced;
-            }
+            fault.migrate_fail = true;
         }
+        NumaHint::Refused => fault.migrate_fail = true,
+        NumaHint::Stay => {}
     }
     let cur = ptl.invalidate();
     ptl.set(numa_restore_pmd(oncpu, vmf.vma, cur));
+    drop(ptl);
+    if !zero {
+        task_numa_fault(oncpu, mm, fault);
+    }
     VmFaultResult::Done
 }
 

@@ -531,20 +531,34 @@ fn handle_pte_fault(vmf: &mut VmFault<'_>) -> VmFaultResult {
 /// on a slow tier is promoted to this CPU's node (its migration puts a
 /// normal entry back); otherwise the entry is restored where it is.
 fn do_numa_page<'a>(vmf: &mut VmFault<'a>, mut pt: PteLocked<'a>) -> VmFaultResult {
-    use crate::numa_balancing::{numa_migrate_check, numa_restore_pte, NumaHint};
+    use crate::numa_balancing::{numa_migrate_check, task_numa_fault, NumaHint, TaskNumaFault};
     let oncpu = vmf.oncpu;
     let mem = oncpu.mem();
     let idx = vmf.pte_idx();
     let old = vmf.orig_pte;
     let folio = mem.page_folio(old.pfn());
-    if let NumaHint::Migrate(dst) = numa_migrate_check(oncpu, vmf.mm, vmf.vma, folio) {
-        // migrate_misplaced_folio_prepare: isolated under the PTE lock.
-        if let Some(iso) = crate::migrate::isolate_for_migration(mem, folio) {
+    let mut fault = TaskNumaFault::new(oncpu, folio);
+    match numa_migrate_check(oncpu, vmf.mm, vmf.vma, folio) {
+        NumaHint::Migrate(dst) => {
+            // migrate_misplaced_folio_prepare: isolated under the PTE lock.
+            let Some(iso) = crate::migrate::isolate_for_migration(mem, folio) else {
+                return numa_restore_and_record(
+                    vmf,
+                    pt,
+                    TaskNumaFault {
+                        migrate_fail: true,
+                        ..fault
+                    },
+                );
+            };
             drop(pt);
             if crate::migrate::migrate_misplaced_folio(oncpu, iso, dst) {
+                task_numa_fault(oncpu, vmf.mm, TaskNumaFault { nid: dst, ..fault });
                 return VmFaultResult::Done;
             }
-            // Not migrated: restore the entry, if it is still ours.
+            fault.migrate_fail = true;
+            // Not migrated: restore the entry, if it is still ours (if not,
+            // the fault is not recorded either).
             pt = match vmf.pte_map_lock() {
                 Ok(pt) => pt,
                 Err(r) => return r,
@@ -553,10 +567,27 @@ fn do_numa_page<'a>(vmf: &mut VmFault<'a>, mut pt: PteLocked<'a>) -> VmFaultResu
                 return VmFaultResult::Raced;
             }
         }
+        NumaHint::Refused => fault.migrate_fail = true,
+        NumaHint::Stay => {}
     }
+    numa_restore_and_record(vmf, pt, fault)
+}
+
+/// The end of [`do_numa_page`] for a folio left where it is: the entry
+/// restored, and the fault recorded (`task_numa_fault`) once the lock is
+/// dropped.
+fn numa_restore_and_record<'a>(
+    vmf: &mut VmFault<'a>,
+    mut pt: PteLocked<'a>,
+    fault: crate::numa_balancing::TaskNumaFault,
+) -> VmFaultResult {
+    use crate::numa_balancing::{numa_restore_pte, task_numa_fault};
+    let idx = vmf.pte_idx();
     // Keep an accessed or dirty bit set by a racing walker.
     let cur = pt.modify_prot_start(idx);
-    pt.modify_prot_commit(idx, numa_restore_pte(oncpu, vmf.vma, cur));
+    pt.modify_prot_commit(idx, numa_restore_pte(vmf.oncpu, vmf.vma, cur));
+    drop(pt);
+    task_numa_fault(vmf.oncpu, vmf.mm, fault);
     VmFaultResult::Done
 }
 

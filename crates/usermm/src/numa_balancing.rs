@@ -24,6 +24,12 @@
 //!   kswapd is woken, to demote cold pages and make room, and the entry is
 //!   restored. A migration of a hinting entry needs no TLB flush: the entry
 //!   was flushed when it was made PROT_NONE (the `pte_accessible` filter).
+//! * The scan period starts at [`task_scan_min`] (`scan_period_min_ms`
+//!   shared among the scans a pass over the resident pages takes) and
+//!   adapts after each pass to the faults the task recorded
+//!   ([`task_numa_fault`], [`update_task_scan_period`]). In tiering mode
+//!   those are the promotions that succeeded, private and remote, so once
+//!   any has, the period doubles every pass up to [`task_scan_max`].
 //!
 //! A PMD-mapped THP is hinted by its PMD (`change_huge_pmd` with
 //! `MM_CP_PROT_NUMA`, 512 `numa_pte_updates`) and its fault is
@@ -43,16 +49,17 @@
 //! machine was made. Not modelled:
 //! * the scan's timing per thread: the kernel starts a scan from the
 //!   scheduler tick once the thread has run its `numa_scan_period` (of
-//!   run time, with the scan's own time charged 32-fold), each thread
-//!   with its own period, set at its first tick; the model keeps one
-//!   period per process, set when its first scan is due, and counts wall
-//!   time, scanning from whichever CPU of the process gets there first;
-//! * the period's adaptation (`update_task_scan_period`, between
-//!   `task_scan_min` and `task_scan_max` after the locality of the faults
-//!   of each pass): the kernel makes it only from the hinting faults it
-//!   records, and in tiering mode it records none for pages below the top
-//!   tier, and hints none on it, so there the period stays as it started,
-//!   as the model's always does (in normal mode the kernel's would move);
+//!   run time, with the scan's own time charged 32-fold), each thread with
+//!   its own period and fault statistics (the first thread of a process
+//!   starts at `task_scan_start`, the others at `scan_delay_ms`); the
+//!   model keeps one of each per process, as for its first thread, counts
+//!   wall time, and scans from whichever CPU of the process gets there
+//!   first. The period adapts at the first recorded fault of a pass, not
+//!   held off by `numa_migrate_retry` as the kernel's may be for up to a
+//!   sixteenth of a period;
+//! * whether a fault is private or shared (`last_cpupid`): every recorded
+//!   fault is private, as all are in tiering mode and for a process of
+//!   one thread;
 //! * the per-VMA state of 6.x (`vma->numab_state`): a VMA first seen after
 //!   the first full pass waits `scan_delay_ms`, a VMA is scanned once per
 //!   pass (`prev_scan_seq`), and after two passes only if the scanning
@@ -91,6 +98,8 @@ pub struct NumaKnobs {
     /// cover the process's resident memory; divided among the scans that
     /// takes ([`task_scan_min`]).
     pub scan_period_min_ms: AtomicU64,
+    /// `scan_period_max_ms`: the longest, likewise ([`task_scan_max`]).
+    pub scan_period_max_ms: AtomicU64,
     /// `scan_size_mb`: how much of the address space one scan marks.
     pub scan_size_mb: AtomicU64,
     /// `numa_balancing_hot_threshold_ms`.
@@ -105,6 +114,7 @@ impl Default for NumaKnobs {
             mode: AtomicU8::new(0),
             scan_delay_ms: AtomicU64::new(1000),
             scan_period_min_ms: AtomicU64::new(1000),
+            scan_period_max_ms: AtomicU64::new(60000),
             scan_size_mb: AtomicU64::new(256),
             hot_threshold_ms: AtomicU64::new(1000),
             promote_rate_limit_mbps: AtomicU64::new(65536),
@@ -128,16 +138,38 @@ pub struct PromoteRateLimit {
     window: Mutex<(u64, u64)>,
 }
 
-/// Per address space: when it is next scanned and where the scan resumes
-/// (`mm->numa_next_scan`, `mm->numa_scan_offset`), and the time between
-/// scans (the kernel's `p->numa_scan_period`, per thread there; 0 until
-/// the first scan is due).
+/// Per address space: when it is next scanned, where the scan resumes and
+/// how many passes it has made (`mm->numa_next_scan`,
+/// `mm->numa_scan_offset`, `mm->numa_scan_seq`); and the task's side,
+/// which the kernel keeps per thread: the time between scans
+/// (`p->numa_scan_period`; 0 until the first scan is due) and the hinting
+/// faults it records ([`task_numa_fault`]).
 #[derive(Default)]
 pub struct MmNumaScan {
     pub next_scan: AtomicU64,
     pub offset: AtomicU64,
+    pub seq: AtomicU64,
     pub period_ms: AtomicU64,
+    faults: Mutex<TaskNumaFaults>,
 }
+
+/// A task's hinting-fault statistics: the pass it last looked at them in
+/// (`p->numa_scan_seq`), the locality of the faults since its period last
+/// moved by their ratio (`numa_faults_locality`: remote, local, failed
+/// migrations), and its private and shared faults since it last looked
+/// (`task_numa_placement`'s fault types, from `numa_faults`' buffers).
+#[derive(Default)]
+struct TaskNumaFaults {
+    seq: u64,
+    locality: [u64; 3],
+    private: u64,
+    shared: u64,
+}
+
+/// `NUMA_PERIOD_SLOTS` and `NUMA_PERIOD_THRESHOLD`: the ratios of
+/// [`update_task_scan_period`] are in tenths, and seven is "most".
+const NUMA_PERIOD_SLOTS: u64 = 10;
+const NUMA_PERIOD_THRESHOLD: i64 = 7;
 
 /// The scan never covers more than this many MB a second, whatever the
 /// knobs say (`MAX_SCAN_WINDOW`).
@@ -153,7 +185,10 @@ fn task_nr_scan_windows(mm: &Mm, scan_size_mb: u64) -> u64 {
         r if r > 0 => r as u64,
         _ => nr_scan_pages,
     };
-    rss.div_ceil(nr_scan_pages)
+    // round_up is the kernel's power-of-two mask: for a scan size that is
+    // not a power of two it rounds as the kernel's does, not up to a
+    // multiple.
+    (((rss - 1) | (nr_scan_pages - 1)) + 1) / nr_scan_pages
 }
 
 /// `task_scan_min`: the shortest time between two scans, in ms:
@@ -182,6 +217,17 @@ pub fn task_scan_min(knobs: &NumaKnobs, mm: &Mm) -> u64 {
 /// model has not).
 fn task_scan_start(knobs: &NumaKnobs, mm: &Mm) -> u64 {
     task_scan_min(knobs, mm)
+}
+
+/// `task_scan_max`: the longest time between two scans, in ms:
+/// `scan_period_max_ms` shared as [`task_scan_min`] shares its knob, and
+/// never under that minimum. `scan_size_mb` is not 0.
+pub fn task_scan_max(knobs: &NumaKnobs, mm: &Mm) -> u64 {
+    let smin = task_scan_min(knobs, mm);
+    let scan_size = knobs.scan_size_mb.load(Ordering::Relaxed);
+    let smax =
+        knobs.scan_period_max_ms.load(Ordering::Relaxed) / task_nr_scan_windows(mm, scan_size);
+    smin.max(smax)
 }
 
 /// `node_is_toptier`: a node of the fastest tier.
@@ -244,8 +290,8 @@ pub fn task_numa_work(oncpu: &OnCpu, mm: &Arc<Mm>) {
     drop(guard);
     let mut start = mm.numa_scan.offset.load(Ordering::Relaxed);
     if !vmas.iter().any(|v| v.end() > start) {
-        // Nothing past where the last scan stopped: start over now
-        // (`reset_ptenuma_scan`).
+        // Nothing past where the last scan stopped: start over now.
+        reset_ptenuma_scan(mm);
         start = 0;
     }
     for vma in vmas.iter().filter(|v| v.end() > start) {
@@ -280,7 +326,13 @@ pub fn task_numa_work(oncpu: &OnCpu, mm: &Arc<Mm>) {
             }
         }
     }
-    // Past the last VMA: the next scan starts over (`reset_ptenuma_scan`).
+    // Past the last VMA: the next scan starts over.
+    reset_ptenuma_scan(mm);
+}
+
+/// `reset_ptenuma_scan`: a pass is over; the next starts at the bottom.
+fn reset_ptenuma_scan(mm: &Mm) {
+    mm.numa_scan.seq.fetch_add(1, Ordering::Relaxed);
     mm.numa_scan.offset.store(0, Ordering::Relaxed);
 }
 
@@ -499,6 +551,10 @@ fn migrate_balanced_pgdat(oncpu: &OnCpu, nid: usize, nr: u64) -> bool {
 pub enum NumaHint {
     /// Leave it where it is: restore the entry.
     Stay,
+    /// It was to move, but its node has no room
+    /// (`migrate_misplaced_folio_prepare` fails): restore the entry, a
+    /// failed migration.
+    Refused,
     /// Promote it to this node (the entry's lock must be dropped first).
     Migrate(usize),
 }
@@ -531,9 +587,109 @@ pub fn numa_migrate_check(oncpu: &OnCpu, mm: &Mm, vma: &Vma, folio: Folio) -> Nu
         // folio stays this time.
         let order = folio.order(oncpu.mem());
         crate::phys::page_alloc::Reclaimer::wakeup_kswapd(oncpu.m, dst, order);
-        return NumaHint::Stay;
+        return NumaHint::Refused;
     }
     NumaHint::Migrate(dst)
+}
+
+/// A hinting fault as [`task_numa_fault`] records it: the node its folio
+/// ended on, its pages, and its `TNF_*` flags.
+#[derive(Clone, Copy)]
+pub struct TaskNumaFault {
+    pub nid: usize,
+    pub pages: u64,
+    /// `TNF_FAULT_LOCAL`: the folio was on the faulting CPU's node.
+    pub local: bool,
+    /// `TNF_MIGRATE_FAIL`: it was to move and did not.
+    pub migrate_fail: bool,
+}
+
+impl TaskNumaFault {
+    /// A hinting fault on `folio`, where it is, taken on this CPU.
+    pub fn new(oncpu: &OnCpu, folio: Folio) -> TaskNumaFault {
+        TaskNumaFault {
+            nid: folio.nid(),
+            pages: folio.nr_pages(oncpu.mem()),
+            local: folio.nid() == oncpu.cpu.node,
+            migrate_fail: false,
+        }
+    }
+}
+
+/// `task_numa_fault`: record a hinting fault the task took, for the scan
+/// period's adaptation. In tiering mode a folio that ends below the top
+/// tier is not recorded, so the faults recorded there are the promotions
+/// that succeeded. At the first recorded fault of a new pass
+/// (`task_numa_placement`, seeing `mm->numa_scan_seq` moved) the period
+/// adapts to those of the last ([`update_task_scan_period`]).
+///
+/// The kernel's faults are private or shared by the task that touched the
+/// folio last (`last_cpupid`); in tiering mode it takes every one as
+/// private, and the model, which keeps no `last_cpupid`, does so in
+/// normal mode too, as for a process of one thread.
+pub fn task_numa_fault(oncpu: &OnCpu, mm: &Mm, fault: TaskNumaFault) {
+    let knobs = &oncpu.m.numa;
+    if !knobs.enabled() || (knobs.tiering() && !node_is_toptier(oncpu, fault.nid)) {
+        return;
+    }
+    let mut f = mm.numa_scan.faults.lock();
+    let seq = mm.numa_scan.seq.load(Ordering::Relaxed);
+    if f.seq != seq {
+        f.seq = seq;
+        update_task_scan_period(oncpu, mm, &mut f);
+        f.private = 0;
+        f.shared = 0;
+    }
+    if fault.migrate_fail {
+        f.locality[2] += fault.pages;
+    }
+    f.private += fault.pages;
+    f.locality[usize::from(fault.local)] += fault.pages;
+}
+
+/// `update_task_scan_period`: after a pass, scan slower or faster.
+/// * No local or shared faults recorded (in tiering mode, promotions
+///   alone: private, and remote before they moved), or any failed
+///   migration since the ratios last ran: twice as slow, up to
+///   [`task_scan_max`], and the next scan put off by the new period. The
+///   counts are kept, so this repeats every pass until the ratios run.
+/// * Otherwise by the ratios, in tenths: mostly private faults, or mostly
+///   local ones, slow it by a tenth of the period per tenth above seven
+///   (at least one); else speed it up by as much below seven, within
+///   [`task_scan_min`] and [`task_scan_max`]; the counts start over.
+fn update_task_scan_period(oncpu: &OnCpu, mm: &Mm, f: &mut TaskNumaFaults) {
+    let knobs = &oncpu.m.numa;
+    if knobs.scan_size_mb.load(Ordering::Relaxed) == 0 {
+        // No scans, and no windows to share the periods among.
+        return;
+    }
+    let scan = &mm.numa_scan;
+    let period = scan.period_ms.load(Ordering::Relaxed);
+    let max = task_scan_max(knobs, mm);
+    let [remote, local, failed] = f.locality;
+    if local + f.shared == 0 || failed != 0 {
+        let slower = (period << 1).min(max);
+        scan.period_ms.store(slower, Ordering::Relaxed);
+        let next = (oncpu.m.jiffies_ms() + slower).max(1);
+        scan.next_scan.store(next, Ordering::Relaxed);
+        return;
+    }
+    let slot = period.div_ceil(NUMA_PERIOD_SLOTS) as i64;
+    let lr_ratio = (local * NUMA_PERIOD_SLOTS / (local + remote)) as i64;
+    // Not 0 over 0: local faults were recorded since the counts started
+    // over, each with its private or shared one.
+    let ps_ratio = (f.private * NUMA_PERIOD_SLOTS / (f.private + f.shared).max(1)) as i64;
+    let diff = if ps_ratio >= NUMA_PERIOD_THRESHOLD {
+        (ps_ratio - NUMA_PERIOD_THRESHOLD).max(1) * slot
+    } else if lr_ratio >= NUMA_PERIOD_THRESHOLD {
+        (lr_ratio - NUMA_PERIOD_THRESHOLD).max(1) * slot
+    } else {
+        -(NUMA_PERIOD_THRESHOLD - lr_ratio.max(ps_ratio)) * slot
+    };
+    let min = task_scan_min(knobs, mm);
+    let adapted = (period as i64 + diff).clamp(min as i64, max as i64) as u64;
+    scan.period_ms.store(adapted, Ordering::Relaxed);
+    f.locality = [0; 3];
 }
 
 /// The PMD a hinting fault restores (`pmd_modify` with the VMA's
@@ -689,6 +845,95 @@ mod tests {
         m.numa.mode.store(0, Ordering::Relaxed);
         assert_eq!(task_scan_min(&m.numa, &mm), 125);
         assert_eq!(mm.numa_scan.period_ms.load(Ordering::Relaxed), 250);
+        crate::check::check_invariants(&m).unwrap();
+    }
+
+    /// One scan, due now: the pass it makes, and the faults of loading
+    /// `len` bytes at `a` after it.
+    fn scan_and_load(c: &OnCpu, mm: &Arc<Mm>, a: u64, len: u64) {
+        mm.numa_scan.next_scan.store(1, Ordering::Relaxed);
+        task_numa_work(c, mm);
+        for p in (a..a + len).step_by(PAGE_SIZE as usize) {
+            c.load_u8(p).unwrap();
+        }
+    }
+
+    /// In tiering mode the faults recorded are the promotions that
+    /// succeeded, private and remote: after each pass that promoted, the
+    /// period doubles, up to `task_scan_max`, and the next scan is put off
+    /// by it. In normal mode local private faults slow it by the ratios: a
+    /// tenth of the period for each tenth of private faults above seven.
+    #[test]
+    fn the_scan_period_adapts_to_the_faults_of_each_pass() {
+        use crate::mempolicy::{MPOL_BIND, MPOL_DEFAULT, MPOL_MF_MOVE};
+        let m = Machine::new(MachineConfig::two_tiers(32 << 20, 64 << 20, 1)).unwrap();
+        let c = m.bind(0).unwrap();
+        let mm = c.new_mm().unwrap();
+        let len = 16 * PAGE_SIZE;
+        let rw = PROT_READ | PROT_WRITE;
+        let a = c.mmap(0, len, rw, MAP_PRIVATE | MAP_ANONYMOUS).unwrap();
+        let to_slow = || {
+            c.mbind(a, len, MPOL_BIND, &[0b10], 3, MPOL_MF_MOVE)
+                .unwrap();
+            c.mbind(a, len, MPOL_DEFAULT, &[], 0, 0).unwrap();
+        };
+        c.mbind(a, len, MPOL_BIND, &[0b10], 3, 0).unwrap();
+        for p in (a..a + len).step_by(PAGE_SIZE as usize) {
+            c.store_u8(p, 1).unwrap();
+        }
+        c.mbind(a, len, MPOL_DEFAULT, &[], 0, 0).unwrap();
+        // On the LRU, where a migration isolates them from.
+        crate::swap::lru_add_drain(c.mem(), c.id());
+        let knobs = &m.numa;
+        knobs.scan_delay_ms.store(0, Ordering::Relaxed);
+        knobs.scan_size_mb.store(1, Ordering::Relaxed);
+        knobs.scan_period_min_ms.store(100, Ordering::Relaxed);
+        knobs.scan_period_max_ms.store(1000, Ordering::Relaxed);
+        knobs
+            .mode
+            .store(NUMA_BALANCING_MEMORY_TIERING, Ordering::Relaxed);
+        let period = || mm.numa_scan.period_ms.load(Ordering::Relaxed);
+        // The first look only sets when the first scan is due (now, or the
+        // first millisecond of the machine).
+        task_numa_work(&c, &mm);
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let promoted = || m.vmstat().event(Event::NUMA_PAGE_MIGRATE);
+        let mut seen = Vec::new();
+        for pass in 0..5 {
+            scan_and_load(&c, &mm, a, len);
+            assert_eq!(promoted(), 16 * (pass + 1), "pass {pass} promoted all");
+            seen.push(period());
+            to_slow();
+        }
+        // One scan covers the 16 pages resident, 100 ms apart at first.
+        assert_eq!(seen, [200, 400, 800, 1000, 1000]);
+        let next = mm.numa_scan.next_scan.load(Ordering::Relaxed);
+        assert!(next >= m.jiffies_ms() + 900, "put off by the period");
+        // Normal mode, from 100 ms as a fresh process: the first update
+        // finds no faults recorded before it and doubles; the second has
+        // a pass of them.
+        knobs.mode.store(NUMA_BALANCING_NORMAL, Ordering::Relaxed);
+        knobs.scan_period_max_ms.store(60000, Ordering::Relaxed);
+        let two_passes = || {
+            mm.numa_scan.period_ms.store(100, Ordering::Relaxed);
+            *mm.numa_scan.faults.lock() = TaskNumaFaults {
+                seq: mm.numa_scan.seq.load(Ordering::Relaxed),
+                ..Default::default()
+            };
+            [(), ()].map(|()| {
+                scan_and_load(&c, &mm, a, len);
+                period()
+            })
+        };
+        // The pages on the slow node, the CPU on the fast: remote faults
+        // alone, twice as slow again.
+        assert_eq!(two_passes(), [200, 400]);
+        // On the CPU's node: local and private, three tenths slower.
+        c.mbind(a, len, MPOL_BIND, &[0b01], 3, MPOL_MF_MOVE)
+            .unwrap();
+        c.mbind(a, len, MPOL_DEFAULT, &[], 0, 0).unwrap();
+        assert_eq!(two_passes(), [200, 260]);
+        knobs.mode.store(0, Ordering::Relaxed);
         crate::check::check_invariants(&m).unwrap();
     }
 }

@@ -491,10 +491,12 @@ fn stores_survive_migration_demotion_and_promotion() {
             Relaxed,
         );
         m.numa.scan_delay_ms.store(0, Relaxed);
-        // As often as the kernel scans at all: 16 MB each 6 ms (its cap of
-        // 2560 MB a second, `task_scan_min`).
+        // As often as the kernel scans at all, 16 MB each 6 ms (its cap of
+        // 2560 MB a second, `task_scan_min`), and no slower after the passes
+        // that promote (`scan_period_max_ms` 0: the period cannot grow).
         m.numa.scan_size_mb.store(16, Relaxed);
         m.numa.scan_period_min_ms.store(0, Relaxed);
+        m.numa.scan_period_max_ms.store(0, Relaxed);
         let shadow = Shadow::new();
         let c0 = m.bind(0).unwrap();
         let mm = c0.new_mm().unwrap();

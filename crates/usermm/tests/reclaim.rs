@@ -126,10 +126,12 @@ fn hot_pages_are_promoted_and_cold_ones_demoted() {
         Relaxed,
     );
     m.numa.scan_delay_ms.store(0, Relaxed);
-    // As often as the kernel scans at all: 16 MB each 6 ms (its cap of
-    // 2560 MB a second, `task_scan_min`).
+    // As often as the kernel scans at all, 16 MB each 6 ms (its cap of
+    // 2560 MB a second, `task_scan_min`), and no slower after the passes
+    // that promote (`scan_period_max_ms` 0: the period cannot grow).
     m.numa.scan_size_mb.store(16, Relaxed);
     m.numa.scan_period_min_ms.store(0, Relaxed);
+    m.numa.scan_period_max_ms.store(0, Relaxed);
     let c = m.bind(0).unwrap();
     c.new_mm().unwrap();
     let len = 48 << 20;
@@ -199,10 +201,12 @@ fn a_hot_thp_is_promoted_whole_by_its_pmd() {
         Relaxed,
     );
     m.numa.scan_delay_ms.store(0, Relaxed);
-    // As often as the kernel scans at all: 16 MB each 6 ms (its cap of
-    // 2560 MB a second, `task_scan_min`).
+    // As often as the kernel scans at all, 16 MB each 6 ms (its cap of
+    // 2560 MB a second, `task_scan_min`), and no slower after the passes
+    // that promote (`scan_period_max_ms` 0: the period cannot grow).
     m.numa.scan_size_mb.store(16, Relaxed);
     m.numa.scan_period_min_ms.store(0, Relaxed);
+    m.numa.scan_period_max_ms.store(0, Relaxed);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while nodes_of(&c, a, huge)[0] < 512 && std::time::Instant::now() < deadline {
         for p in (a..a + huge).step_by(PAGE as usize) {

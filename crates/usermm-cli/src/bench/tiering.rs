@@ -13,9 +13,11 @@
 //!
 //! Scaled for the model: `scan_period_min_ms` is 100 (the kernel's default
 //! of 1 s, shared among the four 256 MB scans of the 1 GiB set, would scan
-//! every 250 ms; at 100, the floor of 2560 MB a second holds it to
-//! 100 ms), and the first scan starts at once (its delay is 1 s); the hot
-//! threshold (1 s), the scan size (256 MB) and the rate limit are the
+//! every 250 ms at first; at 100, the floor of 2560 MB a second holds it
+//! to 100 ms), and the first scan starts at once (its delay is 1 s); the
+//! period then doubles after every pass that promoted, up to
+//! `scan_period_max_ms` shared likewise (15 s), as the kernel's does; the
+//! hot threshold (1 s), the scan size (256 MB) and the rate limit are the
 //! kernel's defaults.
 
 use std::sync::atomic::Ordering::Relaxed;
@@ -131,7 +133,7 @@ fn experiment(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         "working_set_mb": len >> 20,
         "hot_mb": hot_len >> 20,
         "scan_period_min_ms": SCAN_PERIOD_MIN_MS,
-        // What the process scanned at (`task_scan_min`).
+        // What the process's period had come to at the end.
         "scan_period_ms": mm.numa_scan.period_ms.load(Relaxed),
         "rows": rows,
     }))
