@@ -28,8 +28,9 @@
 //!   shared among the scans a pass over the resident pages takes) and
 //!   adapts after each pass to the faults the task recorded
 //!   ([`task_numa_fault`], [`update_task_scan_period`]). In tiering mode
-//!   those are the promotions that succeeded, private and remote, so once
-//!   any has, the period doubles every pass up to [`task_scan_max`].
+//!   those are the promotions that succeeded, private and remote: the
+//!   period doubles, up to [`task_scan_max`], at the first promotion of
+//!   each pass after the first (a pass that promotes nothing leaves it).
 //!
 //! A PMD-mapped THP is hinted by its PMD (`change_huge_pmd` with
 //! `MM_CP_PROT_NUMA`, 512 `numa_pte_updates`) and its fault is
@@ -55,11 +56,14 @@
 //!   model keeps one of each per process, as for its first thread, counts
 //!   wall time, and scans from whichever CPU of the process gets there
 //!   first. The period adapts at the first recorded fault of a pass, not
-//!   held off by `numa_migrate_retry` as the kernel's may be for up to a
-//!   sixteenth of a period;
-//! * whether a fault is private or shared (`last_cpupid`): every recorded
-//!   fault is private, as all are in tiering mode and for a process of
-//!   one thread;
+//!   held off by `numa_migrate_retry` as the kernel's may be (for a
+//!   sixteenth of a period, at most a second, once the task has a
+//!   preferred node);
+//! * `last_cpupid`: every recorded fault is private, as all are in
+//!   tiering mode and for a process of one thread; and in normal mode a
+//!   fault on a folio below the top tier is recorded even where the
+//!   kernel's would not be, its `last_cpupid` not yet valid (the first
+//!   after tiering mode used the field for the scan time);
 //! * the per-VMA state of 6.x (`vma->numab_state`): a VMA first seen after
 //!   the first full pass waits `scan_delay_ms`, a VMA is scanned once per
 //!   pass (`prev_scan_seq`), and after two passes only if the scanning
@@ -195,20 +199,37 @@ fn task_nr_scan_windows(mm: &Mm, scan_size_mb: u64) -> u64 {
 /// `scan_period_min_ms` shared among the scans a pass over the resident
 /// pages takes, but never so short that more than [`MAX_SCAN_WINDOW`] MB
 /// a second would be scanned (in whole ms, as the kernel's integer
-/// arithmetic has it: a scan of 2 MB or less has no floor). `scan_size_mb`
-/// is not 0.
+/// arithmetic has it: a scan of 2 MB or less has no floor). 0 while
+/// `scan_size_mb` is 0 (no scans).
 pub fn task_scan_min(knobs: &NumaKnobs, mm: &Mm) -> u64 {
+    task_scan_bounds(knobs, mm).map_or(0, |(min, _)| min)
+}
+
+/// `task_scan_max`: the longest time between two scans, in ms:
+/// `scan_period_max_ms` shared as [`task_scan_min`] shares its knob, and
+/// never under that minimum.
+pub fn task_scan_max(knobs: &NumaKnobs, mm: &Mm) -> u64 {
+    task_scan_bounds(knobs, mm).map_or(0, |(_, max)| max)
+}
+
+/// [`task_scan_min`] and [`task_scan_max`] from one look at the knobs and
+/// the resident pages, so that the minimum is never above the maximum;
+/// None while `scan_size_mb` is 0 (the kernel would divide by it).
+fn task_scan_bounds(knobs: &NumaKnobs, mm: &Mm) -> Option<(u64, u64)> {
     let scan_size = knobs.scan_size_mb.load(Ordering::Relaxed);
-    debug_assert!(scan_size > 0, "task_scan_min with scan_size_mb 0");
+    if scan_size == 0 {
+        return None;
+    }
+    let nr_windows = task_nr_scan_windows(mm, scan_size);
     let windows = if scan_size < MAX_SCAN_WINDOW {
         MAX_SCAN_WINDOW / scan_size
     } else {
         1
     };
     let floor = 1000 / windows;
-    let scan =
-        knobs.scan_period_min_ms.load(Ordering::Relaxed) / task_nr_scan_windows(mm, scan_size);
-    floor.max(scan)
+    let min = floor.max(knobs.scan_period_min_ms.load(Ordering::Relaxed) / nr_windows);
+    let max = min.max(knobs.scan_period_max_ms.load(Ordering::Relaxed) / nr_windows);
+    Some((min, max))
 }
 
 /// `task_scan_start`: the period a thread starts with, at its first
@@ -217,17 +238,6 @@ pub fn task_scan_min(knobs: &NumaKnobs, mm: &Mm) -> u64 {
 /// model has not).
 fn task_scan_start(knobs: &NumaKnobs, mm: &Mm) -> u64 {
     task_scan_min(knobs, mm)
-}
-
-/// `task_scan_max`: the longest time between two scans, in ms:
-/// `scan_period_max_ms` shared as [`task_scan_min`] shares its knob, and
-/// never under that minimum. `scan_size_mb` is not 0.
-pub fn task_scan_max(knobs: &NumaKnobs, mm: &Mm) -> u64 {
-    let smin = task_scan_min(knobs, mm);
-    let scan_size = knobs.scan_size_mb.load(Ordering::Relaxed);
-    let smax =
-        knobs.scan_period_max_ms.load(Ordering::Relaxed) / task_nr_scan_windows(mm, scan_size);
-    smin.max(smax)
 }
 
 /// `node_is_toptier`: a node of the fastest tier.
@@ -647,7 +657,9 @@ pub fn task_numa_fault(oncpu: &OnCpu, mm: &Mm, fault: TaskNumaFault) {
     f.locality[usize::from(fault.local)] += fault.pages;
 }
 
-/// `update_task_scan_period`: after a pass, scan slower or faster.
+/// `update_task_scan_period`: after a pass, scan slower or faster (in the
+/// model, whose faults are all private, only slower: the last two
+/// branches below never run).
 /// * No local or shared faults recorded (in tiering mode, promotions
 ///   alone: private, and remote before they moved), or any failed
 ///   migration since the ratios last ran: twice as slow, up to
@@ -658,14 +670,12 @@ pub fn task_numa_fault(oncpu: &OnCpu, mm: &Mm, fault: TaskNumaFault) {
 ///   (at least one); else speed it up by as much below seven, within
 ///   [`task_scan_min`] and [`task_scan_max`]; the counts start over.
 fn update_task_scan_period(oncpu: &OnCpu, mm: &Mm, f: &mut TaskNumaFaults) {
-    let knobs = &oncpu.m.numa;
-    if knobs.scan_size_mb.load(Ordering::Relaxed) == 0 {
+    let Some((min, max)) = task_scan_bounds(&oncpu.m.numa, mm) else {
         // No scans, and no windows to share the periods among.
         return;
-    }
+    };
     let scan = &mm.numa_scan;
     let period = scan.period_ms.load(Ordering::Relaxed);
-    let max = task_scan_max(knobs, mm);
     let [remote, local, failed] = f.locality;
     if local + f.shared == 0 || failed != 0 {
         let slower = (period << 1).min(max);
@@ -686,7 +696,6 @@ fn update_task_scan_period(oncpu: &OnCpu, mm: &Mm, f: &mut TaskNumaFaults) {
     } else {
         -(NUMA_PERIOD_THRESHOLD - lr_ratio.max(ps_ratio)) * slot
     };
-    let min = task_scan_min(knobs, mm);
     let adapted = (period as i64 + diff).clamp(min as i64, max as i64) as u64;
     scan.period_ms.store(adapted, Ordering::Relaxed);
     f.locality = [0; 3];
@@ -862,7 +871,8 @@ mod tests {
     /// succeeded, private and remote: after each pass that promoted, the
     /// period doubles, up to `task_scan_max`, and the next scan is put off
     /// by it. In normal mode local private faults slow it by the ratios: a
-    /// tenth of the period for each tenth of private faults above seven.
+    /// tenth of the period for each tenth of private faults above seven
+    /// (at least one).
     #[test]
     fn the_scan_period_adapts_to_the_faults_of_each_pass() {
         use crate::mempolicy::{MPOL_BIND, MPOL_DEFAULT, MPOL_MF_MOVE};
@@ -911,28 +921,22 @@ mod tests {
         assert!(next >= m.jiffies_ms() + 900, "put off by the period");
         // Normal mode, from 100 ms as a fresh process: the first update
         // finds no faults recorded before it and doubles; the second has
-        // a pass of them.
+        // a pass of local private faults, three tenths slower.
         knobs.mode.store(NUMA_BALANCING_NORMAL, Ordering::Relaxed);
         knobs.scan_period_max_ms.store(60000, Ordering::Relaxed);
-        let two_passes = || {
-            mm.numa_scan.period_ms.store(100, Ordering::Relaxed);
-            *mm.numa_scan.faults.lock() = TaskNumaFaults {
-                seq: mm.numa_scan.seq.load(Ordering::Relaxed),
-                ..Default::default()
-            };
-            [(), ()].map(|()| {
-                scan_and_load(&c, &mm, a, len);
-                period()
-            })
-        };
-        // The pages on the slow node, the CPU on the fast: remote faults
-        // alone, twice as slow again.
-        assert_eq!(two_passes(), [200, 400]);
-        // On the CPU's node: local and private, three tenths slower.
         c.mbind(a, len, MPOL_BIND, &[0b01], 3, MPOL_MF_MOVE)
             .unwrap();
         c.mbind(a, len, MPOL_DEFAULT, &[], 0, 0).unwrap();
-        assert_eq!(two_passes(), [200, 260]);
+        mm.numa_scan.period_ms.store(100, Ordering::Relaxed);
+        *mm.numa_scan.faults.lock() = TaskNumaFaults {
+            seq: mm.numa_scan.seq.load(Ordering::Relaxed),
+            ..Default::default()
+        };
+        let two_passes = [(), ()].map(|()| {
+            scan_and_load(&c, &mm, a, len);
+            period()
+        });
+        assert_eq!(two_passes, [200, 260]);
         knobs.mode.store(0, Ordering::Relaxed);
         crate::check::check_invariants(&m).unwrap();
     }

@@ -221,16 +221,16 @@ pub fn pgdat_below_low(oncpu: &OnCpu, nid: usize) -> bool {
 
 /// `balance_pgdat`: kswapd's run on node `nid`, from the lowest priority
 /// (`DEF_PRIORITY`) down to 1, until the node is balanced; returns the
-/// pages reclaimed, None if the node was balanced without kswapd
-/// reclaiming anything (at once, or by others' frees meanwhile: not a
-/// failure, as the kernel's `goto out` skips `kswapd_failures`). A pass that scanned
-/// less than its target ([`kswapd_shrink_node`]), or reclaimed nothing,
-/// raises the priority: on a small node the first passes scan a page or
-/// two (a list's size shifted by 12), and kswapd reaches within a few
-/// passes the priority at which one pass scans the high watermark's worth,
-/// in batches of `SWAP_CLUSTER_MAX`, each with its one TLB flush. Its own
-/// LRU batch is drained at the end (the demoted folios' way onto their
-/// lists). Not modelled: watermark boosting.
+/// pages reclaimed, or None if a pass found the node balanced before
+/// kswapd had reclaimed anything (at once, or by others' frees meanwhile:
+/// not a failure, as the kernel's `goto out` skips `kswapd_failures`).
+/// A pass that scanned less than its target ([`kswapd_shrink_node`]), or
+/// reclaimed nothing, raises the priority: on a small node the first
+/// passes scan a page or two (a list's size shifted by 12), and kswapd
+/// reaches within a few passes the priority at which one pass scans the
+/// high watermark's worth, in batches of `SWAP_CLUSTER_MAX`, each with its
+/// one TLB flush. Its own LRU batch is drained at the end (the demoted
+/// folios' way onto their lists). Not modelled: watermark boosting.
 pub fn balance_pgdat(oncpu: &OnCpu, nid: usize) -> Option<u64> {
     if pgdat_balanced(oncpu, nid) {
         // Nothing to do: not a failure.
@@ -239,7 +239,12 @@ pub fn balance_pgdat(oncpu: &OnCpu, nid: usize) -> Option<u64> {
     let _memalloc = crate::phys::page_alloc::ReclaimGuard::enter();
     let mut sc = ScanControl::new(0, true);
     oncpu.vmstat().count(oncpu.id(), Event::PAGEOUTRUN, 1);
-    while sc.priority >= 1 && !pgdat_balanced(oncpu, nid) {
+    let mut balanced = false;
+    while sc.priority >= 1 {
+        if pgdat_balanced(oncpu, nid) {
+            balanced = true;
+            break;
+        }
         let before = sc.nr_reclaimed;
         // kswapd_age_node
         age_active_anon(oncpu, nid, &mut sc);
@@ -250,7 +255,7 @@ pub fn balance_pgdat(oncpu: &OnCpu, nid: usize) -> Option<u64> {
         }
     }
     crate::swap::lru_add_drain(oncpu.mem(), oncpu.id());
-    if sc.nr_reclaimed == 0 && pgdat_balanced(oncpu, nid) {
+    if sc.nr_reclaimed == 0 && balanced {
         return None;
     }
     Some(sc.nr_reclaimed)
@@ -269,7 +274,9 @@ fn kswapd_shrink_node(oncpu: &OnCpu, nid: usize, sc: &mut ScanControl) -> bool {
 
 /// `try_to_free_pages`: direct reclaim by an allocation short of memory on
 /// node `nid`: priorities from the lowest up, until it has reclaimed a
-/// cluster of pages.
+/// cluster of pages. Not modelled: the kernel's second try, when nothing
+/// was reclaimed and active lists were passed over, with their
+/// deactivation forced (`force_deactivate`).
 pub fn try_to_free_pages(oncpu: &OnCpu, nid: usize, order: u32) -> u64 {
     let mut sc = ScanControl::new(SWAP_CLUSTER_MAX.max(1 << order), false);
     oncpu.vmstat().count(oncpu.id(), Event::ALLOCSTALL, 1);
@@ -285,19 +292,24 @@ pub fn try_to_free_pages(oncpu: &OnCpu, nid: usize, order: u32) -> u64 {
 /// `shrink_node` / `shrink_lruvec` / `get_scan_count`: scan each
 /// evictable list by its size shifted by the priority, a cluster of each
 /// in turn, until they are scanned or this call has reclaimed
-/// `nr_to_reclaim` (the kernel then scans the other type on, in
-/// proportion; the model stops). An active list is scanned (its folios
-/// deactivated) only while its inactive list is low
-/// (`prepare_scan_control`'s `may_deactivate`), and only beside another
-/// list still to scan. The anon lists are scanned only if their folios
-/// can be demoted (there is no swap); the file lists hold the lazyfree
-/// folios.
+/// `nr_to_reclaim` (kswapd and direct reclaim below the lowest priority
+/// stop there: the kernel then scans the type with more left on, in
+/// proportion, and the model stops). An active list's turns deactivate
+/// its folios only if its inactive list was low when the call began
+/// (`prepare_scan_control`'s `may_deactivate`; they pass otherwise), and
+/// the active anon list's turns alone do not keep the loop going. The
+/// anon lists are scanned only if their folios can be demoted (there is
+/// no swap); the file lists hold the lazyfree folios. Not modelled:
+/// `get_scan_count`'s balance of anon against file (swappiness, the
+/// costs, `cache_trim_mode`, `file_is_tiny`): both are scanned in full.
 pub fn shrink_node(oncpu: &OnCpu, nid: usize, sc: &mut ScanControl) {
     use LruList::{ActiveAnon, ActiveFile, InactiveAnon, InactiveFile};
     let mem = oncpu.mem();
     // shrink_lruvec's target is of this call's reclaim, not the caller's
-    // total.
+    // total; direct reclaim at the lowest priority scans its lists whole
+    // (`proportional_reclaim`).
     let start = sc.nr_reclaimed;
+    let proportional = !sc.kswapd && sc.priority == DEF_PRIORITY;
     let anon = can_reclaim_anon(oncpu, nid);
     let sizes = {
         let l = mem.node_lruvec_lock(nid);
@@ -307,14 +319,17 @@ pub fn shrink_node(oncpu: &OnCpu, nid: usize, sc: &mut ScanControl) {
     let scan = |lru: LruList, on: bool| if on { size(lru) >> sc.priority } else { 0 };
     let deactivate_anon = inactive_is_low(size(InactiveAnon), size(ActiveAnon));
     let deactivate_file = inactive_is_low(size(InactiveFile), size(ActiveFile));
+    let may_deactivate = |lru: LruList| match lru {
+        ActiveAnon => deactivate_anon,
+        _ => deactivate_file,
+    };
     // In the kernel's order of the lists.
     let mut nr = [
         (InactiveAnon, scan(InactiveAnon, anon)),
-        (ActiveAnon, scan(ActiveAnon, anon && deactivate_anon)),
+        (ActiveAnon, scan(ActiveAnon, anon)),
         (InactiveFile, scan(InactiveFile, true)),
-        (ActiveFile, scan(ActiveFile, deactivate_file)),
+        (ActiveFile, scan(ActiveFile, true)),
     ];
-    // The active anon list alone does not keep the loop going.
     while nr.iter().any(|&(lru, n)| n > 0 && lru != ActiveAnon) {
         for (lru, n) in nr.iter_mut() {
             if *n == 0 {
@@ -322,13 +337,13 @@ pub fn shrink_node(oncpu: &OnCpu, nid: usize, sc: &mut ScanControl) {
             }
             let chunk = (*n).min(SWAP_CLUSTER_MAX);
             *n -= chunk;
-            if lru.is_active() {
-                shrink_active_list(oncpu, nid, *lru, chunk, sc);
-            } else {
+            if !lru.is_active() {
                 shrink_inactive_list(oncpu, nid, *lru, chunk, sc);
+            } else if may_deactivate(*lru) {
+                shrink_active_list(oncpu, nid, *lru, chunk, sc);
             }
         }
-        if sc.nr_reclaimed - start >= sc.nr_to_reclaim {
+        if sc.nr_reclaimed - start >= sc.nr_to_reclaim && !proportional {
             break;
         }
     }

@@ -70,7 +70,7 @@
 //! default `scan_period_min_ms` of 1 s): the second shared among the 25
 //! scans of 1 MB that cover what the process has resident (the grid and
 //! its result pages), 40 ms. In tiering mode the kernel's then doubles
-//! after every pass that promoted anything, up to `task_scan_max`
+//! at the first promotion of each later pass, up to `task_scan_max`
 //! (`scan_period_max_ms`, 60 s, shared likewise: 2.4 s here). The seed's
 //! reached 2.7 s (60 s over 22 scans of 256 MB) within about a minute, so
 //! that in its 38 minutes it made under a thousand scans, some 30,000

@@ -15,7 +15,7 @@
 //! of 1 s, shared among the four 256 MB scans of the 1 GiB set, would scan
 //! every 250 ms at first; at 100, the floor of 2560 MB a second holds it
 //! to 100 ms), and the first scan starts at once (its delay is 1 s); the
-//! period then doubles after every pass that promoted, up to
+//! period then doubles at the first promotion of each later pass, up to
 //! `scan_period_max_ms` shared likewise (15 s), as the kernel's does; the
 //! hot threshold (1 s), the scan size (256 MB) and the rate limit are the
 //! kernel's defaults.
