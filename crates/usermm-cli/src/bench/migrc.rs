@@ -35,16 +35,19 @@
 //! host core, a scheduler slice rather than an IPI's microseconds.
 //! * kswapd, whose demotions make the room every promotion needs, spends
 //!   its runs waiting on them. MIGRC skips most of those waits, so there
-//!   it may migrate more than `off` does: on two cores, 7–11% more pages
-//!   with the scan of one PTE table (half again to twice as many when the
-//!   scan covered the whole grid, where on sixteen cores the two arms then
-//!   migrated within a quarter of each other).
+//!   it may migrate more than `off` does: on two cores, a third more pages
+//!   (34% and 37% in two runs of six rounds), since kswapd's passes follow
+//!   the kernel's priority rule and demote up to a cluster a batch (7–11%
+//!   before, when it demoted a page or two a batch; half again to twice as
+//!   many when the scan covered the whole grid, where on sixteen cores the
+//!   two arms then migrated within a quarter of each other).
 //! * A scan's flush stays pending (`mm->tlb_flush_pending`, from its
 //!   mmu_gather until its own shootdown is done) for as long as those
 //!   waits last, and a promotion of a hinting entry meanwhile counts as
 //!   accessible (`pte_accessible`) and queues a flush: on two cores about
-//!   a hundred of `off`'s shootdowns a round (of some 900) came from
-//!   there. MIGRC defers those of clean pages.
+//!   a hundred of `off`'s shootdowns a round (of some 900) came from there
+//!   when last counted (before kswapd's priority rule). MIGRC defers those
+//!   of clean pages.
 //!
 //! Each arm runs on a fresh machine, with `migration_entry_ad` on (the
 //! host: a written page keeps its dirty bit across migration, so it never
@@ -92,8 +95,9 @@
 //! would measure mostly the start, and with it the flushes of pages not
 //! yet eligible. With three times the measured lookups to warm up, one
 //! `migrc` round still demoted 209 written pages in its measured part,
-//! which sent 75 of its 174 shootdowns; with nine times, 21 and 8; six
-//! times is the default, as a compromise with the bench's length.
+//! which sent 75 of its 174 shootdowns; with nine times, 21 and 8 (counted
+//! before kswapd's priority rule); six times is the default, as a
+//! compromise with the bench's length.
 //! `--warmup` sets it.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
