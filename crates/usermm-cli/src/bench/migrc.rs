@@ -80,9 +80,10 @@
 //! migrations each with MIGRC off. A round here lasts seconds, in which
 //! the doubling would leave a handful of scans: `scan_period_max_ms` is
 //! set to the minimum's 1 s, and the period stays at 40 ms, some 30 scans
-//! a round, under 200 migrations each. So per page migrated the scan's
-//! own shootdowns weigh over a hundred times more here than in the seed's
-//! run, alike in every arm (the table gives the others apart).
+//! a round, under 200 migrations each. So per page migrated the model
+//! makes over a hundred times as many scans as the seed's run did, and
+//! the scan's own shootdowns, alike in every arm, weigh far more here
+//! (the table gives the others apart).
 //!
 //! Why the warm-up is long: the build leaves every grid page writable and
 //! dirty, and such a page is never eligible; it becomes so once a hinting
