@@ -14,7 +14,9 @@
 //!   `numa_hint_faults`, `numa_hint_faults_local`). A folio on a slow tier
 //!   whose fault came within `hot_threshold_ms` of its scan is hot
 //!   (`should_numa_migrate_memory`, with the promotion rate limit, which
-//!   counts `pgpromote_candidate`) and, where the VMA's policy lets it go
+//!   counts `pgpromote_candidate`; any folio is, while the fast node has a
+//!   GiB to spare: `pgdat_free_space_enough`, `pgpromote_candidate_nrl`)
+//!   and, where the VMA's policy lets it go
 //!   (`mpol_misplaced`: the default policy anywhere, `MPOL_BIND` or
 //!   `MPOL_PREFERRED_MANY` with `MPOL_F_NUMA_BALANCING` only to one of its
 //!   nodes), is promoted to the faulting CPU's node
@@ -528,12 +530,18 @@ fn numa_hint_fault_latency(oncpu: &OnCpu, folio: Folio) -> u64 {
 }
 
 /// `should_numa_migrate_memory` in tiering mode, for a folio on a slow
-/// node faulted from `dst_nid`: hot (faulted soon after its scan) and
-/// within the promotion rate limit.
+/// node faulted from `dst_nid`: at once if that node has room to spare
+/// ([`pgdat_free_space_enough`]: a workload that has changed, counted in
+/// `pgpromote_candidate_nrl`, outside the rate limit); else if hot
+/// (faulted soon after its scan) and within the promotion rate limit.
 fn should_promote(oncpu: &OnCpu, folio: Folio, dst_nid: usize) -> bool {
     let knobs = &oncpu.m.numa;
     let mem = oncpu.mem();
     let nr = folio.nr_pages(mem);
+    if pgdat_free_space_enough(oncpu, dst_nid) {
+        mem.mod_node_state(NodeStat::PGPROMOTE_CANDIDATE_NRL, nr as i64);
+        return true;
+    }
     let th = knobs.hot_threshold_ms.load(Ordering::Relaxed);
     if numa_hint_fault_latency(oncpu, folio) >= th {
         return false;
@@ -548,6 +556,19 @@ fn should_promote(oncpu: &OnCpu, folio: Folio, dst_nid: usize) -> bool {
     }
     w.1 += nr;
     w.1 <= limit
+}
+
+/// `pgdat_free_space_enough`: node `nid` has free, above its promotion
+/// watermark, a GiB or a sixteenth of its pages, whichever is more. (The
+/// kernel then also resets the hot threshold it adjusts, which the model
+/// keeps at its default.)
+fn pgdat_free_space_enough(oncpu: &OnCpu, nid: usize) -> bool {
+    let node = &oncpu.mem().nodes[nid];
+    let enough = (1u64 << (30 - PAGE_SHIFT)).max(node.nr_pages >> 4);
+    let [_, low, high] = node.zone.watermark;
+    // WMARK_PROMO, one step above the high watermark.
+    let promo = high + (high - low);
+    node.zone.nr_free_for_watermark() > promo + enough
 }
 
 /// `migrate_balanced_pgdat`: room on `nid` for `nr` more pages above its

@@ -139,6 +139,7 @@ counters! {
         NR_ISOLATED_FILE => "nr_isolated_file",
         PGPROMOTE_SUCCESS => "pgpromote_success",
         PGPROMOTE_CANDIDATE => "pgpromote_candidate",
+        PGPROMOTE_CANDIDATE_NRL => "pgpromote_candidate_nrl",
     }
 }
 

@@ -294,3 +294,47 @@ fn a_hinting_fault_promotes_only_where_the_policy_allows() {
     m.kswapd_quiesce();
     check_invariants(&m).unwrap();
 }
+
+/// A fast node with a GiB free above its promotion watermark takes a
+/// folio up whatever its hint latency (`pgdat_free_space_enough`),
+/// counted in `pgpromote_candidate_nrl` and not against the rate limit;
+/// a smaller one, only a hot folio. With the hot threshold at 0, no
+/// folio is hot.
+#[test]
+fn a_fast_node_with_room_to_spare_promotes_whatever_the_latency() {
+    use std::sync::atomic::Ordering::Relaxed;
+    use usermm::mempolicy::MPOL_DEFAULT;
+    use usermm::numa_balancing::{task_numa_work, NUMA_BALANCING_MEMORY_TIERING};
+    use usermm::vmstat::NodeStat;
+    for (fast_mib, promoted) in [(2048, 16), (512, 0)] {
+        let m = tiered(fast_mib);
+        let c = m.bind(0).unwrap();
+        let mm = c.new_mm().unwrap();
+        let len = 16 * PAGE;
+        let a = c.mmap(0, len, RW, ANON).unwrap();
+        c.mbind(a, len, MPOL_BIND, &[0b10], 3, 0).unwrap();
+        for p in (a..a + len).step_by(PAGE as usize) {
+            c.store_u64(p, p).unwrap();
+        }
+        c.mbind(a, len, MPOL_DEFAULT, &[], 0, 0).unwrap();
+        // Off the per-CPU batch, onto the LRU a migration isolates from.
+        usermm::swap::lru_add_drain(c.mem(), c.id());
+        m.numa.hot_threshold_ms.store(0, Relaxed);
+        m.numa.scan_delay_ms.store(0, Relaxed);
+        m.numa.mode.store(NUMA_BALANCING_MEMORY_TIERING, Relaxed);
+        task_numa_work(&c, &mm);
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        task_numa_work(&c, &mm);
+        for p in (a..a + len).step_by(PAGE as usize) {
+            assert_eq!(c.load_u64(p).unwrap(), p);
+        }
+        m.numa.mode.store(0, Relaxed);
+        let v = m.vmstat();
+        assert_eq!(v.event(Event::NUMA_HINT_FAULTS), 16, "{fast_mib} MiB");
+        assert_eq!(nodes_of(&c, a, len)[0], promoted, "{fast_mib} MiB");
+        assert_eq!(v.node(NodeStat::PGPROMOTE_CANDIDATE_NRL), promoted as i64);
+        c.idle();
+        m.kswapd_quiesce();
+        check_invariants(&m).unwrap();
+    }
+}
