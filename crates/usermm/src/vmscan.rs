@@ -232,13 +232,10 @@ pub fn pgdat_below_low(oncpu: &OnCpu, nid: usize) -> bool {
 /// one TLB flush. Its own LRU batch is drained at the end (the demoted
 /// folios' way onto their lists). Not modelled: watermark boosting.
 pub fn balance_pgdat(oncpu: &OnCpu, nid: usize) -> Option<u64> {
-    if pgdat_balanced(oncpu, nid) {
-        // Nothing to do: not a failure.
-        return None;
-    }
+    // Counted for every run, balanced already or not.
+    oncpu.vmstat().count(oncpu.id(), Event::PAGEOUTRUN, 1);
     let _memalloc = crate::phys::page_alloc::ReclaimGuard::enter();
     let mut sc = ScanControl::new(0, true);
-    oncpu.vmstat().count(oncpu.id(), Event::PAGEOUTRUN, 1);
     let mut balanced = false;
     while sc.priority >= 1 {
         if pgdat_balanced(oncpu, nid) {
