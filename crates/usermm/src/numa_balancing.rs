@@ -162,14 +162,14 @@ pub struct MmNumaScan {
 /// A task's hinting-fault statistics: the pass it last looked at them in
 /// (`p->numa_scan_seq`), the locality of the faults since its period last
 /// moved by their ratio (`numa_faults_locality`: remote, local, failed
-/// migrations), and its private and shared faults since it last looked
-/// (`task_numa_placement`'s fault types, from `numa_faults`' buffers).
+/// migrations), and its private faults since it last looked
+/// (`task_numa_placement`'s fault types, from `numa_faults`' buffers; the
+/// model records no shared ones).
 #[derive(Default)]
 struct TaskNumaFaults {
     seq: u64,
     locality: [u64; 3],
     private: u64,
-    shared: u64,
 }
 
 /// `NUMA_PERIOD_SLOTS` and `NUMA_PERIOD_THRESHOLD`: the ratios of
@@ -565,10 +565,7 @@ fn should_promote(oncpu: &OnCpu, folio: Folio, dst_nid: usize) -> bool {
 fn pgdat_free_space_enough(oncpu: &OnCpu, nid: usize) -> bool {
     let node = &oncpu.mem().nodes[nid];
     let enough = (1u64 << (30 - PAGE_SHIFT)).max(node.nr_pages >> 4);
-    let [_, low, high] = node.zone.watermark;
-    // WMARK_PROMO, one step above the high watermark.
-    let promo = high + (high - low);
-    node.zone.nr_free_for_watermark() > promo + enough
+    node.zone.nr_free_for_watermark() > node.zone.promo_wmark_pages() + enough
 }
 
 /// `migrate_balanced_pgdat`: room on `nid` for `nr` more pages above its
@@ -669,7 +666,6 @@ pub fn task_numa_fault(oncpu: &OnCpu, mm: &Mm, fault: TaskNumaFault) {
         f.seq = seq;
         update_task_scan_period(oncpu, mm, &mut f);
         f.private = 0;
-        f.shared = 0;
     }
     if fault.migrate_fail {
         f.locality[2] += fault.pages;
@@ -698,7 +694,9 @@ fn update_task_scan_period(oncpu: &OnCpu, mm: &Mm, f: &mut TaskNumaFaults) {
     let scan = &mm.numa_scan;
     let period = scan.period_ms.load(Ordering::Relaxed);
     let [remote, local, failed] = f.locality;
-    if local + f.shared == 0 || failed != 0 {
+    // Every recorded fault is private (see task_numa_fault).
+    let (private, shared) = (f.private, 0);
+    if local + shared == 0 || failed != 0 {
         let slower = (period << 1).min(max);
         scan.period_ms.store(slower, Ordering::Relaxed);
         let next = (oncpu.m.jiffies_ms() + slower).max(1);
@@ -709,7 +707,7 @@ fn update_task_scan_period(oncpu: &OnCpu, mm: &Mm, f: &mut TaskNumaFaults) {
     let lr_ratio = (local * NUMA_PERIOD_SLOTS / (local + remote)) as i64;
     // Not 0 over 0: local faults were recorded since the counts started
     // over, each with its private or shared one.
-    let ps_ratio = (f.private * NUMA_PERIOD_SLOTS / (f.private + f.shared).max(1)) as i64;
+    let ps_ratio = (private * NUMA_PERIOD_SLOTS / (private + shared).max(1)) as i64;
     let diff = if ps_ratio >= NUMA_PERIOD_THRESHOLD {
         (ps_ratio - NUMA_PERIOD_THRESHOLD).max(1) * slot
     } else if lr_ratio >= NUMA_PERIOD_THRESHOLD {
@@ -840,8 +838,9 @@ mod tests {
     }
 
     /// The period is set when the process's first scan is due, from what
-    /// is resident then, and kept: in tiering mode the kernel's never
-    /// adapts (its faults below the top tier are not recorded).
+    /// is resident then, and kept while no fault is recorded to adapt it
+    /// (none is here: the scan hints nothing on the top tier in tiering
+    /// mode), however much more becomes resident.
     #[test]
     fn the_scan_period_is_set_at_the_first_scan_and_kept() {
         let m = Machine::new(MachineConfig::single_node(64 << 20, 1)).unwrap();

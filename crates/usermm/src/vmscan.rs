@@ -209,8 +209,7 @@ pub fn pgdat_balanced_on(m: &crate::machine::Machine, nid: usize) -> bool {
     if !m.numa.tiering() {
         return z.above(WMARK_HIGH);
     }
-    let [_, low, high] = z.watermark;
-    z.nr_free_for_watermark() > high + (high - low)
+    z.nr_free_for_watermark() > z.promo_wmark_pages()
 }
 
 /// `zone_watermark_ok` against the low watermark: does the node need

@@ -424,6 +424,14 @@ impl Zone {
         self.nr_free.load(Ordering::Relaxed) + self.pcp.iter().map(|p| p.lock().count).sum::<u64>()
     }
 
+    /// `promo_wmark_pages`: `WMARK_PROMO`, one step above the high
+    /// watermark, to which kswapd reclaims in NUMA balancing's tiering
+    /// mode (room for promotions).
+    pub fn promo_wmark_pages(&self) -> u64 {
+        let [_, low, high] = self.watermark;
+        high + (high - low)
+    }
+
     /// Whether the zone's free pages are above watermark `mark`
     /// (`zone_watermark_ok_safe` for an order-0 request).
     pub fn above(&self, mark: Option<usize>) -> bool {
