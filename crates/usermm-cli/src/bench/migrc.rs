@@ -30,24 +30,30 @@
 //! oracle for this workload; `tests/migrc.rs` checks MIGRC's rules with
 //! the full shadow memory).
 //!
-//! Reading the counters on a host with fewer cores than the model has
-//! CPUs: a shootdown then waits for each target CPU's thread to get a
-//! host core, a scheduler slice rather than an IPI's microseconds.
-//! * kswapd, whose demotions make the room every promotion needs, spends
-//!   its runs waiting on them. MIGRC skips most of those waits, so there
-//!   it may migrate more than `off` does: on two cores, a third more pages
-//!   (34% and 37% in two runs of six rounds), since kswapd's passes follow
-//!   the kernel's priority rule and demote up to a cluster a batch (7–11%
-//!   before, when it demoted a page or two a batch; half again to twice as
-//!   many when the scan covered the whole grid, where on sixteen cores the
-//!   two arms then migrated within a quarter of each other).
+//! Why the machine has no more CPUs than the host has cores: four, or two
+//! on a two-core host (`--machine` can give more). A shootdown waits for
+//! each target CPU's thread to take its request, which costs the
+//! mailbox's round trip while that thread has a host core of its own, and
+//! a scheduler slice (milliseconds, where an IPI costs microseconds) while
+//! it waits for one. Four CPUs on two cores, as this bench had before:
+//! * kswapd, whose demotions make the room every promotion needs, spent
+//!   its runs waiting on those slices. MIGRC skips most of those waits, so
+//!   there it migrated a third more pages than `off` (+31% to +37% in
+//!   three runs), where with two CPUs on the same two cores the two
+//!   migrated within 13% of each other (−13%, −8% and +8% in three runs).
 //! * A scan's flush stays pending (`mm->tlb_flush_pending`, from its
 //!   mmu_gather until its own shootdown is done) for as long as those
 //!   waits last, and a promotion of a hinting entry meanwhile counts as
-//!   accessible (`pte_accessible`) and queues a flush: on two cores about
-//!   a hundred of `off`'s shootdowns a round (of some 900) came from there
-//!   when last counted (before kswapd's priority rule). MIGRC defers those
-//!   of clean pages.
+//!   accessible (`pte_accessible`) and queues a flush: `off` sent 184 to
+//!   211 shootdowns per 1000 pages migrated there, 94 to 109 with two
+//!   CPUs (the seed's: 113). MIGRC defers those of clean pages, so its
+//!   ratio to `off` looked better there than it is.
+//! * The runtime swung with how the host scheduled five threads on two
+//!   cores: `migrc`'s over `off`'s 0.89 to 1.08 in three runs, with 95%
+//!   intervals as wide as [0.67, 1.24].
+//!
+//! kswapd is one more thread, which sleeps between its runs (the kernel's
+//! runs on its node's CPUs, between the workload's threads).
 //!
 //! Each arm runs on a fresh machine, with `migration_entry_ad` on (the
 //! host: a written page keeps its dirty bit across migration, so it never
@@ -57,8 +63,8 @@
 //! Scaled for the model: the seed's guest had 1 GiB of DRAM, 8 GiB of slow
 //! memory, 16 CPUs and `XSBench -p 100000000` (about 5.6 GB of grids, a
 //! run of 38 minutes); here the fast node holds 16 MiB and the grid
-//! 24 MiB, with 4 CPUs and 300,000 measured lookups each (about a second),
-//! after six times as many to warm up; the first scan starts at once. A
+//! 24 MiB, with 4 CPUs (2 on a two-core host) and 300,000 measured
+//! lookups each after six times as many to warm up; the first scan starts at once. A
 //! scan covers 1 MB of the grid (`scan_size_mb`), which the kernel rounds
 //! up to the next 2 MiB boundary: one PTE table, a twelfth of the grid,
 //! where the kernel's default 256 MB was a twenty-second of the seed's
@@ -79,11 +85,15 @@
 //! that in its 38 minutes it made under a thousand scans, some 30,000
 //! migrations each with MIGRC off. A round here lasts seconds, in which
 //! the doubling would leave a handful of scans: `scan_period_max_ms` is
-//! set to the minimum's 1 s, and the period stays at 40 ms, some 30 scans
-//! a round, under 200 migrations each. So per page migrated the model
-//! makes over a hundred times as many scans as the seed's run did, and
-//! the scan's own shootdowns, alike in every arm, weigh far more here
-//! (the table gives the others apart).
+//! set to the minimum's 1 s, and the period stays at 40 ms, 15 to 30
+//! scans a round, a few hundred migrations each. So per page migrated the
+//! model makes over a hundred times as many scans as the seed's run did,
+//! and the scan's own shootdowns, alike in every arm, weigh far more here
+//! (the table gives the others apart). No length of round would change
+//! that: a scan promotes at most the pages it hints, one PTE table's 512
+//! here where the seed's 256 MB held 65,536, and kswapd demotes as many,
+//! so the migrations a scan brings are bounded by its size, and the
+//! seed's share would take a grid of gigabytes.
 //!
 //! Why the warm-up is long: the build leaves every grid page writable and
 //! dirty, and such a page is never eligible; it becomes so once a hinting
@@ -127,12 +137,14 @@ pub const EXPERIMENT: super::Experiment = super::Experiment {
 const PAGE: u64 = 4096;
 const FAST: u64 = 16 << 20;
 const SLOW: u64 = 64 << 20;
+/// The most CPUs the built-in machine has; it has fewer where the host
+/// has fewer cores ([`bench_cpus`]).
 const CPUS: usize = 4;
 /// Lookups per CPU, measured (`--lookups`), after the warm-up
 /// (`--warmup`, by default [`WARMUP_FACTOR`] times as many): the pages the
 /// build left writable cycle through the tiers first, as they would early
-/// in a long run. The CPUs share the phase's lookups (`CPUS` times as
-/// many), a [`LOOKUP_CHUNK`] at a time.
+/// in a long run. The CPUs share the phase's lookups (as many times
+/// more as there are CPUs), a [`LOOKUP_CHUNK`] at a time.
 pub const LOOKUPS: u64 = 300_000;
 /// Lookups a CPU takes from the shared count at a time: XSBench's
 /// `schedule(dynamic, 100)`.
@@ -198,7 +210,7 @@ struct Row {
     luf_forced_flushes: u64,
     /// Of `nr_tlb_remote_flush`, those the NUMA scan sent: its own range
     /// flushes and the batched flushes it found pending. A scan here makes
-    /// under 200 migrations, the seed's some 30,000 (see the module doc),
+    /// a few hundred migrations, the seed's some 30,000 (see the module doc),
     /// so the scan's share here is far above the seed's, the same in
     /// every arm.
     usermm_numa_scan_remote_flush: u64,
@@ -280,10 +292,17 @@ fn key(i: u64) -> u64 {
     2 * i + 1
 }
 
+/// The built-in machine's CPUs: [`CPUS`], or as many as this process has
+/// host cores where that is fewer, but at least two (a shootdown needs a
+/// CPU to go to). The module doc says why no CPU shares a core.
+fn bench_cpus() -> usize {
+    crate::native::host_cpus().clamp(2, CPUS)
+}
+
 fn machine(a: &BenchArgs) -> anyhow::Result<std::sync::Arc<Machine>> {
     let config = a
         .machine
-        .config(MachineConfig::two_tiers(FAST, SLOW, CPUS))?;
+        .config(MachineConfig::two_tiers(FAST, SLOW, bench_cpus()))?;
     if config.nodes.len() < 2 {
         anyhow::bail!("machine: bench migrc needs a fast and a slow node");
     }
@@ -565,8 +584,8 @@ fn run_once(m: &Machine, warmup: u64, lookups: u64) -> anyhow::Result<(Sample, u
                 let (mm, stale, lost, barrier) = (mm.clone(), &stale, &lost, &barrier);
                 let (warm_pool, pool) = (&warm_pool, &pool);
                 s.spawn(move || -> anyhow::Result<()> {
-                    // CPU i on host CPU i modulo the host's: the model's
-                    // four CPUs share what the host has.
+                    // CPU i on host CPU i modulo the host's: a core
+                    // each, unless `--machine` gave more CPUs.
                     crate::native::pin_to_cpu(id);
                     let c = m.bind(id).map_err(|e| anyhow!("bind: {e}"))?;
                     c.switch_mm(&mm);
