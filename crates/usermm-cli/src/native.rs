@@ -302,26 +302,31 @@ impl Drop for AffinityRestore {
 }
 
 /// What a TLB shootdown costs on this host, measured: the initiator's wait
-/// per shootdown, and the time the target loses handling one.
+/// per shootdown, and the time the target loses handling one; medians of
+/// several calibrations, with the least and the most each gave (one
+/// calibration on a shared host can be off by the whole cost).
 #[derive(Clone, Copy, Debug, serde::Serialize)]
 pub struct ShootdownCost {
     pub send_ns: u64,
     pub recv_ns: u64,
-    /// Shootdowns per measurement.
+    pub send_ns_range: [u64; 2],
+    pub recv_ns_range: [u64; 2],
+    /// Calibrations, and shootdowns in each.
+    pub trials: usize,
     pub samples: u64,
 }
 
-/// Calibrate [`ShootdownCost`]: CPU 0 zaps and refaults one page
-/// (`MADV_DONTNEED`, then a write) `n` times, alone in its process and
-/// then with a second thread on CPU 1 spinning on loads of another page of
-/// the same process (so that each zap's flush is an IPI to it); the
-/// difference per zap is the send cost. The spinning thread's loads per
-/// second, with CPU 0 sleeping and with it zapping, give the receive
-/// cost. None if the host has fewer than two CPUs.
-pub fn shootdown_cost(n: u64) -> Option<ShootdownCost> {
+/// Calibrate [`ShootdownCost`], `trials` times: each time CPU 0 zaps and
+/// refaults one page (`MADV_DONTNEED`, then a write) `n` times, alone in
+/// its process (the other thread asleep, so that its CPU is idle and no
+/// flush goes to it) and then with that thread on CPU 1 spinning on loads
+/// of another page of the same process (so that each zap's flush is an IPI
+/// to it); the difference per zap is the send cost. The spinning thread's
+/// loads per second, with CPU 0 sleeping and with it zapping, give the
+/// receive cost. None if the host has fewer than two CPUs.
+pub fn shootdown_cost(n: u64, trials: usize) -> Option<ShootdownCost> {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-    // SAFETY: sysconf has no preconditions.
-    if host_cpus() < 2 {
+    if host_cpus() < 2 || trials == 0 {
         return None;
     }
     let mut zapped = HostRegion::map(4096);
@@ -347,11 +352,12 @@ pub fn shootdown_cost(n: u64) -> Option<ShootdownCost> {
     };
     pin_to_cpu(0);
     zaps(n / 10);
-    let alone = zaps(n);
     let stop = AtomicBool::new(false);
     let go = AtomicBool::new(false);
     let spins = AtomicU64::new(0);
-    let (busy, idle_rate, busy_rate) = std::thread::scope(|s| {
+    let mut sends = Vec::with_capacity(trials);
+    let mut recvs = Vec::with_capacity(trials);
+    std::thread::scope(|s| {
         s.spawn(|| {
             pin_to_cpu(1);
             while !stop.load(Relaxed) {
@@ -365,31 +371,65 @@ pub fn shootdown_cost(n: u64) -> Option<ShootdownCost> {
                         spins.fetch_add(4096, Relaxed);
                     }
                 }
-                std::hint::spin_loop();
+                // Asleep between the spins: CPU 1 idle, not sent to.
+                std::thread::sleep(std::time::Duration::from_micros(200));
             }
         });
-        go.store(true, Relaxed);
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        // The spinner's rate with CPU 0 asleep, then with it zapping.
-        let t = Instant::now();
-        let s0 = spins.load(Relaxed);
-        std::thread::sleep(std::time::Duration::from_secs_f64(alone.max(0.05)));
-        let idle_rate = (spins.load(Relaxed) - s0) as f64 / t.elapsed().as_secs_f64();
-        let s1 = spins.load(Relaxed);
-        let busy = zaps(n);
-        let busy_rate = (spins.load(Relaxed) - s1) as f64 / busy;
+        for _ in 0..trials {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            let alone = zaps(n);
+            go.store(true, Relaxed);
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            // The spinner's rate with CPU 0 asleep, then with it zapping.
+            let t = Instant::now();
+            let s0 = spins.load(Relaxed);
+            std::thread::sleep(std::time::Duration::from_secs_f64(alone.max(0.02)));
+            let idle_rate = (spins.load(Relaxed) - s0) as f64 / t.elapsed().as_secs_f64();
+            let s1 = spins.load(Relaxed);
+            let busy = zaps(n);
+            let busy_rate = (spins.load(Relaxed) - s1) as f64 / busy;
+            go.store(false, Relaxed);
+            let lost = if idle_rate > 0.0 {
+                (1.0 - busy_rate / idle_rate).max(0.0) * busy
+            } else {
+                0.0
+            };
+            sends.push(((busy - alone) / n as f64).max(0.0) * 1e9);
+            recvs.push(lost / n as f64 * 1e9);
+        }
         stop.store(true, Relaxed);
-        (busy, idle_rate, busy_rate)
     });
-    let send_s = ((busy - alone) / n as f64).max(0.0);
-    let lost = if idle_rate > 0.0 {
-        (1.0 - busy_rate / idle_rate).max(0.0) * busy
-    } else {
-        0.0
-    };
+    sends.sort_by(f64::total_cmp);
+    recvs.sort_by(f64::total_cmp);
+    // The lower median, and the least and the most.
+    let median = |v: &[f64]| v[(v.len() - 1) / 2] as u64;
+    let range = |v: &[f64]| [v[0] as u64, v[v.len() - 1] as u64];
     Some(ShootdownCost {
-        send_ns: (send_s * 1e9) as u64,
-        recv_ns: (lost / n as f64 * 1e9) as u64,
+        send_ns: median(&sends),
+        recv_ns: median(&recvs),
+        send_ns_range: range(&sends),
+        recv_ns_range: range(&recvs),
+        trials,
         samples: n,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    /// No calibration is made for none; the medians of several lie within
+    /// the least and the most they gave.
+    #[test]
+    fn shootdown_cost_medians_lie_within_their_range() {
+        assert!(super::shootdown_cost(100, 0).is_none());
+        if super::host_cpus() < 2 {
+            assert!(super::shootdown_cost(100, 1).is_none());
+            return;
+        }
+        let c = super::shootdown_cost(2_000, 3).expect("two host CPUs");
+        assert_eq!((c.trials, c.samples), (3, 2_000));
+        for (median, [least, most]) in [(c.send_ns, c.send_ns_range), (c.recv_ns, c.recv_ns_range)]
+        {
+            assert!(least <= median && median <= most, "{c:?}");
+        }
+    }
 }

@@ -338,21 +338,77 @@ pub fn parse_ipi_cost(s: &str) -> anyhow::Result<IpiCostArg> {
     }
 }
 
-/// The cost model's (send, receive) nanoseconds, and how they were had.
-fn ipi_cost(a: &BenchArgs) -> anyhow::Result<(u64, u64, &'static str)> {
+/// Calibrations `--ipi-cost host` makes, and shootdowns in each.
+const CALIBRATIONS: usize = 7;
+const CALIBRATION_ZAPS: u64 = 20_000;
+
+/// The cost model's (send, receive) nanoseconds, how they were had, and
+/// the calibration when measured.
+struct IpiCost {
+    send_ns: u64,
+    recv_ns: u64,
+    from: &'static str,
+    calibration: Option<crate::native::ShootdownCost>,
+}
+
+fn ipi_cost(a: &BenchArgs) -> anyhow::Result<IpiCost> {
+    let given = |send_ns, recv_ns, from| IpiCost {
+        send_ns,
+        recv_ns,
+        from,
+        calibration: None,
+    };
     Ok(match parse_ipi_cost(&a.ipi_cost)? {
-        IpiCostArg::Off => (0, 0, "off"),
-        IpiCostArg::Given { send_ns, recv_ns } => (send_ns, recv_ns, "given"),
+        IpiCostArg::Off => given(0, 0, "off"),
+        IpiCostArg::Given { send_ns, recv_ns } => given(send_ns, recv_ns, "given"),
         IpiCostArg::Host => {
-            let c = crate::native::shootdown_cost(20_000)
+            let c = crate::native::shootdown_cost(CALIBRATION_ZAPS, CALIBRATIONS)
                 .ok_or_else(|| anyhow!("--ipi-cost host: calibrating needs two host CPUs"))?;
-            (c.send_ns, c.recv_ns, "host")
+            IpiCost {
+                send_ns: c.send_ns,
+                recv_ns: c.recv_ns,
+                from: "host",
+                calibration: Some(c),
+            }
         }
     })
 }
 
+impl IpiCost {
+    /// The table's footnote, when the model is on.
+    fn describe(&self) -> Option<String> {
+        let (send, recv) = (self.send_ns, self.recv_ns);
+        match &self.calibration {
+            _ if self.from == "off" => None,
+            None => Some(format!(
+                "shootdown cost model ({}): {send} ns per shootdown sent, {recv} ns per request handled",
+                self.from
+            )),
+            Some(c) => Some(format!(
+                "shootdown cost model (host, the median of {} calibrations of {} shootdowns, [least, most]): \
+                 {send} ns [{}, {}] per shootdown sent, {recv} ns [{}, {}] per request handled",
+                c.trials,
+                c.samples,
+                c.send_ns_range[0],
+                c.send_ns_range[1],
+                c.recv_ns_range[0],
+                c.recv_ns_range[1]
+            )),
+        }
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "from": self.from,
+            "send_ns": self.send_ns,
+            "recv_ns": self.recv_ns,
+            "calibration": self.calibration,
+        })
+    }
+}
+
 fn experiment(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
-    let (send_ns, recv_ns, cost_from) = ipi_cost(a)?;
+    let cost = ipi_cost(a)?;
     let arms: Vec<(bool, usize)> = [false, true]
         .into_iter()
         .flat_map(|ad| (0..ARMS.len()).map(move |i| (ad, i)))
@@ -388,7 +444,7 @@ fn experiment(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
                 .set("migrc", ARMS[arm])
                 .map_err(|e| anyhow!("{e}"))?;
             m.tunables.set_migration_entry_ad(ad);
-            m.set_ipi_cost(send_ns, recv_ns);
+            m.set_ipi_cost(cost.send_ns, cost.recv_ns);
             let (s, grid) = run_once(&m, warmup(a), a.lookups)?;
             samples[k].push(s);
             machine_desc = m.config.to_string();
@@ -427,10 +483,8 @@ fn experiment(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     if !a.json {
         let scan_ms = scan_period_ms(&samples);
         print_table(&rows, grid_mb, warmup(a), a.lookups, &machine_desc, scan_ms);
-        if cost_from != "off" {
-            crate::outln!(
-                "shootdown cost model ({cost_from}): {send_ns} ns per shootdown sent, {recv_ns} ns per request handled\n"
-            );
+        if let Some(line) = cost.describe() {
+            crate::outln!("{line}\n");
         }
     }
     plot_rows(a, &rows)?;
@@ -447,7 +501,7 @@ fn experiment(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         "scan_period_max_ms": scan_period_min_ms,
         "scan_period_ms": scan_period_ms(&samples),
         "scan_size_mb": SCAN_SIZE_MB,
-        "ipi_cost": { "from": cost_from, "send_ns": send_ns, "recv_ns": recv_ns },
+        "ipi_cost": cost.json(),
         "seed": SEED
             .iter()
             .map(|&(metric, off, migrc)| serde_json::json!({ "metric": metric, "off": off, "migrc": migrc }))

@@ -75,8 +75,8 @@ pub struct BenchArgs {
     #[arg(long)]
     pub warmup: Option<u64>,
     /// migrc: the shootdown cost model: `off` (the default: an IPI costs
-    /// what the model's mailbox costs), `host` (calibrated on this host
-    /// first), or `SEND_NS,RECV_NS`.
+    /// what the model's mailbox costs), `host` (the median of seven
+    /// calibrations on this host first), or `SEND_NS,RECV_NS`.
     #[arg(long, default_value = "off")]
     pub ipi_cost: String,
     /// Folder for the results (JSON and SVG per experiment).
