@@ -11,7 +11,7 @@ use crate::mm::Mm;
 use crate::phys::{pg, Folio, NodeConfig, Pfn, PhysMem, Tier};
 use crate::sync::{Arc, AtomicBool, AtomicU8, Mutex, Ordering};
 use crate::util::Overcommit;
-use crate::vmstat::VmStat;
+use crate::vmstat::{Event, VmStat};
 
 /// How the machine is built.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -623,7 +623,7 @@ impl crate::phys::page_alloc::Reclaimer for Machine {
         r
     }
 
-    fn migrc_flush_free(&self, cpu: usize) -> bool {
+    fn migrc_flush_free(&self, cpu: usize, why: Event) -> bool {
         if !self.migrc.pending() {
             return false;
         }
@@ -640,7 +640,7 @@ impl crate::phys::page_alloc::Reclaimer for Machine {
             _not_send: PhantomData,
             numa_tick: std::cell::Cell::new(0),
         });
-        crate::migrc::migrc_flush_free_folios(&oncpu)
+        crate::migrc::migrc_flush_free_folios(&oncpu, why)
     }
 
     fn luf_flush(&self, cpu: usize, cpumask: u64) {

@@ -838,7 +838,7 @@ fn do_wp_page(vmf: &mut VmFault<'_>, mut pt: PteLocked<'_>) -> VmFaultResult {
         // MIGRC: before any PTE can become writable, no CPU may keep a
         // stale translation of a kept source (the seed flushes whatever
         // is owed, on any write-protect fault).
-        crate::migrc::migrc_flush_free_folios(oncpu);
+        crate::migrc::migrc_flush_free_folios(oncpu, crate::vmstat::Event::MIGRC_FLUSH_WP_FAULT);
     }
     if let Some(page) = page {
         let f = mem.page_folio(page);

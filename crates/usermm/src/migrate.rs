@@ -152,6 +152,20 @@ struct MigrateRun {
     /// MIGRC may defer this migration's read-only flushes (`do_migrc`: the
     /// tunable, and a demotion or promotion).
     do_migrc: bool,
+    reason: MigrateReason,
+}
+
+impl MigrateRun {
+    /// The model-only event that the shootdowns this migration sends are
+    /// counted under as well, by its reason.
+    fn flush_account(&self) -> Option<crate::cpu::RemoteFlushAccount> {
+        let event = match self.reason {
+            MigrateReason::Demotion => Event::MR_DEMOTION_REMOTE_FLUSH,
+            MigrateReason::NumaMisplaced => Event::MR_NUMA_MISPLACED_REMOTE_FLUSH,
+            MigrateReason::Syscall => return None,
+        };
+        Some(crate::cpu::RemoteFlushAccount::enter(event))
+    }
 }
 
 /// What [`migrate_pages`] did: its counts, and the folios it could not
@@ -245,7 +259,11 @@ pub fn migrate_pages(
                 reason,
                 MigrateReason::Demotion | MigrateReason::NumaMisplaced
             ),
+        reason,
     };
+    // Every shootdown the migration sends, counted by its reason as well
+    // (a forced MIGRC flush within it, by its own).
+    let _account = run.flush_account();
     let mut failed = Vec::new();
     let mut nomem = false;
     let mut counted_failures = None;
@@ -334,6 +352,7 @@ fn migrate_pages_sync(
         nosplit: run.nosplit,
         split_folios: Vec::new(),
         do_migrc: run.do_migrc,
+        reason: run.reason,
     };
     let mut left = migrate_pages_batch(
         oncpu,
@@ -416,6 +435,11 @@ fn migrate_pages_batch(
             ubc.can_migrc_init(migrc_may_defer(oncpu, run, flags, iso.folio));
             let r = migrate_folio_unmap(oncpu, iso, target, mode, flags, &mut ubc);
             let owed = matches!(r, Unmap::Unmapped(_)) && ubc.can_migrc();
+            if matches!(r, Unmap::Unmapped(_)) && ubc.can_migrc_failed() {
+                oncpu
+                    .vmstat()
+                    .count(oncpu.id(), Event::MIGRC_CAN_MIGRC_FAIL, 1);
+            }
             if owed {
                 let (cpus, mms) = ubc.take_ro_mms();
                 migrc_pending |= cpus;
@@ -520,7 +544,7 @@ fn migrate_pages_batch(
     // owed flush is done now and the sources go.
     if !kept.is_empty() {
         if let Err(kept) = oncpu.m.migrc.add_pending_folios(kept) {
-            crate::migrc::migrc_flush_free_folios(oncpu);
+            crate::migrc::migrc_flush_free_folios(oncpu, Event::MIGRC_FLUSH_REFUSED);
             crate::migrc::migrc_release(mem, kept, oncpu.id());
         }
     }

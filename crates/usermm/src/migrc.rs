@@ -285,12 +285,14 @@ pub fn migrc_release(mem: &PhysMem, folios: Vec<Folio>, cpu: usize) {
 }
 
 /// `migrc_flush_free_folios`: flush what is owed now and release every
-/// kept source; whether any was kept.
-pub fn migrc_flush_free_folios(oncpu: &OnCpu) -> bool {
+/// kept source; whether any was kept. The shootdowns it sends are counted
+/// under `why` as well (a model-only event: which point forced them).
+pub fn migrc_flush_free_folios(oncpu: &OnCpu, why: crate::vmstat::Event) -> bool {
     let m = &oncpu.m.migrc;
     if !m.pending() {
         return false;
     }
+    let _account = crate::cpu::RemoteFlushAccount::enter(why);
     let (folios, cpumask) = m.take_for_flush();
     // A batched flush, bracketed (something is pending): its end clears
     // the CPUs it covered and releases what was kept meanwhile, if no

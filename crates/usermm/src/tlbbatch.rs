@@ -173,6 +173,13 @@ impl TlbflushUnmapBatch {
         self.track_ro && self.can_migrc && self.ro_flush_required
     }
 
+    /// Whether the folio unmapped since [`Self::can_migrc_init`] was
+    /// tracked and a dirty or writable PTE of it queued a flush
+    /// (`can_migrc_fail`).
+    pub fn can_migrc_failed(&self) -> bool {
+        self.track_ro && !self.can_migrc
+    }
+
     /// Take the read-only queue's CPUs (for the caller to owe them).
     pub fn take_ro(&mut self) -> u64 {
         self.ro_flush_required = false;

@@ -114,6 +114,13 @@ counters! {
         LUF_TAKEOFF_FLUSH => "usermm_luf_takeoff_flush",
         LUF_FORCED_FLUSH => "usermm_luf_forced_flush",
         NUMA_SCAN_REMOTE_FLUSH => "usermm_numa_scan_remote_flush",
+        MIGRC_FLUSH_WP_FAULT => "usermm_migrc_flush_wp_fault",
+        MIGRC_FLUSH_WATERMARK => "usermm_migrc_flush_watermark",
+        MIGRC_FLUSH_PRESSURE => "usermm_migrc_flush_pressure",
+        MIGRC_FLUSH_REFUSED => "usermm_migrc_flush_refused",
+        MIGRC_CAN_MIGRC_FAIL => "usermm_migrc_can_migrc_fail",
+        MR_DEMOTION_REMOTE_FLUSH => "usermm_mr_demotion_remote_flush",
+        MR_NUMA_MISPLACED_REMOTE_FLUSH => "usermm_mr_numa_misplaced_remote_flush",
     }
 }
 

@@ -185,6 +185,8 @@ struct Scene {
     /// LUF's flushes at takeoff, and forced ones.
     takeoff_flushes: u64,
     forced_flushes: u64,
+    /// Shootdowns MIGRC's flushes forced by write faults sent.
+    wp_fault_flushes: u64,
 }
 
 /// CPU 1 reads the pages (caching them), CPU 0 demotes them and does
@@ -217,6 +219,7 @@ fn scene_in(mode: MigrcMode, w: Weakened, then: Then) -> Scene {
         remote_flushes: 0,
         takeoff_flushes: 0,
         forced_flushes: 0,
+        wp_fault_flushes: 0,
     };
     // The address space of `Then::ReuseElsewhere`, torn down at the end.
     let mut other = None;
@@ -274,6 +277,7 @@ fn scene_in(mode: MigrcMode, w: Weakened, then: Then) -> Scene {
     out.violations = shadow.violations().len();
     out.takeoff_flushes = m.vmstat().event(Event::LUF_TAKEOFF_FLUSH);
     out.forced_flushes = m.vmstat().event(Event::LUF_FORCED_FLUSH);
+    out.wp_fault_flushes = m.vmstat().event(Event::MIGRC_FLUSH_WP_FAULT);
     if w != Weakened::None {
         // A weakened run leaves stale entries behind, which the checker
         // reports (as its own test shows): flushed, to check the rest.
@@ -285,7 +289,7 @@ fn scene_in(mode: MigrcMode, w: Weakened, then: Then) -> Scene {
     }
     // Whatever is still kept goes with the next forced flush.
     c0.switch_mm(&mm);
-    usermm::migrc::migrc_flush_free_folios(&c0);
+    usermm::migrc::migrc_flush_free_folios(&c0, usermm::vmstat::Event::MIGRC_FLUSH_WATERMARK);
     c0.idle();
     m.kswapd_quiesce();
     check_invariants(&m).unwrap();
@@ -306,11 +310,16 @@ fn a_read_only_demotion_defers_its_flush_and_keeps_the_sources() {
 }
 
 /// A write fault forces the owed flush before the page becomes writable:
-/// the reader misses and reads the new bytes.
+/// the reader misses and reads the new bytes. The first fault's flush
+/// covers everything owed, so it is the only one.
 #[test]
 fn a_write_fault_flushes_what_is_owed_first() {
     let s = scene(Some(Weakened::None), Then::Write);
     assert_eq!(s.kept, NR as usize);
+    assert_eq!(
+        s.wp_fault_flushes, 1,
+        "one shootdown, forced by a write fault"
+    );
     assert!(s.reader_misses >= NR, "the reader's stale entries went");
     assert_eq!(s.violations, 0);
 }
@@ -321,6 +330,7 @@ fn a_write_fault_flushes_what_is_owed_first() {
 fn without_migrc_the_demotion_flushes() {
     let s = scene(None, Then::Reuse);
     assert_eq!(s.kept, 0);
+    assert_eq!(s.wp_fault_flushes, 0);
     assert!(s.remote_flushes >= 1, "an IPI");
     assert!(s.reader_misses >= NR);
     assert_eq!(s.violations, 0);
@@ -366,6 +376,12 @@ fn kept_sources_count_as_free_and_go_under_pressure() {
         p += PAGE;
     }
     assert!(m.migrc.kept().is_empty(), "pressure released the sources");
+    assert_eq!(
+        m.vmstat().event(Event::MIGRC_FLUSH_WATERMARK),
+        1,
+        "one shootdown, forced by the watermark"
+    );
+    assert_eq!(m.vmstat().event(Event::MIGRC_FLUSH_WP_FAULT), 0);
     assert_eq!(zone.migrc_pending.load(Relaxed), 0);
     assert!(!m.migrc.paused(), "resumed after the slow path");
     for q in pages(a) {
@@ -487,7 +503,7 @@ fn stress(mode: MigrcMode, run_for: std::time::Duration) -> Stress {
         luf_flushes: m.vmstat().event(Event::LUF_TAKEOFF_FLUSH)
             + m.vmstat().event(Event::LUF_FORCED_FLUSH),
     };
-    usermm::migrc::migrc_flush_free_folios(&c0);
+    usermm::migrc::migrc_flush_free_folios(&c0, usermm::vmstat::Event::MIGRC_FLUSH_WATERMARK);
     c0.idle();
     m.kswapd_quiesce();
     check_invariants(&m).unwrap();
@@ -587,7 +603,7 @@ fn the_checker_accepts_stale_entries_to_kept_sources_only() {
     for (w, clean) in [(Weakened::None, true), (Weakened::FreeSource, false)] {
         let m = checker_scene(MigrcMode::Migrc, w, clean);
         let c0 = m.bind(0).unwrap();
-        usermm::migrc::migrc_flush_free_folios(&c0);
+        usermm::migrc::migrc_flush_free_folios(&c0, usermm::vmstat::Event::MIGRC_FLUSH_WATERMARK);
         c0.idle();
         if clean {
             check_invariants(&m).unwrap();
@@ -648,7 +664,7 @@ fn a_large_folio_is_kept_only_with_migrc_large() {
         );
         c0.idle();
         check_invariants(&m).unwrap_or_else(|e| panic!("{mode:?}: {e}"));
-        usermm::migrc::migrc_flush_free_folios(&c0);
+        usermm::migrc::migrc_flush_free_folios(&c0, usermm::vmstat::Event::MIGRC_FLUSH_WATERMARK);
         for p in (a..a + LARGE).step_by(PAGE as usize) {
             assert_eq!(c0.load_u64(p).unwrap(), p);
         }

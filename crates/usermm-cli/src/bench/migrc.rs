@@ -172,6 +172,19 @@ const COUNTERS: [Event; 6] = [
     Event::NR_TLB_LOCAL_FLUSH_ONE,
 ];
 
+/// Where the shootdowns came from (model-only counts): migrations by
+/// reason, and MIGRC's forced flushes by the point that forced them; and
+/// the folios MIGRC could not defer (a dirty or writable PTE).
+const ATTRIBUTED: [Event; 7] = [
+    Event::MR_DEMOTION_REMOTE_FLUSH,
+    Event::MR_NUMA_MISPLACED_REMOTE_FLUSH,
+    Event::MIGRC_FLUSH_WP_FAULT,
+    Event::MIGRC_FLUSH_WATERMARK,
+    Event::MIGRC_FLUSH_PRESSURE,
+    Event::MIGRC_FLUSH_REFUSED,
+    Event::MIGRC_CAN_MIGRC_FAIL,
+];
+
 /// One run of one arm.
 #[derive(Clone, Copy, Default)]
 struct Sample {
@@ -183,6 +196,8 @@ struct Sample {
     luf_forced_flushes: u64,
     /// Shootdowns the NUMA scan sent (`usermm_numa_scan_remote_flush`).
     scan_remote_flushes: u64,
+    /// [`ATTRIBUTED`]'s counts.
+    attributed: [u64; ATTRIBUTED.len()],
     /// The process's time between scans (`task_scan_min`).
     scan_period_ms: u64,
     stale_reads: u64,
@@ -214,6 +229,22 @@ struct Row {
     /// so the scan's share here is far above the seed's, the same in
     /// every arm.
     usermm_numa_scan_remote_flush: u64,
+    /// Of `nr_tlb_remote_flush`, those that demotions (`MR_DEMOTION`) and
+    /// hinting-fault migrations (`MR_NUMA_MISPLACED`) sent.
+    usermm_mr_demotion_remote_flush: u64,
+    usermm_mr_numa_misplaced_remote_flush: u64,
+    /// Of `nr_tlb_remote_flush`, those MIGRC's forced flushes sent, by the
+    /// point that forced them: a write fault (`do_wp_page`), an
+    /// allocation short of its watermark with sources kept in its zone,
+    /// the allocator's slow path, a publication refused while a batched
+    /// flush was under way.
+    usermm_migrc_flush_wp_fault: u64,
+    usermm_migrc_flush_watermark: u64,
+    usermm_migrc_flush_pressure: u64,
+    usermm_migrc_flush_refused: u64,
+    /// Folios MIGRC could have deferred but for a dirty or writable PTE
+    /// (`can_migrc_fail`).
+    usermm_migrc_can_migrc_fail: u64,
     /// Medians per run of shootdowns sent, and of CPUs that handled one,
     /// per 1000 pages migrated (the migrations a run makes vary widely).
     remote_flush_per_k_migrated: f64,
@@ -531,6 +562,13 @@ fn row(arm: &'static str, ad: bool, s: &[Sample]) -> Row {
         luf_takeoff_flushes: med(&|x| x.luf_takeoff_flushes),
         luf_forced_flushes: med(&|x| x.luf_forced_flushes),
         usermm_numa_scan_remote_flush: med(&|x| x.scan_remote_flushes),
+        usermm_mr_demotion_remote_flush: med(&|x| x.attributed[0]),
+        usermm_mr_numa_misplaced_remote_flush: med(&|x| x.attributed[1]),
+        usermm_migrc_flush_wp_fault: med(&|x| x.attributed[2]),
+        usermm_migrc_flush_watermark: med(&|x| x.attributed[3]),
+        usermm_migrc_flush_pressure: med(&|x| x.attributed[4]),
+        usermm_migrc_flush_refused: med(&|x| x.attributed[5]),
+        usermm_migrc_can_migrc_fail: med(&|x| x.attributed[6]),
         remote_flush_per_k_migrated: per_k(s, 2),
         remote_flush_received_per_k_migrated: per_k(s, 3),
         remote_flush_outside_scan_per_k_migrated: super::median(outside_scan_per_k(s)),
@@ -620,6 +658,7 @@ fn run_once(m: &Machine, warmup: u64, lookups: u64) -> anyhow::Result<(Sample, u
             v.event(Event::LUF_TAKEOFF_FLUSH),
             v.event(Event::LUF_FORCED_FLUSH),
             v.event(Event::NUMA_SCAN_REMOTE_FLUSH),
+            ATTRIBUTED.map(|e| v.event(e)),
         )
     };
     let stale = AtomicU64::new(0);
@@ -681,6 +720,7 @@ fn run_once(m: &Machine, warmup: u64, lookups: u64) -> anyhow::Result<(Sample, u
         luf_takeoff_flushes: after.3 - before.3,
         luf_forced_flushes: after.4 - before.4,
         scan_remote_flushes: after.5 - before.5,
+        attributed: std::array::from_fn(|i| after.6[i] - before.6[i]),
         scan_period_ms: mm.numa_scan.period_ms.load(Relaxed),
         stale_reads: stale.load(Relaxed),
         lost_writes: lost.load(Relaxed),
@@ -919,6 +959,27 @@ fn print_table(rows: &[Row], grid_mb: u64, warmup: u64, lookups: u64, machine: &
         });
         line("  others per 1000 migrated", &|r| {
             r.remote_flush_outside_scan_per_k_migrated.round()
+        });
+        line("remote flush by demotions", &|r| {
+            r.usermm_mr_demotion_remote_flush as f64
+        });
+        line("  by hinting-fault migrations", &|r| {
+            r.usermm_mr_numa_misplaced_remote_flush as f64
+        });
+        line("  by MIGRC: write fault", &|r| {
+            r.usermm_migrc_flush_wp_fault as f64
+        });
+        line("  by MIGRC: watermark", &|r| {
+            r.usermm_migrc_flush_watermark as f64
+        });
+        line("  by MIGRC: slow path", &|r| {
+            r.usermm_migrc_flush_pressure as f64
+        });
+        line("  by MIGRC: refused", &|r| {
+            r.usermm_migrc_flush_refused as f64
+        });
+        line("folios MIGRC could not defer", &|r| {
+            r.usermm_migrc_can_migrc_fail as f64
         });
         line("pages kept (peak)", &|r| r.kept_peak as f64);
         line("LUF flushes at takeoff", &|r| r.luf_takeoff_flushes as f64);

@@ -274,8 +274,9 @@ pub trait Reclaimer: Send + Sync {
     /// plays CPU `cpu`; returns the pages reclaimed.
     fn try_to_free_pages(&self, nid: usize, order: u32, cpu: usize) -> u64;
     /// `migrc_flush_free_folios` from the calling thread, CPU `cpu`:
-    /// whether any kept MIGRC source was freed.
-    fn migrc_flush_free(&self, cpu: usize) -> bool;
+    /// whether any kept MIGRC source was freed. `why` is the model-only
+    /// event its shootdowns are counted under as well.
+    fn migrc_flush_free(&self, cpu: usize, why: Event) -> bool;
     /// `migrc_pause` (true) / `migrc_resume` (false), around the slow path.
     fn migrc_pause(&self, pause: bool);
     /// LUF: flush the TLBs of `cpumask` in full, from the calling thread,
@@ -754,7 +755,7 @@ impl PhysMem {
                         return None;
                     }
                     let r = self.reclaimer.get().and_then(|w| w.upgrade())?;
-                    r.migrc_flush_free(cpu)
+                    r.migrc_flush_free(cpu, Event::MIGRC_FLUSH_WATERMARK)
                         .then(|| self.rmqueue(node, order, cpu, mark, flags.context))
                         .flatten()
                 })
@@ -789,7 +790,7 @@ impl PhysMem {
         let _paused = reclaim.clone().map(|r| {
             r.migrc_pause(true);
             if task {
-                r.migrc_flush_free(cpu);
+                r.migrc_flush_free(cpu, Event::MIGRC_FLUSH_PRESSURE);
             }
             MigrcPaused(r)
         });
@@ -1469,7 +1470,7 @@ mod tests {
         fn try_to_free_pages(&self, _: usize, _: u32, _: usize) -> u64 {
             0
         }
-        fn migrc_flush_free(&self, _: usize) -> bool {
+        fn migrc_flush_free(&self, _: usize, _: Event) -> bool {
             self.migrc_asked.fetch_add(1, Ordering::Relaxed);
             false
         }
