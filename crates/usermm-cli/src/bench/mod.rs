@@ -40,7 +40,7 @@ pub struct BenchArgs {
     /// minimum six included: after those, further rounds go to the rows
     /// whose intervals are widest. By default each experiment's own
     /// (`--list` shows them), which keep the whole bench to about
-    /// fifteen minutes on two cores.
+    /// seventeen minutes on two cores.
     #[arg(long = "budget-s")]
     pub budget_arg: Option<u64>,
     /// The budget in force: `--budget-s`, or the experiment's own (set by
@@ -71,7 +71,7 @@ pub struct BenchArgs {
     pub lookups: u64,
     /// migrc: lookups per CPU before the measured ones, so that the pages
     /// the build left writable and dirty have cycled through the tiers
-    /// (by default six times `--lookups`).
+    /// (by default eighteen times `--lookups`).
     #[arg(long)]
     pub warmup: Option<u64>,
     /// migrc: the shootdown cost model: `off` (the default: an IPI costs
