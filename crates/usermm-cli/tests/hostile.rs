@@ -125,6 +125,8 @@ fn bench_options_are_checked_before_anything_runs() {
         &["bench", "--tunable", "zap=on"],
         &["bench", "--tunable", "zap_batch=maybe"],
         &["bench", "--tunable", "zap_batch"],
+        &["bench", "migrc", "--scan-size-mb", "0"],
+        &["bench", "migrc", "--ipi-cost", "fast"],
     ] {
         let mut c = usermm();
         c.args(args);

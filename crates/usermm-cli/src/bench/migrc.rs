@@ -155,9 +155,10 @@ const LOOKUP_CHUNK: u64 = 100;
 pub const WARMUP_FACTOR: u64 = 18;
 /// Entries read after the one found (the nuclide data).
 const NUCLIDE_READS: u64 = 4;
-/// NUMA balancing's scan size (`scan_size_mb`): the share of the grid the
-/// kernel's 256 MB was of the seed's, as near as the knob goes.
-const SCAN_SIZE_MB: u64 = 1;
+/// NUMA balancing's scan size (`scan_size_mb`) by default
+/// (`--scan-size-mb`): the share of the grid the kernel's 256 MB was of
+/// the seed's, as near as the knob goes.
+pub const SCAN_SIZE_MB: u64 = 1;
 /// Result slots per CPU (one page).
 const RESULTS: u64 = PAGE / 8;
 
@@ -478,7 +479,7 @@ fn experiment(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
                 .map_err(|e| anyhow!("{e}"))?;
             m.tunables.set_migration_entry_ad(ad);
             m.set_ipi_cost(cost.send_ns, cost.recv_ns);
-            let (s, grid) = run_once(&m, warmup(a), a.lookups)?;
+            let (s, grid) = run_once(&m, warmup(a), a.lookups, a.scan_size_mb)?;
             samples[k].push(s);
             machine_desc = m.config.to_string();
             scan_period_min_ms = m.numa.scan_period_min_ms.load(Relaxed);
@@ -515,7 +516,7 @@ fn experiment(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         .collect();
     if !a.json {
         let scan_ms = scan_period_ms(&samples);
-        print_table(&rows, grid_mb, warmup(a), a.lookups, &machine_desc, scan_ms);
+        print_table(&rows, a, grid_mb, &machine_desc, scan_ms);
         if let Some(line) = cost.describe() {
             crate::outln!("{line}\n");
         }
@@ -533,7 +534,7 @@ fn experiment(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         "scan_period_min_ms": scan_period_min_ms,
         "scan_period_max_ms": scan_period_min_ms,
         "scan_period_ms": scan_period_ms(&samples),
-        "scan_size_mb": SCAN_SIZE_MB,
+        "scan_size_mb": a.scan_size_mb,
         "ipi_cost": cost.json(),
         "seed": SEED
             .iter()
@@ -621,14 +622,19 @@ fn warmup(a: &BenchArgs) -> u64 {
 
 /// Build the grid, then run the lookups on every CPU; the counters over
 /// the lookups, and the grid's size.
-fn run_once(m: &Machine, warmup: u64, lookups: u64) -> anyhow::Result<(Sample, u64)> {
+fn run_once(
+    m: &Machine,
+    warmup: u64,
+    lookups: u64,
+    scan_size_mb: u64,
+) -> anyhow::Result<(Sample, u64)> {
     let fast = m.config.nodes[0].size_bytes;
     let grid_len = (fast + fast / 2) & !(PAGE - 1);
     m.prefault();
     m.set_demotion_enabled(true);
     m.thp.only_order(0);
     m.numa.scan_delay_ms.store(0, Relaxed);
-    m.numa.scan_size_mb.store(SCAN_SIZE_MB, Relaxed);
+    m.numa.scan_size_mb.store(scan_size_mb, Relaxed);
     // The period stays at its start (see the module doc).
     let min = m.numa.scan_period_min_ms.load(Relaxed);
     m.numa.scan_period_max_ms.store(min, Relaxed);
@@ -898,7 +904,8 @@ fn change_text(a: f64, b: f64) -> String {
     }
 }
 
-fn print_table(rows: &[Row], grid_mb: u64, warmup: u64, lookups: u64, machine: &str, scan_ms: u64) {
+fn print_table(rows: &[Row], a: &BenchArgs, grid_mb: u64, machine: &str, scan_ms: u64) {
+    let (warmup, lookups, scan_size_mb) = (warmup(a), a.lookups, a.scan_size_mb);
     crate::outln!(
         "bench migrc: {lookups} lookups per CPU measured after {warmup} to warm up, in a {grid_mb} MiB grid, NUMA balancing in tiering mode, demotion on\n"
     );
@@ -1015,7 +1022,7 @@ fn print_table(rows: &[Row], grid_mb: u64, warmup: u64, lookups: u64, machine: &
         "seed: the change MIGRC made in the seed's own run (v6.7 and v6.7 with MIGRC v8, XSBench -p 100000000 on a 16-CPU guest)"
     );
     crate::outln!(
-        "NUMA scan: {SCAN_SIZE_MB} MB every {scan_ms} ms here (the kernel's first period for this process, kept), {per_scan} pages migrated a scan with migrc off; 256 MB every 2.7 s for most of the seed's run, some 30,000 (26.8 million in under a thousand scans): its shootdowns weigh more here (\"others\" leaves them out)"
+        "NUMA scan: {scan_size_mb} MB every {scan_ms} ms here (the kernel's first period for this process, kept), {per_scan} pages migrated a scan with migrc off; 256 MB every 2.7 s for most of the seed's run, some 30,000 (26.8 million in under a thousand scans): its shootdowns weigh more here (\"others\" leaves them out)"
     );
     crate::outln!(
         "{}",

@@ -74,6 +74,11 @@ pub struct BenchArgs {
     /// (by default eighteen times `--lookups`).
     #[arg(long)]
     pub warmup: Option<u64>,
+    /// migrc: NUMA balancing's scan size in MB (`scan_size_mb`; by
+    /// default 1, which the kernel rounds up to one 2 MiB PTE table), and
+    /// with it the period (`task_scan_min`).
+    #[arg(long, default_value_t = migrc::SCAN_SIZE_MB)]
+    pub scan_size_mb: u64,
     /// migrc: the shootdown cost model: `off` (the default: an IPI costs
     /// what the model's mailbox costs), `host` (the median of seven
     /// calibrations on this host first), or `SEND_NS,RECV_NS`.
@@ -207,6 +212,9 @@ fn validate(a: &BenchArgs) -> anyhow::Result<()> {
         anyhow::bail!("--warmup must be at most {}", 1u64 << 34);
     }
     migrc::parse_ipi_cost(&a.ipi_cost)?;
+    if a.scan_size_mb == 0 || a.scan_size_mb > 1 << 20 {
+        anyhow::bail!("--scan-size-mb must be between 1 and {}", 1 << 20);
+    }
     if a.size_mb == 0 {
         anyhow::bail!("--size-mb must be at least 1");
     }
