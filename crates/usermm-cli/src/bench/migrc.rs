@@ -86,14 +86,22 @@
 //! migrations each with MIGRC off. A round here lasts seconds, in which
 //! the doubling would leave a handful of scans: `scan_period_max_ms` is
 //! set to the minimum's 1 s, and the period stays at 40 ms, 15 to 30
-//! scans a round, a few hundred migrations each. So per page migrated the
-//! model makes over a hundred times as many scans as the seed's run did,
-//! and the scan's own shootdowns, alike in every arm, weigh far more here
-//! (the table gives the others apart). No length of round would change
-//! that: a scan promotes at most the pages it hints, one PTE table's 512
-//! here where the seed's 256 MB held 65,536, and kswapd demotes as many,
-//! so the migrations a scan brings are bounded by its size, and the
-//! seed's share would take a grid of gigabytes.
+//! scans a round, a few hundred migrations each: per page migrated, over
+//! a hundred times as many scans as the seed's run made. A larger scan
+//! does not send only one or two shootdowns, though: its
+//! `flush_tlb_batched_pending` flushes the mm at every PTE table where a
+//! batch was queued since the last, and kswapd queues them throughout. A
+//! scan of 256 MB over a 255 MB grid (a 170 MiB fast node,
+//! `--scan-size-mb 256`) sent some 40 a scan, 12 per 1000 pages migrated,
+//! where the default's send 8 or so. The seed's counters do not tell its
+//! scan's shootdowns apart; the table does (`usermm_numa_scan_remote_flush`,
+//! alike in every arm), and gives the others apart. At that size `off`'s
+//! hinting-fault migrations sent shootdowns too (521 in a round, where
+//! the default's send one or none): promotions during the long scan's
+//! pending flush, whose entries count as accessible, and which MIGRC
+//! defers; there `nr_tlb_local_flush_all` fell by 63% with MIGRC (the
+//! seed's: 57.5%), where at the default's size, the scan's own local
+//! flushes being nearly all there are, it hardly moves.
 //!
 //! Why the warm-up is long: the build leaves every grid page writable and
 //! dirty, and such a page is never eligible; it becomes so once a hinting
@@ -227,10 +235,9 @@ struct Row {
     luf_takeoff_flushes: u64,
     luf_forced_flushes: u64,
     /// Of `nr_tlb_remote_flush`, those the NUMA scan sent: its own range
-    /// flushes and the batched flushes it found pending. A scan here makes
-    /// a few hundred migrations, the seed's some 30,000 (see the module doc),
-    /// so the scan's share here is far above the seed's, the same in
-    /// every arm.
+    /// flushes and the batched flushes it found pending, alike in every
+    /// arm (the seed's counters do not tell them apart: see the module
+    /// doc).
     usermm_numa_scan_remote_flush: u64,
     /// Of `nr_tlb_remote_flush`, those that demotions (`MR_DEMOTION`) and
     /// hinting-fault migrations (`MR_NUMA_MISPLACED`) sent.
@@ -1022,7 +1029,7 @@ fn print_table(rows: &[Row], a: &BenchArgs, grid_mb: u64, machine: &str, scan_ms
         "seed: the change MIGRC made in the seed's own run (v6.7 and v6.7 with MIGRC v8, XSBench -p 100000000 on a 16-CPU guest)"
     );
     crate::outln!(
-        "NUMA scan: {scan_size_mb} MB every {scan_ms} ms here (the kernel's first period for this process, kept), {per_scan} pages migrated a scan with migrc off; 256 MB every 2.7 s for most of the seed's run, some 30,000 (26.8 million in under a thousand scans): its shootdowns weigh more here (\"others\" leaves them out)"
+        "NUMA scan: {scan_size_mb} MB every {scan_ms} ms here (the kernel's first period for this process, kept), {per_scan} pages migrated a scan with migrc off; 256 MB every 2.7 s for most of the seed's run, some 30,000 (26.8 million in under a thousand scans), whose shootdowns its counters do not tell apart (\"others\" leaves the scan's out here)"
     );
     crate::outln!(
         "{}",
