@@ -96,12 +96,12 @@
 //! where the default's send 8 or so. The seed's counters do not tell its
 //! scan's shootdowns apart; the table does (`usermm_numa_scan_remote_flush`,
 //! alike in every arm), and gives the others apart. At that size `off`'s
-//! hinting-fault migrations sent shootdowns too (521 in a round, where
-//! the default's send one or none): promotions during the long scan's
-//! pending flush, whose entries count as accessible, and which MIGRC
-//! defers; there `nr_tlb_local_flush_all` fell by 63% with MIGRC (the
-//! seed's: 57.5%), where at the default's size, the scan's own local
-//! flushes being nearly all there are, it hardly moves.
+//! hinting-fault migrations sent shootdowns too (521 and 753 a round in
+//! two runs, where the default's send one or none): promotions during
+//! the long scan's pending flush, whose entries count as accessible, and
+//! which MIGRC defers; there `nr_tlb_local_flush_all` fell by 63% and 77%
+//! with MIGRC (the seed's: 57.5%), where at the default's size, the
+//! scan's own local flushes being nearly all there are, it hardly moves.
 //!
 //! Why the warm-up is long: the build leaves every grid page writable and
 //! dirty, and such a page is never eligible; it becomes so once a hinting
