@@ -40,12 +40,12 @@
 //!   its runs waiting on those slices. MIGRC skips most of those waits, so
 //!   there it migrated a third more pages than `off` (+31% to +37% in
 //!   three runs), where with two CPUs on the same two cores the two
-//!   migrated within 13% of each other (−13%, −8% and +8% in three runs).
+//!   migrated within 13% of each other (−13% to +10% in seven runs).
 //! * A scan's flush stays pending (`mm->tlb_flush_pending`, from its
 //!   mmu_gather until its own shootdown is done) for as long as those
 //!   waits last, and a promotion of a hinting entry meanwhile counts as
 //!   accessible (`pte_accessible`) and queues a flush: `off` sent 184 to
-//!   211 shootdowns per 1000 pages migrated there, 94 to 109 with two
+//!   211 shootdowns per 1000 pages migrated there, 94 to 113 with two
 //!   CPUs (the seed's: 113). MIGRC defers those of clean pages, so its
 //!   ratio to `off` looked better there than it is.
 //! * The runtime swung with how the host scheduled five threads on two
@@ -68,10 +68,11 @@
 //! starts at once. A scan covers 1 MB of the grid (`scan_size_mb`),
 //! which the kernel rounds up to the next 2 MiB boundary: one PTE table,
 //! a twelfth of the grid, where the kernel's default 256 MB was a
-//! twenty-second of the seed's grids. That default would scan the whole grid every time here, and a
-//! scan flushes the whole mm at each PTE table where it finds a batched
-//! flush pending (`flush_tlb_batched_pending`), which MIGRC's deferred
-//! flushes keep so: a dozen flushes a scan in every arm. The counters are
+//! twenty-second of the seed's grids. That default would scan the whole
+//! grid every time here, and a scan flushes the whole mm at each PTE
+//! table where it finds a batched flush pending
+//! (`flush_tlb_batched_pending`), which MIGRC's deferred flushes keep so:
+//! a dozen flushes a scan in every arm. The counters are
 //! those of the measured part, except the peak of pages kept (the whole
 //! run).
 //!
