@@ -206,6 +206,8 @@ struct Sample {
     kept_peak: u64,
     luf_takeoff_flushes: u64,
     luf_forced_flushes: u64,
+    /// LUF's flushes over the whole run, warm-up included.
+    luf_flushes_whole_run: u64,
     /// Shootdowns the NUMA scan sent (`usermm_numa_scan_remote_flush`).
     scan_remote_flushes: u64,
     /// [`ATTRIBUTED`]'s counts.
@@ -235,6 +237,8 @@ struct Row {
     /// VMAs, at `tlb_end_vma`).
     luf_takeoff_flushes: u64,
     luf_forced_flushes: u64,
+    /// The same over the whole run, warm-up included, as `kept_peak` is.
+    luf_flushes_whole_run: u64,
     /// Of `nr_tlb_remote_flush`, those the NUMA scan sent: its own range
     /// flushes and the batched flushes it found pending, alike in every
     /// arm (the seed's counters do not tell them apart: see the module
@@ -572,6 +576,7 @@ fn row(arm: &'static str, ad: bool, s: &[Sample]) -> Row {
         kept_peak: med(&|x| x.kept_peak),
         luf_takeoff_flushes: med(&|x| x.luf_takeoff_flushes),
         luf_forced_flushes: med(&|x| x.luf_forced_flushes),
+        luf_flushes_whole_run: med(&|x| x.luf_flushes_whole_run),
         usermm_numa_scan_remote_flush: med(&|x| x.scan_remote_flushes),
         usermm_mr_demotion_remote_flush: med(&|x| x.attributed[0]),
         usermm_mr_numa_misplaced_remote_flush: med(&|x| x.attributed[1]),
@@ -735,6 +740,7 @@ fn run_once(
         kept_peak: m.migrc.kept_peak(),
         luf_takeoff_flushes: after.3 - before.3,
         luf_forced_flushes: after.4 - before.4,
+        luf_flushes_whole_run: after.3 + after.4,
         scan_remote_flushes: after.5 - before.5,
         attributed: std::array::from_fn(|i| after.6[i] - before.6[i]),
         scan_period_ms: mm.numa_scan.period_ms.load(Relaxed),
