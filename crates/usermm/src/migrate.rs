@@ -434,8 +434,9 @@ fn migrate_pages_batch(
             // apart, to be owed rather than flushed if it is unmapped.
             ubc.can_migrc_init(migrc_may_defer(oncpu, run, flags, iso.folio));
             let r = migrate_folio_unmap(oncpu, iso, target, mode, flags, &mut ubc);
-            let owed = matches!(r, Unmap::Unmapped(_)) && ubc.can_migrc();
-            if matches!(r, Unmap::Unmapped(_)) && ubc.can_migrc_failed() {
+            let unmapped_now = matches!(r, Unmap::Unmapped(_));
+            let owed = unmapped_now && ubc.can_migrc();
+            if unmapped_now && ubc.can_migrc_failed() {
                 oncpu
                     .vmstat()
                     .count(oncpu.id(), Event::MIGRC_CAN_MIGRC_FAIL, 1);

@@ -184,17 +184,25 @@ const COUNTERS: [Event; 6] = [
     Event::NR_TLB_LOCAL_FLUSH_ONE,
 ];
 
-/// Where the shootdowns came from (model-only counts): migrations by
-/// reason, and MIGRC's forced flushes by the point that forced them; and
-/// the folios MIGRC could not defer (a dirty or writable PTE).
-const ATTRIBUTED: [Event; 7] = [
-    Event::MR_DEMOTION_REMOTE_FLUSH,
-    Event::MR_NUMA_MISPLACED_REMOTE_FLUSH,
-    Event::MIGRC_FLUSH_WP_FAULT,
-    Event::MIGRC_FLUSH_WATERMARK,
-    Event::MIGRC_FLUSH_PRESSURE,
-    Event::MIGRC_FLUSH_REFUSED,
-    Event::MIGRC_CAN_MIGRC_FAIL,
+/// Where the shootdowns came from (model-only counts, each a part of
+/// `nr_tlb_remote_flush`), with the table's label: those sent by
+/// migrations, by reason (`MR_DEMOTION`, `MR_NUMA_MISPLACED`), and by
+/// MIGRC's forced flushes, by the point that forced them (a write fault in
+/// `do_wp_page`, an allocation short of its watermark with sources kept
+/// in its zone, the allocator's slow path, a publication refused while a
+/// batched flush was under way); and the folios MIGRC could have deferred
+/// but for a dirty or writable PTE (`can_migrc_fail`).
+const ATTRIBUTED: [(Event, &str); 7] = [
+    (Event::MR_DEMOTION_REMOTE_FLUSH, "remote flush by demotions"),
+    (
+        Event::MR_NUMA_MISPLACED_REMOTE_FLUSH,
+        "  by hinting-fault migrations",
+    ),
+    (Event::MIGRC_FLUSH_WP_FAULT, "  by MIGRC: write fault"),
+    (Event::MIGRC_FLUSH_WATERMARK, "  by MIGRC: watermark"),
+    (Event::MIGRC_FLUSH_PRESSURE, "  by MIGRC: slow path"),
+    (Event::MIGRC_FLUSH_REFUSED, "  by MIGRC: refused"),
+    (Event::MIGRC_CAN_MIGRC_FAIL, "folios MIGRC could not defer"),
 ];
 
 /// One run of one arm.
@@ -244,22 +252,9 @@ struct Row {
     /// arm (the seed's counters do not tell them apart: see the module
     /// doc).
     usermm_numa_scan_remote_flush: u64,
-    /// Of `nr_tlb_remote_flush`, those that demotions (`MR_DEMOTION`) and
-    /// hinting-fault migrations (`MR_NUMA_MISPLACED`) sent.
-    usermm_mr_demotion_remote_flush: u64,
-    usermm_mr_numa_misplaced_remote_flush: u64,
-    /// Of `nr_tlb_remote_flush`, those MIGRC's forced flushes sent, by the
-    /// point that forced them: a write fault (`do_wp_page`), an
-    /// allocation short of its watermark with sources kept in its zone,
-    /// the allocator's slow path, a publication refused while a batched
-    /// flush was under way.
-    usermm_migrc_flush_wp_fault: u64,
-    usermm_migrc_flush_watermark: u64,
-    usermm_migrc_flush_pressure: u64,
-    usermm_migrc_flush_refused: u64,
-    /// Folios MIGRC could have deferred but for a dirty or writable PTE
-    /// (`can_migrc_fail`).
-    usermm_migrc_can_migrc_fail: u64,
+    /// [`ATTRIBUTED`]'s medians, each under its event's name.
+    #[serde(flatten)]
+    attributed: std::collections::BTreeMap<&'static str, u64>,
     /// Medians per run of shootdowns sent, and of CPUs that handled one,
     /// per 1000 pages migrated (the migrations a run makes vary widely).
     remote_flush_per_k_migrated: f64,
@@ -578,13 +573,11 @@ fn row(arm: &'static str, ad: bool, s: &[Sample]) -> Row {
         luf_forced_flushes: med(&|x| x.luf_forced_flushes),
         luf_flushes_whole_run: med(&|x| x.luf_flushes_whole_run),
         usermm_numa_scan_remote_flush: med(&|x| x.scan_remote_flushes),
-        usermm_mr_demotion_remote_flush: med(&|x| x.attributed[0]),
-        usermm_mr_numa_misplaced_remote_flush: med(&|x| x.attributed[1]),
-        usermm_migrc_flush_wp_fault: med(&|x| x.attributed[2]),
-        usermm_migrc_flush_watermark: med(&|x| x.attributed[3]),
-        usermm_migrc_flush_pressure: med(&|x| x.attributed[4]),
-        usermm_migrc_flush_refused: med(&|x| x.attributed[5]),
-        usermm_migrc_can_migrc_fail: med(&|x| x.attributed[6]),
+        attributed: ATTRIBUTED
+            .iter()
+            .enumerate()
+            .map(|(i, (e, _))| (e.name(), med(&|x| x.attributed[i])))
+            .collect(),
         remote_flush_per_k_migrated: per_k(s, 2),
         remote_flush_received_per_k_migrated: per_k(s, 3),
         remote_flush_outside_scan_per_k_migrated: super::median(outside_scan_per_k(s)),
@@ -679,7 +672,7 @@ fn run_once(
             v.event(Event::LUF_TAKEOFF_FLUSH),
             v.event(Event::LUF_FORCED_FLUSH),
             v.event(Event::NUMA_SCAN_REMOTE_FLUSH),
-            ATTRIBUTED.map(|e| v.event(e)),
+            ATTRIBUTED.map(|(e, _)| v.event(e)),
         )
     };
     let stale = AtomicU64::new(0);
@@ -983,27 +976,9 @@ fn print_table(rows: &[Row], a: &BenchArgs, grid_mb: u64, machine: &str, scan_ms
         line("  others per 1000 migrated", &|r| {
             r.remote_flush_outside_scan_per_k_migrated.round()
         });
-        line("remote flush by demotions", &|r| {
-            r.usermm_mr_demotion_remote_flush as f64
-        });
-        line("  by hinting-fault migrations", &|r| {
-            r.usermm_mr_numa_misplaced_remote_flush as f64
-        });
-        line("  by MIGRC: write fault", &|r| {
-            r.usermm_migrc_flush_wp_fault as f64
-        });
-        line("  by MIGRC: watermark", &|r| {
-            r.usermm_migrc_flush_watermark as f64
-        });
-        line("  by MIGRC: slow path", &|r| {
-            r.usermm_migrc_flush_pressure as f64
-        });
-        line("  by MIGRC: refused", &|r| {
-            r.usermm_migrc_flush_refused as f64
-        });
-        line("folios MIGRC could not defer", &|r| {
-            r.usermm_migrc_can_migrc_fail as f64
-        });
+        for (e, label) in ATTRIBUTED {
+            line(label, &|r| r.attributed[e.name()] as f64);
+        }
         line("pages kept (peak)", &|r| r.kept_peak as f64);
         line("LUF flushes at takeoff", &|r| r.luf_takeoff_flushes as f64);
         line("LUF forced flushes", &|r| r.luf_forced_flushes as f64);
