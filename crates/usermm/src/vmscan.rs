@@ -824,6 +824,7 @@ mod tests {
     use crate::madvise::MADV_FREE;
     use crate::mmap::{MAP_ANONYMOUS, MAP_PRIVATE, PROT_READ, PROT_WRITE};
     use crate::{Machine, MachineConfig};
+    use std::sync::Arc;
 
     /// kswapd raises its priority after every pass that scanned less than
     /// the high watermark's worth (`kswapd_shrink_node`), not only after
@@ -835,21 +836,7 @@ mod tests {
     #[test]
     fn kswapd_raises_its_priority_until_a_pass_scans_its_target() {
         let m = Machine::new(MachineConfig::two_tiers(16 << 20, 64 << 20, 2)).unwrap();
-        m.thp.only_order(0);
-        let c = m.bind(0).unwrap();
-        let mm = c.new_mm().unwrap();
-        // The fast node filled to its low watermark (the rest on the slow
-        // one) with anon pages kswapd cannot reclaim (no demotion), then
-        // made lazyfree: clean, old, on the inactive file list.
-        let len = 20 << 20;
-        let a = c
-            .mmap(0, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS)
-            .unwrap();
-        for p in (a..a + len).step_by(crate::phys::PAGE_SIZE as usize) {
-            c.store_u64(p, p).unwrap();
-        }
-        m.kswapd_quiesce();
-        c.madvise(a, len, MADV_FREE).unwrap();
+        let (c, mm) = fill_fast_node_with_lazyfree(&m);
         // A second CPU that ran the mm: each batch's unmap is one
         // shootdown.
         let c1 = m.bind(1).unwrap();
@@ -869,5 +856,44 @@ mod tests {
             "{reclaimed} pages in {batches} batches"
         );
         crate::check::check_invariants(&m).unwrap();
+    }
+
+    /// `pageoutrun` counts every run of kswapd: `balance_pgdat` counts it
+    /// before its first look at the node, so a run that finds the node
+    /// balanced and reclaims nothing counts as one that reclaims does.
+    #[test]
+    fn pageoutrun_counts_every_kswapd_run_balanced_or_not() {
+        let m = Machine::new(MachineConfig::two_tiers(16 << 20, 64 << 20, 2)).unwrap();
+        let runs = || m.vmstat().event(Event::PAGEOUTRUN);
+        let (c, _mm) = fill_fast_node_with_lazyfree(&m);
+        assert!(!pgdat_balanced(&c, 0));
+        let before = runs();
+        assert!(balance_pgdat(&c, 0).is_some_and(|n| n > 0));
+        assert_eq!(runs() - before, 1, "a run that reclaimed");
+        assert!(pgdat_balanced(&c, 0));
+        assert_eq!(balance_pgdat(&c, 0), None);
+        assert_eq!(balance_pgdat(&c, 0), None);
+        assert_eq!(runs() - before, 3, "and two that found the node balanced");
+        crate::check::check_invariants(&m).unwrap();
+    }
+
+    /// The fast node filled to its low watermark (the rest on the slow
+    /// one) with anon pages kswapd cannot reclaim (no demotion), then
+    /// made lazyfree: clean, old, on the inactive file list. kswapd is
+    /// idle on return.
+    fn fill_fast_node_with_lazyfree(m: &Machine) -> (OnCpu<'_>, Arc<crate::mm::Mm>) {
+        m.thp.only_order(0);
+        let c = m.bind(0).unwrap();
+        let mm = c.new_mm().unwrap();
+        let len = 20 << 20;
+        let a = c
+            .mmap(0, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS)
+            .unwrap();
+        for p in (a..a + len).step_by(crate::phys::PAGE_SIZE as usize) {
+            c.store_u64(p, p).unwrap();
+        }
+        m.kswapd_quiesce();
+        c.madvise(a, len, MADV_FREE).unwrap();
+        (c, mm)
     }
 }

@@ -109,6 +109,9 @@ impl PhysMem {
     /// The nodes of `configs`, for CPUs on the nodes `cpu_node` gives.
     pub fn new(configs: &[NodeConfig], cpu_node: &[usize]) -> KResult<PhysMem> {
         let nr_cpus = cpu_node.len();
+        // Every zone is ZONE_NORMAL: all of memory is low memory, which
+        // sizes the machine's reserve (`calculate_min_free_kbytes`).
+        let lowmem_pages = configs.iter().map(|c| c.size_bytes >> PAGE_SHIFT).sum();
         let mut nodes = Vec::with_capacity(configs.len());
         for (id, c) in configs.iter().enumerate() {
             let nr_pages = c.size_bytes >> PAGE_SHIFT;
@@ -119,7 +122,7 @@ impl PhysMem {
             let arena = arena::Arena::new((nr_pages << PAGE_SHIFT) as usize)?;
             let memmap: Box<[Page]> = (0..nr_pages).map(|_| Page::default()).collect();
             let node_cpus = cpu_node.iter().filter(|&&n| n == id).count();
-            let zone = Zone::new(nr_pages, nr_cpus, node_cpus);
+            let zone = Zone::new(nr_pages, lowmem_pages, nr_cpus, node_cpus);
             nodes.push(Node {
                 id,
                 tier: c.tier,

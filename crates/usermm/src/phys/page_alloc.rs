@@ -37,10 +37,21 @@
 //!
 //! # Watermarks
 //!
-//! `min`, `low` and `high` follow `__setup_per_zone_wmarks` with
-//! `min_free_kbytes = 4 * sqrt(lowmem_kbytes)`. An allocation that would take
-//! the zone below `min` fails (there is no reclaim yet, so no slow path): the
-//! caller sees ENOMEM or falls back to a smaller order.
+//! `calculate_min_free_kbytes` sizes one reserve for the whole machine,
+//! `int_sqrt(16 * lowmem_kbytes)` clamped to [128 KiB, 256 MiB], and
+//! `__setup_per_zone_wmarks` gives each zone the share of it that its pages
+//! are of all the pages ([`zone_watermarks`]): `min` is that share, and
+//! `low`, `high` and `promo` each one step more, a step being a quarter of
+//! `min` or `watermark_scale_factor` (10 per 10,000) of the zone's pages,
+//! whichever is larger. So a small node beside a large one gets a small
+//! reserve, as on the host, not the reserve a machine of its size alone
+//! would have. Every zone here is `ZONE_NORMAL` (the highmem and movable
+//! zones' own minimum is not modelled), and the reserve is the one set at
+//! boot: the sysctls that change it later (`vm.min_free_kbytes`,
+//! `vm.watermark_scale_factor`, and the larger minimum khugepaged
+//! recommends for THP) are not modelled. An allocation that would take the
+//! zone below `low` goes to the slow path, which wakes kswapd and may
+//! reclaim (see [`PhysMem::alloc_pages`]).
 
 use super::memmap::{pg, LIST_NONE};
 use super::{Node, Pfn, PhysMem, MAX_PAGE_ORDER, NODE_PFN_SHIFT};
@@ -232,8 +243,8 @@ pub struct Zone {
     pcp: Box<[CachePadded<Mutex<PerCpuPages>>]>,
     /// Who takes the zone lock (the pcp refills and drains do).
     line: LineWriters,
-    /// `_watermark[WMARK_MIN..=WMARK_HIGH]`, in pages.
-    pub watermark: [u64; 3],
+    /// `_watermark[WMARK_MIN..=WMARK_PROMO]`, in pages.
+    pub watermark: [u64; NR_WMARK],
     /// `pcp->high_min` and `high_max` (`zone_highsize`): the zone's low
     /// watermark, and an eighth of its pages, split between the CPUs.
     pcp_high: [u64; 2],
@@ -254,6 +265,34 @@ pub struct Zone {
 pub const WMARK_MIN: Option<usize> = Some(0);
 pub const WMARK_LOW: Option<usize> = Some(1);
 pub const WMARK_HIGH: Option<usize> = Some(2);
+/// `NR_WMARK`: min, low, high and promo.
+const NR_WMARK: usize = 4;
+/// `watermark_scale_factor`'s default: a step between watermarks is at
+/// least this many ten-thousandths of the zone.
+const WATERMARK_SCALE_FACTOR: u64 = 10;
+
+/// `calculate_min_free_kbytes`: the machine's reserve, from all its
+/// low-memory pages (`nr_free_buffer_pages` at boot, when no watermark is
+/// set yet).
+pub fn calculate_min_free_kbytes(lowmem_pages: u64) -> u64 {
+    let lowmem_kbytes = lowmem_pages * (super::PAGE_SIZE >> 10);
+    (lowmem_kbytes * 16).isqrt().clamp(128, 262_144)
+}
+
+/// `__setup_per_zone_wmarks` for one `ZONE_NORMAL` zone of `managed` pages
+/// among `lowmem_pages`: its `_watermark[]`, min to promo. The kernel's
+/// step is computed with `mult_frac`, which this equals.
+pub fn zone_watermarks(
+    min_free_kbytes: u64,
+    managed: u64,
+    lowmem_pages: u64,
+    watermark_scale_factor: u64,
+) -> [u64; NR_WMARK] {
+    let pages_min = min_free_kbytes >> (super::PAGE_SHIFT - 10);
+    let min = pages_min * managed / lowmem_pages.max(1);
+    let step = (min >> 2).max(managed * watermark_scale_factor / 10_000);
+    [min, min + step, min + 2 * step, min + 3 * step]
+}
 
 /// MIGRC paused for as long as the slow path runs (`migrc_resume` as it
 /// drops).
@@ -325,17 +364,19 @@ fn pcp_index(order: u32) -> Option<usize> {
 }
 
 impl Zone {
-    /// A zone of `nr_pages` on a machine of `nr_cpus` CPUs, `node_cpus` of
-    /// them on this node.
-    pub(super) fn new(nr_pages: u64, nr_cpus: usize, node_cpus: usize) -> Zone {
-        let kbytes = nr_pages * 4;
-        let min_free_kbytes = (4 * (kbytes as f64).sqrt() as u64).clamp(128, 262_144);
-        let min = min_free_kbytes / 4;
-        let step = (min / 4).max(nr_pages * 10 / 10_000);
+    /// A zone of `nr_pages` among the machine's `lowmem_pages`, on a
+    /// machine of `nr_cpus` CPUs, `node_cpus` of them on this node.
+    pub(super) fn new(nr_pages: u64, lowmem_pages: u64, nr_cpus: usize, node_cpus: usize) -> Zone {
+        let watermark = zone_watermarks(
+            calculate_min_free_kbytes(lowmem_pages),
+            nr_pages,
+            lowmem_pages,
+            WATERMARK_SCALE_FACTOR,
+        );
         // zone_highsize: the node's CPUs and every online one share it.
         let split = (node_cpus + nr_cpus).max(1) as u64;
         let highsize = |total: u64| (total / split).max(PCP_BATCH << 2);
-        let pcp_high = [highsize(min + step), highsize(nr_pages / 8)];
+        let pcp_high = [highsize(watermark[1]), highsize(nr_pages / 8)];
         Zone {
             free_area: CachePadded::new(Mutex::new(FreeArea {
                 free: [FreeList::EMPTY; NR_ORDERS],
@@ -353,7 +394,7 @@ impl Zone {
                 })
                 .collect(),
             line: LineWriters::new(),
-            watermark: [min, min + step, min + 2 * step],
+            watermark,
             pcp_high,
             below_high: Default::default(),
             migrc_pending: AtomicU64::new(0),
@@ -429,8 +470,7 @@ impl Zone {
     /// watermark, to which kswapd reclaims in NUMA balancing's tiering
     /// mode (room for promotions).
     pub fn promo_wmark_pages(&self) -> u64 {
-        let [_, low, high] = self.watermark;
-        high + (high - low)
+        self.watermark[3]
     }
 
     /// Whether the zone's free pages are above watermark `mark`
@@ -1684,5 +1724,118 @@ mod tests {
             "a task did not flush"
         );
         m.nodes[0].zone.migrc_pending.store(0, Ordering::Relaxed);
+    }
+
+    #[test]
+    fn the_reserve_is_sized_for_the_machine_and_shared_by_zone_size() {
+        // A 4 GiB machine: int_sqrt(16 * 4 Mi kB) = 8192 kB; the clamps at
+        // both ends.
+        assert_eq!(calculate_min_free_kbytes(1 << 20), 8192);
+        assert_eq!(calculate_min_free_kbytes(256), 128);
+        assert_eq!(calculate_min_free_kbytes(1 << 40), 262_144);
+        // The bench's tiers, 16 MiB beside 64 MiB: 1144 kB for both,
+        // 286 pages, a fifth of them on the small node, whose step is a
+        // quarter of that (its scale factor gives 4 pages).
+        let m = PhysMem::new(
+            &[
+                NodeConfig {
+                    size_bytes: 16 << 20,
+                    tier: Tier::Dram,
+                    has_cpus: true,
+                },
+                NodeConfig {
+                    size_bytes: 64 << 20,
+                    tier: Tier::Slow,
+                    has_cpus: false,
+                },
+            ],
+            &[0, 0],
+        )
+        .unwrap();
+        assert_eq!(m.nodes[0].zone.watermark, [57, 71, 85, 99]);
+        assert_eq!(m.nodes[1].zone.watermark, [228, 285, 342, 399]);
+        assert_eq!(m.nodes[0].zone.promo_wmark_pages(), 99);
+        // Alone, the small node keeps the reserve of a 16 MiB machine.
+        assert_eq!(mem(16).nodes[0].zone.watermark, [128, 160, 192, 224]);
+    }
+
+    /// The host's zones, from `/proc/zoneinfo`: name, min, low, high,
+    /// promo and managed pages.
+    fn host_zones() -> Vec<(String, [u64; 5])> {
+        let Ok(text) = std::fs::read_to_string("/proc/zoneinfo") else {
+            return vec![];
+        };
+        let mut zones: Vec<(String, [u64; 5])> = vec![];
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("Node ") {
+                let name = rest.rsplit(' ').next().unwrap_or("").to_string();
+                zones.push((name, [u64::MAX; 5]));
+                continue;
+            }
+            let mut words = line.split_whitespace();
+            let (Some(key), Some(value), None) = (words.next(), words.next(), words.next()) else {
+                continue;
+            };
+            let i = match key {
+                "min" => 0,
+                "low" => 1,
+                "high" => 2,
+                "promo" => 3,
+                "managed" => 4,
+                _ => continue,
+            };
+            if let (Some(z), Ok(v)) = (zones.last_mut(), value.parse()) {
+                if z.1[i] == u64::MAX {
+                    z.1[i] = v;
+                }
+            }
+        }
+        zones
+    }
+
+    /// The host kernel is the oracle: its watermarks, from its own
+    /// `min_free_kbytes` and `watermark_scale_factor` (which the host may
+    /// have raised from the boot value), are what [`zone_watermarks`]
+    /// gives for each of its low-memory zones. A boosted zone
+    /// (`watermark_boost`, after a fragmenting fallback) shows every
+    /// mark raised by its boost, so the steps are compared exactly and
+    /// `min` from below.
+    #[test]
+    fn zone_watermarks_agree_with_the_host_kernel() {
+        let sysctl = |name: &str| -> Option<u64> {
+            std::fs::read_to_string(format!("/proc/sys/vm/{name}"))
+                .ok()?
+                .trim()
+                .parse()
+                .ok()
+        };
+        let (Some(min_free_kbytes), Some(scale)) =
+            (sysctl("min_free_kbytes"), sysctl("watermark_scale_factor"))
+        else {
+            eprintln!("no /proc/sys/vm here: nothing to compare with");
+            return;
+        };
+        let lowmem: Vec<_> = host_zones()
+            .into_iter()
+            .filter(|(name, v)| ["DMA", "DMA32", "Normal"].contains(&&**name) && v[4] > 0)
+            .collect();
+        assert!(
+            lowmem.iter().all(|(_, v)| v.iter().all(|&x| x != u64::MAX)),
+            "unreadable zoneinfo: {lowmem:?}"
+        );
+        let lowmem_pages = lowmem.iter().map(|(_, v)| v[4]).sum();
+        for (name, host) in &lowmem {
+            let model = zone_watermarks(min_free_kbytes, host[4], lowmem_pages, scale);
+            let steps = |w: &[u64]| [w[1] - w[0], w[2] - w[1], w[3] - w[2]];
+            assert_eq!(
+                steps(host),
+                steps(&model),
+                "zone {name}: host {host:?}, model {model:?}"
+            );
+            assert!(
+                host[0] >= model[0],
+                "zone {name}: host {host:?}, model {model:?}"
+            );
+        }
     }
 }
