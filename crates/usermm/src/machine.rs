@@ -202,30 +202,57 @@ impl ThpMode {
 
 /// `/sys/kernel/mm/transparent_hugepage/enabled` and the per-size
 /// `hugepages-<size>kB/enabled` files, changeable while the machine runs.
+/// Each store is followed, as sysfs's is, by `start_stop_khugepaged`,
+/// whose part the model keeps is the reserve: while 2 MiB THPs are
+/// enabled the machine keeps the larger one khugepaged recommends
+/// ([`PhysMem::set_recommended_min_free_kbytes`]).
 pub struct ThpKnobs {
     enabled: AtomicU8,
     per_order: [AtomicU8; 10],
     /// `transparent_hugepage/use_zero_page`: read faults in THP-eligible
     /// ranges map the huge zero page.
     pub use_zero_page: AtomicBool,
+    /// The memory whose reserve follows the knobs.
+    mem: Arc<PhysMem>,
 }
 
-impl Default for ThpKnobs {
+impl ThpKnobs {
     /// The kernel's defaults with `CONFIG_TRANSPARENT_HUGEPAGE_MADVISE`:
-    /// top level `madvise`, 2 MiB `inherit`, the other sizes `never`.
-    fn default() -> Self {
+    /// top level `madvise`, 2 MiB `inherit`, the other sizes `never`; and
+    /// the reserve set for them, as `hugepage_init` starts khugepaged at
+    /// boot.
+    fn new(mem: Arc<PhysMem>) -> Self {
         let k = ThpKnobs {
             enabled: AtomicU8::new(ThpMode::Madvise as u8),
             per_order: std::array::from_fn(|_| AtomicU8::new(ThpMode::Never as u8)),
             use_zero_page: AtomicBool::new(true),
+            mem,
         };
         k.per_order[crate::phys::HPAGE_PMD_ORDER as usize]
             .store(ThpMode::Inherit as u8, Ordering::Relaxed);
+        k.start_stop_khugepaged();
         k
     }
-}
 
-impl ThpKnobs {
+    /// `hugepage_pmd_enabled`: 2 MiB anonymous THPs may be made, by
+    /// their own knob or by the top level's through `inherit`. (The
+    /// kernel also counts shmem's and read-only file THPs, which the
+    /// model has not.)
+    pub fn hugepage_pmd_enabled(&self) -> bool {
+        match self.order(crate::phys::HPAGE_PMD_ORDER) {
+            ThpMode::Always | ThpMode::Madvise => true,
+            ThpMode::Inherit => self.enabled() != ThpMode::Never,
+            ThpMode::Never => false,
+        }
+    }
+
+    /// `start_stop_khugepaged`, after every store to a knob: the model
+    /// has no khugepaged thread to start or stop, only its reserve.
+    fn start_stop_khugepaged(&self) {
+        self.mem
+            .set_recommended_min_free_kbytes(self.hugepage_pmd_enabled());
+    }
+
     pub fn enabled(&self) -> ThpMode {
         ThpMode::from_u8(self.enabled.load(Ordering::Relaxed))
     }
@@ -235,6 +262,7 @@ impl ThpKnobs {
             return Err(Errno::EINVAL);
         }
         self.enabled.store(mode as u8, Ordering::Relaxed);
+        self.start_stop_khugepaged();
         Ok(())
     }
     pub fn order(&self, order: u32) -> ThpMode {
@@ -246,6 +274,7 @@ impl ThpKnobs {
             return Err(Errno::EINVAL);
         }
         self.per_order[order as usize].store(mode as u8, Ordering::Relaxed);
+        self.start_stop_khugepaged();
         Ok(())
     }
     /// Set one size to `always` and every other to `never`, the top level to
@@ -262,6 +291,7 @@ impl ThpKnobs {
                 Ordering::Relaxed,
             );
         }
+        self.start_stop_khugepaged();
     }
 }
 
@@ -366,9 +396,9 @@ impl Machine {
             })
             .collect();
         let m = Arc::new(Machine {
+            thp: ThpKnobs::new(mem.clone()),
             mem,
             cpus,
-            thp: ThpKnobs::default(),
             tunables: Tunables::default(),
             overcommit,
             zero_pfn,

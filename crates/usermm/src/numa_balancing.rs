@@ -572,7 +572,7 @@ fn pgdat_free_space_enough(oncpu: &OnCpu, nid: usize) -> bool {
 /// high watermark.
 fn migrate_balanced_pgdat(oncpu: &OnCpu, nid: usize, nr: u64) -> bool {
     let z = &oncpu.mem().nodes[nid].zone;
-    z.nr_free_for_watermark() > z.watermark[2] + nr
+    z.nr_free_for_watermark() > z.wmark(2) + nr
 }
 
 /// What [`do_numa_page`] decided for a hinting fault's folio.

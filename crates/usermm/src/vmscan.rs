@@ -262,7 +262,7 @@ pub fn balance_pgdat(oncpu: &OnCpu, nid: usize) -> Option<u64> {
 /// it scanned (or reclaimed) that many, so that the priority may stay.
 fn kswapd_shrink_node(oncpu: &OnCpu, nid: usize, sc: &mut ScanControl) -> bool {
     let before = sc.nr_reclaimed;
-    let high = oncpu.mem().nodes[nid].zone.watermark[2];
+    let high = oncpu.mem().nodes[nid].zone.wmark(2);
     sc.nr_to_reclaim = high.max(SWAP_CLUSTER_MAX);
     shrink_node(oncpu, nid, sc);
     sc.nr_scanned.max(sc.nr_reclaimed - before) >= sc.nr_to_reclaim

@@ -570,13 +570,17 @@ fn stores_survive_migration_demotion_and_promotion() {
 /// A THP whose destination node has no free 2 MiB block is split, and its
 /// pages migrate one by one (`thp_migration_split`): the destination node
 /// is filled by another process's 4 KiB pages, every other one of which is
-/// then freed, so that it has room but no large block.
+/// then freed, so that it has room but no large block. The fill runs with
+/// THPs disabled, so that what it leaves below the min watermark (the
+/// machine's own reserve, some 250 pages on node 1) cannot hold a 2 MiB block,
+/// as khugepaged's larger reserve for THPs (1,635 pages there) would.
 #[test]
 fn a_thp_without_a_destination_block_is_split_and_moves() {
     use usermm::madvise::{MADV_DONTNEED, MADV_NOHUGEPAGE};
     use usermm::mempolicy::MPOL_BIND;
     let m = tiered();
-    m.thp.set_enabled(usermm::ThpMode::Always).unwrap();
+    m.thp.only_order(0);
+    assert!(m.mem.nodes[1].zone.wmark(0) < 512);
     // The filler, bound to node 1, in 4 KiB pages until it is full.
     let c1 = m.bind(1).unwrap();
     c1.new_mm().unwrap();
@@ -595,6 +599,12 @@ fn a_thp_without_a_destination_block_is_split_and_moves() {
             .unwrap();
     }
     c1.idle();
+    // THPs enabled: the reserve is raised, and node 1 keeps its holes
+    // above the new low watermark.
+    m.thp.set_enabled(usermm::ThpMode::Always).unwrap();
+    m.thp.set_order(9, usermm::ThpMode::Inherit).unwrap();
+    let node1 = &m.mem.nodes[1].zone;
+    assert!(node1.nr_free_pages() > node1.wmark(1) + 512);
     // The mover, with one PMD-mapped THP on node 0.
     let c = m.bind(0).unwrap();
     let mm = c.new_mm().unwrap();

@@ -103,15 +103,16 @@ pub struct PhysMem {
     reclaimer: crate::sync::OnceLock<std::sync::Weak<dyn page_alloc::Reclaimer>>,
     /// LUF's generations and batches ([`luf`]).
     pub luf: luf::Luf,
+    /// `min_free_kbytes`, the reserve the zones' watermarks share; its
+    /// lock serialises setting it with setting the watermarks from it
+    /// (the kernel's `khugepaged_mutex` and `setup_per_zone_wmarks`'s lock).
+    min_free_kbytes: crate::sync::Mutex<u64>,
 }
 
 impl PhysMem {
     /// The nodes of `configs`, for CPUs on the nodes `cpu_node` gives.
     pub fn new(configs: &[NodeConfig], cpu_node: &[usize]) -> KResult<PhysMem> {
         let nr_cpus = cpu_node.len();
-        // Every zone is ZONE_NORMAL: all of memory is low memory, which
-        // sizes the machine's reserve (`calculate_min_free_kbytes`).
-        let lowmem_pages = configs.iter().map(|c| c.size_bytes >> PAGE_SHIFT).sum();
         let mut nodes = Vec::with_capacity(configs.len());
         for (id, c) in configs.iter().enumerate() {
             let nr_pages = c.size_bytes >> PAGE_SHIFT;
@@ -122,7 +123,7 @@ impl PhysMem {
             let arena = arena::Arena::new((nr_pages << PAGE_SHIFT) as usize)?;
             let memmap: Box<[Page]> = (0..nr_pages).map(|_| Page::default()).collect();
             let node_cpus = cpu_node.iter().filter(|&&n| n == id).count();
-            let zone = Zone::new(nr_pages, lowmem_pages, nr_cpus, node_cpus);
+            let zone = Zone::new(nr_pages, nr_cpus, node_cpus);
             nodes.push(Node {
                 id,
                 tier: c.tier,
@@ -145,7 +146,10 @@ impl PhysMem {
             lru_disable_count: crate::sync::AtomicU32::new(0),
             reclaimer: crate::sync::OnceLock::new(),
             luf: luf::Luf::new(nr_cpus),
+            min_free_kbytes: crate::sync::Mutex::new(0),
         };
+        // `init_per_zone_wmark_min`, before any watermark is set.
+        mem.calculate_min_free_kbytes();
         for node in &mem.nodes {
             page_alloc::init_free_area(&mem, node);
         }

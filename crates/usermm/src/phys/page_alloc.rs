@@ -25,7 +25,10 @@
 //!
 //! The free lists and every `PG_buddy` descriptor are guarded by the zone lock
 //! (`zone->lock`); a pcp list by its own lock (the kernel disables preemption
-//! and takes `pcp->lock`). Lock order: pcp lock, then zone lock.
+//! and takes `pcp->lock`). Lock order: pcp lock, then zone lock. The
+//! reserve's lock (`min_free_kbytes`) is taken only by a change of the THP
+//! knobs, never inside the allocator, and before the pcp locks, whose
+//! `high` it clamps to the new limits.
 //!
 //! The zone lock and the free count (`NR_FREE_PAGES`) each sit on a cache
 //! line of their own, away from the read-mostly watermarks, as the kernel
@@ -45,11 +48,14 @@
 //! `min` or `watermark_scale_factor` (10 per 10,000) of the zone's pages,
 //! whichever is larger. So a small node beside a large one gets a small
 //! reserve, as on the host, not the reserve a machine of its size alone
-//! would have. Every zone here is `ZONE_NORMAL` (the highmem and movable
-//! zones' own minimum is not modelled), and the reserve is the one set at
-//! boot: the sysctls that change it later (`vm.min_free_kbytes`,
-//! `vm.watermark_scale_factor`, and the larger minimum khugepaged
-//! recommends for THP) are not modelled. An allocation that would take the
+//! would have. While 2 MiB THPs are enabled (the default knobs, `madvise`
+//! with 2 MiB `inherit`), khugepaged raises the reserve to what it
+//! recommends for them ([`recommended_min_free_kbytes`]: 11 pageblocks a
+//! zone, at most 5% of memory), and every change of the THP knobs sets it
+//! again, lowering it to the machine's own once they are disabled, as the
+//! host does. Every zone here is `ZONE_NORMAL` (the highmem and movable
+//! zones' own minimum is not modelled); the sysctls `vm.min_free_kbytes`
+//! and `vm.watermark_scale_factor` are not modelled. An allocation that would take the
 //! zone below `low` goes to the slow path, which wakes kswapd and may
 //! reclaim (see [`PhysMem::alloc_pages`]).
 
@@ -243,11 +249,18 @@ pub struct Zone {
     pcp: Box<[CachePadded<Mutex<PerCpuPages>>]>,
     /// Who takes the zone lock (the pcp refills and drains do).
     line: LineWriters,
-    /// `_watermark[WMARK_MIN..=WMARK_PROMO]`, in pages.
-    pub watermark: [u64; NR_WMARK],
+    /// `_watermark[WMARK_MIN..=WMARK_PROMO]`, in pages: set again whenever
+    /// the reserve changes, and read without a lock, as the kernel's
+    /// `READ_ONCE`s do (a check may see the old marks or the new).
+    watermark: [AtomicU64; NR_WMARK],
     /// `pcp->high_min` and `high_max` (`zone_highsize`): the zone's low
-    /// watermark, and an eighth of its pages, split between the CPUs.
-    pcp_high: [u64; 2],
+    /// watermark, and an eighth of its pages, split between the CPUs;
+    /// set with the watermarks.
+    pcp_high: [AtomicU64; 2],
+    /// The zone's pages (`zone_managed_pages`).
+    managed: u64,
+    /// Who shares the pcp limits: the node's CPUs and every online one.
+    pcp_split: u64,
     /// `ZONE_BELOW_HIGH`: an allocation found the zone at or below its high
     /// watermark; the pcp lists shrink on their frees until a drain finds
     /// it above again.
@@ -271,12 +284,27 @@ const NR_WMARK: usize = 4;
 /// least this many ten-thousandths of the zone.
 const WATERMARK_SCALE_FACTOR: u64 = 10;
 
-/// `calculate_min_free_kbytes`: the machine's reserve, from all its
-/// low-memory pages (`nr_free_buffer_pages` at boot, when no watermark is
-/// set yet).
-pub fn calculate_min_free_kbytes(lowmem_pages: u64) -> u64 {
+/// The reserve `calculate_min_free_kbytes` gives a machine of
+/// `lowmem_pages`: `int_sqrt(16 * kB)`, clamped.
+pub fn min_free_kbytes_for(lowmem_pages: u64) -> u64 {
     let lowmem_kbytes = lowmem_pages * (super::PAGE_SIZE >> 10);
     (lowmem_kbytes * 16).isqrt().clamp(128, 262_144)
+}
+
+/// `MIGRATE_PCPTYPES`: unmovable, movable and reclaimable.
+const MIGRATE_PCPTYPES: u64 = 3;
+
+/// The reserve khugepaged recommends (`set_recommended_min_free_kbytes`)
+/// for `nr_zones` zones of `lowmem_pages` above their high watermarks:
+/// two free pageblocks a zone, and a pageblock a zone for each pair of
+/// the three migrate types, so that fallbacks between types find blocks
+/// nearly free; never more than 5% of those pages. A pageblock is a PMD's
+/// worth on x86-64.
+pub fn recommended_min_free_kbytes(nr_zones: u64, lowmem_pages: u64) -> u64 {
+    let pageblock = 1u64 << super::HPAGE_PMD_ORDER;
+    let pages =
+        pageblock * nr_zones * 2 + pageblock * nr_zones * MIGRATE_PCPTYPES * MIGRATE_PCPTYPES;
+    pages.min(lowmem_pages / 20) << (super::PAGE_SHIFT - 10)
 }
 
 /// `__setup_per_zone_wmarks` for one `ZONE_NORMAL` zone of `managed` pages
@@ -292,6 +320,63 @@ pub fn zone_watermarks(
     let min = pages_min * managed / lowmem_pages.max(1);
     let step = (min >> 2).max(managed * watermark_scale_factor / 10_000);
     [min, min + step, min + 2 * step, min + 3 * step]
+}
+
+impl PhysMem {
+    /// `min_free_kbytes`: the reserve the watermarks are set from now.
+    pub fn min_free_kbytes(&self) -> u64 {
+        *self.min_free_kbytes.lock()
+    }
+
+    /// `nr_free_buffer_pages`: the pages of every zone above its high
+    /// watermark (all of them at boot, before the watermarks are set).
+    pub fn nr_free_buffer_pages(&self) -> u64 {
+        self.nodes
+            .iter()
+            .map(|n| n.nr_pages.saturating_sub(n.zone.wmark(2)))
+            .sum()
+    }
+
+    /// `calculate_min_free_kbytes` and `setup_per_zone_wmarks`: the
+    /// reserve for the machine's size (there is no `vm.min_free_kbytes`
+    /// sysctl here to have set another).
+    pub(super) fn calculate_min_free_kbytes(&self) {
+        let mut kb = self.min_free_kbytes.lock();
+        *kb = min_free_kbytes_for(self.nr_free_buffer_pages());
+        self.setup_per_zone_wmarks(*kb);
+    }
+
+    /// `set_recommended_min_free_kbytes`, whenever the THP knobs change:
+    /// while 2 MiB THPs are enabled (`pmd_enabled`) the reserve is raised
+    /// to khugepaged's recommendation where that is larger; otherwise it
+    /// is computed afresh for the machine's size, which lowers a raised
+    /// one. Either way the watermarks are set again.
+    pub fn set_recommended_min_free_kbytes(&self, pmd_enabled: bool) {
+        if !pmd_enabled {
+            return self.calculate_min_free_kbytes();
+        }
+        let mut kb = self.min_free_kbytes.lock();
+        let recommended =
+            recommended_min_free_kbytes(self.nodes.len() as u64, self.nr_free_buffer_pages());
+        *kb = (*kb).max(recommended);
+        self.setup_per_zone_wmarks(*kb);
+    }
+
+    /// `setup_per_zone_wmarks`: every zone's watermarks from the reserve
+    /// (every zone here is `ZONE_NORMAL`, so all of memory is low memory),
+    /// and then its pcp limits, which follow the low watermark
+    /// (`zone_pcp_update`).
+    fn setup_per_zone_wmarks(&self, min_free_kbytes: u64) {
+        let lowmem_pages = self.nodes.iter().map(|n| n.nr_pages).sum();
+        for n in &self.nodes {
+            n.zone.set_watermarks(zone_watermarks(
+                min_free_kbytes,
+                n.nr_pages,
+                lowmem_pages,
+                WATERMARK_SCALE_FACTOR,
+            ));
+        }
+    }
 }
 
 /// MIGRC paused for as long as the slow path runs (`migrc_resume` as it
@@ -364,19 +449,12 @@ fn pcp_index(order: u32) -> Option<usize> {
 }
 
 impl Zone {
-    /// A zone of `nr_pages` among the machine's `lowmem_pages`, on a
-    /// machine of `nr_cpus` CPUs, `node_cpus` of them on this node.
-    pub(super) fn new(nr_pages: u64, lowmem_pages: u64, nr_cpus: usize, node_cpus: usize) -> Zone {
-        let watermark = zone_watermarks(
-            calculate_min_free_kbytes(lowmem_pages),
-            nr_pages,
-            lowmem_pages,
-            WATERMARK_SCALE_FACTOR,
-        );
-        // zone_highsize: the node's CPUs and every online one share it.
-        let split = (node_cpus + nr_cpus).max(1) as u64;
-        let highsize = |total: u64| (total / split).max(PCP_BATCH << 2);
-        let pcp_high = [highsize(watermark[1]), highsize(nr_pages / 8)];
+    /// A zone of `nr_pages` on a machine of `nr_cpus` CPUs, `node_cpus` of
+    /// them on this node. Its watermarks are zero until the machine's
+    /// reserve sets them ([`PhysMem::setup_per_zone_wmarks`]).
+    pub(super) fn new(nr_pages: u64, nr_cpus: usize, node_cpus: usize) -> Zone {
+        let pcp_split = (node_cpus + nr_cpus).max(1) as u64;
+        let pcp_high = [PCP_BATCH << 2; 2];
         Zone {
             free_area: CachePadded::new(Mutex::new(FreeArea {
                 free: [FreeList::EMPTY; NR_ORDERS],
@@ -394,18 +472,53 @@ impl Zone {
                 })
                 .collect(),
             line: LineWriters::new(),
-            watermark,
-            pcp_high,
+            watermark: Default::default(),
+            pcp_high: pcp_high.map(AtomicU64::new),
+            managed: nr_pages,
+            pcp_split,
             below_high: Default::default(),
             migrc_pending: AtomicU64::new(0),
         }
+    }
+
+    /// `_watermark[mark]`.
+    pub fn wmark(&self, mark: usize) -> u64 {
+        self.watermark[mark].load(Ordering::Relaxed)
+    }
+
+    /// The watermarks, min to promo.
+    pub fn watermarks(&self) -> [u64; NR_WMARK] {
+        std::array::from_fn(|i| self.wmark(i))
+    }
+
+    /// Set the watermarks, and the pcp limits that follow the low one
+    /// (`zone_highsize`: a share of it, and of an eighth of the zone,
+    /// for each CPU that may use the lists).
+    fn set_watermarks(&self, marks: [u64; NR_WMARK]) {
+        for (w, m) in self.watermark.iter().zip(marks) {
+            w.store(m, Ordering::Relaxed);
+        }
+        let highsize = |total: u64| (total / self.pcp_split).max(PCP_BATCH << 2);
+        let [high_min, high_max] = [highsize(marks[1]), highsize(self.managed / 8)];
+        self.pcp_high[0].store(high_min, Ordering::Relaxed);
+        self.pcp_high[1].store(high_max, Ordering::Relaxed);
+        // Each list's tuned `high` stays within the new limits.
+        for pcp in self.pcp.iter() {
+            let mut pcp = pcp.lock();
+            pcp.high = pcp.high.clamp(high_min, high_max);
+        }
+    }
+
+    /// `pcp->high_min` and `high_max`.
+    fn pcp_high(&self) -> [u64; 2] {
+        self.pcp_high.each_ref().map(|h| h.load(Ordering::Relaxed))
     }
 
     /// `nr_pcp_alloc`: how many pages a refill of an `order` list takes.
     /// Order 0 scales with `alloc_factor` and raises `high` toward its
     /// maximum, unless the zone is below its high watermark.
     fn nr_pcp_alloc(&self, pcp: &mut PerCpuPages, order: u32) -> u64 {
-        let [high_min, high_max] = self.pcp_high;
+        let [high_min, high_max] = self.pcp_high();
         let batch = if order == 0 {
             PCP_BATCH << pcp.alloc_factor
         } else {
@@ -433,7 +546,7 @@ impl Zone {
     /// `high`: lowered by what was freed lately while the zone is below
     /// its high watermark, raised to hold a batch of frees otherwise.
     fn nr_pcp_high(&self, pcp: &mut PerCpuPages) -> u64 {
-        let [high_min, high_max] = self.pcp_high;
+        let [high_min, high_max] = self.pcp_high();
         pcp.high = pcp.high.clamp(high_min, high_max);
         let high = pcp.high;
         if high_min == high_max {
@@ -470,7 +583,7 @@ impl Zone {
     /// watermark, to which kswapd reclaims in NUMA balancing's tiering
     /// mode (room for promotions).
     pub fn promo_wmark_pages(&self) -> u64 {
-        self.watermark[3]
+        self.wmark(3)
     }
 
     /// Whether the zone's free pages are above watermark `mark`
@@ -505,7 +618,7 @@ impl Zone {
     /// shared word, no lock).
     fn watermark_fast(&self, order: u32, mark: usize) -> bool {
         let free = self.nr_free_for_watermark() as i64 - ((1i64 << order) - 1);
-        free > self.watermark[mark] as i64
+        free > self.wmark(mark) as i64
     }
 
     /// `__zone_watermark_ok` against `mark` (None: any free block will do),
@@ -527,7 +640,7 @@ impl Zone {
         let Some(mark) = mark else {
             return (order as usize..NR_ORDERS).any(|o| area.nr_free[o] > 0);
         };
-        if free <= self.watermark[mark] as i64 {
+        if free <= self.wmark(mark) as i64 {
             return false;
         }
         order == 0 || (order as usize..NR_ORDERS).any(|o| area.nr_free[o] > 0)
@@ -540,7 +653,7 @@ impl Zone {
     fn non_luf_pages_ok(&self) -> bool {
         let free = self.nr_free.load(Ordering::Relaxed);
         let luf = self.nr_luf_pages.load(Ordering::Relaxed);
-        free.saturating_sub(luf) > self.watermark[0]
+        free.saturating_sub(luf) > self.wmark(0)
     }
 
     /// `account_freepages`: `NR_FREE_PAGES` moves by `pages`, once for a
@@ -1334,7 +1447,7 @@ mod tests {
     fn pcp_refills_grow_while_a_cpu_only_allocates() {
         let m = mem(256);
         let zone = &m.nodes[0].zone;
-        let [high_min, high_max] = zone.pcp_high;
+        let [high_min, high_max] = zone.pcp_high();
         assert!(high_min < high_max, "{high_min} {high_max}");
         let pcp = |f: &dyn Fn(&PerCpuPages) -> u64| f(&zone.pcp[0].lock());
         let mut got = vec![];
@@ -1389,7 +1502,7 @@ mod tests {
     fn pcp_high_falls_below_the_high_watermark() {
         let m = mem(64);
         let zone = &m.nodes[0].zone;
-        let [high_min, _] = zone.pcp_high;
+        let [high_min, _] = zone.pcp_high();
         zone.pcp[0].lock().high = high_min * 4;
         let mut got = vec![];
         while let Some(pfn) = m.alloc_pages(0, 0, 0, AllocFlags::default()) {
@@ -1431,7 +1544,7 @@ mod tests {
         assert_eq!(free_frames, m.nr_free_pages());
         // Allocation stopped at the min watermark, not at zero.
         let free = m.nodes[0].zone.nr_free_buddy();
-        assert!(free <= m.nodes[0].zone.watermark[0] + 4, "free {free}");
+        assert!(free <= m.nodes[0].zone.wmark(0) + 4, "free {free}");
         assert!(free > 0);
     }
 
@@ -1730,9 +1843,9 @@ mod tests {
     fn the_reserve_is_sized_for_the_machine_and_shared_by_zone_size() {
         // A 4 GiB machine: int_sqrt(16 * 4 Mi kB) = 8192 kB; the clamps at
         // both ends.
-        assert_eq!(calculate_min_free_kbytes(1 << 20), 8192);
-        assert_eq!(calculate_min_free_kbytes(256), 128);
-        assert_eq!(calculate_min_free_kbytes(1 << 40), 262_144);
+        assert_eq!(min_free_kbytes_for(1 << 20), 8192);
+        assert_eq!(min_free_kbytes_for(256), 128);
+        assert_eq!(min_free_kbytes_for(1 << 40), 262_144);
         // The bench's tiers, 16 MiB beside 64 MiB: 1144 kB for both,
         // 286 pages, a fifth of them on the small node, whose step is a
         // quarter of that (its scale factor gives 4 pages).
@@ -1752,11 +1865,52 @@ mod tests {
             &[0, 0],
         )
         .unwrap();
-        assert_eq!(m.nodes[0].zone.watermark, [57, 71, 85, 99]);
-        assert_eq!(m.nodes[1].zone.watermark, [228, 285, 342, 399]);
+        assert_eq!(m.nodes[0].zone.watermarks(), [57, 71, 85, 99]);
+        assert_eq!(m.nodes[1].zone.watermarks(), [228, 285, 342, 399]);
         assert_eq!(m.nodes[0].zone.promo_wmark_pages(), 99);
         // Alone, the small node keeps the reserve of a 16 MiB machine.
-        assert_eq!(mem(16).nodes[0].zone.watermark, [128, 160, 192, 224]);
+        assert_eq!(mem(16).nodes[0].zone.watermarks(), [128, 160, 192, 224]);
+    }
+
+    /// khugepaged's reserve follows the THP knobs, as the host's does (on
+    /// the host, enabling 2 MiB THPs raised `min_free_kbytes` to 11
+    /// pageblocks for each of its three zones, 67,584 kB, and disabling
+    /// them brought the earlier value back).
+    #[test]
+    fn the_reserve_follows_the_thp_knobs() {
+        use crate::machine::ThpMode;
+        let m =
+            crate::Machine::new(crate::MachineConfig::two_tiers(16 << 20, 64 << 20, 2)).unwrap();
+        let marks = |nid: usize| m.mem.nodes[nid].zone.watermarks();
+        // The default knobs enable 2 MiB THPs. At boot, as the kernel's
+        // initcalls go, the machine's own reserve is set first (1144 kB),
+        // and then khugepaged's: 11 pageblocks for each of two zones,
+        // capped at a twentieth of the 20,053 pages above the high
+        // watermarks, 1002 pages.
+        assert!(m.thp.hugepage_pmd_enabled());
+        assert_eq!(m.mem.min_free_kbytes(), 4008);
+        assert_eq!(marks(0), [200, 250, 300, 350]);
+        assert_eq!(marks(1), [801, 1001, 1201, 1401]);
+        // Disabled: the machine's own reserve, from the pages above the
+        // high watermarks now (18,979), so below the boot value.
+        m.thp.only_order(0);
+        assert!(!m.thp.hugepage_pmd_enabled());
+        assert_eq!(m.mem.min_free_kbytes(), 1102);
+        assert_eq!(marks(0), [55, 68, 81, 94]);
+        // The top level alone does not enable them while 2 MiB is `never`
+        // (the reserve is computed again, from the pages above the lower
+        // marks).
+        m.thp.set_enabled(ThpMode::Always).unwrap();
+        assert!(!m.thp.hugepage_pmd_enabled());
+        assert_eq!(m.mem.min_free_kbytes(), 1133);
+        m.thp
+            .set_order(crate::phys::HPAGE_PMD_ORDER, ThpMode::Inherit)
+            .unwrap();
+        assert_eq!(m.mem.min_free_kbytes(), 4008);
+        // The pcp lists' limits follow the low watermark, shared by the
+        // machine's two CPUs (node 1 has none of its own).
+        let [high_min, _] = m.mem.nodes[1].zone.pcp_high();
+        assert_eq!(high_min, 1001 / 2);
     }
 
     /// The host's zones, from `/proc/zoneinfo`: name, min, low, high,
