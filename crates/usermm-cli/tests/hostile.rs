@@ -127,6 +127,8 @@ fn bench_options_are_checked_before_anything_runs() {
         &["bench", "--tunable", "zap_batch"],
         &["bench", "migrc", "--scan-size-mb", "0"],
         &["bench", "migrc", "--ipi-cost", "fast"],
+        &["bench", "migrc", "--thp", "inherit"],
+        &["bench", "migrc", "--thp", "sometimes"],
     ] {
         let mut c = usermm();
         c.args(args);

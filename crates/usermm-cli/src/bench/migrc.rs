@@ -76,6 +76,23 @@
 //! those of the measured part, except the peak of pages kept (the whole
 //! run).
 //!
+//! The reserve: THP is at the kernel's default (`madvise`, with 2 MiB at
+//! `inherit`; `--thp` sets the top level). That leaves the grid, which is
+//! not madvised, in 4 KiB folios, but has khugepaged raise
+//! `min_free_kbytes` to what it recommends for THPs: 4,008 kB here, of
+//! which node 0's share gives it watermarks of 200, 250, 300 and 350
+//! pages (min, low, high, promo). kswapd reclaims the high watermark's
+//! worth a pass, and a promotion needs room above the high watermark, so
+//! the reserve sets both how many pages a demotion batch flushes at once
+//! and how many promotions fit between kswapd's runs. With `--thp never`
+//! the machine's own reserve (1,102 kB: 55, 68, 81 and 94 pages) made a
+//! round migrate 1,688 pages where `madvise` made it migrate 4,134, and
+//! `off` send 136 shootdowns per 1000 pages migrated where `madvise` made
+//! it send 82 (one run of six rounds each). The seed's guest, 1 GiB beside
+//! 8 GiB, had a reserve of 12,288 kB without THPs (its fast node's high
+//! watermark some 865 pages) and some 90,000 kB with them (some 3,750);
+//! which it ran is not said.
+//!
 //! The scan period starts as the kernel's does (`task_scan_min`, at its
 //! default `scan_period_min_ms` of 1 s): the second shared among the 25
 //! scans of 1 MB that cover what the process has resident (the grid and
@@ -118,8 +135,9 @@
 //! measured lookups to warm up, a `migrc` round still demoted 118 pages
 //! not eligible in its measured part, whose flushes were most of its 37
 //! demotion shootdowns; with eighteen times, 9 pages and 6 shootdowns
-//! (medians of six rounds), which leaves the scan's as nearly all that
-//! MIGRC sends. Eighteen times is the default, the measured part so being
+//! (medians of six rounds; both while each node had the reserve of a
+//! machine of its size, and with the default reserve now 12 and 9), which
+//! leaves the scan's as most of what MIGRC sends. Eighteen times is the default, the measured part so being
 //! the steady state that most of the seed's run was. `--warmup` sets it.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -131,7 +149,7 @@ use serde::Serialize;
 use usermm::mmap::{MAP_ANONYMOUS, MAP_PRIVATE, PROT_READ, PROT_WRITE};
 use usermm::numa_balancing::NUMA_BALANCING_MEMORY_TIERING;
 use usermm::vmstat::Event;
-use usermm::{Machine, MachineConfig, OnCpu};
+use usermm::{Machine, MachineConfig, OnCpu, ThpMode};
 
 use super::stats::{self, Estimate, Rounds};
 use super::{progress, BenchArgs};
@@ -457,6 +475,7 @@ fn experiment(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); arms.len()];
     let pb = progress("migrc", (Rounds::expected(a.runs()) * arms.len()) as u64);
     let mut machine_desc = String::new();
+    let mut reserve = (0, [0; 4]);
     let mut grid_mb = 0;
     let mut scan_period_min_ms = 0;
     // The index of `off` with the same migration_entry_ad.
@@ -486,9 +505,10 @@ fn experiment(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
                 .map_err(|e| anyhow!("{e}"))?;
             m.tunables.set_migration_entry_ad(ad);
             m.set_ipi_cost(cost.send_ns, cost.recv_ns);
-            let (s, grid) = run_once(&m, warmup(a), a.lookups, a.scan_size_mb)?;
+            let (s, grid) = run_once(&m, a)?;
             samples[k].push(s);
             machine_desc = m.config.to_string();
+            reserve = (m.mem.min_free_kbytes(), m.mem.nodes[0].zone.watermarks());
             scan_period_min_ms = m.numa.scan_period_min_ms.load(Relaxed);
             grid_mb = grid >> 20;
             pb.inc(1);
@@ -523,7 +543,12 @@ fn experiment(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         .collect();
     if !a.json {
         let scan_ms = scan_period_ms(&samples);
-        print_table(&rows, a, grid_mb, &machine_desc, scan_ms);
+        let [min, low, high, promo] = reserve.1;
+        let machine = format!(
+            "{machine_desc}; THP {}, min_free_kbytes {} kB, node 0's watermarks min {min}, low {low}, high {high}, promo {promo} pages",
+            a.thp, reserve.0
+        );
+        print_table(&rows, a, grid_mb, &machine, scan_ms);
         if let Some(line) = cost.describe() {
             crate::outln!("{line}\n");
         }
@@ -542,6 +567,9 @@ fn experiment(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         "scan_period_max_ms": scan_period_min_ms,
         "scan_period_ms": scan_period_ms(&samples),
         "scan_size_mb": a.scan_size_mb,
+        "thp": a.thp,
+        "min_free_kbytes": reserve.0,
+        "fast_node_watermarks": reserve.1,
         "ipi_cost": cost.json(),
         "seed": SEED
             .iter()
@@ -626,21 +654,27 @@ fn warmup(a: &BenchArgs) -> u64 {
     a.warmup.unwrap_or(WARMUP_FACTOR * a.lookups)
 }
 
+/// `--thp`: a top-level THP mode (`inherit` is not one).
+pub fn parse_thp(s: &str) -> anyhow::Result<ThpMode> {
+    ThpMode::parse(s)
+        .filter(|&m| m != ThpMode::Inherit)
+        .ok_or_else(|| anyhow!("--thp must be never, madvise or always, not {s:?}"))
+}
+
 /// Build the grid, then run the lookups on every CPU; the counters over
 /// the lookups, and the grid's size.
-fn run_once(
-    m: &Machine,
-    warmup: u64,
-    lookups: u64,
-    scan_size_mb: u64,
-) -> anyhow::Result<(Sample, u64)> {
+fn run_once(m: &Machine, a: &BenchArgs) -> anyhow::Result<(Sample, u64)> {
+    let (warmup, lookups) = (warmup(a), a.lookups);
     let fast = m.config.nodes[0].size_bytes;
     let grid_len = (fast + fast / 2) & !(PAGE - 1);
     m.prefault();
     m.set_demotion_enabled(true);
-    m.thp.only_order(0);
+    // Setting the mode sets the reserve, and the watermarks, with it.
+    m.thp
+        .set_enabled(parse_thp(&a.thp)?)
+        .map_err(|e| anyhow!("thp: {e}"))?;
     m.numa.scan_delay_ms.store(0, Relaxed);
-    m.numa.scan_size_mb.store(scan_size_mb, Relaxed);
+    m.numa.scan_size_mb.store(a.scan_size_mb, Relaxed);
     // The period stays at its start (see the module doc).
     let min = m.numa.scan_period_min_ms.load(Relaxed);
     m.numa.scan_period_max_ms.store(min, Relaxed);

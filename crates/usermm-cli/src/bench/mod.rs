@@ -84,6 +84,14 @@ pub struct BenchArgs {
     /// calibrations on this host first), or `SEND_NS,RECV_NS`.
     #[arg(long, default_value = "off")]
     pub ipi_cost: String,
+    /// migrc: THP's top-level mode (`transparent_hugepage/enabled`, with
+    /// 2 MiB at `inherit`): `madvise` (the kernel's default: the grid, not
+    /// madvised, is in 4 KiB folios, and while 2 MiB THPs are enabled
+    /// khugepaged's larger reserve sets the watermarks), `never` (the
+    /// machine's own reserve) or `always` (the grid in THPs, which MIGRC
+    /// does not defer).
+    #[arg(long, default_value = "madvise")]
+    pub thp: String,
     /// Folder for the results (JSON and SVG per experiment).
     #[arg(long, default_value = "results")]
     pub out: PathBuf,
@@ -212,6 +220,7 @@ fn validate(a: &BenchArgs) -> anyhow::Result<()> {
         anyhow::bail!("--warmup must be at most {}", 1u64 << 34);
     }
     migrc::parse_ipi_cost(&a.ipi_cost)?;
+    migrc::parse_thp(&a.thp)?;
     if a.scan_size_mb == 0 || a.scan_size_mb > 1 << 20 {
         anyhow::bail!("--scan-size-mb must be between 1 and {}", 1 << 20);
     }
