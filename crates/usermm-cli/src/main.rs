@@ -30,7 +30,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Run experiments (all of them when none is named).
-    Bench(bench::BenchArgs),
+    Bench(Box<bench::BenchArgs>),
     /// Run a scenario file in usermm, or with --native on the host kernel.
     /// Exit status: 0 every expectation held, 1 one failed, 2 malformed
     /// file, 3 skipped (host knobs could not be set), 4 unreadable file.
@@ -212,7 +212,7 @@ fn main() {
 
 fn run_command(cmd: Cmd) -> anyhow::Result<i32> {
     match cmd {
-        Cmd::Bench(a) => bench::run(a).map(|()| 0),
+        Cmd::Bench(a) => bench::run(*a).map(|()| 0),
         Cmd::Run(a) => run_scenario(a),
         Cmd::Inspect(a) => inspect(a),
         Cmd::Report(a) => report::run(a),
