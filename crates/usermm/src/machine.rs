@@ -214,22 +214,40 @@ pub struct ThpKnobs {
     pub use_zero_page: AtomicBool,
     /// The memory whose reserve follows the knobs.
     mem: Arc<PhysMem>,
+    /// `khugepaged_mutex`: the knobs are read, and the reserve set from
+    /// them, under it, so that of two stores the last one's reserve is
+    /// the one that stays.
+    khugepaged_mutex: Mutex<()>,
 }
+
+/// `hugepage_init`: a machine with less memory than this boots with THPs
+/// disabled, "where the extra memory used could hurt more than TLB
+/// overhead is likely to save".
+const THP_MIN_TOTALRAM: u64 = 512 << 20;
 
 impl ThpKnobs {
     /// The kernel's defaults with `CONFIG_TRANSPARENT_HUGEPAGE_MADVISE`:
     /// top level `madvise`, 2 MiB `inherit`, the other sizes `never`; and
     /// the reserve set for them, as `hugepage_init` starts khugepaged at
-    /// boot.
+    /// boot. A machine of less than 512 MiB boots as `hugepage_init`
+    /// leaves it: every flag clear (top level `never`, no huge zero page)
+    /// and khugepaged not started, so with the machine's own reserve.
     fn new(mem: Arc<PhysMem>) -> Self {
         let k = ThpKnobs {
             enabled: AtomicU8::new(ThpMode::Madvise as u8),
             per_order: std::array::from_fn(|_| AtomicU8::new(ThpMode::Never as u8)),
             use_zero_page: AtomicBool::new(true),
             mem,
+            khugepaged_mutex: Mutex::new(()),
         };
         k.per_order[crate::phys::HPAGE_PMD_ORDER as usize]
             .store(ThpMode::Inherit as u8, Ordering::Relaxed);
+        let totalram: u64 = k.mem.nodes.iter().map(|n| n.nr_pages).sum();
+        if totalram << crate::phys::PAGE_SHIFT < THP_MIN_TOTALRAM {
+            k.enabled.store(ThpMode::Never as u8, Ordering::Relaxed);
+            k.use_zero_page.store(false, Ordering::Relaxed);
+            return k;
+        }
         k.start_stop_khugepaged();
         k
     }
@@ -249,6 +267,7 @@ impl ThpKnobs {
     /// `start_stop_khugepaged`, after every store to a knob: the model
     /// has no khugepaged thread to start or stop, only its reserve.
     fn start_stop_khugepaged(&self) {
+        let _khugepaged = self.khugepaged_mutex.lock();
         self.mem
             .set_recommended_min_free_kbytes(self.hugepage_pmd_enabled());
     }
@@ -278,7 +297,9 @@ impl ThpKnobs {
         Ok(())
     }
     /// Set one size to `always` and every other to `never`, the top level to
-    /// `never`: the state the folio-size benchmarks want.
+    /// `never`: the state the folio-size benchmarks want. The reserve is
+    /// set once, for the end state (through sysfs each of the writes would
+    /// set it, each from the watermarks the last left).
     pub fn only_order(&self, order: u32) {
         self.enabled.store(ThpMode::Never as u8, Ordering::Relaxed);
         for o in 2..=crate::phys::HPAGE_PMD_ORDER {

@@ -282,6 +282,12 @@ fn dontneed_zero_fills_and_free_keeps_contents() {
 fn huge_zero_page() {
     use usermm::proc::{smaps_rollup, status};
     let m = machine();
+    // A machine under 512 MiB boots with THPs and the huge zero page
+    // disabled (`hugepage_init`): the administrator enables them.
+    m.thp.set_enabled(usermm::ThpMode::Madvise).unwrap();
+    m.thp
+        .use_zero_page
+        .store(true, std::sync::atomic::Ordering::Relaxed);
     let c = m.bind(0).unwrap();
     let mm = c.new_mm().unwrap();
     let a = c.mmap(0, 6 << 20, RW, ANON).unwrap();

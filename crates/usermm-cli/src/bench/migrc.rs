@@ -35,7 +35,9 @@
 //! each target CPU's thread to take its request, which costs the
 //! mailbox's round trip while that thread has a host core of its own, and
 //! a scheduler slice (milliseconds, where an IPI costs microseconds) while
-//! it waits for one. Four CPUs on two cores, as this bench had before:
+//! it waits for one. Four CPUs on two cores, as this bench had before
+//! (figures from when each node had the reserve of a machine of its own
+//! size; see the reserve, below):
 //! * kswapd, whose demotions make the room every promotion needs, spent
 //!   its runs waiting on those slices. MIGRC skips most of those waits, so
 //!   there it migrated a third more pages than `off` (+31% to +37% in
@@ -76,12 +78,16 @@
 //! those of the measured part, except the peak of pages kept (the whole
 //! run).
 //!
-//! The reserve: THP is at the kernel's default (`madvise`, with 2 MiB at
-//! `inherit`; `--thp` sets the top level). That leaves the grid, which is
-//! not madvised, in 4 KiB folios, but has khugepaged raise
-//! `min_free_kbytes` to what it recommends for THPs: 4,008 kB here, of
-//! which node 0's share gives it watermarks of 200, 250, 300 and 350
-//! pages (min, low, high, promo). kswapd reclaims the high watermark's
+//! The reserve: THP is set to `madvise` (with 2 MiB at `inherit`; `--thp`
+//! sets the top level), as a machine of the seed's size boots with a
+//! kernel built with `CONFIG_TRANSPARENT_HUGEPAGE_MADVISE`, as most
+//! distributions' are. (The kernel boots a machine under 512 MiB, like
+//! this one, with THP disabled; under the Kconfig default, `always`, the
+//! seed's grid would have been in THPs, which MIGRC does not defer.) That
+//! leaves the grid, which is not madvised, in 4 KiB folios, but has
+//! khugepaged raise `min_free_kbytes` to what it recommends for THPs:
+//! 4,008 kB here, of which node 0's share gives it watermarks of 200, 250,
+//! 300 and 350 pages (min, low, high, promo). kswapd reclaims the high watermark's
 //! worth a pass, and a promotion needs room above the high watermark, so
 //! the reserve sets both how many pages a demotion batch flushes at once
 //! and how many promotions fit between kswapd's runs. With `--thp never`
@@ -120,6 +126,12 @@
 //! which MIGRC defers; there `nr_tlb_local_flush_all` fell by 63% and 77%
 //! with MIGRC (the seed's: 57.5%), where at the default's size, the
 //! scan's own local flushes being nearly all there are, it hardly moves.
+//! (Those figures are from when each node had the reserve of a machine of
+//! its own size. With khugepaged's reserve, 43,240 kB there and node 0's
+//! high watermark 3,242 pages, one run of three rounds had MIGRC migrate
+//! nine times the pages `off` did, and `nr_tlb_local_flush_all` fall by
+//! 70%: a difference that large is not the seed's, and is not explained
+//! yet.)
 //!
 //! Why the warm-up is long: the build leaves every grid page writable and
 //! dirty, and such a page is never eligible; it becomes so once a hinting

@@ -48,12 +48,14 @@
 //! `min` or `watermark_scale_factor` (10 per 10,000) of the zone's pages,
 //! whichever is larger. So a small node beside a large one gets a small
 //! reserve, as on the host, not the reserve a machine of its size alone
-//! would have. While 2 MiB THPs are enabled (the default knobs, `madvise`
-//! with 2 MiB `inherit`), khugepaged raises the reserve to what it
-//! recommends for them ([`recommended_min_free_kbytes`]: 11 pageblocks a
-//! zone, at most 5% of memory), and every change of the THP knobs sets it
-//! again, lowering it to the machine's own once they are disabled, as the
-//! host does. Every zone here is `ZONE_NORMAL` (the highmem and movable
+//! would have. While 2 MiB THPs are enabled (the default knobs on a
+//! machine of 512 MiB or more, `madvise` with 2 MiB `inherit`), khugepaged
+//! raises the reserve to what it recommends for them
+//! ([`recommended_min_free_kbytes`]: 11 pageblocks a zone, at most 5% of
+//! the pages above the high watermarks), and every change of the THP knobs
+//! sets it again: once they are disabled it is computed afresh, from the
+//! pages above the (raised) high watermarks, which lands a little below
+//! the boot value. Every zone here is `ZONE_NORMAL` (the highmem and movable
 //! zones' own minimum is not modelled); the sysctls `vm.min_free_kbytes`
 //! and `vm.watermark_scale_factor` are not modelled. An allocation that would take the
 //! zone below `low` goes to the slow path, which wakes kswapd and may
@@ -71,7 +73,9 @@ const NR_ORDERS: usize = MAX_PAGE_ORDER as usize + 1;
 const NR_PCP_LISTS: usize = 5;
 /// `pcp->batch` (`zone_batchsize`: a quarter of the zone's pages over
 /// 1,024, at most 256, made one less than a power of two; 63 for every
-/// zone of 256 MiB or more).
+/// zone of 1 GiB or more). The model gives every zone 63, where the
+/// kernel gives a smaller zone a smaller batch (15 at 256 MiB, 1 at
+/// 16 MiB).
 const PCP_BATCH: u64 = 63;
 /// `CONFIG_PCP_BATCH_SCALE_MAX`: a refill or a drain moves at most
 /// `batch << 5` pages.
@@ -259,7 +263,8 @@ pub struct Zone {
     pcp_high: [AtomicU64; 2],
     /// The zone's pages (`zone_managed_pages`).
     managed: u64,
-    /// Who shares the pcp limits: the node's CPUs and every online one.
+    /// How many CPUs share the pcp limits: the node's own, or every CPU
+    /// of the machine where the node has none.
     pcp_split: u64,
     /// `ZONE_BELOW_HIGH`: an allocation found the zone at or below its high
     /// watermark; the pcp lists shrink on their frees until a drain finds
@@ -453,7 +458,10 @@ impl Zone {
     /// them on this node. Its watermarks are zero until the machine's
     /// reserve sets them ([`PhysMem::setup_per_zone_wmarks`]).
     pub(super) fn new(nr_pages: u64, nr_cpus: usize, node_cpus: usize) -> Zone {
-        let pcp_split = (node_cpus + nr_cpus).max(1) as u64;
+        // zone_highsize: split across the node's CPUs (its `cpu_online`
+        // is a CPU being brought up, none here), or all of them if it has
+        // none.
+        let pcp_split = if node_cpus > 0 { node_cpus } else { nr_cpus }.max(1) as u64;
         let pcp_high = [PCP_BATCH << 2; 2];
         Zone {
             free_area: CachePadded::new(Mutex::new(FreeArea {
@@ -1882,11 +1890,16 @@ mod tests {
         let m =
             crate::Machine::new(crate::MachineConfig::two_tiers(16 << 20, 64 << 20, 2)).unwrap();
         let marks = |nid: usize| m.mem.nodes[nid].zone.watermarks();
-        // The default knobs enable 2 MiB THPs. At boot, as the kernel's
-        // initcalls go, the machine's own reserve is set first (1144 kB),
-        // and then khugepaged's: 11 pageblocks for each of two zones,
-        // capped at a twentieth of the 20,053 pages above the high
+        // Under 512 MiB a machine boots with THPs disabled
+        // (`hugepage_init`), and with its own reserve.
+        assert_eq!(m.thp.enabled(), ThpMode::Never);
+        assert!(!m.thp.hugepage_pmd_enabled());
+        assert_eq!(m.mem.min_free_kbytes(), 1144);
+        assert_eq!(marks(0), [57, 71, 85, 99]);
+        // Enabled: khugepaged's reserve, 11 pageblocks for each of two
+        // zones, capped at a twentieth of the 20,053 pages above the high
         // watermarks, 1002 pages.
+        m.thp.set_enabled(ThpMode::Madvise).unwrap();
         assert!(m.thp.hugepage_pmd_enabled());
         assert_eq!(m.mem.min_free_kbytes(), 4008);
         assert_eq!(marks(0), [200, 250, 300, 350]);
@@ -1908,9 +1921,25 @@ mod tests {
             .unwrap();
         assert_eq!(m.mem.min_free_kbytes(), 4008);
         // The pcp lists' limits follow the low watermark, shared by the
-        // machine's two CPUs (node 1 has none of its own).
-        let [high_min, _] = m.mem.nodes[1].zone.pcp_high();
-        assert_eq!(high_min, 1001 / 2);
+        // node's own CPUs, or by all of them where it has none.
+        assert_eq!(m.mem.nodes[0].zone.pcp_high()[0], PCP_BATCH << 2);
+        assert_eq!(m.mem.nodes[1].zone.pcp_high()[0], 1001 / 2);
+    }
+
+    /// `hugepage_init`'s threshold: 512 MiB boots with THPs at the
+    /// defaults and khugepaged's reserve (5,632 pages for one zone), a MiB
+    /// less with THPs disabled and the machine's own.
+    #[test]
+    fn a_machine_under_512_mib_boots_with_thps_disabled() {
+        use crate::machine::ThpMode;
+        let boot = |mib: u64| crate::Machine::new(crate::MachineConfig::single_node(mib << 20, 1));
+        let m = boot(512).unwrap();
+        assert_eq!(m.thp.enabled(), ThpMode::Madvise);
+        assert_eq!(m.mem.min_free_kbytes(), 22_528);
+        let m = boot(511).unwrap();
+        assert_eq!(m.thp.enabled(), ThpMode::Never);
+        assert!(!m.thp.use_zero_page.load(Ordering::Relaxed));
+        assert_eq!(m.mem.min_free_kbytes(), 2893);
     }
 
     /// The host's zones, from `/proc/zoneinfo`: name, min, low, high,
