@@ -4,9 +4,42 @@ use std::time::Instant;
 
 const THP: &str = "/sys/kernel/mm/transparent_hugepage";
 
+const MIN_FREE_KBYTES: &str = "/proc/sys/vm/min_free_kbytes";
+
+/// The host's `min_free_kbytes` from before its THP knobs were changed.
+/// Enabling 2 MiB THPs raises it (khugepaged's recommended reserve);
+/// disabling them computes it afresh, unless the administrator has set
+/// it (`vm.min_free_kbytes`), in which case the kernel keeps the raised
+/// value. [`MinFreeKbytes::put_back`] writes the old value back only in
+/// that case: where the kernel has lowered it by itself, a write would
+/// make the value the administrator's.
+#[derive(Clone, Copy)]
+pub struct MinFreeKbytes(Option<u64>);
+
+impl MinFreeKbytes {
+    pub fn read() -> MinFreeKbytes {
+        MinFreeKbytes(
+            std::fs::read_to_string(MIN_FREE_KBYTES)
+                .ok()
+                .and_then(|s| s.trim().parse().ok()),
+        )
+    }
+
+    /// After the THP knobs were put back: the old reserve, if the host
+    /// kept a larger one.
+    pub fn put_back(self) {
+        if let (Some(old), MinFreeKbytes(Some(now))) = (self.0, MinFreeKbytes::read()) {
+            if now > old {
+                let _ = std::fs::write(MIN_FREE_KBYTES, old.to_string());
+            }
+        }
+    }
+}
+
 /// Host mTHP knobs set for one folio size, restored on drop.
 pub struct HostKnobs {
     saved: Vec<(String, String)>,
+    min_free_kbytes: MinFreeKbytes,
 }
 
 fn read_mode(path: &str) -> Option<String> {
@@ -24,6 +57,7 @@ impl HostKnobs {
         for kb in [16u64, 32, 64, 128, 256, 512, 1024, 2048] {
             files.push(format!("{THP}/hugepages-{kb}kB/enabled"));
         }
+        let min_free_kbytes = MinFreeKbytes::read();
         let mut saved = vec![];
         for f in &files {
             saved.push((
@@ -31,7 +65,10 @@ impl HostKnobs {
                 read_mode(f).ok_or_else(|| format!("cannot read {f}"))?,
             ));
         }
-        let k = HostKnobs { saved };
+        let k = HostKnobs {
+            saved,
+            min_free_kbytes,
+        };
         for (f, old) in &k.saved {
             let want = if f.ends_with(&format!("hugepages-{folio_kb}kB/enabled")) {
                 "always"
@@ -74,6 +111,7 @@ impl Drop for HostKnobs {
                 crate::knob_guard::restored(f);
             }
         }
+        self.min_free_kbytes.put_back();
     }
 }
 

@@ -84,6 +84,8 @@ pub struct HostBackend {
     cur: String,
     fifo_seq: usize,
     saved_knobs: Vec<(String, String)>,
+    /// The host's reserve from before the first knob changed.
+    min_free_kbytes: Option<crate::native::MinFreeKbytes>,
     _lock: File,
     /// The write end of the lifeline pipe: dropped last, when every server
     /// has exited; its close sends the servers' group SIGIO.
@@ -185,6 +187,7 @@ impl HostBackend {
             cur: "main".into(),
             fifo_seq: 0,
             saved_knobs: vec![],
+            min_free_kbytes: None,
             _lock: lock,
             _lifeline: life_w,
         };
@@ -284,6 +287,8 @@ impl HostBackend {
     /// settings are restored in reverse order when the run ends.
     fn remember(&mut self, path: String, old: String) {
         if !self.saved_knobs.iter().any(|(p, _)| p == &path) {
+            self.min_free_kbytes
+                .get_or_insert_with(crate::native::MinFreeKbytes::read);
             crate::knob_guard::changing(&path, &old);
             self.saved_knobs.push((path, old));
         }
@@ -535,6 +540,9 @@ impl Drop for HostBackend {
             if std::fs::write(&p, v).is_ok() {
                 crate::knob_guard::restored(&p);
             }
+        }
+        if let Some(m) = self.min_free_kbytes.take() {
+            m.put_back();
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
