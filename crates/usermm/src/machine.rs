@@ -242,8 +242,7 @@ impl ThpKnobs {
         };
         k.per_order[crate::phys::HPAGE_PMD_ORDER as usize]
             .store(ThpMode::Inherit as u8, Ordering::Relaxed);
-        let totalram: u64 = k.mem.nodes.iter().map(|n| n.nr_pages).sum();
-        if totalram << crate::phys::PAGE_SHIFT < THP_MIN_TOTALRAM {
+        if k.mem.nr_pages() << crate::phys::PAGE_SHIFT < THP_MIN_TOTALRAM {
             k.enabled.store(ThpMode::Never as u8, Ordering::Relaxed);
             k.use_zero_page.store(false, Ordering::Relaxed);
             return k;

@@ -105,7 +105,7 @@ pub struct PhysMem {
     pub luf: luf::Luf,
     /// `min_free_kbytes`, the reserve the zones' watermarks share; its
     /// lock serialises setting it with setting the watermarks from it
-    /// (the kernel's `khugepaged_mutex` and `setup_per_zone_wmarks`'s lock).
+    /// (`setup_per_zone_wmarks`'s lock).
     min_free_kbytes: crate::sync::Mutex<u64>,
 }
 
@@ -123,7 +123,7 @@ impl PhysMem {
             let arena = arena::Arena::new((nr_pages << PAGE_SHIFT) as usize)?;
             let memmap: Box<[Page]> = (0..nr_pages).map(|_| Page::default()).collect();
             let node_cpus = cpu_node.iter().filter(|&&n| n == id).count();
-            let zone = Zone::new(nr_pages, nr_cpus, node_cpus);
+            let zone = Zone::new(nr_cpus, node_cpus);
             nodes.push(Node {
                 id,
                 tier: c.tier,

@@ -57,9 +57,9 @@
 //! pages above the (raised) high watermarks, which lands a little below
 //! the boot value. Every zone here is `ZONE_NORMAL` (the highmem and movable
 //! zones' own minimum is not modelled); the sysctls `vm.min_free_kbytes`
-//! and `vm.watermark_scale_factor` are not modelled. An allocation that would take the
-//! zone below `low` goes to the slow path, which wakes kswapd and may
-//! reclaim (see [`PhysMem::alloc_pages`]).
+//! and `vm.watermark_scale_factor` are not modelled. An allocation that
+//! would take the zone below `low` goes to the slow path, which wakes
+//! kswapd and may reclaim (see [`PhysMem::alloc_pages`]).
 
 use super::memmap::{pg, LIST_NONE};
 use super::{Node, Pfn, PhysMem, MAX_PAGE_ORDER, NODE_PFN_SHIFT};
@@ -261,8 +261,6 @@ pub struct Zone {
     /// watermark, and an eighth of its pages, split between the CPUs;
     /// set with the watermarks.
     pcp_high: [AtomicU64; 2],
-    /// The zone's pages (`zone_managed_pages`).
-    managed: u64,
     /// How many CPUs share the pcp limits: the node's own, or every CPU
     /// of the machine where the node has none.
     pcp_split: u64,
@@ -372,14 +370,15 @@ impl PhysMem {
     /// and then its pcp limits, which follow the low watermark
     /// (`zone_pcp_update`).
     fn setup_per_zone_wmarks(&self, min_free_kbytes: u64) {
-        let lowmem_pages = self.nodes.iter().map(|n| n.nr_pages).sum();
+        let lowmem_pages = self.nr_pages();
         for n in &self.nodes {
-            n.zone.set_watermarks(zone_watermarks(
+            let marks = zone_watermarks(
                 min_free_kbytes,
                 n.nr_pages,
                 lowmem_pages,
                 WATERMARK_SCALE_FACTOR,
-            ));
+            );
+            n.zone.set_watermarks(marks, n.nr_pages);
         }
     }
 }
@@ -454,10 +453,10 @@ fn pcp_index(order: u32) -> Option<usize> {
 }
 
 impl Zone {
-    /// A zone of `nr_pages` on a machine of `nr_cpus` CPUs, `node_cpus` of
-    /// them on this node. Its watermarks are zero until the machine's
-    /// reserve sets them ([`PhysMem::setup_per_zone_wmarks`]).
-    pub(super) fn new(nr_pages: u64, nr_cpus: usize, node_cpus: usize) -> Zone {
+    /// A zone on a machine of `nr_cpus` CPUs, `node_cpus` of them on this
+    /// node. Its watermarks are zero until the machine's reserve sets them
+    /// ([`PhysMem::setup_per_zone_wmarks`]).
+    pub(super) fn new(nr_cpus: usize, node_cpus: usize) -> Zone {
         // zone_highsize: split across the node's CPUs (its `cpu_online`
         // is a CPU being brought up, none here), or all of them if it has
         // none.
@@ -482,7 +481,6 @@ impl Zone {
             line: LineWriters::new(),
             watermark: Default::default(),
             pcp_high: pcp_high.map(AtomicU64::new),
-            managed: nr_pages,
             pcp_split,
             below_high: Default::default(),
             migrc_pending: AtomicU64::new(0),
@@ -499,15 +497,15 @@ impl Zone {
         std::array::from_fn(|i| self.wmark(i))
     }
 
-    /// Set the watermarks, and the pcp limits that follow the low one
-    /// (`zone_highsize`: a share of it, and of an eighth of the zone,
-    /// for each CPU that may use the lists).
-    fn set_watermarks(&self, marks: [u64; NR_WMARK]) {
+    /// Set the watermarks of this zone of `managed` pages, and the pcp
+    /// limits that follow the low one (`zone_highsize`: a share of it, and
+    /// of an eighth of the zone, for each CPU that may use the lists).
+    fn set_watermarks(&self, marks: [u64; NR_WMARK], managed: u64) {
         for (w, m) in self.watermark.iter().zip(marks) {
             w.store(m, Ordering::Relaxed);
         }
         let highsize = |total: u64| (total / self.pcp_split).max(PCP_BATCH << 2);
-        let [high_min, high_max] = [highsize(marks[1]), highsize(self.managed / 8)];
+        let [high_min, high_max] = [highsize(marks[1]), highsize(managed / 8)];
         self.pcp_high[0].store(high_min, Ordering::Relaxed);
         self.pcp_high[1].store(high_max, Ordering::Relaxed);
         // Each list's tuned `high` stays within the new limits.
