@@ -56,6 +56,24 @@ fn migrc_keeps_sources_only_when_pages_come_back_clean() {
         if r["arm"] == "off" {
             assert_eq!(part("usermm_migrc_can_migrc_fail"), 0, "{r}");
         }
+        // The tiering path: promotions come from hinting faults on the
+        // slow node's pages, hot enough (or with room to spare) and not
+        // refused; the pages that made room went down by kswapd or direct
+        // reclaim, which ran.
+        let remote = part("numa_hint_faults");
+        let promoted = part("pgpromote_success");
+        assert!(promoted > 0, "{r}");
+        assert!(
+            promoted + part("usermm_numa_promote_refused")
+                <= part("pgpromote_candidate") + part("pgpromote_candidate_nrl"),
+            "{r}"
+        );
+        assert!(
+            part("pgpromote_candidate") + part("pgpromote_candidate_nrl") <= remote,
+            "{r}"
+        );
+        assert!(part("pgdemote_kswapd") + part("pgdemote_direct") > 0, "{r}");
+        assert!(part("pageoutrun") > 0, "{r}");
         let kept = r["kept_peak"].as_u64().unwrap();
         let clean = r["migration_entry_ad"] == false;
         if r["arm"] == "migrc" && clean {

@@ -612,7 +612,11 @@ pub fn numa_migrate_check(oncpu: &OnCpu, mm: &Mm, vma: &Vma, folio: Folio) -> Nu
     let nr = folio.nr_pages(oncpu.mem());
     if !migrate_balanced_pgdat(oncpu, dst, nr) {
         // No room: kswapd demotes to make some (tiering mode), and the
-        // folio stays this time.
+        // folio stays this time. The kernel counts nothing here but the
+        // task's failed migration (`TNF_MIGRATE_FAIL`); the model counts
+        // the pages too, to tell a promotion the watermark refused from
+        // one the hot threshold or the rate limit did.
+        v.count(oncpu.id(), Event::NUMA_PROMOTE_REFUSED, nr);
         let order = folio.order(oncpu.mem());
         crate::phys::page_alloc::Reclaimer::wakeup_kswapd(oncpu.m, dst, order);
         return NumaHint::Refused;

@@ -114,6 +114,7 @@ counters! {
         LUF_TAKEOFF_FLUSH => "usermm_luf_takeoff_flush",
         LUF_FORCED_FLUSH => "usermm_luf_forced_flush",
         NUMA_SCAN_REMOTE_FLUSH => "usermm_numa_scan_remote_flush",
+        NUMA_PROMOTE_REFUSED => "usermm_numa_promote_refused",
         MIGRC_FLUSH_WP_FAULT => "usermm_migrc_flush_wp_fault",
         MIGRC_FLUSH_WATERMARK => "usermm_migrc_flush_watermark",
         MIGRC_FLUSH_PRESSURE => "usermm_migrc_flush_pressure",

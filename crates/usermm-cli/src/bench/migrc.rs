@@ -235,6 +235,30 @@ const ATTRIBUTED: [(Event, &str); 7] = [
     (Event::MIGRC_CAN_MIGRC_FAIL, "folios MIGRC could not defer"),
 ];
 
+/// The tiering path, by the counters' names (events and node statistics,
+/// read from a snapshot), with the table's label: the hinting faults (all
+/// on the slow node's pages: in tiering mode the scan passes over the top
+/// tier's, as `change_prot_numa`'s caller does); the pages hot enough to promote
+/// (`pgpromote_candidate`, and `_nrl`, those promoted with room to spare
+/// whatever their heat); the pages of those refused for want of room
+/// above the fast node's high watermark (`migrate_balanced_pgdat`,
+/// model-only); the pages promoted; those kswapd and direct reclaim
+/// demoted; and kswapd's runs. A difference in pages migrated between the
+/// arms shows here first.
+const TIERING: [(&str, &str); 8] = [
+    ("numa_hint_faults", "hinting faults"),
+    ("pgpromote_candidate", "pages hot enough to promote"),
+    ("pgpromote_candidate_nrl", "  with room to spare"),
+    (
+        "usermm_numa_promote_refused",
+        "  refused: no room above high",
+    ),
+    ("pgpromote_success", "pages promoted"),
+    ("pgdemote_kswapd", "pages demoted by kswapd"),
+    ("pgdemote_direct", "  by direct reclaim"),
+    ("pageoutrun", "kswapd runs"),
+];
+
 /// One run of one arm.
 #[derive(Clone, Copy, Default)]
 struct Sample {
@@ -250,6 +274,8 @@ struct Sample {
     scan_remote_flushes: u64,
     /// [`ATTRIBUTED`]'s counts.
     attributed: [u64; ATTRIBUTED.len()],
+    /// [`TIERING`]'s counts.
+    tiering: [i64; TIERING.len()],
     /// The process's time between scans (`task_scan_min`).
     scan_period_ms: u64,
     stale_reads: u64,
@@ -285,6 +311,9 @@ struct Row {
     /// [`ATTRIBUTED`]'s medians, each under its event's name.
     #[serde(flatten)]
     attributed: std::collections::BTreeMap<&'static str, u64>,
+    /// [`TIERING`]'s medians, each under its counter's name.
+    #[serde(flatten)]
+    tiering: std::collections::BTreeMap<&'static str, i64>,
     /// Medians per run of shootdowns sent, and of CPUs that handled one,
     /// per 1000 pages migrated (the migrations a run makes vary widely).
     remote_flush_per_k_migrated: f64,
@@ -618,6 +647,14 @@ fn row(arm: &'static str, ad: bool, s: &[Sample]) -> Row {
             .enumerate()
             .map(|(i, (e, _))| (e.name(), med(&|x| x.attributed[i])))
             .collect(),
+        tiering: TIERING
+            .iter()
+            .enumerate()
+            .map(|(i, (name, _))| {
+                let m = super::median(s.iter().map(|x| x.tiering[i] as f64).collect());
+                (*name, m as i64)
+            })
+            .collect(),
         remote_flush_per_k_migrated: per_k(s, 2),
         remote_flush_received_per_k_migrated: per_k(s, 3),
         remote_flush_outside_scan_per_k_migrated: super::median(outside_scan_per_k(s)),
@@ -659,6 +696,11 @@ fn scan_period_ms(samples: &[Vec<Sample>]) -> u64 {
         .map(|s| s.scan_period_ms)
         .max()
         .unwrap_or(0)
+}
+
+/// [`TIERING`]'s counters in `snap`.
+fn tiering_counts(snap: &usermm::vmstat::VmStatSnapshot) -> [i64; TIERING.len()] {
+    TIERING.map(|(name, _)| snap.get(name).expect("TIERING names counters"))
 }
 
 /// Lookups per CPU before the measured ones.
@@ -719,6 +761,7 @@ fn run_once(m: &Machine, a: &BenchArgs) -> anyhow::Result<(Sample, u64)> {
             v.event(Event::LUF_FORCED_FLUSH),
             v.event(Event::NUMA_SCAN_REMOTE_FLUSH),
             ATTRIBUTED.map(|(e, _)| v.event(e)),
+            tiering_counts(&v.snapshot()),
         )
     };
     let stale = AtomicU64::new(0);
@@ -782,6 +825,7 @@ fn run_once(m: &Machine, a: &BenchArgs) -> anyhow::Result<(Sample, u64)> {
         luf_flushes_whole_run: after.3 + after.4,
         scan_remote_flushes: after.5 - before.5,
         attributed: std::array::from_fn(|i| after.6[i] - before.6[i]),
+        tiering: std::array::from_fn(|i| after.7[i] - before.7[i]),
         scan_period_ms: mm.numa_scan.period_ms.load(Relaxed),
         stale_reads: stale.load(Relaxed),
         lost_writes: lost.load(Relaxed),
@@ -1024,6 +1068,9 @@ fn print_table(rows: &[Row], a: &BenchArgs, grid_mb: u64, machine: &str, scan_ms
         });
         for (e, label) in ATTRIBUTED {
             line(label, &|r| r.attributed[e.name()] as f64);
+        }
+        for (name, label) in TIERING {
+            line(label, &|r| r.tiering[name] as f64);
         }
         line("pages kept (peak)", &|r| r.kept_peak as f64);
         line("LUF flushes at takeoff", &|r| r.luf_takeoff_flushes as f64);
