@@ -351,7 +351,7 @@ pub struct Machine {
     born: std::time::Instant,
 }
 
-/// A node's kswapd (`pgdat->kswapd`, `kswapd_failures`): a thread of its
+/// A node's kswapd (`pgdat->kswapd`): a thread of its
 /// own, which runs reclaim on a CPU of no user's (the kernel's kswapd is a
 /// kernel thread; the model gives it a CPU structure that never runs user
 /// code, so that its shootdowns reach every user CPU).
@@ -359,8 +359,6 @@ struct Kswapd {
     cpu: Cpu,
     started: std::sync::Once,
     wait: Arc<KswapdWait>,
-    /// Runs that reclaimed nothing since one did.
-    failures: crate::sync::AtomicU32,
     /// A run is in progress.
     running: AtomicBool,
 }
@@ -411,7 +409,6 @@ impl Machine {
                 cpu: Cpu::new(nr_cpus, nid),
                 started: std::sync::Once::new(),
                 wait: Arc::new(KswapdWait::default()),
-                failures: crate::sync::AtomicU32::new(0),
                 running: AtomicBool::new(false),
             })
             .collect();
@@ -471,8 +468,16 @@ impl Machine {
         }
     }
 
+    /// `/sys/kernel/mm/numa/demotion_enabled`.
     pub fn set_demotion_enabled(&self, on: bool) {
-        self.demotion_enabled.store(on, Ordering::Relaxed);
+        let before = self.demotion_enabled.swap(on, Ordering::Relaxed);
+        // `demotion_enabled_store`: kswapd's failures may not hold under
+        // the new policy, so switching demotion on revives every node's.
+        if on && !before {
+            for node in &self.mem.nodes {
+                node.kswapd_clear_hopeless();
+            }
+        }
     }
 
     /// Wait until no kswapd is running or has a wakeup pending: the
@@ -633,9 +638,7 @@ impl crate::phys::page_alloc::Reclaimer for Machine {
         let Some(k) = self.kswapd.get(nid) else {
             return;
         };
-        if k.failures.load(Ordering::Relaxed) >= crate::vmscan::MAX_RECLAIM_RETRIES
-            || crate::vmscan::pgdat_balanced_on(self, nid)
-        {
+        if self.mem.nodes[nid].kswapd_hopeless() || crate::vmscan::pgdat_balanced_on(self, nid) {
             return;
         }
         k.started.call_once(|| {
@@ -665,10 +668,9 @@ impl crate::phys::page_alloc::Reclaimer for Machine {
             numa_tick: std::cell::Cell::new(0),
         });
         let r = crate::vmscan::try_to_free_pages(&oncpu, nid, order);
+        // shrink_node: progress revives a hopeless kswapd.
         if r > 0 {
-            if let Some(k) = self.kswapd.get(nid) {
-                k.failures.store(0, Ordering::Relaxed);
-            }
+            self.mem.nodes[nid].kswapd_clear_hopeless();
         }
         r
     }
@@ -811,9 +813,11 @@ fn kswapd_main(m: std::sync::Weak<Machine>, wait: Arc<KswapdWait>, nid: usize) {
         let _not_running = NotRunning(&k.running);
         match crate::vmscan::balance_pgdat(&oncpu, nid) {
             Some(0) => {
-                k.failures.fetch_add(1, Ordering::Relaxed);
+                m.mem.nodes[nid]
+                    .kswapd_failures
+                    .fetch_add(1, Ordering::Relaxed);
             }
-            Some(_) => k.failures.store(0, Ordering::Relaxed),
+            Some(_) => m.mem.nodes[nid].kswapd_clear_hopeless(),
             None => {}
         }
     }

@@ -68,9 +68,33 @@ pub struct Node {
     pub zone: Zone,
     /// The node's LRU lists (`pgdat->__lruvec`).
     pub lruvec: mm_inline::Lruvec,
+    /// `kswapd_failures`: kswapd's runs that reclaimed nothing since
+    /// reclaim last made progress here. At [`MAX_RECLAIM_RETRIES`] the
+    /// node is hopeless and kswapd is no longer woken, until reclaim
+    /// makes progress (direct reclaim's, in the model as in the kernel's
+    /// `shrink_node`), a free finds the zone back above its high
+    /// watermark while another node can take its fallbacks (6.18's
+    /// `free_frozen_page_commit`), or demotion is switched on.
+    pub kswapd_failures: crate::sync::AtomicU32,
 }
 
+/// `MAX_RECLAIM_RETRIES`: reclaim's retries before an allocation gives up,
+/// and kswapd's failures before its node is hopeless.
+pub const MAX_RECLAIM_RETRIES: u32 = 16;
+
 impl Node {
+    /// `kswapd_test_hopeless`.
+    pub fn kswapd_hopeless(&self) -> bool {
+        self.kswapd_failures.load(crate::sync::Ordering::Relaxed) >= MAX_RECLAIM_RETRIES
+    }
+
+    /// Reclaim made progress, or the node may have some again: kswapd is
+    /// woken again.
+    pub fn kswapd_clear_hopeless(&self) {
+        self.kswapd_failures
+            .store(0, crate::sync::Ordering::Relaxed);
+    }
+
     #[inline]
     pub fn start_pfn(&self) -> Pfn {
         (self.id as u64) << NODE_PFN_SHIFT
@@ -133,6 +157,7 @@ impl PhysMem {
                 memmap,
                 zone,
                 lruvec: mm_inline::Lruvec::default(),
+                kswapd_failures: Default::default(),
             });
         }
         let mem = PhysMem {

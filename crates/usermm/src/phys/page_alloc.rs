@@ -6,14 +6,15 @@
 //! freeing can find and merge its buddy in O(1). Per-CPU page lists (pcp)
 //! cache blocks of order 0..=3 and the PMD order, refilled and drained in
 //! batches, as the kernel's `rmqueue_pcplist` / `free_unref_page` do, with
-//! v6.7's auto-tuning: a CPU that keeps allocating refills `63 << n` pages
-//! at a time (`alloc_factor`, up to 5) and raises its list's `high` toward
-//! an eighth of the zone split between the CPUs; frees drain as many pages
-//! as were freed lately (`free_count`); a zone found at or below its high
-//! watermark (`ZONE_BELOW_HIGH`) lowers `high` again on its frees. The
-//! periodic `decay_pcp_high` of the vmstat worker, the lower limits while
-//! kswapd reclaims (`ZONE_RECLAIM_ACTIVE`) and the heavy-freeing rule for
-//! orders 1..=3 are not modelled.
+//! v6.7's auto-tuning: a CPU that keeps allocating refills `batch << n`
+//! pages at a time (`alloc_factor`, up to 5; the batch is the zone's
+//! [`zone_batchsize`], 63 from 1 GiB, 1 at 16 MiB) and raises its list's
+//! `high` toward an eighth of the zone split between the CPUs; frees drain
+//! as many pages as were freed lately (`free_count`); a zone found at or
+//! below its high watermark (`ZONE_BELOW_HIGH`) lowers `high` again on its
+//! frees, and while kswapd reclaims (`ZONE_RECLAIM_ACTIVE`) a free drains
+//! past four batches. The periodic `decay_pcp_high` of the vmstat worker
+//! and the heavy-freeing rule for orders 1..=3 are not modelled.
 //!
 //! Under LUF ([`super::luf`]) each order has two lists, as v12 has: the
 //! free list, and the pend list of blocks whose pages still owe a TLB
@@ -71,12 +72,8 @@ use std::collections::VecDeque;
 const NR_ORDERS: usize = MAX_PAGE_ORDER as usize + 1;
 /// pcp lists: orders 0..=PAGE_ALLOC_COSTLY_ORDER, then the PMD order.
 const NR_PCP_LISTS: usize = 5;
-/// `pcp->batch` (`zone_batchsize`: a quarter of the zone's pages over
-/// 1,024, at most 256, made one less than a power of two; 63 for every
-/// zone of 1 GiB or more). The model gives every zone 63, where the
-/// kernel gives a smaller zone a smaller batch (15 at 256 MiB, 1 at
-/// 16 MiB).
-const PCP_BATCH: u64 = 63;
+/// `zone_batchsize`'s cap: a MiB of pages, before the quarter.
+const PCP_BATCH_MAX_PAGES: u64 = (1 << 20) >> super::PAGE_SHIFT;
 /// `CONFIG_PCP_BATCH_SCALE_MAX`: a refill or a drain moves at most
 /// `batch << 5` pages.
 const PCP_BATCH_SCALE_MAX: u8 = 5;
@@ -261,6 +258,8 @@ pub struct Zone {
     /// watermark, and an eighth of its pages, split between the CPUs;
     /// set with the watermarks.
     pcp_high: [AtomicU64; 2],
+    /// `pcp->batch` ([`zone_batchsize`]), set with the limits.
+    pcp_batch: AtomicU64,
     /// How many CPUs share the pcp limits: the node's own, or every CPU
     /// of the machine where the node has none.
     pcp_split: u64,
@@ -268,6 +267,12 @@ pub struct Zone {
     /// watermark; the pcp lists shrink on their frees until a drain finds
     /// it above again.
     below_high: std::sync::atomic::AtomicBool,
+    /// `ZONE_RECLAIM_ACTIVE`: kswapd is balancing the node
+    /// ([`Zone::set_reclaim_active`]); a free then drains the pcp list
+    /// past four batches, so that the pages reclaimed reach the buddy
+    /// lists, where the watermark checks count them, rather than wait on
+    /// the lists of the CPU that freed them.
+    reclaim_active: std::sync::atomic::AtomicBool,
     /// `migrc_pending_nr` (MIGRC): pages of sources kept after a migration
     /// whose flush was deferred; free to the watermark checks, since a
     /// forced flush frees them on demand.
@@ -292,6 +297,20 @@ const WATERMARK_SCALE_FACTOR: u64 = 10;
 pub fn min_free_kbytes_for(lowmem_pages: u64) -> u64 {
     let lowmem_kbytes = lowmem_pages * (super::PAGE_SIZE >> 10);
     (lowmem_kbytes * 16).isqrt().clamp(128, 262_144)
+}
+
+/// `zone_batchsize`: how many pages a pcp refill or drain moves at its
+/// least (`pcp->batch`), for a zone of `managed` pages: about 0.1% of the
+/// zone or a MiB, whichever is less, quartered (the auto-tuning scales it
+/// up to 32 times), then made one less than a power of two, so that two
+/// CPUs taking batches in turn do not split the cache colours between
+/// them; at least 1 (`zone_set_pageset_high_and_batch`). 63 for a zone of
+/// 1 GiB or more, 15 at 256 MiB, 3 at 64 MiB, 1 at 16 MiB.
+pub fn zone_batchsize(managed: u64) -> u64 {
+    let batch = ((managed >> 10).min(PCP_BATCH_MAX_PAGES) / 4).max(1);
+    let batch = batch + batch / 2;
+    // rounddown_pow_of_two(batch) - 1
+    ((1u64 << batch.ilog2()) - 1).max(1)
 }
 
 /// `MIGRATE_PCPTYPES`: unmovable, movable and reclaimable.
@@ -437,9 +456,6 @@ impl Drop for ReclaimGuard {
     }
 }
 
-/// `MAX_RECLAIM_RETRIES`.
-const MAX_RECLAIM_RETRIES: usize = 16;
-
 /// LUF v12: how many pcp blocks an allocation that may not shoot down
 /// tries before it turns to the buddy lists.
 const PCP_TAKEOFF_TRIES: usize = 3;
@@ -461,7 +477,9 @@ impl Zone {
         // is a CPU being brought up, none here), or all of them if it has
         // none.
         let pcp_split = if node_cpus > 0 { node_cpus } else { nr_cpus }.max(1) as u64;
-        let pcp_high = [PCP_BATCH << 2; 2];
+        // Until the watermarks set them: the least batch, and the least
+        // `high` for it.
+        let pcp_high = [1 << 2; 2];
         Zone {
             free_area: CachePadded::new(Mutex::new(FreeArea {
                 free: [FreeList::EMPTY; NR_ORDERS],
@@ -481,8 +499,10 @@ impl Zone {
             line: LineWriters::new(),
             watermark: Default::default(),
             pcp_high: pcp_high.map(AtomicU64::new),
+            pcp_batch: AtomicU64::new(1),
             pcp_split,
             below_high: Default::default(),
+            reclaim_active: Default::default(),
             migrc_pending: AtomicU64::new(0),
         }
     }
@@ -498,13 +518,17 @@ impl Zone {
     }
 
     /// Set the watermarks of this zone of `managed` pages, and the pcp
-    /// limits that follow the low one (`zone_highsize`: a share of it, and
-    /// of an eighth of the zone, for each CPU that may use the lists).
+    /// batch and limits (`zone_pcp_update`): the batch by the zone's size,
+    /// the limits following the low watermark (`zone_highsize`: a share
+    /// of it, and of an eighth of the zone, for each CPU that may use the
+    /// lists, at least four batches).
     fn set_watermarks(&self, marks: [u64; NR_WMARK], managed: u64) {
         for (w, m) in self.watermark.iter().zip(marks) {
             w.store(m, Ordering::Relaxed);
         }
-        let highsize = |total: u64| (total / self.pcp_split).max(PCP_BATCH << 2);
+        let batch = zone_batchsize(managed);
+        self.pcp_batch.store(batch, Ordering::Relaxed);
+        let highsize = |total: u64| (total / self.pcp_split).max(batch << 2);
         let [high_min, high_max] = [highsize(marks[1]), highsize(managed / 8)];
         self.pcp_high[0].store(high_min, Ordering::Relaxed);
         self.pcp_high[1].store(high_max, Ordering::Relaxed);
@@ -520,24 +544,33 @@ impl Zone {
         self.pcp_high.each_ref().map(|h| h.load(Ordering::Relaxed))
     }
 
+    /// `pcp->batch`.
+    pub fn pcp_batch(&self) -> u64 {
+        self.pcp_batch.load(Ordering::Relaxed)
+    }
+
+    /// `set_reclaim_active` / `clear_reclaim_active`: kswapd's
+    /// `balance_pgdat` marks the zone while it reclaims.
+    pub fn set_reclaim_active(&self, active: bool) {
+        self.reclaim_active.store(active, Ordering::Relaxed);
+    }
+
     /// `nr_pcp_alloc`: how many pages a refill of an `order` list takes.
     /// Order 0 scales with `alloc_factor` and raises `high` toward its
     /// maximum, unless the zone is below its high watermark.
     fn nr_pcp_alloc(&self, pcp: &mut PerCpuPages, order: u32) -> u64 {
         let [high_min, high_max] = self.pcp_high();
+        let base = self.pcp_batch();
         let batch = if order == 0 {
-            PCP_BATCH << pcp.alloc_factor
+            base << pcp.alloc_factor
         } else {
-            PCP_BATCH
+            base
         };
         if high_min != high_max && !self.below_high.load(Ordering::Relaxed) {
             pcp.high = (pcp.high + batch).min(high_max);
         }
         let batch = if order == 0 {
-            let max_nr_alloc = pcp
-                .high
-                .saturating_sub(pcp.count + PCP_BATCH)
-                .max(PCP_BATCH);
+            let max_nr_alloc = pcp.high.saturating_sub(pcp.count + base).max(base);
             if batch <= max_nr_alloc && pcp.alloc_factor < PCP_BATCH_SCALE_MAX {
                 pcp.alloc_factor += 1;
             }
@@ -545,27 +578,36 @@ impl Zone {
         } else {
             batch
         };
-        (batch >> order).max(2)
+        // A batch of one (a small zone's) stays one at every order.
+        if batch > 1 {
+            (batch >> order).max(2)
+        } else {
+            batch
+        }
     }
 
     /// `nr_pcp_high`: the count past which a free drains, after tuning
-    /// `high`: lowered by what was freed lately while the zone is below
-    /// its high watermark, raised to hold a batch of frees otherwise.
-    fn nr_pcp_high(&self, pcp: &mut PerCpuPages) -> u64 {
+    /// `high`: lowered by what was freed lately while kswapd reclaims
+    /// (the count then four batches at most) or the zone is below its
+    /// high watermark, raised to hold a batch of frees otherwise.
+    fn nr_pcp_high(&self, pcp: &mut PerCpuPages, batch: u64) -> u64 {
         let [high_min, high_max] = self.pcp_high();
         pcp.high = pcp.high.clamp(high_min, high_max);
         let high = pcp.high;
+        let lowered = high.saturating_sub(pcp.free_count.max(batch)).max(high_min);
+        if self.reclaim_active.load(Ordering::Relaxed) {
+            pcp.high = lowered;
+            return (batch << 2).min(pcp.high);
+        }
         if high_min == high_max {
             return high;
         }
         if self.below_high.load(Ordering::Relaxed) {
-            pcp.high = high
-                .saturating_sub(pcp.free_count.max(PCP_BATCH))
-                .max(high_min);
+            pcp.high = lowered;
             pcp.count.max(high_min)
         } else {
             if pcp.count >= high {
-                let need = pcp.free_count + PCP_BATCH;
+                let need = pcp.free_count + batch;
                 if pcp.high < need {
                     pcp.high = need.clamp(high_min, high_max);
                 }
@@ -576,9 +618,9 @@ impl Zone {
 
     /// `nr_pcp_free`: a drain moves as many pages as were freed lately,
     /// leaving at least a batch on the lists.
-    fn nr_pcp_free(pcp: &PerCpuPages, high: u64) -> u64 {
+    fn nr_pcp_free(pcp: &PerCpuPages, batch: u64, high: u64) -> u64 {
         pcp.free_count
-            .clamp(PCP_BATCH, high.saturating_sub(PCP_BATCH).max(PCP_BATCH))
+            .clamp(batch, high.saturating_sub(batch).max(batch))
     }
 
     pub fn nr_free_pages(&self) -> u64 {
@@ -969,7 +1011,7 @@ impl PhysMem {
         // use (`shrink_zones`), the pcp lists drained after it, retried
         // while reclaim makes progress (`should_reclaim_retry`).
         let mut drained = false;
-        for _ in 0..MAX_RECLAIM_RETRIES {
+        for _ in 0..super::MAX_RECLAIM_RETRIES {
             let _memalloc = ReclaimGuard::enter();
             let progress: u64 = self
                 .allowed_zonelist(nid, flags)
@@ -1253,15 +1295,24 @@ impl PhysMem {
                 pcp.lists[idx].push_back(off);
             }
             pcp.count += 1 << order;
-            if pcp.free_count < PCP_BATCH << PCP_BATCH_SCALE_MAX {
+            let batch = zone.pcp_batch();
+            if pcp.free_count < batch << PCP_BATCH_SCALE_MAX {
                 pcp.free_count += 1 << order;
             }
-            let high = zone.nr_pcp_high(&mut pcp);
+            let high = zone.nr_pcp_high(&mut pcp, batch);
             if pcp.count >= high {
-                let n = Zone::nr_pcp_free(&pcp, high);
+                let n = Zone::nr_pcp_free(&pcp, batch, high);
                 self.free_pcppages_bulk(node, &mut pcp, n);
                 if zone.below_high.load(Ordering::Relaxed) && zone.watermark_fast(0, 2) {
                     zone.below_high.store(false, Ordering::Relaxed);
+                    // 6.18: the pressure is gone. Where another node takes
+                    // this one's fallbacks (the kernel asks for a node
+                    // with memory numbered above it), no allocation here
+                    // need reach direct reclaim to revive a hopeless
+                    // kswapd, so the free does.
+                    if node.kswapd_hopeless() && node.id + 1 < self.nodes.len() {
+                        node.kswapd_clear_hopeless();
+                    }
                 }
             }
             return;
@@ -1466,17 +1517,17 @@ mod tests {
                 refills.push(after + 1 - before);
             }
         }
-        // The sixth would be 2,016 pages, but a refill leaves room for a
-        // batch under `high_max` (2,048 here).
-        let sixth = (PCP_BATCH << 5).min(high_max - PCP_BATCH);
+        // The sixth is 480 pages unless a refill must leave room for a
+        // batch under `high_max`.
+        let b = zone.pcp_batch();
+        assert_eq!(b, 15, "a 256 MiB zone's batch");
+        let sixth = (b << 5).min(high_max - b);
         assert_eq!(
             &refills[..6],
-            &[63, 126, 252, 504, 1008, sixth],
+            &[b, 2 * b, 4 * b, 8 * b, 16 * b, sixth],
             "{refills:?}"
         );
-        assert!(refills[6..]
-            .iter()
-            .all(|&r| r <= PCP_BATCH << PCP_BATCH_SCALE_MAX));
+        assert!(refills[6..].iter().all(|&r| r <= b << PCP_BATCH_SCALE_MAX));
         assert_eq!(pcp(&|p| p.alloc_factor as u64), PCP_BATCH_SCALE_MAX as u64);
         assert!(pcp(&|p| p.high) > high_min);
         // Frees: the factor halves with each, and the list drains in one
@@ -1497,7 +1548,7 @@ mod tests {
             }
         }
         assert!(!drains.is_empty());
-        assert!(drains.iter().all(|&d| d >= PCP_BATCH), "{drains:?}");
+        assert!(drains.iter().all(|&d| d >= b), "{drains:?}");
         assert!(pcp(&|p| p.count) <= high_max);
         m.drain_all_pages();
     }
@@ -1920,7 +1971,7 @@ mod tests {
         assert_eq!(m.mem.min_free_kbytes(), 4008);
         // The pcp lists' limits follow the low watermark, shared by the
         // node's own CPUs, or by all of them where it has none.
-        assert_eq!(m.mem.nodes[0].zone.pcp_high()[0], PCP_BATCH << 2);
+        assert_eq!(m.mem.nodes[0].zone.pcp_high()[0], 250 / 2);
         assert_eq!(m.mem.nodes[1].zone.pcp_high()[0], 1001 / 2);
     }
 
@@ -1941,16 +1992,16 @@ mod tests {
     }
 
     /// The host's zones, from `/proc/zoneinfo`: name, min, low, high,
-    /// promo and managed pages.
-    fn host_zones() -> Vec<(String, [u64; 5])> {
+    /// promo and managed pages, and the first CPU's pcp batch.
+    fn host_zones() -> Vec<(String, [u64; 6])> {
         let Ok(text) = std::fs::read_to_string("/proc/zoneinfo") else {
             return vec![];
         };
-        let mut zones: Vec<(String, [u64; 5])> = vec![];
+        let mut zones: Vec<(String, [u64; 6])> = vec![];
         for line in text.lines() {
             if let Some(rest) = line.strip_prefix("Node ") {
                 let name = rest.rsplit(' ').next().unwrap_or("").to_string();
-                zones.push((name, [u64::MAX; 5]));
+                zones.push((name, [u64::MAX; 6]));
                 continue;
             }
             let mut words = line.split_whitespace();
@@ -1963,6 +2014,7 @@ mod tests {
                 "high" => 2,
                 "promo" => 3,
                 "managed" => 4,
+                "batch:" => 5,
                 _ => continue,
             };
             if let (Some(z), Ok(v)) = (zones.last_mut(), value.parse()) {
@@ -2017,6 +2069,112 @@ mod tests {
                 host[0] >= model[0],
                 "zone {name}: host {host:?}, model {model:?}"
             );
+        }
+    }
+
+    /// `zone_batchsize` at the sizes the docs quote.
+    #[test]
+    fn a_small_zone_gets_a_small_pcp_batch() {
+        let pages = |mib: u64| mib << (20 - crate::phys::PAGE_SHIFT);
+        let got = [16, 64, 170, 256, 1024, 4096].map(|mib| zone_batchsize(pages(mib)));
+        assert_eq!(got, [1, 3, 7, 15, 63, 63]);
+        assert_eq!(zone_batchsize(0), 1);
+        let m = mem(64);
+        assert_eq!(m.nodes[0].zone.pcp_batch(), 3);
+        // high_min: the low watermark split between the node's two CPUs,
+        // at least four batches.
+        let zone = &m.nodes[0].zone;
+        assert_eq!(zone.pcp_high()[0], (zone.wmark(1) / 2).max(3 << 2));
+    }
+
+    /// The host kernel is the oracle: each of its populated zones has the
+    /// pcp batch [`zone_batchsize`] gives for its managed pages.
+    #[test]
+    fn zone_batchsize_agrees_with_the_host_kernel() {
+        let zones: Vec<_> = host_zones()
+            .into_iter()
+            .filter(|(_, v)| v[4] > 0 && v[4] != u64::MAX && v[5] != u64::MAX)
+            .collect();
+        if zones.is_empty() {
+            eprintln!("no /proc/zoneinfo here: nothing to compare with");
+            return;
+        }
+        for (name, host) in zones {
+            assert_eq!(zone_batchsize(host[4]), host[5], "zone {name}: {host:?}");
+        }
+    }
+
+    /// While kswapd reclaims (`ZONE_RECLAIM_ACTIVE`) a free drains the
+    /// list once it holds four batches, where otherwise it holds up to
+    /// `high` (at least `high_min`, half the low watermark here).
+    #[test]
+    fn pcp_lists_drain_early_while_kswapd_reclaims() {
+        let m = mem(256);
+        let zone = &m.nodes[0].zone;
+        let b = zone.pcp_batch();
+        assert!(zone.pcp_high()[0] > b << 2);
+        let mut got: Vec<_> = (0..2_000)
+            .map(|_| m.alloc_pages(0, 0, 0, AllocFlags::default()).unwrap())
+            .collect();
+        m.drain_all_pages();
+        let count = || zone.pcp[0].lock().count;
+        let free = |pfn: Pfn| {
+            m.page(pfn).refcount.store(0, Ordering::Relaxed);
+            m.free_pages(pfn, 0, 0);
+        };
+        zone.set_reclaim_active(true);
+        for pfn in got.drain(..1_000) {
+            free(pfn);
+            assert!(count() < b << 2, "{} with batch {b}", count());
+        }
+        zone.set_reclaim_active(false);
+        let mut most = 0;
+        for pfn in got.drain(..) {
+            free(pfn);
+            most = most.max(count());
+        }
+        assert!(most > b << 2, "{most}");
+        m.drain_all_pages();
+    }
+
+    /// 6.18's revival of a hopeless kswapd from the free path: frees that
+    /// bring a zone found below its high watermark back above it clear
+    /// the node's failures, where another node (numbered above it) can
+    /// take its fallbacks; the last node stays hopeless until reclaim
+    /// makes progress there.
+    #[test]
+    fn a_free_above_high_revives_a_hopeless_kswapd_where_another_node_can_take_the_fallbacks() {
+        let slow = NodeConfig {
+            size_bytes: 16 << 20,
+            tier: Tier::Slow,
+            has_cpus: false,
+        };
+        let fast = NodeConfig {
+            tier: Tier::Dram,
+            has_cpus: true,
+            ..slow
+        };
+        let m = PhysMem::new(&[fast, slow], &[0, 0]).unwrap();
+        let this_node = AllocFlags {
+            this_node: true,
+            ..Default::default()
+        };
+        for nid in 0..2 {
+            let node = &m.nodes[nid];
+            let mut got = vec![];
+            while let Some(pfn) = m.alloc_pages(nid, 0, 0, this_node) {
+                got.push(pfn);
+            }
+            assert!(node.zone.below_high.load(Ordering::Relaxed));
+            node.kswapd_failures
+                .store(super::super::MAX_RECLAIM_RETRIES, Ordering::Relaxed);
+            for pfn in got {
+                m.page(pfn).refcount.store(0, Ordering::Relaxed);
+                m.free_pages(pfn, 0, 0);
+            }
+            assert!(!node.zone.below_high.load(Ordering::Relaxed));
+            assert_eq!(node.kswapd_hopeless(), nid == 1, "node {nid}");
+            m.drain_all_pages();
         }
     }
 }
