@@ -638,7 +638,13 @@ impl crate::phys::page_alloc::Reclaimer for Machine {
         let Some(k) = self.kswapd.get(nid) else {
             return;
         };
-        if self.mem.nodes[nid].kswapd_hopeless() || crate::vmscan::pgdat_balanced_on(self, nid) {
+        if self.mem.nodes[nid].kswapd_hopeless() {
+            // Model-only: the kernel traces nothing here.
+            let v = &self.mem.vmstat;
+            v.count(v.no_cpu(), Event::KSWAPD_WAKEUP_HOPELESS, 1);
+            return;
+        }
+        if crate::vmscan::pgdat_balanced_on(self, nid) {
             return;
         }
         k.started.call_once(|| {
@@ -816,6 +822,9 @@ fn kswapd_main(m: std::sync::Weak<Machine>, wait: Arc<KswapdWait>, nid: usize) {
                 m.mem.nodes[nid]
                     .kswapd_failures
                     .fetch_add(1, Ordering::Relaxed);
+                // Model-only (later kernels trace it,
+                // `mm_vmscan_kswapd_reclaim_fail`).
+                oncpu.vmstat().count(oncpu.id(), Event::KSWAPD_FAILURE, 1);
             }
             Some(_) => m.mem.nodes[nid].kswapd_clear_hopeless(),
             None => {}

@@ -225,7 +225,8 @@ pub fn pgdat_below_low(oncpu: &OnCpu, nid: usize) -> bool {
 /// reaches within a few passes the priority at which one pass scans the
 /// high watermark's worth, in batches of `SWAP_CLUSTER_MAX`, each with its
 /// one TLB flush. While it runs the zone is marked `ZONE_RECLAIM_ACTIVE`,
-/// so that the pages freed reach the buddy lists at once. Its own LRU
+/// so that the CPUs' frees meanwhile drain their pcp lists once they hold
+/// four batches. Its own LRU
 /// batch is drained at the end (the demoted folios' way onto their
 /// lists). Not modelled: watermark boosting.
 pub fn balance_pgdat(oncpu: &OnCpu, nid: usize) -> Option<u64> {
@@ -865,10 +866,10 @@ mod tests {
         let batches = shootdowns() - before;
         assert!(pgdat_balanced(&c, 0));
         // The node short of its high watermark by a dozen pages (the
-        // pcp lists, one page a batch on a zone this small, hide few free
-        // pages): passes of 1, 2, 4, 8 pages reach it in three or four
-        // batches, where at one priority throughout it took a batch a
-        // page.
+        // pcp lists hide few free pages: kswapd's run marks the zone
+        // `ZONE_RECLAIM_ACTIVE`, and a batch is one page at this size):
+        // passes of 1, 2, 4, 8 pages reach it in three or four batches,
+        // where at one priority throughout it took a batch a page.
         assert!(reclaimed >= 8, "{reclaimed} reclaimed");
         assert!(
             batches <= 4 && reclaimed >= 2 * batches,

@@ -243,9 +243,14 @@ const ATTRIBUTED: [(Event, &str); 7] = [
 /// whatever their heat); the pages of those refused for want of room
 /// above the fast node's high watermark (`migrate_balanced_pgdat`,
 /// model-only); the pages promoted; those kswapd and direct reclaim
-/// demoted; and kswapd's runs. A difference in pages migrated between the
+/// demoted; and kswapd's runs, those that reclaimed nothing, and the
+/// wakeups it slept through, its node hopeless after 16 such runs
+/// (model-only counts); and the time every sender, and kswapd alone, waited
+/// for shootdowns to be acknowledged (model-only, microseconds: hardware's
+/// IPIs take a few, the model's targets answer between their accesses and
+/// may wait for a host core). A difference in pages migrated between the
 /// arms shows here first.
-const TIERING: [(&str, &str); 8] = [
+const TIERING: [(&str, &str); 11] = [
     ("numa_hint_faults", "hinting faults"),
     ("pgpromote_candidate", "pages hot enough to promote"),
     ("pgpromote_candidate_nrl", "  with room to spare"),
@@ -257,6 +262,12 @@ const TIERING: [(&str, &str); 8] = [
     ("pgdemote_kswapd", "pages demoted by kswapd"),
     ("pgdemote_direct", "  by direct reclaim"),
     ("pageoutrun", "kswapd runs"),
+    ("usermm_kswapd_failure", "  that reclaimed nothing"),
+    (
+        "usermm_kswapd_wakeup_hopeless",
+        "wakeups of a hopeless kswapd",
+    ),
+    ("usermm_tlb_shootdown_wait_us", "us waiting for shootdowns"),
 ];
 
 /// One run of one arm.
@@ -276,6 +287,9 @@ struct Sample {
     attributed: [u64; ATTRIBUTED.len()],
     /// [`TIERING`]'s counts.
     tiering: [i64; TIERING.len()],
+    /// Of `usermm_tlb_shootdown_wait_us`, kswapd's (the row of threads
+    /// that play no CPU).
+    kswapd_shootdown_wait_us: u64,
     /// The process's time between scans (`task_scan_min`).
     scan_period_ms: u64,
     stale_reads: u64,
@@ -314,6 +328,7 @@ struct Row {
     /// [`TIERING`]'s medians, each under its counter's name.
     #[serde(flatten)]
     tiering: std::collections::BTreeMap<&'static str, i64>,
+    kswapd_shootdown_wait_us: u64,
     /// Medians per run of shootdowns sent, and of CPUs that handled one,
     /// per 1000 pages migrated (the migrations a run makes vary widely).
     remote_flush_per_k_migrated: f64,
@@ -655,6 +670,7 @@ fn row(arm: &'static str, ad: bool, s: &[Sample]) -> Row {
                 (*name, m as i64)
             })
             .collect(),
+        kswapd_shootdown_wait_us: med(&|x| x.kswapd_shootdown_wait_us),
         remote_flush_per_k_migrated: per_k(s, 2),
         remote_flush_received_per_k_migrated: per_k(s, 3),
         remote_flush_outside_scan_per_k_migrated: super::median(outside_scan_per_k(s)),
@@ -762,6 +778,7 @@ fn run_once(m: &Machine, a: &BenchArgs) -> anyhow::Result<(Sample, u64)> {
             v.event(Event::NUMA_SCAN_REMOTE_FLUSH),
             ATTRIBUTED.map(|(e, _)| v.event(e)),
             tiering_counts(&v.snapshot()),
+            v.event_on(v.no_cpu(), Event::TLB_SHOOTDOWN_WAIT_US),
         )
     };
     let stale = AtomicU64::new(0);
@@ -826,6 +843,7 @@ fn run_once(m: &Machine, a: &BenchArgs) -> anyhow::Result<(Sample, u64)> {
         scan_remote_flushes: after.5 - before.5,
         attributed: std::array::from_fn(|i| after.6[i] - before.6[i]),
         tiering: std::array::from_fn(|i| after.7[i] - before.7[i]),
+        kswapd_shootdown_wait_us: after.8 - before.8,
         scan_period_ms: mm.numa_scan.period_ms.load(Relaxed),
         stale_reads: stale.load(Relaxed),
         lost_writes: lost.load(Relaxed),
@@ -1072,6 +1090,7 @@ fn print_table(rows: &[Row], a: &BenchArgs, grid_mb: u64, machine: &str, scan_ms
         for (name, label) in TIERING {
             line(label, &|r| r.tiering[name] as f64);
         }
+        line("  by kswapd", &|r| r.kswapd_shootdown_wait_us as f64);
         line("pages kept (peak)", &|r| r.kept_peak as f64);
         line("LUF flushes at takeoff", &|r| r.luf_takeoff_flushes as f64);
         line("LUF forced flushes", &|r| r.luf_forced_flushes as f64);

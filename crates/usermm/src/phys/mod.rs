@@ -73,7 +73,7 @@ pub struct Node {
     /// node is hopeless and kswapd is no longer woken, until reclaim
     /// makes progress (direct reclaim's, in the model as in the kernel's
     /// `shrink_node`), a free finds the zone back above its high
-    /// watermark while another node can take its fallbacks (6.18's
+    /// watermark while a node numbered above it has memory (6.18's
     /// `free_frozen_page_commit`), or demotion is switched on.
     pub kswapd_failures: crate::sync::AtomicU32,
 }
@@ -83,13 +83,14 @@ pub struct Node {
 pub const MAX_RECLAIM_RETRIES: u32 = 16;
 
 impl Node {
-    /// `kswapd_test_hopeless`.
+    /// The node is hopeless (6.18's `atomic_read(&pgdat->kswapd_failures)
+    /// >= MAX_RECLAIM_RETRIES`).
     pub fn kswapd_hopeless(&self) -> bool {
         self.kswapd_failures.load(crate::sync::Ordering::Relaxed) >= MAX_RECLAIM_RETRIES
     }
 
     /// Reclaim made progress, or the node may have some again: kswapd is
-    /// woken again.
+    /// woken again (`atomic_set(&pgdat->kswapd_failures, 0)`).
     pub fn kswapd_clear_hopeless(&self) {
         self.kswapd_failures
             .store(0, crate::sync::Ordering::Relaxed);
