@@ -511,3 +511,56 @@ fn lazy_cpus_are_sent_flushes_only_when_tables_are_freed() {
     c0.idle();
     check_invariants(&m).unwrap();
 }
+
+/// A sender counts the time it waits for its shootdowns to be
+/// acknowledged (`usermm_tlb_shootdown_wait_us`, model-only): a target in
+/// user mode whose thread is slow to take the request (here it sleeps
+/// 20 ms once the request is posted, as a thread waiting for a host core
+/// would) costs the whole wait; a lazy target, sent nothing, costs
+/// nothing.
+#[test]
+fn a_sender_counts_its_wait_for_acknowledgements() {
+    use usermm::vmstat::Event::TLB_SHOOTDOWN_WAIT_US;
+    let m = Machine::new(MachineConfig::single_node(64 << 20, 2)).unwrap();
+    let c0 = m.bind(0).unwrap();
+    let mm = c0.new_mm().unwrap();
+    let r = 0x4000_0000;
+    c0.mmap(r, 2 * 4096, RW, ANON | MAP_FIXED).unwrap();
+    c0.touch_pages(r, r + 2 * 4096, 1).unwrap();
+    let waited = || m.vmstat().event_on(0, TLB_SHOOTDOWN_WAIT_US);
+    let step = AtomicU64::new(0);
+    let wait = |s: u64| {
+        while step.load(Ordering::Acquire) != s {
+            std::hint::spin_loop();
+        }
+    };
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let c1 = m.bind(1).unwrap();
+            c1.switch_mm(&mm);
+            c1.load_u64(r).unwrap();
+            step.store(1, Ordering::Release);
+            // Slow from the moment the request is posted.
+            while !m.cpus[1].mail_waiting() {
+                std::hint::spin_loop();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            // The next access takes the request.
+            c1.load_u64(r + 4096).unwrap();
+            c1.idle();
+            step.store(2, Ordering::Release);
+        });
+        wait(1);
+        let before = waited();
+        c0.mprotect(r, 4096, PROT_READ).unwrap();
+        let slow = waited() - before;
+        assert!(slow >= 15_000, "waited {slow} us for a target asleep 20 ms");
+        wait(2);
+        assert!(m.cpus[1].is_lazy());
+        let before = waited();
+        c0.mprotect(r, 4096, PROT_READ | PROT_WRITE).unwrap();
+        assert_eq!(waited(), before, "a lazy target is not waited for");
+    });
+    c0.idle();
+    check_invariants(&m).unwrap();
+}

@@ -686,7 +686,7 @@ fn flush_tlb_multi<M: TlbMm>(
         // Model-only: the sender's time waiting for the targets, which
         // hardware spends in microseconds and the model, whose targets
         // answer between accesses and may wait for a host core, may spend
-        // in many more.
+        // in many more. Each wait is rounded down to a microsecond.
         vmstat.count(
             me.id,
             Event::TLB_SHOOTDOWN_WAIT_US,
