@@ -819,9 +819,7 @@ fn kswapd_main(m: std::sync::Weak<Machine>, wait: Arc<KswapdWait>, nid: usize) {
         let _not_running = NotRunning(&k.running);
         match crate::vmscan::balance_pgdat(&oncpu, nid) {
             Some(0) => {
-                m.mem.nodes[nid]
-                    .kswapd_failures
-                    .fetch_add(1, Ordering::Relaxed);
+                m.mem.nodes[nid].kswapd_failed();
                 // Model-only (later kernels trace it,
                 // `mm_vmscan_kswapd_reclaim_fail`).
                 oncpu.vmstat().count(oncpu.id(), Event::KSWAPD_FAILURE, 1);

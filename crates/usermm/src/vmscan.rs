@@ -226,9 +226,8 @@ pub fn pgdat_below_low(oncpu: &OnCpu, nid: usize) -> bool {
 /// high watermark's worth, in batches of `SWAP_CLUSTER_MAX`, each with its
 /// one TLB flush. While it runs the zone is marked `ZONE_RECLAIM_ACTIVE`,
 /// so that the CPUs' frees meanwhile drain their pcp lists once they hold
-/// four batches. Its own LRU
-/// batch is drained at the end (the demoted folios' way onto their
-/// lists). Not modelled: watermark boosting.
+/// four batches. Its own LRU batch is drained at the end (the demoted
+/// folios' way onto their lists). Not modelled: watermark boosting.
 pub fn balance_pgdat(oncpu: &OnCpu, nid: usize) -> Option<u64> {
     // Counted for every run, balanced already or not.
     oncpu.vmstat().count(oncpu.id(), Event::PAGEOUTRUN, 1);

@@ -142,8 +142,9 @@
 //! its own size. With khugepaged's reserve, 43,240 kB there and node 0's
 //! high watermark 3,242 pages, one run of three rounds had MIGRC migrate
 //! nine times the pages `off` did, and `nr_tlb_local_flush_all` fall by
-//! 70%: a difference that large is not the seed's, and is not explained
-//! yet.)
+//! 70%: a difference that large is not the seed's. It is the two-core
+//! host's: `off`'s kswapd spends most of such a round waiting for its
+//! shootdowns, as the paragraph on kswapd's thread above says.)
 //!
 //! Why the warm-up is long: the build leaves every grid page writable and
 //! dirty, and such a page is never eligible; it becomes so once a hinting
@@ -298,7 +299,7 @@ struct Sample {
     /// [`ATTRIBUTED`]'s counts.
     attributed: [u64; ATTRIBUTED.len()],
     /// [`TIERING`]'s counts.
-    tiering: [i64; TIERING.len()],
+    tiering: [u64; TIERING.len()],
     /// Of `usermm_tlb_shootdown_wait_us`, kswapd's (the row of threads
     /// that play no CPU).
     kswapd_shootdown_wait_us: u64,
@@ -339,7 +340,7 @@ struct Row {
     attributed: std::collections::BTreeMap<&'static str, u64>,
     /// [`TIERING`]'s medians, each under its counter's name.
     #[serde(flatten)]
-    tiering: std::collections::BTreeMap<&'static str, i64>,
+    tiering: std::collections::BTreeMap<&'static str, u64>,
     kswapd_shootdown_wait_us: u64,
     /// Medians per run of shootdowns sent, and of CPUs that handled one,
     /// per 1000 pages migrated (the migrations a run makes vary widely).
@@ -677,10 +678,7 @@ fn row(arm: &'static str, ad: bool, s: &[Sample]) -> Row {
         tiering: TIERING
             .iter()
             .enumerate()
-            .map(|(i, (name, _))| {
-                let m = super::median(s.iter().map(|x| x.tiering[i] as f64).collect());
-                (*name, m as i64)
-            })
+            .map(|(i, (name, _))| (*name, med(&|x| x.tiering[i])))
             .collect(),
         kswapd_shootdown_wait_us: med(&|x| x.kswapd_shootdown_wait_us),
         remote_flush_per_k_migrated: per_k(s, 2),
@@ -726,9 +724,10 @@ fn scan_period_ms(samples: &[Vec<Sample>]) -> u64 {
         .unwrap_or(0)
 }
 
-/// [`TIERING`]'s counters in `snap`.
-fn tiering_counts(snap: &usermm::vmstat::VmStatSnapshot) -> [i64; TIERING.len()] {
-    TIERING.map(|(name, _)| snap.get(name).expect("TIERING names counters"))
+/// [`TIERING`]'s counters in `snap` (each only grows: events, and node
+/// statistics that count promotions).
+fn tiering_counts(snap: &usermm::vmstat::VmStatSnapshot) -> [u64; TIERING.len()] {
+    TIERING.map(|(name, _)| snap.get(name).expect("TIERING names counters") as u64)
 }
 
 /// Lookups per CPU before the measured ones.

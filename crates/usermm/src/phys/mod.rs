@@ -89,6 +89,12 @@ impl Node {
         self.kswapd_failures.load(crate::sync::Ordering::Relaxed) >= MAX_RECLAIM_RETRIES
     }
 
+    /// A kswapd run reclaimed nothing.
+    pub fn kswapd_failed(&self) {
+        self.kswapd_failures
+            .fetch_add(1, crate::sync::Ordering::Relaxed);
+    }
+
     /// Reclaim made progress, or the node may have some again: kswapd is
     /// woken again (`atomic_set(&pgdat->kswapd_failures, 0)`).
     pub fn kswapd_clear_hopeless(&self) {

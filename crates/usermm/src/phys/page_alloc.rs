@@ -308,8 +308,8 @@ pub fn min_free_kbytes_for(lowmem_pages: u64) -> u64 {
 /// zone or a MiB, whichever is less, quartered (the auto-tuning scales it
 /// up to 32 times), then made one less than a power of two, so that two
 /// CPUs taking batches in turn do not split the cache colours between
-/// them; at least 1 (`zone_set_pageset_high_and_batch`). 63 for a zone of
-/// 1 GiB or more, 15 at 256 MiB, 3 at 64 MiB, 1 at 16 MiB.
+/// them; at least 1 (`zone_set_pageset_high_and_batch`). 63 from 688 MiB,
+/// 15 at 256 MiB, 3 at 64 MiB, 1 at 16 MiB.
 pub fn zone_batchsize(managed: u64) -> u64 {
     let batch = ((managed >> 10).min(PCP_BATCH_MAX_PAGES) / 4).max(1);
     let batch = batch + batch / 2;
