@@ -8,7 +8,8 @@
 //!    that reach their entries, and the page walker.
 //! 3. [`mm`]: address spaces (mm_struct), VMAs, mmap_lock.
 //! 4. [`rmap`]: anon_vma and the folio rmap counters.
-//! 5. [`cpu`]: CPUs with software TLBs and shootdowns.
+//! 5. [`cpu`]: CPUs with software TLBs and shootdowns; [`sched`]: kernel
+//!    threads (kswapd) on those CPUs.
 //! 6. Operations: [`fault`] (the fault entry), [`memory`] (faults, zap, copy),
 //!    [`mmu_gather`], [`mmap`], [`fork`],
 //!    [`mprotect`], [`madvise`], [`huge_memory`], [`swap`] (the LRU batches,
@@ -40,6 +41,7 @@ pub mod mm;
 pub mod pgtable;
 pub mod rmap;
 pub mod rmap_walk;
+pub mod sched;
 pub use machine::{Machine, MachineConfig, OnCpu, ThpMode};
 pub mod check;
 pub mod fault;

@@ -336,9 +336,11 @@ pub struct Machine {
     demotion_enabled: AtomicBool,
     /// One kswapd per node, started on its first wakeup.
     kswapd: Box<[Kswapd]>,
+    /// Which CPU each kernel thread runs on ([`crate::sched`]).
+    pub sched: crate::sched::Runqueues,
     /// The host CPUs of the thread that made the machine, which its
     /// kswapds run on.
-    host_cpus: HostCpus,
+    host_cpus: crate::sched::HostCpus,
     /// This machine, for the threads it starts.
     me: crate::sync::OnceLock<std::sync::Weak<Machine>>,
     /// NUMA balancing's knobs.
@@ -351,10 +353,13 @@ pub struct Machine {
     born: std::time::Instant,
 }
 
-/// A node's kswapd (`pgdat->kswapd`): a thread of its
-/// own, which runs reclaim on a CPU of no user's (the kernel's kswapd is a
-/// kernel thread; the model gives it a CPU structure that never runs user
-/// code, so that its shootdowns reach every user CPU).
+/// A node's kswapd (`pgdat->kswapd`): a host thread of its own, which
+/// runs each of its passes on a CPU of its node taken from the user thread
+/// there ([`crate::sched`]), or beside the CPUs when none runs user code.
+/// It sends its shootdowns from a CPU structure of its own, which never
+/// runs user code, so that they reach every user CPU but the one it took,
+/// which is lazy meanwhile (as the kernel's kswapd, a kernel thread,
+/// leaves the CPU it runs on).
 struct Kswapd {
     cpu: Cpu,
     started: std::sync::Once,
@@ -425,7 +430,8 @@ impl Machine {
             demotion_enabled: AtomicBool::new(false),
             promote_rl: (0..nr_nodes).map(|_| Default::default()).collect(),
             kswapd,
-            host_cpus: HostCpus::of_this_thread(),
+            sched: crate::sched::Runqueues::new(nr_cpus),
+            host_cpus: crate::sched::HostCpus::of_this_thread(),
             me: crate::sync::OnceLock::new(),
             numa: Default::default(),
             migrc: Default::default(),
@@ -465,6 +471,30 @@ impl Machine {
     pub fn set_ipi_cost(&self, send_ns: u64, recv_ns: u64) {
         for c in self.cpus.iter() {
             c.set_ipi_cost(send_ns, recv_ns);
+        }
+    }
+
+    /// Whether kswapd runs on a CPU of its node, which stops running user
+    /// code meanwhile (on, the default: the kernel's scheduler does so), or
+    /// on a host thread beside the CPUs (off: every CPU keeps running user
+    /// code while kswapd runs, which a test of concurrency may want, and
+    /// where the host has no core to spare, kswapd's shootdowns wait for
+    /// their targets' threads to get one back). See [`crate::sched`].
+    pub fn set_kswapd_on_cpus(&self, on: bool) {
+        self.sched.set_on_cpus(on);
+    }
+
+    /// The CPUs node `nid`'s kswapd may run on: the node's, or all if it
+    /// has none (`kswapd`'s `cpumask_of_node`, left unset when empty).
+    fn kswapd_cpus_allowed(&self, nid: usize) -> u64 {
+        let mask_of = |pick: &dyn Fn(usize) -> bool| {
+            (0..self.cpus.len().min(cpu::MAX_CPUS))
+                .filter(|&id| pick(id))
+                .fold(0u64, |m, id| m | (1 << id))
+        };
+        match mask_of(&|id| self.config.cpus[id] == nid) {
+            0 => mask_of(&|_| true),
+            node => node,
         }
     }
 
@@ -733,7 +763,12 @@ impl crate::phys::page_alloc::Reclaimer for Machine {
 /// Start node `nid`'s kswapd: a thread that sleeps until woken, then runs
 /// `balance_pgdat` on the kswapd CPU. It holds the machine only while it
 /// runs, and ends when the machine goes.
-fn spawn_kswapd(m: std::sync::Weak<Machine>, wait: Arc<KswapdWait>, nid: usize, on: HostCpus) {
+fn spawn_kswapd(
+    m: std::sync::Weak<Machine>,
+    wait: Arc<KswapdWait>,
+    nid: usize,
+    on: crate::sched::HostCpus,
+) {
     let spawned = std::thread::Builder::new()
         .name(format!("kswapd{nid}"))
         .spawn(move || {
@@ -741,39 +776,6 @@ fn spawn_kswapd(m: std::sync::Weak<Machine>, wait: Arc<KswapdWait>, nid: usize, 
             kswapd_main(m, wait, nid)
         });
     debug_assert!(spawned.is_ok(), "kswapd{nid}: {spawned:?}");
-}
-
-/// The host CPUs a thread may run on (its affinity), as the thread that
-/// made the machine had them: a kswapd is started by whichever thread first
-/// wakes it, and a thread spawned inherits its maker's affinity, so a
-/// kswapd started from a CPU's thread pinned to one host CPU would share
-/// it with that CPU's work. The kernel binds kswapd to its node's CPUs,
-/// never to its waker's; the model gives it back the maker's set.
-#[derive(Clone, Copy)]
-struct HostCpus(Option<libc::cpu_set_t>);
-
-impl HostCpus {
-    fn of_this_thread() -> HostCpus {
-        // SAFETY: the set is zeroed, then filled by sched_getaffinity for
-        // the calling thread (0) within its size.
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            let ok = libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set);
-            HostCpus((ok == 0).then_some(set))
-        }
-    }
-
-    /// Put the calling thread on these CPUs (nothing if they were not
-    /// known, or cannot be had).
-    fn apply(self) {
-        if let Some(set) = self.0 {
-            // SAFETY: the set was filled by sched_getaffinity; 0 names the
-            // calling thread.
-            unsafe {
-                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-            }
-        }
-    }
 }
 
 /// `kswapd`: sleep, wake, balance the node, count the run.
@@ -817,6 +819,14 @@ fn kswapd_main(m: std::sync::Weak<Machine>, wait: Arc<KswapdWait>, nid: usize) {
             }
         }
         let _not_running = NotRunning(&k.running);
+        // On a CPU of its node, or beside them; given back after the run.
+        let run = m.sched.kthread_run(&m.cpus, m.kswapd_cpus_allowed(nid));
+        if run.cpu().is_some() {
+            // Model-only: a run begun in a user thread's place.
+            oncpu
+                .vmstat()
+                .count(oncpu.id(), Event::KSWAPD_RUN_ON_CPU, 1);
+        }
         match crate::vmscan::balance_pgdat(&oncpu, nid) {
             Some(0) => {
                 m.mem.nodes[nid].kswapd_failed();
@@ -903,6 +913,24 @@ impl<'m> OnCpu<'m> {
     /// waiting for this CPU; it catches up when it next runs.
     pub fn idle(&self) {
         self.cpu.enter_lazy(self.m.vmstat());
+    }
+
+    /// `schedule()` at an access, for a kernel thread woken to run on this
+    /// CPU ([`crate::sched`]): the thread stops running user code (the CPU
+    /// goes lazy, the mm stays loaded) and waits until the kernel thread
+    /// gives the CPU back. The access that follows returns to user mode,
+    /// catching up on the flushes that skipped the CPU meanwhile.
+    #[cold]
+    pub(crate) fn schedule(&self) {
+        self.idle();
+        self.m.sched.run_kthread(self.id());
+    }
+
+    /// `cond_resched()`: a kernel thread's run shares the CPU it took
+    /// ([`crate::sched::cond_resched`]); nothing on a CPU's own thread.
+    #[inline]
+    pub(crate) fn cond_resched(&self) {
+        crate::sched::cond_resched(&self.m.sched, &self.m.cpus);
     }
 
     #[inline]

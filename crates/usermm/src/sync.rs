@@ -82,9 +82,9 @@ pub use parking_lot::RawRwLock;
 /// tests run the engine's own shootdown code.
 pub mod checked {
     #[cfg(loom)]
-    pub use loom::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64};
+    pub use loom::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8};
     #[cfg(not(loom))]
-    pub use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64};
+    pub use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8};
 
     #[cfg(loom)]
     type Inner<T> = loom::sync::Mutex<T>;
@@ -110,6 +110,33 @@ pub mod checked {
             return self.0.lock().expect("no thread panics holding it");
             #[cfg(not(loom))]
             return self.0.lock();
+        }
+    }
+
+    /// A condition variable over [`Mutex`], whose waits and wakeups the
+    /// model checker sees (a lost wakeup is a deadlock it reports).
+    #[derive(Default)]
+    pub struct Condvar(
+        #[cfg(loom)] loom::sync::Condvar,
+        #[cfg(not(loom))] parking_lot::Condvar,
+    );
+
+    impl Condvar {
+        /// Release the guard's lock, wait to be woken (or spuriously), and
+        /// take the lock again.
+        pub fn wait<'a, T>(&self, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+            #[cfg(loom)]
+            return self.0.wait(guard).expect("no thread panics holding it");
+            #[cfg(not(loom))]
+            {
+                let mut guard = guard;
+                self.0.wait(&mut guard);
+                guard
+            }
+        }
+
+        pub fn notify_all(&self) {
+            self.0.notify_all();
         }
     }
 }

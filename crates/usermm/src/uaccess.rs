@@ -88,6 +88,9 @@ impl OnCpu<'_> {
     #[inline(never)]
     fn translate_slow(&self, addr: u64, write: bool) -> KResult<(Pfn, u64)> {
         let vmstat = self.vmstat();
+        if self.m.sched.kthread_waiting(self.id()) {
+            self.schedule();
+        }
         self.numa_tick();
         self.user_enter();
         let mut faults = 0;

@@ -356,6 +356,9 @@ pub fn shrink_node(oncpu: &OnCpu, nid: usize, sc: &mut ScanControl) {
                 shrink_active_list(oncpu, nid, *lru, chunk, sc);
             }
         }
+        // kswapd shares the CPU it runs on (direct reclaim runs on its
+        // own CPU's thread, for which this is nothing).
+        oncpu.cond_resched();
         if sc.nr_reclaimed - start >= sc.nr_to_reclaim && !proportional {
             break;
         }

@@ -118,6 +118,7 @@ counters! {
         NUMA_PROMOTE_REFUSED => "usermm_numa_promote_refused",
         KSWAPD_FAILURE => "usermm_kswapd_failure",
         KSWAPD_WAKEUP_HOPELESS => "usermm_kswapd_wakeup_hopeless",
+        KSWAPD_RUN_ON_CPU => "usermm_kswapd_run_on_cpu",
         MIGRC_FLUSH_WP_FAULT => "usermm_migrc_flush_wp_fault",
         MIGRC_FLUSH_WATERMARK => "usermm_migrc_flush_watermark",
         MIGRC_FLUSH_PRESSURE => "usermm_migrc_flush_pressure",

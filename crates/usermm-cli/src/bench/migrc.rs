@@ -54,20 +54,25 @@
 //!   cores: `migrc`'s over `off`'s 0.89 to 1.08 in three runs, with 95%
 //!   intervals as wide as [0.67, 1.24].
 //!
-//! kswapd is one more thread, which sleeps between its runs (the kernel's
-//! runs on its node's CPUs, between the workload's threads). The table's
-//! `us waiting for shootdowns` row shows what those waits cost: at the
-//! default scale `off`'s kswapd waited some 33 ms of a half-second round
-//! (twelve rounds, two CPUs on two cores), MIGRC's half a millisecond.
-//! At ten times the scale (a 170 MiB fast node, `--scan-size-mb 256`)
-//! kswapd balances the node almost without pause, its thread and the two
-//! CPUs' share the two cores, and `off`'s kswapd waited 2.0 s of a 2.4 s
-//! round, a millisecond a shootdown: demotions, and with them the room
-//! for promotions, then ran at a sixth of MIGRC's pace, and `off` migrated
-//! a sixth of MIGRC's pages. On hardware an IPI takes microseconds and
-//! interrupts its target wherever it runs, so that gap is the two-core
-//! host's, not MIGRC's: compare pages migrated across arms only where
-//! kswapd's waits are a small share of the round.
+//! kswapd runs on node 0's CPUs, as the kernel's runs on its node's: a
+//! run that finds both CPUs running lookups takes one, whose thread stops
+//! (lazy) while kswapd runs there, and at each `cond_resched` past a
+//! scheduler slice gives it back for a slice, as CFS shares a CPU between
+//! two tasks ([`usermm::sched`]; the table's `on a workload CPU` counts
+//! the runs begun so; the others began while a CPU was in a fault, and
+//! take one at their next `cond_resched`). Before it did, kswapd was one
+//! more host thread beside the two CPUs' on the host's two cores, and each
+//! of its shootdowns waited for a target's thread to get a core back: the
+//! table's `us waiting for shootdowns` row showed `off`'s kswapd waiting
+//! some 33 ms of a half-second round at the default scale, and 2.0 s of a
+//! 2.4 s round at ten times the scale (a 170 MiB fast node,
+//! `--scan-size-mb 256`), where demotions, and with them the room for
+//! promotions, then ran at a sixth of MIGRC's pace. Now a taken CPU is
+//! skipped by kswapd's shootdowns, and the other has its host core:
+//! `off`'s kswapd waits some 3.5 ms of a 0.65 s round at the default
+//! scale, and 82 ms of a 2.2 s round at ten times it (one round), and the
+//! time kswapd takes from the lookups counts in the runtime, as it does on
+//! the seed's guest.
 //!
 //! Each arm runs on a fresh machine, with `migration_entry_ad` on (the
 //! host: a written page keeps its dirty bit across migration, so it never
@@ -256,14 +261,16 @@ const ATTRIBUTED: [(Event, &str); 7] = [
 /// whatever their heat); the pages of those refused for want of room
 /// above the fast node's high watermark (`migrate_balanced_pgdat`,
 /// model-only); the pages promoted; those kswapd and direct reclaim
-/// demoted; and kswapd's runs, those that reclaimed nothing, and the
-/// wakeups it slept through, its node hopeless after 16 such runs
-/// (model-only counts); and the time every sender, and kswapd alone, waited
+/// demoted; and kswapd's runs, those made on a CPU taken from the
+/// workload (the others ran beside the CPUs, none of them running user
+/// code when kswapd woke), those that reclaimed nothing, and the wakeups it
+/// slept through, its node hopeless after 16 such runs (model-only
+/// counts); and the time every sender, and kswapd alone, waited
 /// for shootdowns to be acknowledged (model-only, microseconds: hardware's
 /// IPIs take a few, the model's targets answer between their accesses and
 /// may wait for a host core). A difference in pages migrated between the
 /// arms shows here first.
-const TIERING: [(&str, &str); 11] = [
+const TIERING: [(&str, &str); 12] = [
     ("numa_hint_faults", "hinting faults"),
     ("pgpromote_candidate", "pages hot enough to promote"),
     ("pgpromote_candidate_nrl", "  with room to spare"),
@@ -275,6 +282,7 @@ const TIERING: [(&str, &str); 11] = [
     ("pgdemote_kswapd", "pages demoted by kswapd"),
     ("pgdemote_direct", "  by direct reclaim"),
     ("pageoutrun", "kswapd runs"),
+    ("usermm_kswapd_run_on_cpu", "  on a workload CPU"),
     ("usermm_kswapd_failure", "  that reclaimed nothing"),
     (
         "usermm_kswapd_wakeup_hopeless",

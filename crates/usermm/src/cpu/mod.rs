@@ -433,6 +433,14 @@ impl<M: TlbMm> Cpu<M> {
         }
     }
 
+    /// `smp_send_reschedule`: make the CPU's next access take the slow
+    /// path, where it looks whether a kernel thread waits to run on it
+    /// ([`crate::sched`]). Nothing is posted: the raised flag finds the
+    /// mailbox empty, and costs the CPU one look at it.
+    pub fn send_reschedule(&self) {
+        self.mail.raise();
+    }
+
     fn post(&self, req: Arc<FlushRequest<M>>) {
         self.mailbox.lock().push(req);
         self.mail.raise();
