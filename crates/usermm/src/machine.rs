@@ -485,7 +485,9 @@ impl Machine {
     }
 
     /// The CPUs node `nid`'s kswapd may run on: the node's, or all if it
-    /// has none (`kswapd`'s `cpumask_of_node`, left unset when empty).
+    /// has none (the kthread core's affinity for a kthread created on a
+    /// node, since 6.14; `kswapd`'s `cpumask_of_node`, when not empty,
+    /// before).
     fn kswapd_cpus_allowed(&self, nid: usize) -> u64 {
         let mask_of = |pick: &dyn Fn(usize) -> bool| {
             (0..self.cpus.len().min(cpu::MAX_CPUS))
@@ -918,8 +920,8 @@ impl<'m> OnCpu<'m> {
     /// `schedule()` at an access, for a kernel thread woken to run on this
     /// CPU ([`crate::sched`]): the thread stops running user code (the CPU
     /// goes lazy, the mm stays loaded) and waits until the kernel thread
-    /// gives the CPU back. The access that follows returns to user mode,
-    /// catching up on the flushes that skipped the CPU meanwhile.
+    /// gives the CPU back. The caller then returns to user mode, catching
+    /// up on the flushes that skipped the CPU meanwhile.
     #[cold]
     pub(crate) fn schedule(&self) {
         self.idle();

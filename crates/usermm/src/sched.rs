@@ -9,21 +9,26 @@
 //! turns on the host's cores, and every shootdown kswapd sends waits until
 //! each target's thread has a core again: a scheduler slice, where an IPI
 //! costs microseconds. The kernel binds kswapd to its node's CPUs (to all
-//! CPUs if its node has none: `kswapd`'s `set_cpus_allowed_ptr`); woken,
-//! it runs on one that is idle if there is one, and otherwise shares one
-//! with the task there, a slice each (CFS). While it runs the CPU is in
+//! housekeeping CPUs if its node has none: since 6.14 the kthread core
+//! does, as `kswapd_run` creates it on its node; `kswapd` itself did
+//! before); woken, it runs on one that is idle if there is one, and
+//! otherwise shares one with the task there, a slice each (EEVDF). While
+//! it runs the CPU is in
 //! lazy TLB mode (a kernel thread borrows the mm the CPU had loaded), so
 //! flushes skip it.
 //!
 //! So a kernel thread's run ([`Runqueues::kthread_run`]) runs beside the
 //! CPUs' threads while one of its CPUs is idle (no thread plays it, or its
-//! thread is lazy): the host core that CPU's thread left is the one it
-//! runs on. Otherwise it takes a CPU that runs user code, whose thread
-//! stops until the CPU is given back. At its [`cond_resched`] points (the
-//! kernel's), a run that has had a CPU for a slice
-//! ([`sched_base_slice`]) gives it back and waits a slice, the user
-//! thread's turn, before it takes one again; a run beside the CPUs takes
-//! one once none of its CPUs is idle.
+//! thread is lazy), as on that CPU: where the CPUs' threads are pinned one
+//! to a host core, as the experiments pin them, that core is free.
+//! Otherwise it takes a CPU that runs user code, whose thread stops until
+//! the CPU is given back, and runs on that thread's host CPUs. At its
+//! [`cond_resched`] points (the kernel's), a run that has had a CPU for a
+//! slice ([`sched_base_slice`]) gives it back and asks for none for a
+//! slice, the user thread's turn, which it waits out unless another of its
+//! CPUs is idle; a run beside the CPUs takes one once none of its CPUs is
+//! idle. A run whose CPUs did not answer in time asks again a slice
+//! later.
 //!
 //! # The protocol
 //!
@@ -307,33 +312,48 @@ impl Runqueues {
     /// drops. Kernel threads do not nest.
     pub fn kthread_run<'a, M: TlbMm>(&'a self, cpus: &'a [Cpu<M>], allowed: u64) -> KthreadRun<'a> {
         CURRENT.with(|c| {
-            debug_assert!(c.get().is_none(), "kernel thread runs nest");
+            // A nested run would overwrite the lease of the CPU the outer
+            // one has, which would then never be given back.
+            assert!(c.get().is_none(), "kernel thread runs nest");
             c.set(Some(Kthread {
+                rqs: std::ptr::from_ref(self) as usize,
                 allowed,
                 lease: None,
+                not_before: None,
                 slice: sched_base_slice(cpus.len()),
             }));
         });
-        let run = KthreadRun { rqs: self };
+        let run = KthreadRun {
+            rqs: self,
+            _not_send: std::marker::PhantomData,
+        };
         try_take(self, cpus);
         run
     }
 }
 
-/// `sysctl_sched_base_slice`: 0.75 ms, scaled by `1 + ilog2(CPUs)` with
-/// the CPUs counted up to 8 (`SCHED_TUNABLESCALING_LOG`): how long a
-/// kernel thread runs on a CPU before the user thread there has its turn.
+/// `sysctl_sched_base_slice`: 0.70 ms since 6.15 (0.75 ms before),
+/// scaled by `1 + ilog2(CPUs)` with the CPUs counted up to 8
+/// (`SCHED_TUNABLESCALING_LOG`, `get_update_sysctl_factor`): how long
+/// EEVDF lets a kernel thread run on a CPU before the user thread there
+/// has its turn.
 pub fn sched_base_slice(nr_cpus: usize) -> Duration {
     let factor = 1 + nr_cpus.clamp(1, 8).ilog2();
-    Duration::from_micros(750 * u64::from(factor))
+    Duration::from_micros(700 * u64::from(factor))
 }
 
 /// The calling thread's kernel-thread run, between [`Runqueues::kthread_run`]
 /// and the drop of its value: the CPUs it may have, and the one it has.
 #[derive(Clone, Copy)]
 struct Kthread {
+    /// The address of the [`Runqueues`] the run is on, checked by
+    /// [`cond_resched`], which another machine's thread could call.
+    rqs: usize,
     allowed: u64,
     lease: Option<Lease>,
+    /// No CPU is asked for before then: the user thread's turn after a
+    /// give-back, or a wait after CPUs that did not answer.
+    not_before: Option<Instant>,
     slice: Duration,
 }
 
@@ -355,6 +375,8 @@ std::thread_local! {
 /// A kernel thread's run ([`Runqueues::kthread_run`]).
 pub struct KthreadRun<'a> {
     rqs: &'a Runqueues,
+    /// The run belongs to its thread (its state is thread-local).
+    _not_send: std::marker::PhantomData<*const ()>,
 }
 
 impl KthreadRun<'_> {
@@ -374,18 +396,30 @@ impl Drop for KthreadRun<'_> {
     }
 }
 
-/// Take a CPU for the calling thread's run, unless it has one or one of
-/// its CPUs is idle; then run where that CPU's thread ran, whose host core
-/// its wait frees (the kernel thread's own set may hold other CPUs'
-/// threads' cores, which the host would leave it on).
+/// The calling thread's run on `rqs`, if it is in one.
+fn current(rqs: &Runqueues) -> Option<Kthread> {
+    CURRENT
+        .with(|c| c.get())
+        .filter(|k| k.rqs == std::ptr::from_ref(rqs) as usize)
+}
+
+/// Take a CPU for the calling thread's run, unless it has one, one of its
+/// CPUs is idle, or it waits for a turn (`not_before`); then run where
+/// that CPU's thread ran, whose host core its wait frees where the CPUs'
+/// threads are pinned one to a core (the kernel thread's own set may hold
+/// other CPUs' threads' cores, which the host would leave it on). A run
+/// whose CPUs did not answer asks again only a slice later.
 fn try_take<M: TlbMm>(rqs: &Runqueues, cpus: &[Cpu<M>]) {
-    let Some(k) = CURRENT.with(|c| c.get()) else {
+    let Some(k) = current(rqs) else {
         return;
     };
-    if k.lease.is_some() || rqs.idle_cpu(cpus, k.allowed) {
+    let now = Instant::now();
+    if k.lease.is_some() || k.not_before.is_some_and(|t| now < t) || rqs.idle_cpu(cpus, k.allowed) {
         return;
     }
     let Some(id) = rqs.take_cpu(cpus, k.allowed) else {
+        let not_before = Some(Instant::now() + k.slice);
+        CURRENT.with(|c| c.set(Some(Kthread { not_before, ..k })));
         return;
     };
     let own = HostCpus::of_this_thread();
@@ -395,12 +429,18 @@ fn try_take<M: TlbMm>(rqs: &Runqueues, cpus: &[Cpu<M>]) {
         since: Instant::now(),
         own,
     });
-    CURRENT.with(|c| c.set(Some(Kthread { lease, ..k })));
+    CURRENT.with(|c| {
+        c.set(Some(Kthread {
+            lease,
+            not_before: None,
+            ..k
+        }))
+    });
 }
 
 /// Give back the CPU the calling thread's run has, if any.
 fn give_back_lease(rqs: &Runqueues) {
-    let Some(k) = CURRENT.with(|c| c.get()) else {
+    let Some(k) = current(rqs) else {
         return;
     };
     if let Some(l) = k.lease {
@@ -411,22 +451,31 @@ fn give_back_lease(rqs: &Runqueues) {
 }
 
 /// `cond_resched()`: in a kernel thread's run, a thread that has run a
-/// slice on a CPU gives it back and, unless a CPU of its own is idle by
-/// now, waits a slice (the user thread's turn: CFS shares a CPU so between
-/// two runnable tasks) before it takes one again; a run without a CPU takes
-/// one once none of its CPUs is idle. Nothing for a thread that plays a
-/// CPU.
+/// slice on a CPU gives it back, and asks for none for a slice, the user
+/// thread's turn (EEVDF shares a CPU so between two runnable tasks): it
+/// waits that slice out unless a CPU of its own is idle (the one it gave
+/// back does not count: its thread has its turn), where it runs
+/// meanwhile. A run without a CPU takes one once none of its CPUs is idle
+/// and its turn has come. Nothing for a thread that plays a CPU.
 pub fn cond_resched<M: TlbMm>(rqs: &Runqueues, cpus: &[Cpu<M>]) {
-    let Some(k) = CURRENT.with(|c| c.get()) else {
+    let Some(k) = current(rqs) else {
         return;
     };
     match k.lease {
         Some(l) if l.since.elapsed() >= k.slice => {
             give_back_lease(rqs);
-            if !rqs.idle_cpu(cpus, k.allowed) {
-                std::thread::sleep(k.slice);
+            let turn = Instant::now() + k.slice;
+            CURRENT.with(|c| {
+                c.set(Some(Kthread {
+                    lease: None,
+                    not_before: Some(turn),
+                    ..k
+                }))
+            });
+            if !rqs.idle_cpu(cpus, k.allowed & !(1 << l.id)) {
+                std::thread::sleep(turn.saturating_duration_since(Instant::now()));
+                try_take(rqs, cpus);
             }
-            try_take(rqs, cpus);
         }
         Some(_) => {}
         None => try_take(rqs, cpus),

@@ -88,14 +88,18 @@ impl OnCpu<'_> {
     #[inline(never)]
     fn translate_slow(&self, addr: u64, write: bool) -> KResult<(Pfn, u64)> {
         let vmstat = self.vmstat();
-        if self.m.sched.kthread_waiting(self.id()) {
-            self.schedule();
-        }
         self.numa_tick();
         self.user_enter();
         let mut faults = 0;
         loop {
             self.cpu.poll(vmstat);
+            // After the mailbox, whose flag a reschedule IPI raised: a
+            // kernel thread that asked for the CPU runs now.
+            if self.m.sched.kthread_waiting(self.id()) {
+                self.schedule();
+                self.user_enter();
+                continue;
+            }
             let (pgd, slot) = self.cpu.loaded_pgd().ok_or(Errno::EFAULT)?;
             let tlb = &self.cpu.tlb;
             match tlb.lookup(slot, addr) {

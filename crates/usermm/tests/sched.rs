@@ -102,20 +102,24 @@ fn a_kernel_thread_shares_the_cpu_it_took_slice_by_slice() {
         let run = m.sched.kthread_run(&m.cpus, 0b10);
         assert_eq!(run.cpu(), Some(1));
         let before = loads.load(Ordering::Relaxed);
-        // Past a slice, the next point gives the CPU back for a slice.
+        // Past a slice, the next point gives the CPU back and waits out
+        // the user thread's turn (CPU 0, having no thread, is idle but is
+        // not one of the run's CPUs), during which CPU 1's thread runs.
         std::thread::sleep(sched_base_slice(2) * 2);
         assert_eq!(loads.load(Ordering::Relaxed), before);
+        let (mut turns, mut taken_again) = (0, 0);
         let end = Instant::now() + Duration::from_millis(50);
-        let mut taken_again = 0;
         while Instant::now() < end {
+            let had = run.cpu() == Some(1);
+            let at = loads.load(Ordering::Relaxed);
             cond_resched(&m.sched, &m.cpus);
+            if had && loads.load(Ordering::Relaxed) > at {
+                turns += 1;
+            }
             taken_again += usize::from(run.cpu() == Some(1));
             std::thread::sleep(Duration::from_micros(100));
         }
-        assert!(
-            loads.load(Ordering::Relaxed) > before,
-            "the user thread never had its turn"
-        );
+        assert!(turns > 0, "the user thread never had its turn");
         assert!(taken_again > 0, "the run never took the CPU again");
         drop(run);
         assert!(!m.sched.is_taken(1));

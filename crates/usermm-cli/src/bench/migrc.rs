@@ -57,7 +57,7 @@
 //! kswapd runs on node 0's CPUs, as the kernel's runs on its node's: a
 //! run that finds both CPUs running lookups takes one, whose thread stops
 //! (lazy) while kswapd runs there, and at each `cond_resched` past a
-//! scheduler slice gives it back for a slice, as CFS shares a CPU between
+//! scheduler slice gives it back for a slice, as EEVDF shares a CPU between
 //! two tasks ([`usermm::sched`]; the table's `on a workload CPU` counts
 //! the runs begun so; the others began while a CPU was in a fault, and
 //! take one at their next `cond_resched`). Before it did, kswapd was one

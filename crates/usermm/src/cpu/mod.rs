@@ -434,10 +434,13 @@ impl<M: TlbMm> Cpu<M> {
     }
 
     /// `smp_send_reschedule`: make the CPU's next access take the slow
-    /// path, where it looks whether a kernel thread waits to run on it
-    /// ([`crate::sched`]). Nothing is posted: the raised flag finds the
-    /// mailbox empty, and costs the CPU one look at it.
+    /// path, where, after its mailbox, it looks whether a kernel thread
+    /// waits to run on it ([`crate::sched`]). Nothing is posted: the raised
+    /// flag finds the mailbox empty. The mailbox lock is taken first, as a
+    /// poster takes it, so that a CPU that saw the flag, and then took the
+    /// lock to lower it, sees what the caller stored before (the request).
     pub fn send_reschedule(&self) {
+        drop(self.mailbox.lock());
         self.mail.raise();
     }
 
