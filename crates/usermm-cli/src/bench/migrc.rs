@@ -69,10 +69,10 @@
 //! `--scan-size-mb 256`), where demotions, and with them the room for
 //! promotions, then ran at a sixth of MIGRC's pace. Now a taken CPU is
 //! skipped by kswapd's shootdowns, and the other has its host core:
-//! `off`'s kswapd waits some 3.5 ms of a 0.65 s round at the default
-//! scale, and 82 ms of a 2.2 s round at ten times it (one round), and the
-//! time kswapd takes from the lookups counts in the runtime, as it does on
-//! the seed's guest.
+//! `off`'s kswapd waits some 1.7 ms of a 0.54 s round at the default
+//! scale (twelve rounds), and 82 ms of a 2.2 s round at ten times it (one
+//! round), and the time kswapd takes from the lookups counts in the
+//! runtime, as it does on the seed's guest.
 //!
 //! Each arm runs on a fresh machine, with `migration_entry_ad` on (the
 //! host: a written page keeps its dirty bit across migration, so it never
