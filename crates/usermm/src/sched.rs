@@ -515,3 +515,48 @@ impl HostCpus {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::sched_base_slice;
+
+    /// The host kernel is the oracle: its scheduler's debug file gives
+    /// the base slice it worked out for its online CPUs (in ms), which must
+    /// be what [`sched_base_slice`] works out for as many. Skipped where
+    /// the file cannot be read (debugfs not mounted, or not root); a host
+    /// whose slice was tuned by hand would differ.
+    #[test]
+    fn sched_base_slice_agrees_with_the_host_kernel() {
+        let Ok(text) = std::fs::read_to_string("/sys/kernel/debug/sched/debug") else {
+            eprintln!("skipped: the scheduler's debug file cannot be read");
+            return;
+        };
+        let Some(ms) = text
+            .lines()
+            .find(|l| l.trim_start().starts_with(".sysctl_sched_base_slice"))
+            .and_then(|l| l.split(':').nth(1))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+        else {
+            eprintln!("skipped: no base slice in the scheduler's debug file");
+            return;
+        };
+        // SAFETY: sysconf reads a system setting; no pointer is passed.
+        let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+        assert!(online > 0);
+        let host_us = (ms * 1000.0).round() as u128;
+        assert_eq!(
+            sched_base_slice(online as usize).as_micros(),
+            host_us,
+            "{online} CPUs"
+        );
+    }
+
+    /// The scaling's steps: 1, 2, 3 and 4 times 0.70 ms, the last from 8
+    /// CPUs on.
+    #[test]
+    fn the_base_slice_grows_with_the_log_of_the_cpus_up_to_eight() {
+        let us = |n| sched_base_slice(n).as_micros();
+        assert_eq!([us(1), us(2), us(3), us(4)], [700, 1400, 1400, 2100]);
+        assert_eq!([us(8), us(16), us(64)], [2800, 2800, 2800]);
+    }
+}

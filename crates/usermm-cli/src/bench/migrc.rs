@@ -70,9 +70,9 @@
 //! promotions, then ran at a sixth of MIGRC's pace. Now a taken CPU is
 //! skipped by kswapd's shootdowns, and the other has its host core:
 //! `off`'s kswapd waits some 1.7 ms of a 0.54 s round at the default
-//! scale (twelve rounds), and half a millisecond of a 1.8 s round at ten
-//! times it (three rounds), where the arms now migrate within 7% of each
-//! other; and the time kswapd takes from the lookups counts in the
+//! scale (twelve rounds), and a quarter of a millisecond of a 1.9 s round
+//! at ten times it (six rounds), where the arms now migrate within 12% of
+//! each other; and the time kswapd takes from the lookups counts in the
 //! runtime, as it does on the seed's guest.
 //!
 //! Each arm runs on a fresh machine, with `migration_entry_ad` on (the
