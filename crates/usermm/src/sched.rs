@@ -214,7 +214,7 @@ impl Runqueues {
             taken.is_some() || Instant::now() >= deadline
         });
         // Withdraw the other requests; one taken meanwhile goes back.
-        for id in (0..self.rqs.len()).filter(|&id| asked & (1 << id) != 0) {
+        for id in self.ids_in(asked) {
             if Some(id) == taken || self.withdraw(id) {
                 continue;
             }
@@ -278,9 +278,13 @@ impl Runqueues {
 
     /// The first CPU of `asked` that has stopped for the kernel thread.
     fn find_taken(&self, asked: u64) -> Option<usize> {
-        (0..self.rqs.len())
-            .filter(|&id| asked & (1 << id) != 0)
+        self.ids_in(asked)
             .find(|&id| self.rqs[id].state.load(Ordering::Acquire) == TAKEN)
+    }
+
+    /// The ids of the CPUs of `mask`.
+    fn ids_in(&self, mask: u64) -> impl Iterator<Item = usize> {
+        (0..self.rqs.len()).filter(move |&id| mask & (1 << id) != 0)
     }
 
     /// Whether a kernel thread runs on `cpu` now (for tests).
@@ -310,7 +314,7 @@ impl Runqueues {
     /// user code, if one stops for it in time. The run shares the CPU at
     /// its [`cond_resched`] points, and gives it back when the value
     /// drops. Kernel threads do not nest.
-    pub fn kthread_run<'a, M: TlbMm>(&'a self, cpus: &'a [Cpu<M>], allowed: u64) -> KthreadRun<'a> {
+    pub fn kthread_run<'a, M: TlbMm>(&'a self, cpus: &[Cpu<M>], allowed: u64) -> KthreadRun<'a> {
         CURRENT.with(|c| {
             // A nested run would overwrite the lease of the CPU the outer
             // one has, which would then never be given back.

@@ -39,17 +39,26 @@ fn spin_loads(c: &OnCpu, stop: &AtomicBool, loads: &AtomicU64) {
     c.idle();
 }
 
+/// Run `f` while CPU 1 of `m` loads a page of its own throughout (from
+/// its first load on), counting into the counter `f` is lent; then stop
+/// it.
+fn while_cpu1_loads(m: &Machine, f: impl FnOnce(&AtomicU64)) {
+    let (stop, loads) = (AtomicBool::new(false), AtomicU64::new(0));
+    std::thread::scope(|s| {
+        let _stop = StopOnDrop(&stop);
+        s.spawn(|| spin_loads(&m.bind(1).unwrap(), &stop, &loads));
+        wait_until("CPU 1 to run", || loads.load(Ordering::Relaxed) > 0);
+        f(&loads);
+    });
+}
+
 /// A kernel thread takes only a CPU that runs user code, among those
 /// allowed it; the CPU goes lazy and makes no progress until it is given
 /// back; and with kernel threads off the CPUs, none is taken.
 #[test]
 fn a_taken_cpu_stands_still_until_it_is_given_back() {
     let m = Machine::new(MachineConfig::single_node(64 << 20, 2)).unwrap();
-    let (stop, loads) = (AtomicBool::new(false), AtomicU64::new(0));
-    std::thread::scope(|s| {
-        let _stop = StopOnDrop(&stop);
-        s.spawn(|| spin_loads(&m.bind(1).unwrap(), &stop, &loads));
-        wait_until("CPU 1 to run", || loads.load(Ordering::Relaxed) > 0);
+    while_cpu1_loads(&m, |loads| {
         // CPU 0 has no thread: it is not asked, and none is waited for.
         let t = Instant::now();
         assert!(m.sched.take_cpu(&m.cpus, 0b01).is_none());
@@ -90,11 +99,7 @@ fn a_taken_cpu_stands_still_until_it_is_given_back() {
 fn a_kernel_thread_shares_the_cpu_it_took_slice_by_slice() {
     use usermm::sched::{cond_resched, sched_base_slice};
     let m = Machine::new(MachineConfig::single_node(64 << 20, 2)).unwrap();
-    let (stop, loads) = (AtomicBool::new(false), AtomicU64::new(0));
-    std::thread::scope(|s| {
-        let _stop = StopOnDrop(&stop);
-        s.spawn(|| spin_loads(&m.bind(1).unwrap(), &stop, &loads));
-        wait_until("CPU 1 to run", || loads.load(Ordering::Relaxed) > 0);
+    while_cpu1_loads(&m, |loads| {
         // CPU 0 has no thread: idle, so the run takes nothing.
         let run = m.sched.kthread_run(&m.cpus, 0b11);
         assert_eq!(run.cpu(), None, "a CPU is idle");
@@ -207,11 +212,7 @@ fn kswapd_runs_in_place_of_a_user_thread_of_its_node() {
         let m = Machine::new(MachineConfig::two_tiers(32 << 20, 256 << 20, 2)).unwrap();
         m.set_demotion_enabled(true);
         m.set_kswapd_on_cpus(on_cpus);
-        let (stop, loads) = (AtomicBool::new(false), AtomicU64::new(0));
-        std::thread::scope(|s| {
-            let _stop = StopOnDrop(&stop);
-            s.spawn(|| spin_loads(&m.bind(1).unwrap(), &stop, &loads));
-            wait_until("CPU 1 to run", || loads.load(Ordering::Relaxed) > 0);
+        while_cpu1_loads(&m, |_| {
             let c0 = m.bind(0).unwrap();
             c0.new_mm().unwrap();
             let len = 48 << 20;
@@ -225,7 +226,6 @@ fn kswapd_runs_in_place_of_a_user_thread_of_its_node() {
             }
             // Idle first: kswapd's shootdowns wait for CPUs in user mode.
             c0.idle();
-            stop.store(true, Ordering::Relaxed);
         });
         m.kswapd_quiesce();
         let v = m.vmstat();
