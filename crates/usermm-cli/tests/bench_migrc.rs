@@ -7,14 +7,38 @@
 
 mod common;
 
+/// A tenth of the built-in machine (16 MiB of DRAM with two CPUs beside
+/// 64 MiB of slow memory), written into the test's folder: a grid of
+/// 24 MiB, which a test builds in a second, scanned 1 MB at a time.
+fn small_machine(dir: &std::path::Path) -> Vec<String> {
+    let f = dir.join("small.toml");
+    std::fs::write(
+        &f,
+        "[[node]]\nsize = \"16M\"\ncpus = 2\n[[node]]\nsize = \"64M\"\ntier = \"slow\"\n",
+    )
+    .expect("a machine file");
+    vec!["--machine".into(), f.display().to_string()]
+}
+
 #[test]
 fn migrc_keeps_sources_only_when_pages_come_back_clean() {
     // Warmed up long enough that, on two CPUs, pages the build wrote have
     // been demoted and promoted back clean before the measured part.
     let v = common::bench_json(
         "migrc",
-        &["--runs", "1", "--lookups", "50000", "--warmup", "300000"],
-        |_| Vec::new(),
+        &[
+            "--runs",
+            "1",
+            "--lookups",
+            "50000",
+            "--warmup",
+            "300000",
+            "--scan-size-mb",
+            "1",
+            "--migration-entry-ad",
+            "both",
+        ],
+        small_machine,
     );
     let rows = v["rows"].as_array().expect("rows");
     assert_eq!(rows.len(), 6, "{v}");
@@ -93,4 +117,43 @@ fn migrc_keeps_sources_only_when_pages_come_back_clean() {
             assert_eq!(luf_run, 0, "{r}");
         }
     }
+}
+
+/// `--arms` and `--migration-entry-ad` choose the rows: here `off` and
+/// `migrc` with migrated pages coming back clean, and nothing else.
+#[test]
+fn arms_and_ad_settings_can_be_chosen() {
+    let v = common::bench_json(
+        "migrc",
+        &[
+            "--runs",
+            "1",
+            "--lookups",
+            "5000",
+            "--warmup",
+            "5000",
+            "--arms",
+            "migrc,off",
+            "--migration-entry-ad",
+            "off",
+            "--scan-size-mb",
+            "1",
+        ],
+        small_machine,
+    );
+    let rows = v["rows"].as_array().expect("rows");
+    let arms: Vec<(&str, bool)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["arm"].as_str().unwrap(),
+                r["migration_entry_ad"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(arms, [("off", false), ("migrc", false)], "{v}");
+    assert!(
+        rows[1]["ratio"].is_number(),
+        "migrc is compared with off: {v}"
+    );
 }

@@ -129,6 +129,9 @@ fn bench_options_are_checked_before_anything_runs() {
         &["bench", "migrc", "--ipi-cost", "fast"],
         &["bench", "migrc", "--thp", "inherit"],
         &["bench", "migrc", "--thp", "sometimes"],
+        &["bench", "migrc", "--arms", "migrc,luf"],
+        &["bench", "migrc", "--arms", "off,mglru"],
+        &["bench", "migrc", "--migration-entry-ad", "maybe"],
     ] {
         let mut c = usermm();
         c.args(args);

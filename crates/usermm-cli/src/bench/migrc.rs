@@ -30,26 +30,78 @@
 //! oracle for this workload; `tests/migrc.rs` checks MIGRC's rules with
 //! the full shadow memory).
 //!
+//! # Scaled for the model
+//!
+//! The seed's guest had 1 GiB of DRAM, 8 GiB of slow memory, 16 CPUs and
+//! `XSBench -p 100000000` (about 5.6 GB of grids, a run of 38 minutes),
+//! and NUMA balancing scanned 256 MB (`scan_size_mb`, the kernel's
+//! default) every 2.7 s for most of its run: under a thousand scans,
+//! some 30,000 pages migrated in each with MIGRC off. Here the fast node
+//! holds 170 MiB and the slow one 680 MiB, the grid 255 MiB, with 4 CPUs
+//! (2 on a two-core host), and the scan keeps the kernel's 256 MB, which
+//! covers the whole grid: some 21,000 pages migrate a scan with MIGRC
+//! off. What was kept is what decides the seed's counters:
+//!
+//! * **Pages migrated a scan.** A scan sends its own shootdowns (its range
+//!   flush, and a flush of the mm at each PTE table where it finds one
+//!   pending, `flush_tlb_batched_pending`, up to 128 a scan of 256 MB),
+//!   alike in every arm; the pages migrated between scans set what those
+//!   weigh against the migrations' own. The table counts them apart
+//!   (`usermm_numa_scan_remote_flush`); the seed's counters do not.
+//! * **A scan's pending flush lasts as long as a scan of 256 MB takes.**
+//!   A promotion of a hinting entry while the scan's flush is pending
+//!   (`mm->tlb_flush_pending`, from its mmu_gather until its shootdown is
+//!   done) counts as accessible (`pte_accessible`) and queues a flush,
+//!   local and remote: `off`'s hinting-fault migrations send some 1,700
+//!   shootdowns a round, which MIGRC defers. That is where
+//!   `nr_tlb_local_flush_all` falls (by 76% to 80% here in three runs of
+//!   six rounds; the seed's: 57.5%).
+//!
+//! This bench ran smaller before: a 16 MiB fast node, a 24 MiB grid, a
+//! scan of 1 MB (a twelfth of the grid, as 256 MB was a twenty-second of
+//! the seed's) every 40 ms. A scan there migrated a few hundred pages
+//! (per page migrated, over a hundred times as many scans as the seed's
+//! run made), so that the scan's flushes were 24 of the 34 MIGRC still
+//! sent (0.101× `off`'s, on the aim's line, over twelve rounds); and a
+//! scan of one PTE table was over too soon for promotions to land in its
+//! pending flush, so that `nr_tlb_local_flush_all`, nearly all the scan's
+//! own, did not move (26 and 26). `--machine`, `--scan-size-mb`,
+//! `--lookups` and `--warmup` set each of these back.
+//!
+//! The measured part is 2,000,000 lookups per CPU, some five seconds on
+//! two CPUs: five scans, so that a round's migrations do not step with
+//! whether one more scan landed in it, as they did in rounds of 500,000
+//! (one or two scans: one round's `migrc` migrated 2.2 times `off`'s
+//! pages, and ran 1.29 times as long). The scan period starts as the
+//! kernel's does (`task_scan_min`, at its default `scan_period_min_ms` of
+//! 1 s, shared among the scans that cover what the process has resident:
+//! here one, so 1 s). In tiering mode the kernel's then doubles at the
+//! first promotion of each later pass, up to `task_scan_max`
+//! (`scan_period_max_ms`, 60 s); the seed's reached 2.7 s within about a
+//! minute of its 38. A round here lasts seconds, in which the doubling
+//! would leave a scan or none: `scan_period_max_ms` is set to the
+//! minimum's 1 s, and the period stays there.
+//!
+//! # The host's cores
+//!
 //! Why the machine has no more CPUs than the host has cores: four, or two
 //! on a two-core host (`--machine` can give more). A shootdown waits for
 //! each target CPU's thread to take its request, which costs the
 //! mailbox's round trip while that thread has a host core of its own, and
 //! a scheduler slice (milliseconds, where an IPI costs microseconds) while
 //! it waits for one. Four CPUs on two cores, as this bench had before
-//! (figures from when each node had the reserve of a machine of its own
-//! size; see the reserve, below):
+//! (at the smaller scale, and when each node had the reserve of a machine
+//! of its own size; see the reserve, below):
 //! * kswapd, whose demotions make the room every promotion needs, spent
 //!   its runs waiting on those slices. MIGRC skips most of those waits, so
 //!   there it migrated a third more pages than `off` (+31% to +37% in
 //!   three runs), where with two CPUs on the same two cores the two
 //!   migrated within 13% of each other (−13% to +10% in seven runs).
-//! * A scan's flush stays pending (`mm->tlb_flush_pending`, from its
-//!   mmu_gather until its own shootdown is done) for as long as those
-//!   waits last, and a promotion of a hinting entry meanwhile counts as
-//!   accessible (`pte_accessible`) and queues a flush: `off` sent 184 to
-//!   211 shootdowns per 1000 pages migrated there, 94 to 113 with two
-//!   CPUs (the seed's: 113). MIGRC defers those of clean pages, so its
-//!   ratio to `off` looked better there than it is.
+//! * A scan's flush stays pending for as long as those waits last, and
+//!   promotions meanwhile queue flushes: `off` sent 184 to 211 shootdowns
+//!   per 1000 pages migrated there, 94 to 113 with two CPUs (the seed's:
+//!   113). MIGRC defers those of clean pages, so its ratio to `off`
+//!   looked better there than it is.
 //! * The runtime swung with how the host scheduled five threads on two
 //!   cores: `migrc`'s over `off`'s 0.89 to 1.08 in three runs, with 95%
 //!   intervals as wide as [0.67, 1.24].
@@ -62,95 +114,44 @@
 //! the runs begun so; the others began while a CPU was in a fault, and
 //! take one at their next `cond_resched`). Before it did, kswapd was one
 //! more host thread beside the two CPUs' on the host's two cores, and each
-//! of its shootdowns waited for a target's thread to get a core back: the
-//! table's `us waiting for shootdowns` row showed `off`'s kswapd waiting
-//! some 33 ms of a half-second round at the default scale, and 2.0 s of a
-//! 2.4 s round at ten times the scale (a 170 MiB fast node,
-//! `--scan-size-mb 256`), where demotions, and with them the room for
-//! promotions, then ran at a sixth of MIGRC's pace. Now a taken CPU is
-//! skipped by kswapd's shootdowns, and the other has its host core:
-//! `off`'s kswapd waits some 1.7 ms of a 0.54 s round at the default
-//! scale (twelve rounds), and a quarter of a millisecond of a 1.9 s round
-//! at ten times it (six rounds), where the arms now migrate within 12% of
-//! each other; and the time kswapd takes from the lookups counts in the
-//! runtime, as it does on the seed's guest.
+//! of its shootdowns waited for a target's thread to get a core back:
+//! `off`'s kswapd waited 2.0 s of a 2.4 s round at this scale (500,000
+//! lookups), and demotions, and with them the room for promotions, ran at
+//! a sixth of MIGRC's pace. Now a taken CPU is skipped by kswapd's
+//! shootdowns, and the other has its host core: `off`'s kswapd waits 7
+//! to 18 ms of a round of 5 to 6 s, the arms migrate within 9% of each
+//! other (three runs of six rounds), and the time kswapd takes from the
+//! lookups counts in the runtime, as it does on the seed's guest.
 //!
-//! Each arm runs on a fresh machine, with `migration_entry_ad` on (the
-//! host: a written page keeps its dirty bit across migration, so it never
-//! becomes eligible) and off (migrated pages come back clean: what the
-//! seed's figures imply).
+//! # The arms
 //!
-//! Scaled for the model: the seed's guest had 1 GiB of DRAM, 8 GiB of slow
-//! memory, 16 CPUs and `XSBench -p 100000000` (about 5.6 GB of grids, a
-//! run of 38 minutes); here the fast node holds 16 MiB and the grid
-//! 24 MiB, with 4 CPUs (2 on a two-core host) and 300,000 measured
-//! lookups each after eighteen times as many to warm up; the first scan
-//! starts at once. A scan covers 1 MB of the grid (`scan_size_mb`),
-//! which the kernel rounds up to the next 2 MiB boundary: one PTE table,
-//! a twelfth of the grid, where the kernel's default 256 MB was a
-//! twenty-second of the seed's grids. That default would scan the whole
-//! grid every time here, and a scan flushes the whole mm at each PTE
-//! table where it finds a batched flush pending
-//! (`flush_tlb_batched_pending`), which MIGRC's deferred flushes keep so:
-//! a dozen flushes a scan in every arm. The counters are
-//! those of the measured part, except the peak of pages kept (the whole
-//! run).
+//! Each arm runs on a fresh machine (`--arms` chooses them, `off` among
+//! them), by default with `migration_entry_ad` off: migrated pages come
+//! back clean, which the seed's figures imply. With it on
+//! (`--migration-entry-ad on` or `both`), as on the host, a written page
+//! keeps its dirty bit across migration, so it never becomes eligible and
+//! MIGRC and LUF defer next to nothing.
 //!
 //! The reserve: THP is set to `madvise` (with 2 MiB at `inherit`; `--thp`
 //! sets the top level), as a machine of the seed's size boots with a
 //! kernel built with `CONFIG_TRANSPARENT_HUGEPAGE_MADVISE`, as most
-//! distributions' are. (The kernel boots a machine under 512 MiB, like
-//! this one, with THP disabled; under the Kconfig default, `always`, the
-//! seed's grid would have been in THPs, which MIGRC does not defer.) That
-//! leaves the grid, which is not madvised, in 4 KiB folios, but has
-//! khugepaged raise `min_free_kbytes` to what it recommends for THPs:
-//! 4,008 kB here, of which node 0's share gives it watermarks of 200, 250,
-//! 300 and 350 pages (min, low, high, promo). kswapd reclaims the high watermark's
-//! worth a pass, and a promotion needs room above the high watermark, so
-//! the reserve sets both how many pages a demotion batch flushes at once
-//! and how many promotions fit between kswapd's runs. With `--thp never`
-//! the machine's own reserve (1,102 kB: 55, 68, 81 and 94 pages) made a
-//! round migrate 1,688 pages where `madvise` made it migrate 4,134, and
-//! `off` send 136 shootdowns per 1000 pages migrated where `madvise` made
-//! it send 82 (one run of six rounds each). The seed's guest, 1 GiB beside
-//! 8 GiB, had a reserve of 12,288 kB without THPs (its fast node's high
-//! watermark some 865 pages) and some 90,000 kB with them (some 3,750);
-//! which it ran is not said.
-//!
-//! The scan period starts as the kernel's does (`task_scan_min`, at its
-//! default `scan_period_min_ms` of 1 s): the second shared among the 25
-//! scans of 1 MB that cover what the process has resident (the grid and
-//! its result pages), 40 ms. In tiering mode the kernel's then doubles
-//! at the first promotion of each later pass, up to `task_scan_max`
-//! (`scan_period_max_ms`, 60 s, shared likewise: 2.4 s here). The seed's
-//! reached 2.7 s (60 s over 22 scans of 256 MB) within about a minute, so
-//! that in its 38 minutes it made under a thousand scans, some 30,000
-//! migrations each with MIGRC off. A round here lasts seconds, in which
-//! the doubling would leave a handful of scans: `scan_period_max_ms` is
-//! set to the minimum's 1 s, and the period stays at 40 ms, 15 to 30
-//! scans a round, a few hundred migrations each: per page migrated, over
-//! a hundred times as many scans as the seed's run made. A larger scan
-//! does not send only one or two shootdowns, though: its
-//! `flush_tlb_batched_pending` flushes the mm at every PTE table where a
-//! batch was queued since the last, and kswapd queues them throughout. A
-//! scan of 256 MB over a 255 MB grid (a 170 MiB fast node,
-//! `--scan-size-mb 256`) sent some 40 a scan, 12 per 1000 pages migrated,
-//! where the default's send 8 or so. The seed's counters do not tell its
-//! scan's shootdowns apart; the table does (`usermm_numa_scan_remote_flush`,
-//! alike in every arm), and gives the others apart. At that size `off`'s
-//! hinting-fault migrations sent shootdowns too (521 and 753 a round in
-//! two runs, where the default's send one or none): promotions during
-//! the long scan's pending flush, whose entries count as accessible, and
-//! which MIGRC defers; there `nr_tlb_local_flush_all` fell by 63% and 77%
-//! with MIGRC (the seed's: 57.5%), where at the default's size, the
-//! scan's own local flushes being nearly all there are, it hardly moves.
-//! (Those figures are from when each node had the reserve of a machine of
-//! its own size. With khugepaged's reserve, 43,240 kB there and node 0's
-//! high watermark 3,242 pages, one run of three rounds had MIGRC migrate
-//! nine times the pages `off` did, and `nr_tlb_local_flush_all` fall by
-//! 70%: a difference that large is not the seed's. It is the two-core
-//! host's: `off`'s kswapd spends most of such a round waiting for its
-//! shootdowns, as the paragraph on kswapd's thread above says.)
+//! distributions' are. (The kernel boots a machine under 512 MiB with THP
+//! disabled; under the Kconfig default, `always`, the seed's grid would
+//! have been in THPs, which MIGRC does not defer.) That leaves the grid,
+//! which is not madvised, in 4 KiB folios, but has khugepaged raise
+//! `min_free_kbytes` to what it recommends for THPs: 43,240 kB here, of
+//! which node 0's share gives it watermarks of 2,162, 2,702, 3,242 and
+//! 3,782 pages (min, low, high, promo). kswapd reclaims the high
+//! watermark's worth a pass, and a promotion needs room above the high
+//! watermark, so the reserve sets both how many pages a demotion batch
+//! flushes at once and how many promotions fit between kswapd's runs.
+//! With `--thp never` the machine's own reserve, smaller, made a round at
+//! the smaller scale migrate 1,688 pages where `madvise` made it migrate
+//! 4,134, and `off` send 136 shootdowns per 1000 pages migrated where
+//! `madvise` made it send 82 (one run of six rounds each). The seed's
+//! guest, 1 GiB beside 8 GiB, had a reserve of 12,288 kB without THPs
+//! (its fast node's high watermark some 865 pages) and some 90,000 kB
+//! with them (some 3,750); which it ran is not said.
 //!
 //! Why the warm-up is long: the build leaves every grid page writable and
 //! dirty, and such a page is never eligible; it becomes so once a hinting
@@ -159,17 +160,12 @@
 //! `migration_entry_ad` off, clean. A page the build left on the fast
 //! node must first be demoted, with a flush, and the lukewarm ones reach
 //! the tail of the LRU late. The seed measured a 38-minute run, in which
-//! that start is a small part; a model run as long as the warm-up alone
-//! would measure mostly the start, and with it the flushes of pages not
-//! yet eligible. The table counts those (`usermm_migrc_can_migrc_fail`)
-//! and the shootdowns of demotions: on two CPUs, with six times the
-//! measured lookups to warm up, a `migrc` round still demoted 118 pages
-//! not eligible in its measured part, whose flushes were most of its 37
-//! demotion shootdowns; with eighteen times, 9 pages and 6 shootdowns
-//! (medians of six rounds; both while each node had the reserve of a
-//! machine of its size, and with the default reserve now 12 and 9), which
-//! leaves the scan's as most of what MIGRC sends. Eighteen times is the default, the measured part so being
-//! the steady state that most of the seed's run was. `--warmup` sets it.
+//! that start is a small part. The table counts the folios still not
+//! eligible (`usermm_migrc_can_migrc_fail`) and the shootdowns of
+//! demotions: in a `migrc` round of 500,000 lookups, after 5,000,000 to
+//! warm up, 451 such folios made 216 demotion shootdowns and 92 by
+//! hinting-fault migrations (`off`: 2,500 and 613); after 15,000,000, the
+//! default, 55 made 46 and 1 (one round each). `--warmup` sets it.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Barrier;
@@ -191,32 +187,39 @@ pub const EXPERIMENT: super::Experiment = super::Experiment {
     description: "XSBench-like lookups on a grid larger than the fast node, promoted and \
         demoted throughout (tiering), with migrc off, migrc and luf: TLB flushes, misses, runtime (F3)",
     run: experiment,
-    budget_s: 300,
+    // Six rounds of the three arms take some sixteen minutes on two
+    // CPUs: the budget allows no more.
+    budget_s: 960,
 };
 
 const PAGE: u64 = 4096;
-const FAST: u64 = 16 << 20;
-const SLOW: u64 = 64 << 20;
+/// The fast node: the grid, half again as large, is then just under one
+/// scan of the kernel's default size (see the module doc for the
+/// scaling).
+const FAST: u64 = 170 << 20;
+/// The slow node, four times the fast one.
+const SLOW: u64 = 680 << 20;
 /// The most CPUs the built-in machine has; it has fewer where the host
 /// has fewer cores ([`bench_cpus`]).
 const CPUS: usize = 4;
 /// Lookups per CPU, measured (`--lookups`), after the warm-up
-/// (`--warmup`, by default [`WARMUP_FACTOR`] times as many): the pages the
-/// build left writable cycle through the tiers first, as they would early
-/// in a long run. The CPUs share the phase's lookups (as many times
-/// more as there are CPUs), a [`LOOKUP_CHUNK`] at a time.
-pub const LOOKUPS: u64 = 300_000;
+/// (`--warmup`, by default [`WARMUP`]): the pages the build left writable
+/// cycle through the tiers first, as they would early in a long run. The
+/// CPUs share the phase's lookups (as many times more as there are CPUs),
+/// a [`LOOKUP_CHUNK`] at a time. Some five seconds on two CPUs: five
+/// scans.
+pub const LOOKUPS: u64 = 2_000_000;
 /// Lookups a CPU takes from the shared count at a time: XSBench's
 /// `schedule(dynamic, 100)`.
 const LOOKUP_CHUNK: u64 = 100;
-/// The warm-up's lookups per measured one, by default.
-pub const WARMUP_FACTOR: u64 = 18;
+/// The warm-up's lookups per CPU, by default: some thirty-five seconds
+/// on two CPUs (see the module doc for why it is long).
+pub const WARMUP: u64 = 15_000_000;
 /// Entries read after the one found (the nuclide data).
 const NUCLIDE_READS: u64 = 4;
 /// NUMA balancing's scan size (`scan_size_mb`) by default
-/// (`--scan-size-mb`): the share of the grid the kernel's 256 MB was of
-/// the seed's, as near as the knob goes.
-pub const SCAN_SIZE_MB: u64 = 1;
+/// (`--scan-size-mb`): the kernel's own, 256 MB, a scan of the whole grid.
+pub const SCAN_SIZE_MB: u64 = 256;
 /// Result slots per CPU (one page).
 const RESULTS: u64 = PAGE / 8;
 
@@ -544,11 +547,41 @@ impl IpiCost {
     }
 }
 
+/// `--arms`: indices into [`ARMS`], in its order, `off` among them (all
+/// when none are named).
+pub fn parse_arms(names: &[String]) -> anyhow::Result<Vec<usize>> {
+    if names.is_empty() {
+        return Ok((0..ARMS.len()).collect());
+    }
+    if let Some(bad) = names.iter().find(|n| !ARMS.contains(&n.as_str())) {
+        anyhow::bail!("--arms: {bad:?} is not an arm (known: {})", ARMS.join(", "));
+    }
+    if !names.iter().any(|n| n == ARMS[0]) {
+        anyhow::bail!("--arms must include off, the baseline every other arm is compared with");
+    }
+    Ok((0..ARMS.len())
+        .filter(|&i| names.iter().any(|n| n == ARMS[i]))
+        .collect())
+}
+
+/// `--migration-entry-ad`: the settings to run, off first.
+pub fn parse_migration_entry_ad(s: &str) -> anyhow::Result<Vec<bool>> {
+    match s {
+        "both" => Ok(vec![false, true]),
+        "off" => Ok(vec![false]),
+        "on" => Ok(vec![true]),
+        _ => Err(anyhow!(
+            "--migration-entry-ad must be on, off or both, not {s:?}"
+        )),
+    }
+}
+
 fn experiment(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let cost = ipi_cost(a)?;
-    let arms: Vec<(bool, usize)> = [false, true]
+    let chosen = parse_arms(&a.arms)?;
+    let arms: Vec<(bool, usize)> = parse_migration_entry_ad(&a.migration_entry_ad)?
         .into_iter()
-        .flat_map(|ad| (0..ARMS.len()).map(move |i| (ad, i)))
+        .flat_map(|ad| chosen.iter().map(move |&i| (ad, i)))
         .collect();
     let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); arms.len()];
     let pb = progress("migrc", (Rounds::expected(a.runs()) * arms.len()) as u64);
@@ -741,7 +774,7 @@ fn tiering_counts(snap: &usermm::vmstat::VmStatSnapshot) -> [u64; TIERING.len()]
 
 /// Lookups per CPU before the measured ones.
 fn warmup(a: &BenchArgs) -> u64 {
-    a.warmup.unwrap_or(WARMUP_FACTOR * a.lookups)
+    a.warmup.unwrap_or(WARMUP)
 }
 
 /// `--thp`: a top-level THP mode (`inherit` is not one).
@@ -1202,6 +1235,18 @@ fn plot_rows(a: &BenchArgs, rows: &[Row]) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn arms_are_parsed_in_their_order_with_off_required() {
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(parse_arms(&[]).unwrap(), [0, 1, 2]);
+        assert_eq!(parse_arms(&names(&["luf", "off"])).unwrap(), [0, 2]);
+        assert!(parse_arms(&names(&["migrc"])).is_err());
+        assert!(parse_arms(&names(&["off", "lru"])).is_err());
+        assert_eq!(parse_migration_entry_ad("both").unwrap(), [false, true]);
+        assert_eq!(parse_migration_entry_ad("on").unwrap(), [true]);
+        assert!(parse_migration_entry_ad("yes").is_err());
+    }
 
     /// The shared count hands out whole chunks, then what is left, then
     /// nothing, and never more than it held, however many CPUs take.

@@ -40,7 +40,7 @@ pub struct BenchArgs {
     /// minimum six included: after those, further rounds go to the rows
     /// whose intervals are widest. By default each experiment's own
     /// (`--list` shows them), which keep the whole bench to about
-    /// seventeen minutes on two cores.
+    /// twenty-seven minutes on two cores.
     #[arg(long = "budget-s")]
     pub budget_arg: Option<u64>,
     /// The budget in force: `--budget-s`, or the experiment's own (set by
@@ -71,12 +71,12 @@ pub struct BenchArgs {
     pub lookups: u64,
     /// migrc: lookups per CPU before the measured ones, so that the pages
     /// the build left writable and dirty have cycled through the tiers
-    /// (by default eighteen times `--lookups`).
+    /// (by default 15,000,000).
     #[arg(long)]
     pub warmup: Option<u64>,
     /// migrc: NUMA balancing's scan size in MB (`scan_size_mb`; by
-    /// default 1, which the kernel rounds up to one 2 MiB PTE table), and
-    /// with it the period (`task_scan_min`).
+    /// default the kernel's 256, the whole grid), and with it the period
+    /// (`task_scan_min`).
     #[arg(long, default_value_t = migrc::SCAN_SIZE_MB)]
     pub scan_size_mb: u64,
     /// migrc: the shootdown cost model: `off` (the default: an IPI costs
@@ -84,6 +84,16 @@ pub struct BenchArgs {
     /// calibrations on this host first), or `SEND_NS,RECV_NS`.
     #[arg(long, default_value = "off")]
     pub ipi_cost: String,
+    /// migrc: the arms to run (comma-separated: `off`, `migrc`, `luf`;
+    /// `off`, the baseline, among them); all three when omitted.
+    #[arg(long, value_delimiter = ',')]
+    pub arms: Vec<String>,
+    /// migrc: the `migration_entry_ad` settings to run the arms with:
+    /// `off` (the default: migrated pages come back clean, as the seed's
+    /// figures imply), `on` (the host's: a page once written stays dirty,
+    /// and MIGRC and LUF defer nothing), or `both`.
+    #[arg(long, default_value = "off")]
+    pub migration_entry_ad: String,
     /// migrc: THP's top-level mode (`transparent_hugepage/enabled`, with
     /// 2 MiB at `inherit`): `madvise` (as a machine of the seed's size
     /// boots on most distributions: the grid, not madvised, is in 4 KiB
@@ -221,6 +231,8 @@ fn validate(a: &BenchArgs) -> anyhow::Result<()> {
         anyhow::bail!("--warmup must be at most {}", 1u64 << 34);
     }
     migrc::parse_ipi_cost(&a.ipi_cost)?;
+    migrc::parse_arms(&a.arms)?;
+    migrc::parse_migration_entry_ad(&a.migration_entry_ad)?;
     migrc::parse_thp(&a.thp)?;
     if a.scan_size_mb == 0 || a.scan_size_mb > 1 << 20 {
         anyhow::bail!("--scan-size-mb must be between 1 and {}", 1 << 20);
