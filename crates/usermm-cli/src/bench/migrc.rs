@@ -39,8 +39,8 @@
 //! some 30,000 pages migrated in each with MIGRC off. Here the fast node
 //! holds 170 MiB and the slow one 680 MiB, the grid 255 MiB, with 4 CPUs
 //! (2 on a two-core host), and the scan keeps the kernel's 256 MB, which
-//! covers the whole grid: some 21,000 pages migrate a scan with MIGRC
-//! off. What was kept is what decides the seed's counters:
+//! covers the whole grid: some 17,000 to 21,000 pages migrate a scan
+//! with MIGRC off. What was kept is what decides the seed's counters:
 //!
 //! * **Pages migrated a scan.** A scan sends its own shootdowns (its range
 //!   flush, and a flush of the mm at each PTE table where it finds one
@@ -135,13 +135,12 @@
 //! The reserve: THP is set to `madvise` (with 2 MiB at `inherit`; `--thp`
 //! sets the top level), as a machine of the seed's size boots with a
 //! kernel built with `CONFIG_TRANSPARENT_HUGEPAGE_MADVISE`, as most
-//! distributions' are. (The kernel boots a machine under 512 MiB with THP
-//! disabled; under the Kconfig default, `always`, the seed's grid would
-//! have been in THPs, which MIGRC does not defer.) That leaves the grid,
-//! which is not madvised, in 4 KiB folios, but has khugepaged raise
-//! `min_free_kbytes` to what it recommends for THPs: 43,240 kB here, of
-//! which node 0's share gives it watermarks of 2,162, 2,702, 3,242 and
-//! 3,782 pages (min, low, high, promo). kswapd reclaims the high
+//! distributions' are. (Under the Kconfig default, `always`, the seed's
+//! grid would have been in THPs, which MIGRC does not defer.) That leaves
+//! the grid, which is not madvised, in 4 KiB folios, but has khugepaged
+//! raise `min_free_kbytes` to what it recommends for THPs: 43,240 kB
+//! here, of which node 0's share gives it watermarks of 2,162, 2,702,
+//! 3,242 and 3,782 pages (min, low, high, promo). kswapd reclaims the high
 //! watermark's worth a pass, and a promotion needs room above the high
 //! watermark, so the reserve sets both how many pages a demotion batch
 //! flushes at once and how many promotions fit between kswapd's runs.

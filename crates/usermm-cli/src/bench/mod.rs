@@ -98,9 +98,9 @@ pub struct BenchArgs {
     /// 2 MiB at `inherit`): `madvise` (as a machine of the seed's size
     /// boots on most distributions: the grid, not madvised, is in 4 KiB
     /// folios, and while 2 MiB THPs are enabled khugepaged's larger
-    /// reserve sets the watermarks), `never` (the machine's own reserve,
-    /// as the kernel boots one this small) or `always` (the grid in THPs,
-    /// which MIGRC does not defer).
+    /// reserve sets the watermarks), `never` (the machine's own, smaller
+    /// reserve) or `always` (the grid in THPs, which MIGRC does not
+    /// defer).
     #[arg(long, default_value = "madvise")]
     pub thp: String,
     /// Folder for the results (JSON and SVG per experiment).
