@@ -7,9 +7,10 @@
 
 mod common;
 
-/// A tenth of the built-in machine (16 MiB of DRAM with two CPUs beside
-/// 64 MiB of slow memory), written into the test's folder: a grid of
-/// 24 MiB, which a test builds in a second, scanned 1 MB at a time.
+/// The bench's earlier default machine, about a tenth of today's (16 MiB
+/// of DRAM with two CPUs beside 64 MiB of slow memory), written into the
+/// test's folder: a grid of 24 MiB, which a test builds in a second,
+/// scanned 1 MB at a time.
 fn small_machine(dir: &std::path::Path) -> Vec<String> {
     let f = dir.join("small.toml");
     std::fs::write(
@@ -156,4 +157,29 @@ fn arms_and_ad_settings_can_be_chosen() {
         rows[1]["ratio"].is_number(),
         "migrc is compared with off: {v}"
     );
+}
+
+/// `--arms off` alone runs: one row, with nothing to compare it with.
+#[test]
+fn the_baseline_alone_runs() {
+    let v = common::bench_json(
+        "migrc",
+        &[
+            "--runs",
+            "1",
+            "--lookups",
+            "5000",
+            "--warmup",
+            "5000",
+            "--arms",
+            "off",
+            "--scan-size-mb",
+            "1",
+        ],
+        small_machine,
+    );
+    let rows = v["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 1, "{v}");
+    assert_eq!(rows[0]["arm"], "off", "{v}");
+    assert!(rows[0]["ratio"].is_null(), "{v}");
 }

@@ -70,10 +70,9 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = migrc::LOOKUPS)]
     pub lookups: u64,
     /// migrc: lookups per CPU before the measured ones, so that the pages
-    /// the build left writable and dirty have cycled through the tiers
-    /// (by default 15,000,000).
-    #[arg(long)]
-    pub warmup: Option<u64>,
+    /// the build left writable and dirty have cycled through the tiers.
+    #[arg(long, default_value_t = migrc::WARMUP)]
+    pub warmup: u64,
     /// migrc: NUMA balancing's scan size in MB (`scan_size_mb`; by
     /// default the kernel's 256, the whole grid), and with it the period
     /// (`task_scan_min`).
@@ -227,7 +226,7 @@ fn validate(a: &BenchArgs) -> anyhow::Result<()> {
     if a.lookups == 0 || a.lookups > 1 << 32 {
         anyhow::bail!("--lookups must be between 1 and {}", 1u64 << 32);
     }
-    if a.warmup.is_some_and(|w| w > 1 << 34) {
+    if a.warmup > 1 << 34 {
         anyhow::bail!("--warmup must be at most {}", 1u64 << 34);
     }
     migrc::parse_ipi_cost(&a.ipi_cost)?;

@@ -1911,7 +1911,8 @@ mod tests {
         assert_eq!(min_free_kbytes_for(1 << 20), 8192);
         assert_eq!(min_free_kbytes_for(256), 128);
         assert_eq!(min_free_kbytes_for(1 << 40), 262_144);
-        // The bench's tiers, 16 MiB beside 64 MiB: 1144 kB for both,
+        // Tiers of 16 MiB beside 64 MiB (bench migrc's before it was
+        // scaled up): 1144 kB for both,
         // 286 pages, a fifth of them on the small node, whose step is a
         // quarter of that (its scale factor gives 4 pages).
         let m = PhysMem::new(
