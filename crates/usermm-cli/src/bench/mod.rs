@@ -106,7 +106,9 @@ pub struct BenchArgs {
     #[arg(long, default_value = "results")]
     pub out: PathBuf,
     /// The machine every experiment runs on; by default each gets one DRAM
-    /// node just large enough for it, with two CPUs.
+    /// node just large enough for it, with two CPUs, except `migrate`,
+    /// `tiering` and `migrc`, which get a DRAM node with the CPUs beside a
+    /// slow node without (each experiment's doc gives the sizes).
     #[command(flatten)]
     pub machine: crate::machine_args::MachineArgs,
     /// Tunables of every experiment's machine; an experiment sets the one it
