@@ -120,29 +120,29 @@ fn migrc_keeps_sources_only_when_pages_come_back_clean() {
     }
 }
 
+/// One brief round on [`small_machine`], with `extra` arguments: its
+/// rows.
+fn brief_rows(extra: &[&str]) -> Vec<serde_json::Value> {
+    let mut args = vec![
+        "--runs",
+        "1",
+        "--lookups",
+        "5000",
+        "--warmup",
+        "5000",
+        "--scan-size-mb",
+        "1",
+    ];
+    args.extend_from_slice(extra);
+    let v = common::bench_json("migrc", &args, small_machine);
+    v["rows"].as_array().expect("rows").clone()
+}
+
 /// `--arms` and `--migration-entry-ad` choose the rows: here `off` and
 /// `migrc` with migrated pages coming back clean, and nothing else.
 #[test]
 fn arms_and_ad_settings_can_be_chosen() {
-    let v = common::bench_json(
-        "migrc",
-        &[
-            "--runs",
-            "1",
-            "--lookups",
-            "5000",
-            "--warmup",
-            "5000",
-            "--arms",
-            "migrc,off",
-            "--migration-entry-ad",
-            "off",
-            "--scan-size-mb",
-            "1",
-        ],
-        small_machine,
-    );
-    let rows = v["rows"].as_array().expect("rows");
+    let rows = brief_rows(&["--arms", "migrc,off", "--migration-entry-ad", "off"]);
     let arms: Vec<(&str, bool)> = rows
         .iter()
         .map(|r| {
@@ -152,34 +152,18 @@ fn arms_and_ad_settings_can_be_chosen() {
             )
         })
         .collect();
-    assert_eq!(arms, [("off", false), ("migrc", false)], "{v}");
+    assert_eq!(arms, [("off", false), ("migrc", false)], "{rows:?}");
     assert!(
         rows[1]["ratio"].is_number(),
-        "migrc is compared with off: {v}"
+        "migrc is compared with off: {rows:?}"
     );
 }
 
 /// `--arms off` alone runs: one row, with nothing to compare it with.
 #[test]
 fn the_baseline_alone_runs() {
-    let v = common::bench_json(
-        "migrc",
-        &[
-            "--runs",
-            "1",
-            "--lookups",
-            "5000",
-            "--warmup",
-            "5000",
-            "--arms",
-            "off",
-            "--scan-size-mb",
-            "1",
-        ],
-        small_machine,
-    );
-    let rows = v["rows"].as_array().expect("rows");
-    assert_eq!(rows.len(), 1, "{v}");
-    assert_eq!(rows[0]["arm"], "off", "{v}");
-    assert!(rows[0]["ratio"].is_null(), "{v}");
+    let rows = brief_rows(&["--arms", "off"]);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["arm"], "off", "{rows:?}");
+    assert!(rows[0]["ratio"].is_null(), "{rows:?}");
 }

@@ -676,7 +676,7 @@ fn experiment(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         "machine": machine_desc,
         "grid_mb": grid_mb,
         "lookups_per_cpu": a.lookups,
-        "warmup_lookups_per_cpu": warmup(a),
+        "warmup_lookups_per_cpu": a.warmup,
         // The kernel's default scan_period_min_ms (and scan_period_max_ms
         // set to it), and what it made of it for this process
         // (task_scan_min).
@@ -778,11 +778,6 @@ fn tiering_counts(snap: &usermm::vmstat::VmStatSnapshot) -> [u64; TIERING.len()]
     TIERING.map(|(name, _)| snap.get(name).expect("TIERING names counters") as u64)
 }
 
-/// Lookups per CPU before the measured ones.
-fn warmup(a: &BenchArgs) -> u64 {
-    a.warmup
-}
-
 /// `--thp`: a top-level THP mode (`inherit` is not one).
 pub fn parse_thp(s: &str) -> anyhow::Result<ThpMode> {
     ThpMode::parse(s)
@@ -793,7 +788,7 @@ pub fn parse_thp(s: &str) -> anyhow::Result<ThpMode> {
 /// Build the grid, then run the lookups on every CPU; the counters over
 /// the lookups, and the grid's size.
 fn run_once(m: &Machine, a: &BenchArgs) -> anyhow::Result<(Sample, u64)> {
-    let (warmup, lookups) = (warmup(a), a.lookups);
+    let (warmup, lookups) = (a.warmup, a.lookups);
     let fast = m.config.nodes[0].size_bytes;
     let grid_len = (fast + fast / 2) & !(PAGE - 1);
     m.prefault();
@@ -1079,7 +1074,7 @@ fn change_text(a: f64, b: f64) -> String {
 }
 
 fn print_table(rows: &[Row], a: &BenchArgs, grid_mb: u64, machine: &str, scan_ms: u64) {
-    let (warmup, lookups, scan_size_mb) = (warmup(a), a.lookups, a.scan_size_mb);
+    let (warmup, lookups, scan_size_mb) = (a.warmup, a.lookups, a.scan_size_mb);
     crate::outln!(
         "bench migrc: {lookups} lookups per CPU measured after {warmup} to warm up, in a {grid_mb} MiB grid, NUMA balancing in tiering mode, demotion on\n"
     );
