@@ -28,7 +28,7 @@ use usermm::MachineConfig;
 
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct MachineArgs {
-    /// The machine, from a TOML or JSON file (see the README), or the
+    /// The machine, from a TOML or JSON file (see docs/tiering.md), or the
     /// preset `tiered` (512 MiB of DRAM with 4 CPUs, 2 GiB of slow memory
     /// without).
     #[arg(long, value_name = "FILE", conflicts_with_all = ["mem", "cpus"])]

@@ -775,7 +775,13 @@ impl Operator<'_, '_> {
         // sources too (a kswapd still busy fails the run at the end).
         c.idle();
         c.m.kswapd_wait_idle(KSWAPD_WAIT);
-        self.sum.migrc_kept_at_end = c.m.migrc.kept().iter().map(|f| f.nr_pages(&c.m.mem)).sum();
+        self.sum.migrc_kept_at_end =
+            c.m.mem
+                .migrc
+                .kept()
+                .iter()
+                .map(|f| f.nr_pages(&c.m.mem))
+                .sum();
         usermm::migrc::migrc_flush_free_folios(c, usermm::vmstat::Event::MIGRC_FLUSH_WATERMARK);
     }
 }

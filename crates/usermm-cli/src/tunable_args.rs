@@ -6,7 +6,7 @@ use usermm::tunable::Tunables;
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct TunableArgs {
     /// Set a tunable of the engine (repeatable), e.g. `zap_batch=off`;
-    /// see the README for the list.
+    /// see docs/tunables.md for the list.
     #[arg(long = "tunable", value_name = "NAME=VALUE")]
     pub tunables: Vec<String>,
 }

@@ -1,32 +1,43 @@
 //! usermm: the Linux memory-management core, executable in user space.
 //!
-//! Layers, bottom up; each uses only those beneath it:
+//! Layers, bottom up; each module uses only those of its own layer and of
+//! the layers beneath it (`tests/layers.rs` reads every `crate::` path of
+//! the engine against this list, so that it stays true):
 //!
-//! 1. [`phys`]: nodes, frames with real bytes, page descriptors, folios, buddy,
-//!    the LRU lists of each node.
-//! 2. [`pgtable`]: x86-64 four-level page tables held in frames, the guards
-//!    that reach their entries, and the page walker.
-//! 3. [`mm`]: address spaces (mm_struct), VMAs, mmap_lock.
-//! 4. [`rmap`]: anon_vma and the folio rmap counters.
-//! 5. [`cpu`]: CPUs with software TLBs and shootdowns; [`sched`]: kernel
-//!    threads (kswapd) on those CPUs.
-//! 6. Operations: [`fault`] (the fault entry), [`memory`] (faults, zap, copy),
-//!    [`mmu_gather`], [`mmap`], [`fork`],
-//!    [`mprotect`], [`madvise`], [`huge_memory`], [`swap`] (the LRU batches,
-//!    lazyfree, isolation), [`migrate`] (page migration, `move_pages`) with
+//! 0. Foundations: [`sync`] (atomics and locks, swappable for the model
+//!    checker), [`cacheline`], [`errno`], [`page_types`], [`rcu`],
+//!    [`tree`] (the maple tree), [`tunable`] (the named run-time switches
+//!    that select an algorithm: the kernel's before and after a series),
+//!    [`vmstat`] (the counters).
+//! 1. Physical memory: [`phys`] (nodes, frames with real bytes, page
+//!    descriptors, folios, buddy, the LRU lists of each node, and the
+//!    allocator's side of MIGRC and LUF), [`util`] (overcommit accounting).
+//! 2. Page tables: [`pgtable`] (x86-64 four-level tables held in frames,
+//!    the guards that reach their entries, the page walker).
+//! 3. Address spaces: [`mm`] (mm_struct, VMAs, mmap_lock, and the policy
+//!    and NUMA-scan state they carry).
+//! 4. Reverse mapping: [`rmap`] (anon_vma and the folio rmap counters).
+//! 5. CPUs: [`cpu`] (software TLBs and shootdowns), [`sched`] (kernel
+//!    threads on those CPUs).
+//! 6. The machine: [`machine`] (a machine's data and knobs, and the
+//!    handle through which a thread runs as one of its CPUs).
+//! 7. Operations: [`fault`] (the fault entry), [`memory`] (faults, zap,
+//!    copy), [`huge_memory`], [`mmu_gather`], [`mmap`], [`fork`],
+//!    [`mprotect`], [`madvise`], [`swap`] (the LRU batches, lazyfree,
+//!    isolation), [`migrate`] (page migration, `move_pages`) with
 //!    [`rmap_walk`] and [`tlbbatch`] (the batched unmap flush),
-//!    [`mempolicy`] (`mbind`, `set_mempolicy`),
-//!    [`vmscan`] (reclaim: kswapd, direct reclaim, demotion, and discarding
-//!    lazyfree folios),
-//!    [`uaccess`] (loads and stores), [`util`] (overcommit accounting).
-//! 7. Statistics: [`vmstat`], [`proc`] (status and smaps), [`inspect`]; and
-//!    the oracles in [`check`].
-//!
-//! Beside them, [`tunable`]: the named run-time switches that select an
-//! algorithm (the kernel's before and after a series).
+//!    [`mempolicy`] (`mbind`, `set_mempolicy`), [`numa_balancing`],
+//!    [`pt_reclaim`], [`migrc`], [`vmscan`] (reclaim: kswapd, direct
+//!    reclaim, demotion, discarding lazyfree folios), [`uaccess`] (loads
+//!    and stores), [`syscalls`], and [`init`] (booting a machine, which
+//!    installs the hooks through which the allocator reaches up to reclaim
+//!    and to the deferred flushes).
+//! 8. Statistics and oracles: [`proc`] (status and smaps), [`inspect`],
+//!    [`check`] (the invariant checker and the shadow memory).
 
 pub mod cacheline;
 pub mod errno;
+pub mod page_types;
 pub mod phys;
 pub mod rcu;
 pub mod sync;
@@ -47,6 +58,7 @@ pub mod check;
 pub mod fault;
 pub mod fork;
 pub mod huge_memory;
+pub mod init;
 pub mod inspect;
 pub mod madvise;
 pub mod memory;

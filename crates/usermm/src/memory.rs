@@ -372,7 +372,7 @@ fn luf_flush_after_fault(oncpu: &OnCpu, mm: &Mm, vma: &Vma, flags: FaultFlags) {
         return;
     }
     if matches!(
-        oncpu.m.migrc.weakened(),
+        oncpu.mem().migrc.weakened(),
         Weakened::LufNoFaultFlush | Weakened::LufNoMmFlush
     ) {
         return;
@@ -834,7 +834,7 @@ fn do_wp_page(vmf: &mut VmFault<'_>, mut pt: PteLocked<'_>) -> VmFaultResult {
     let mem = oncpu.mem();
     let orig = vmf.orig_pte;
     let page = vm_normal_page(orig);
-    if page.is_some() && oncpu.m.migrc.weakened() != crate::migrc::Weakened::NoWpFlush {
+    if page.is_some() && oncpu.mem().migrc.weakened() != crate::migrc::Weakened::NoWpFlush {
         // MIGRC: before any PTE can become writable, no CPU may keep a
         // stale translation of a kept source (the seed flushes whatever
         // is owed, on any write-protect fault).
@@ -1052,7 +1052,7 @@ fn tlb_end_vma_luf(oncpu: &OnCpu, tlb: &MmuGather) {
     use crate::migrc::Weakened;
     if tlb.fullmm
         || matches!(
-            oncpu.m.migrc.weakened(),
+            oncpu.mem().migrc.weakened(),
             Weakened::LufNoEndVmaFlush | Weakened::LufNoMmFlush
         )
     {

@@ -417,7 +417,7 @@ fn migrate_pages_batch(
         split_huge_pmd: false,
     };
     let mut ubc = TlbflushUnmapBatch::new();
-    ubc.set_ro_uncounted(oncpu.m.migrc.weakened() == crate::migrc::Weakened::LufNoMmFlush);
+    ubc.set_ro_uncounted(oncpu.mem().migrc.weakened() == crate::migrc::Weakened::LufNoMmFlush);
     let mut failed = Vec::new();
     let mut untried = Vec::new();
     let mut nomem = false;
@@ -513,7 +513,7 @@ fn migrate_pages_batch(
     // MIGRC was paused meanwhile or a batched flush is under way; then
     // they are flushed with the rest, and no source is kept.
     if migrc_pending != 0
-        && (oncpu.m.migrc.paused() || !oncpu.m.migrc.add_pending_ubc(migrc_pending))
+        && (oncpu.mem().migrc.paused() || !oncpu.mem().migrc.add_pending_ubc(migrc_pending))
     {
         ubc.add_cpumask(migrc_pending);
         unmapped.iter_mut().for_each(|u| u.migrc = false);
@@ -544,7 +544,7 @@ fn migrate_pages_batch(
     // `migrc_add_pending_folios`; refused while a flush is under way, the
     // owed flush is done now and the sources go.
     if !kept.is_empty() {
-        if let Err(kept) = oncpu.m.migrc.add_pending_folios(kept) {
+        if let Err(kept) = oncpu.mem().migrc.add_pending_folios(kept) {
             crate::migrc::migrc_flush_free_folios(oncpu, Event::MIGRC_FLUSH_REFUSED);
             crate::migrc::migrc_release(mem, kept, oncpu.id());
         }
@@ -650,7 +650,7 @@ fn migrc_may_defer(oncpu: &OnCpu, run: &MigrateRun, flags: TtuFlags, folio: Foli
     use crate::tunable::MigrcMode;
     run.do_migrc
         && flags.batch_flush
-        && (oncpu.m.tunables.luf() || !oncpu.m.migrc.paused())
+        && (oncpu.m.tunables.luf() || !oncpu.mem().migrc.paused())
         && (folio.order(oncpu.mem()) == 0 || oncpu.m.tunables.migrc_mode() == MigrcMode::MigrcLarge)
 }
 
@@ -674,7 +674,7 @@ fn migrate_folio_move(oncpu: &OnCpu, u: Unmapped) -> Result<Option<Folio>, Unmap
     src.unlock(mem);
     // MIGRC: the source stays, pinned, until the owed flush is done
     // (unless a test broke that rule on purpose).
-    let keep = u.migrc && oncpu.m.migrc.weakened() != crate::migrc::Weakened::FreeSource;
+    let keep = u.migrc && oncpu.mem().migrc.weakened() != crate::migrc::Weakened::FreeSource;
     let kept = keep.then(|| {
         crate::migrc::migrc_keep(mem, src);
         src
@@ -682,7 +682,7 @@ fn migrate_folio_move(oncpu: &OnCpu, u: Unmapped) -> Result<Option<Folio>, Unmap
     // LUF: the source is freed, its pages stamped with the owed flush
     // (unless a test broke that rule on purpose).
     if let Some(batch) = u.luf {
-        if oncpu.m.migrc.weakened() != crate::migrc::Weakened::LufNoTakeoffFlush {
+        if oncpu.mem().migrc.weakened() != crate::migrc::Weakened::LufNoTakeoffFlush {
             mem.luf_stamp(src.pfn(), src.nr_pages(mem), batch);
         }
     }

@@ -82,95 +82,12 @@ use crate::pgtable::entry::Pgprot;
 use crate::pgtable::{self, Pte, PteLocked, PteRead};
 use crate::phys::folio::page_anon_exclusive;
 use crate::phys::{Folio, Tier, PAGE_SHIFT, PAGE_SIZE};
-use crate::sync::{Arc, AtomicU64, AtomicU8, Mutex, Ordering};
+use crate::sync::{Arc, Ordering};
 use crate::vmstat::{Event, NodeStat};
 
-/// `NUMA_BALANCING_NORMAL`.
-pub const NUMA_BALANCING_NORMAL: u8 = 1;
-/// `NUMA_BALANCING_MEMORY_TIERING`.
-pub const NUMA_BALANCING_MEMORY_TIERING: u8 = 2;
-
-/// The knobs: `/proc/sys/kernel/numa_balancing`, the debugfs scan knobs
-/// (`/sys/kernel/debug/sched/numa_balancing/*`) and the tiering sysctls,
-/// with the kernel's defaults.
-pub struct NumaKnobs {
-    /// `numa_balancing`: 0 off (the host's default), 1 normal, 2 memory
-    /// tiering, 3 both. The model implements the tiering mode; normal mode
-    /// scans and counts hint faults but migrates nothing.
-    pub mode: AtomicU8,
-    /// `scan_delay_ms`: before a process's first scan.
-    pub scan_delay_ms: AtomicU64,
-    /// `scan_period_min_ms`: the shortest time in which the scan is to
-    /// cover the process's resident memory; divided among the scans that
-    /// takes ([`task_scan_min`]).
-    pub scan_period_min_ms: AtomicU64,
-    /// `scan_period_max_ms`: the longest, likewise ([`task_scan_max`]).
-    pub scan_period_max_ms: AtomicU64,
-    /// `scan_size_mb`: how much of the address space one scan marks.
-    pub scan_size_mb: AtomicU64,
-    /// `numa_balancing_hot_threshold_ms`.
-    pub hot_threshold_ms: AtomicU64,
-    /// `numa_balancing_promote_rate_limit_MBps`.
-    pub promote_rate_limit_mbps: AtomicU64,
-}
-
-impl Default for NumaKnobs {
-    fn default() -> Self {
-        NumaKnobs {
-            mode: AtomicU8::new(0),
-            scan_delay_ms: AtomicU64::new(1000),
-            scan_period_min_ms: AtomicU64::new(1000),
-            scan_period_max_ms: AtomicU64::new(60000),
-            scan_size_mb: AtomicU64::new(256),
-            hot_threshold_ms: AtomicU64::new(1000),
-            promote_rate_limit_mbps: AtomicU64::new(65536),
-        }
-    }
-}
-
-impl NumaKnobs {
-    pub fn tiering(&self) -> bool {
-        self.mode.load(Ordering::Relaxed) & NUMA_BALANCING_MEMORY_TIERING != 0
-    }
-
-    pub fn enabled(&self) -> bool {
-        self.mode.load(Ordering::Relaxed) != 0
-    }
-}
-
-/// A node's promotion rate limit window (`nbp_rl_start`, `nbp_rl_nr_cand`).
-#[derive(Default)]
-pub struct PromoteRateLimit {
-    window: Mutex<(u64, u64)>,
-}
-
-/// Per address space: when it is next scanned, where the scan resumes and
-/// how many passes it has made (`mm->numa_next_scan`,
-/// `mm->numa_scan_offset`, `mm->numa_scan_seq`); and the task's side,
-/// which the kernel keeps per thread: the time between scans
-/// (`p->numa_scan_period`; 0 until the first scan is due) and the hinting
-/// faults it records ([`task_numa_fault`]).
-#[derive(Default)]
-pub struct MmNumaScan {
-    pub next_scan: AtomicU64,
-    pub offset: AtomicU64,
-    pub seq: AtomicU64,
-    pub period_ms: AtomicU64,
-    faults: Mutex<TaskNumaFaults>,
-}
-
-/// A task's hinting-fault statistics: the pass it last looked at them in
-/// (`p->numa_scan_seq`), the locality of the faults since its period last
-/// moved by their ratio (`numa_faults_locality`: remote, local, failed
-/// migrations), and its private faults since it last looked
-/// (`task_numa_placement`'s fault types, from `numa_faults`' buffers; the
-/// model records no shared ones).
-#[derive(Default)]
-struct TaskNumaFaults {
-    seq: u64,
-    locality: [u64; 3],
-    private: u64,
-}
+pub use crate::machine::numa::*;
+pub use crate::mm::numa_scan::MmNumaScan;
+use crate::mm::numa_scan::TaskNumaFaults;
 
 /// `NUMA_PERIOD_SLOTS` and `NUMA_PERIOD_THRESHOLD`: the ratios of
 /// [`update_task_scan_period`] are in tenths, and seven is "most".
@@ -550,7 +467,10 @@ fn should_promote(oncpu: &OnCpu, folio: Folio, dst_nid: usize) -> bool {
     let limit = knobs.promote_rate_limit_mbps.load(Ordering::Relaxed) << (20 - PAGE_SHIFT);
     mem.mod_node_state(NodeStat::PGPROMOTE_CANDIDATE, nr as i64);
     let now = oncpu.m.jiffies_ms();
-    let mut w = oncpu.m.promote_rate_limit(dst_nid).window.lock();
+    let mut w = oncpu.mem().nodes[dst_nid.min(oncpu.mem().nodes.len() - 1)]
+        .nbp_rl
+        .window
+        .lock();
     if now.saturating_sub(w.0) >= 1000 {
         *w = (now, 0);
     }

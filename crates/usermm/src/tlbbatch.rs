@@ -218,7 +218,7 @@ impl TlbflushUnmapBatch {
         if !self.flush_required {
             return;
         }
-        let migrc = &oncpu.m.migrc;
+        let migrc = &oncpu.mem().migrc;
         let bracket = oncpu.m.tunables.migrc() || migrc.pending();
         if bracket {
             migrc.flush_start();

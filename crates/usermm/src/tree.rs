@@ -349,7 +349,7 @@ impl<T: Entry> Node<T> {
             let start = self as *const Self as usize;
             let end = start + std::mem::size_of::<Self>();
             for line in (start & !63..end).step_by(64) {
-                crate::util::prefetch(line as *const u8);
+                crate::cacheline::prefetch(line as *const u8);
             }
         }
         self
@@ -837,7 +837,7 @@ impl<T: Entry> Tree<T> {
             // The header and the first entries: three lines.
             let p = r.0.as_ptr().cast::<u8>();
             for line in 0..3 {
-                crate::util::prefetch(p.wrapping_add(line * 64));
+                crate::cacheline::prefetch(p.wrapping_add(line * 64));
             }
         }
     }

@@ -188,20 +188,6 @@ impl Overcommit {
     }
 }
 
-/// A hint to fetch the cache line of `*p` (x86's `prefetcht0`); nothing
-/// on other architectures.
-#[inline]
-pub fn prefetch<T>(p: *const T) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch is only a hint: it reads nothing the program sees
-    // and never faults, whatever the address.
-    unsafe {
-        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p.cast::<i8>())
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

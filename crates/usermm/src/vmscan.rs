@@ -23,6 +23,8 @@
 //! swap-backed anonymous folio cannot be paged out and stays mapped
 //! (`add_to_swap` fails and reclaim keeps it).
 
+pub(crate) mod kswapd;
+
 use crate::machine::OnCpu;
 use crate::mm::MmCounter;
 use crate::mmu_gather::MmuGather;
@@ -593,7 +595,7 @@ fn shrink_folio_list(
     let mem = oncpu.mem();
     let mut list = ShrinkList::default();
     list.ubc
-        .set_ro_uncounted(oncpu.m.migrc.weakened() == crate::migrc::Weakened::LufNoMmFlush);
+        .set_ro_uncounted(oncpu.mem().migrc.weakened() == crate::migrc::Weakened::LufNoMmFlush);
     let demotion_target = next_demotion_node(oncpu, nid);
     for folio in folios {
         shrink_one(oncpu, folio, demotion_target.is_some(), &mut list);
@@ -649,7 +651,7 @@ fn luf_defer_discards(oncpu: &OnCpu, list: &mut ShrinkList) {
     for mm in list.luf_mms.drain(..) {
         mm.luf_batch.lock().fold(batch);
     }
-    let stamp = oncpu.m.migrc.weakened() != crate::migrc::Weakened::LufNoTakeoffFlush;
+    let stamp = oncpu.mem().migrc.weakened() != crate::migrc::Weakened::LufNoTakeoffFlush;
     for folio in list.luf.drain(..) {
         if stamp {
             mem.luf_stamp(folio.pfn(), folio.nr_pages(mem), batch);

@@ -161,7 +161,7 @@ impl NodeStat {
     /// (`vmstat_item_print_in_thp`).
     pub fn print_unit(self) -> i64 {
         match self {
-            NodeStat::NR_ANON_THPS => crate::phys::HPAGE_PMD_NR as i64,
+            NodeStat::NR_ANON_THPS => crate::page_types::HPAGE_PMD_NR as i64,
             _ => 1,
         }
     }

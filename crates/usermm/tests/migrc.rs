@@ -52,7 +52,7 @@ fn machine() -> Arc<Machine> {
 fn machine_in(mode: MigrcMode, w: Weakened) -> Arc<Machine> {
     let m = machine();
     m.tunables.set_migrc_mode(mode);
-    m.migrc.set_weakened(w);
+    m.mem.migrc.set_weakened(w);
     m
 }
 
@@ -233,7 +233,7 @@ fn scene_in(mode: MigrcMode, w: Weakened, then: Then) -> Scene {
         let before = m.vmstat().event(Event::NR_TLB_REMOTE_FLUSH);
         assert_eq!(demote(&c0, &mm, a), NR);
         out.remote_flushes = m.vmstat().event(Event::NR_TLB_REMOTE_FLUSH) - before;
-        out.kept = m.migrc.kept().len();
+        out.kept = m.mem.migrc.kept().len();
         match then {
             Then::Write => {
                 for p in pages(a) {
@@ -361,7 +361,7 @@ fn kept_sources_count_as_free_and_go_under_pressure() {
     // Another CPU runs the mm, so the flush is owed to it.
     cache_on_cpu1(&m, &mm, std::iter::once(a));
     assert_eq!(demote(&c0, &mm, a), NR);
-    assert_eq!(m.migrc.kept().len(), NR as usize);
+    assert_eq!(m.mem.migrc.kept().len(), NR as usize);
     let zone = &c0.mem().nodes[0].zone;
     assert_eq!(zone.migrc_pending.load(Relaxed), NR);
     // Fill node 0 until its watermark fails: the kept pages go first.
@@ -371,11 +371,14 @@ fn kept_sources_count_as_free_and_go_under_pressure() {
     c0.mbind(b, big, usermm::mempolicy::MPOL_PREFERRED, &[1], 64, 0)
         .unwrap();
     let mut p = b;
-    while !m.migrc.kept().is_empty() && p < b + big {
+    while !m.mem.migrc.kept().is_empty() && p < b + big {
         c0.store_u64(p, p).unwrap();
         p += PAGE;
     }
-    assert!(m.migrc.kept().is_empty(), "pressure released the sources");
+    assert!(
+        m.mem.migrc.kept().is_empty(),
+        "pressure released the sources"
+    );
     assert_eq!(
         m.vmstat().event(Event::MIGRC_FLUSH_WATERMARK),
         1,
@@ -383,7 +386,7 @@ fn kept_sources_count_as_free_and_go_under_pressure() {
     );
     assert_eq!(m.vmstat().event(Event::MIGRC_FLUSH_WP_FAULT), 0);
     assert_eq!(zone.migrc_pending.load(Relaxed), 0);
-    assert!(!m.migrc.paused(), "resumed after the slow path");
+    assert!(!m.mem.migrc.paused(), "resumed after the slow path");
     for q in pages(a) {
         assert_eq!(shadow.load_u64(&c0, q).unwrap(), q | 1);
     }
@@ -498,7 +501,7 @@ fn stress(mode: MigrcMode, run_for: std::time::Duration) -> Stress {
     m.kswapd_quiesce();
     let out = Stress {
         violations: shadow.violations(),
-        kept_peak: m.migrc.kept_peak(),
+        kept_peak: m.mem.migrc.kept_peak(),
         loads: shadow.loads_checked(),
         luf_flushes: m.vmstat().event(Event::LUF_TAKEOFF_FLUSH)
             + m.vmstat().event(Event::LUF_FORCED_FLUSH),
@@ -657,7 +660,7 @@ fn a_large_folio_is_kept_only_with_migrc_large() {
             MigrateReason::Demotion,
         );
         assert_eq!(out.stats.nr_succeeded, 16, "{mode:?}");
-        assert_eq!(m.migrc.kept().len(), kept, "{mode:?}");
+        assert_eq!(m.mem.migrc.kept().len(), kept, "{mode:?}");
         assert_eq!(
             mem.nodes[0].zone.migrc_pending.load(Relaxed),
             16 * kept as u64
@@ -742,7 +745,7 @@ fn reviewers_scene(mode: MigrcMode, w: Weakened) -> Reviewers {
     use usermm::madvise::MADV_FREE;
     let m = machine();
     m.tunables.set_migrc_mode(mode);
-    m.migrc.set_weakened(w);
+    m.mem.migrc.set_weakened(w);
     let shadow = Shadow::new();
     let c0 = m.bind(0).unwrap();
     let mm = c0.new_mm().unwrap();

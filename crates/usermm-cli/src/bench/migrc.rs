@@ -890,7 +890,7 @@ fn run_once(m: &Machine, a: &BenchArgs) -> anyhow::Result<(Sample, u64)> {
         counters: std::array::from_fn(|i| after.0[i] - before.0[i]),
         dtlb_load_misses: misses - store_misses,
         dtlb_store_misses: store_misses,
-        kept_peak: m.migrc.kept_peak(),
+        kept_peak: m.mem.migrc.kept_peak(),
         luf_takeoff_flushes: after.3 - before.3,
         luf_forced_flushes: after.4 - before.4,
         luf_flushes_whole_run: after.3 + after.4,

@@ -204,7 +204,7 @@ fn check_no_leak(
     }
     held.insert(m.zero_pfn);
     // MIGRC's kept sources: pinned by its reference alone.
-    for f in m.migrc.kept() {
+    for f in m.mem.migrc.kept() {
         if f.ref_count(mem) != 1 || f.mapped(mem) {
             return Err(format!(
                 "MIGRC source {:#x}: refcount {}, mapped {}: it should be held by MIGRC alone",
@@ -758,7 +758,7 @@ fn check_tlbs(
     free: &HashSet<Pfn>,
 ) -> Result<(), String> {
     let mem = &m.mem;
-    let kept: HashSet<Pfn> = m
+    let kept: HashSet<Pfn> = mem
         .migrc
         .kept()
         .iter()

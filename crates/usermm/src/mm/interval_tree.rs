@@ -187,7 +187,7 @@ impl AnonVmaChain {
     /// anon_vma, one miss waiting for the other. Each stage reads only what
     /// the one before fetched. First: the anon_vma's tree handle.
     pub fn prefetch_anon_vma(&self) {
-        crate::util::prefetch(self.anon_vma.rb_root.get());
+        crate::cacheline::prefetch(self.anon_vma.rb_root.get());
     }
 
     /// Second: the tree's root node (the leaf that holds the VMA's
@@ -212,7 +212,7 @@ impl AnonVmaChain {
             .get(vma_key(vma))
             .and_then(|a| a.slots.get(self.slot as usize))
         {
-            crate::util::prefetch(slot);
+            crate::cacheline::prefetch(slot);
         }
     }
 

@@ -20,7 +20,9 @@
 
 pub mod interval_tree;
 pub mod mmap_lock;
+pub mod numa_scan;
 pub mod pgalloc;
+pub mod policy;
 pub mod vma;
 
 pub use mmap_lock::MmapLock;
@@ -149,9 +151,9 @@ pub struct Mm {
     pub tlb_flush_pending: AtomicI32,
     /// The process's NUMA policy (`current->mempolicy`, per thread in the
     /// kernel).
-    pub mempolicy: crate::mempolicy::TaskPolicy,
+    pub mempolicy: policy::TaskPolicy,
     /// NUMA balancing's scan state (`numa_next_scan`, `numa_scan_offset`).
-    pub numa_scan: crate::numa_balancing::MmNumaScan,
+    pub numa_scan: numa_scan::MmNumaScan,
     /// `mm->tlb_flush_batched`: batched unmap flushes queued for this mm
     /// (low half) and completed (high half); see [`crate::tlbbatch`].
     pub tlb_flush_batched: crate::sync::AtomicU32,

@@ -109,7 +109,7 @@ pub struct Vma {
     pub anon_vma_chain: Mutex<Vec<AnonVmaChain>>,
     /// `vm_policy`: the NUMA policy `mbind` gave the range; None for the
     /// process's (see [`crate::mempolicy`]).
-    vm_policy: Option<Arc<crate::mempolicy::Mempolicy>>,
+    vm_policy: Option<Arc<crate::mm::policy::Mempolicy>>,
     /// `vm_refcnt` and `vm_lock_seq`: the per-VMA lock, whose count is 0
     /// while the VMA is out of the tree. On a cache line of its own, as the
     /// kernel's `vm_refcnt` is (`____cacheline_aligned_in_smp`): faults in
@@ -146,13 +146,13 @@ impl Vma {
     }
 
     /// This VMA with a NUMA policy (before it is published).
-    pub fn with_policy(mut self, pol: Option<Arc<crate::mempolicy::Mempolicy>>) -> Vma {
+    pub fn with_policy(mut self, pol: Option<Arc<crate::mm::policy::Mempolicy>>) -> Vma {
         self.vm_policy = pol;
         self
     }
 
     /// `vma_policy`.
-    pub fn policy(&self) -> Option<&Arc<crate::mempolicy::Mempolicy>> {
+    pub fn policy(&self) -> Option<&Arc<crate::mm::policy::Mempolicy>> {
         self.vm_policy.as_ref()
     }
 

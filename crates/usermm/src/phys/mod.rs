@@ -14,6 +14,7 @@ pub mod arena;
 pub mod folio;
 pub mod luf;
 pub mod memmap;
+pub mod migrc;
 pub mod mm_inline;
 pub mod page_alloc;
 
@@ -24,15 +25,7 @@ pub use folio::Folio;
 pub use memmap::{pg, Page};
 pub use page_alloc::{AllocContext, AllocFlags, Zone};
 
-pub const PAGE_SHIFT: u32 = 12;
-pub const PAGE_SIZE: u64 = 1 << PAGE_SHIFT;
-pub const PAGE_MASK: u64 = !(PAGE_SIZE - 1);
-/// Largest buddy order (`MAX_PAGE_ORDER`, 4 MiB blocks).
-pub const MAX_PAGE_ORDER: u32 = 10;
-/// `HPAGE_PMD_ORDER`: a PMD maps 2 MiB.
-pub const HPAGE_PMD_ORDER: u32 = 9;
-pub const HPAGE_PMD_NR: u64 = 1 << HPAGE_PMD_ORDER;
-pub const HPAGE_PMD_SIZE: u64 = PAGE_SIZE << HPAGE_PMD_ORDER;
+pub use crate::page_types::*;
 /// Bits of a PFN that give the frame's offset inside its node (1 TiB a node).
 pub const NODE_PFN_SHIFT: u32 = 28;
 
@@ -76,6 +69,17 @@ pub struct Node {
     /// watermark while a node numbered above it has memory (6.18's
     /// `free_frozen_page_commit`), or demotion is switched on.
     pub kswapd_failures: crate::sync::AtomicU32,
+    /// NUMA balancing's promotion rate-limit window for this node
+    /// (`nbp_rl_start`, `nbp_rl_nr_cand`).
+    pub nbp_rl: PromoteRateLimit,
+}
+
+/// A node's promotion rate limit window (`nbp_rl_start`, `nbp_rl_nr_cand`):
+/// the time the window began and the candidates counted in it, which
+/// [`crate::numa_balancing`] keeps.
+#[derive(Default)]
+pub struct PromoteRateLimit {
+    pub(crate) window: crate::sync::Mutex<(u64, u64)>,
 }
 
 /// `MAX_RECLAIM_RETRIES`: reclaim's retries before an allocation gives up,
@@ -134,6 +138,8 @@ pub struct PhysMem {
     reclaimer: crate::sync::OnceLock<std::sync::Weak<dyn page_alloc::Reclaimer>>,
     /// LUF's generations and batches ([`luf`]).
     pub luf: luf::Luf,
+    /// MIGRC's deferred flushes and kept sources (tunable `migrc`).
+    pub migrc: migrc::Migrc,
     /// `min_free_kbytes`, the reserve the zones' watermarks share; its
     /// lock serialises setting it with setting the watermarks from it
     /// (`setup_per_zone_wmarks`'s lock).
@@ -165,6 +171,7 @@ impl PhysMem {
                 zone,
                 lruvec: mm_inline::Lruvec::default(),
                 kswapd_failures: Default::default(),
+                nbp_rl: Default::default(),
             });
         }
         let mem = PhysMem {
@@ -178,6 +185,7 @@ impl PhysMem {
             lru_disable_count: crate::sync::AtomicU32::new(0),
             reclaimer: crate::sync::OnceLock::new(),
             luf: luf::Luf::new(nr_cpus),
+            migrc: Default::default(),
             min_free_kbytes: crate::sync::Mutex::new(0),
         };
         // `init_per_zone_wmark_min`, before any watermark is set.

@@ -408,11 +408,18 @@ impl PhysMem {
 
 /// MIGRC paused for as long as the slow path runs (`migrc_resume` as it
 /// drops).
-struct MigrcPaused(std::sync::Arc<dyn Reclaimer>);
+struct MigrcPaused<'a>(&'a super::migrc::Migrc);
 
-impl Drop for MigrcPaused {
+impl<'a> MigrcPaused<'a> {
+    fn enter(m: &'a super::migrc::Migrc) -> MigrcPaused<'a> {
+        m.pause();
+        MigrcPaused(m)
+    }
+}
+
+impl Drop for MigrcPaused<'_> {
     fn drop(&mut self) {
-        self.0.migrc_pause(false);
+        self.0.resume();
     }
 }
 
@@ -428,8 +435,6 @@ pub trait Reclaimer: Send + Sync {
     /// whether any kept MIGRC source was freed. `why` is the model-only
     /// event its shootdowns are counted under as well.
     fn migrc_flush_free(&self, cpu: usize, why: Event) -> bool;
-    /// `migrc_pause` (true) / `migrc_resume` (false), around the slow path.
-    fn migrc_pause(&self, pause: bool);
     /// LUF: flush the TLBs of `cpumask` in full, from the calling thread,
     /// CPU `cpu` (a block about to be handed out needs it).
     fn luf_flush(&self, cpu: usize, cpumask: u64);
@@ -996,13 +1001,10 @@ impl PhysMem {
         let task = flags.context == AllocContext::Task;
         // MIGRC under pressure: no new deferral while in here, and what is
         // kept is flushed and freed once.
-        let _paused = reclaim.clone().map(|r| {
-            r.migrc_pause(true);
-            if task {
-                r.migrc_flush_free(cpu, Event::MIGRC_FLUSH_PRESSURE);
-            }
-            MigrcPaused(r)
-        });
+        let _paused = MigrcPaused::enter(&self.migrc);
+        if let (Some(r), true) = (&reclaim, task) {
+            r.migrc_flush_free(cpu, Event::MIGRC_FLUSH_PRESSURE);
+        }
         if let (Some(r), false) = (&reclaim, flags.no_kswapd) {
             for n in self.allowed_zonelist(nid, flags) {
                 r.wakeup_kswapd(n, order);
@@ -1692,7 +1694,6 @@ mod tests {
             self.migrc_asked.fetch_add(1, Ordering::Relaxed);
             false
         }
-        fn migrc_pause(&self, _: bool) {}
         fn luf_flush(&self, _: usize, cpumask: u64) {
             self.asked.fetch_add(1, Ordering::Relaxed);
             let m = self.mem.get().and_then(|w| w.upgrade()).unwrap();
