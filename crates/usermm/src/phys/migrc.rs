@@ -15,7 +15,9 @@ use crate::sync::Ordering;
 
 /// A deliberately broken MIGRC, for the oracle's tests: each variant drops
 /// one rule the seed's argument needs, and the shadow memory must report
-/// what follows. Never set outside tests.
+/// what follows. Only a build with the feature `mutants` (which the
+/// crate's tests enable) can set one; in any other [`Migrc::weakened`] is
+/// `None` as a constant, and the checks on it compile away.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Weakened {
@@ -68,6 +70,7 @@ pub struct Migrc {
     kept_peak: AtomicU64,
     /// Tests only: [`Weakened`]. A std atomic: set before the threads
     /// start, it is not part of the protocol the model checker explores.
+    #[cfg(feature = "mutants")]
     weakened: std::sync::atomic::AtomicU8,
 }
 
@@ -81,12 +84,16 @@ struct MigrcState {
 
 impl Migrc {
     /// Tests only: break MIGRC as `w` says.
+    #[cfg(feature = "mutants")]
     pub fn set_weakened(&self, w: Weakened) {
         self.weakened.store(w as u8, Ordering::Relaxed);
     }
 
+    /// The variant in force: always [`Weakened::None`] outside tests.
+    #[inline(always)]
     pub fn weakened(&self) -> Weakened {
-        match self.weakened.load(Ordering::Relaxed) {
+        #[cfg(feature = "mutants")]
+        return match self.weakened.load(Ordering::Relaxed) {
             1 => Weakened::NoWpFlush,
             2 => Weakened::FreeSource,
             3 => Weakened::NoFlushingCheck,
@@ -96,7 +103,9 @@ impl Migrc {
             7 => Weakened::LufNoEndVmaFlush,
             8 => Weakened::LufNoMmFlush,
             _ => Weakened::None,
-        }
+        };
+        #[cfg(not(feature = "mutants"))]
+        Weakened::None
     }
 
     /// Whether a publication must be refused: a batched flush is in
