@@ -59,6 +59,32 @@ pub fn vma_thp_gfp_mask(vma: &crate::mm::Vma) -> AllocFlags {
     }
 }
 
+/// `vma_alloc_anon_folio_pmd`: a PMD-sized folio for an anonymous fault,
+/// by the VMA's policy; None after counting the fallback (the event and
+/// the PMD size's mTHP counter), for both of its callers: the first fault
+/// and the write to the huge zero page.
+fn vma_alloc_anon_folio_pmd(vmf: &VmFault<'_>) -> Option<Folio> {
+    let oncpu = vmf.oncpu;
+    let folio = crate::mempolicy::vma_alloc_folio(
+        oncpu,
+        vmf.mm,
+        vmf.vma,
+        vmf.address & PMD_MASK,
+        HPAGE_PMD_ORDER,
+        vma_thp_gfp_mask(vmf.vma),
+    );
+    if folio.is_none() {
+        oncpu
+            .vmstat()
+            .count(oncpu.id(), Event::THP_FAULT_FALLBACK, 1);
+        oncpu
+            .mem()
+            .vmstat
+            .mod_mthp(HPAGE_PMD_ORDER, MthpStat::ANON_FAULT_FALLBACK, 1);
+    }
+    folio
+}
+
 /// `do_huge_pmd_anonymous_page`: a fault on an empty PMD of a THP-eligible
 /// range. A read maps the huge zero page; a write allocates a THP.
 pub fn do_huge_pmd_anonymous_page(vmf: &mut VmFault<'_>) -> VmFaultResult {
@@ -74,19 +100,7 @@ pub fn do_huge_pmd_anonymous_page(vmf: &mut VmFault<'_>) -> VmFaultResult {
     if !vmf.flags.write() && oncpu.m.thp.use_zero_page.load(Ordering::Relaxed) {
         return do_huge_zero_pmd(vmf);
     }
-    let Some(folio) = crate::mempolicy::vma_alloc_folio(
-        oncpu,
-        vmf.mm,
-        vmf.vma,
-        vmf.address & PMD_MASK,
-        HPAGE_PMD_ORDER,
-        vma_thp_gfp_mask(vmf.vma),
-    ) else {
-        oncpu
-            .vmstat()
-            .count(oncpu.id(), Event::THP_FAULT_FALLBACK, 1);
-        mem.vmstat
-            .mod_mthp(HPAGE_PMD_ORDER, MthpStat::ANON_FAULT_FALLBACK, 1);
+    let Some(folio) = vma_alloc_anon_folio_pmd(vmf) else {
         return VmFaultResult::Fallback;
     };
     let Some(pgtable) = Ptdesc::alloc_pte(mem, oncpu.cpu.node, oncpu.id(), new_pte_tracking(oncpu))
@@ -176,17 +190,7 @@ fn do_huge_zero_wp_pmd(vmf: &mut VmFault<'_>) -> VmFaultResult {
     if let Err(r) = crate::memory::vmf_anon_prepare(vmf) {
         return r;
     }
-    let Some(folio) = crate::mempolicy::vma_alloc_folio(
-        oncpu,
-        vmf.mm,
-        vmf.vma,
-        vmf.address & PMD_MASK,
-        HPAGE_PMD_ORDER,
-        vma_thp_gfp_mask(vmf.vma),
-    ) else {
-        oncpu
-            .vmstat()
-            .count(oncpu.id(), Event::THP_FAULT_FALLBACK, 1);
+    let Some(folio) = vma_alloc_anon_folio_pmd(vmf) else {
         return VmFaultResult::Fallback;
     };
     let mut ptl = mm.pmd_lock(vmf.pmd);

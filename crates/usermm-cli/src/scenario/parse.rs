@@ -514,364 +514,471 @@ pub const SYSCTLS: [&str; 5] = [
     "user_reserve_kbytes",
 ];
 
+/// The statements: each verb, and the function that parses the rest of
+/// its line (docs/scenarios.md describes each).
+type ParseStatement = fn(&mut Words) -> Result<Op, ParseError>;
+
+const STATEMENTS: &[(&str, ParseStatement)] = &[
+    ("map", parse_map),
+    ("munmap", parse_munmap),
+    ("mprotect", parse_mprotect),
+    ("madvise", parse_madvise),
+    ("fill", parse_fill),
+    ("check", parse_check),
+    ("write", parse_write),
+    ("read", parse_read),
+    ("expect", parse_expect),
+    ("fork", parse_fork),
+    ("switch", parse_switch),
+    ("exit", parse_exit),
+    ("tunable", parse_tunable),
+    ("knob", parse_knob),
+    ("sysctl", parse_sysctl),
+    ("mark", parse_mark),
+    ("print", parse_print),
+    ("fails", parse_fails),
+    ("dump", parse_dump),
+    ("migrate", parse_migrate),
+    ("mbind", parse_mbind),
+    ("await_numa_hint", parse_await_numa_hint),
+    ("numa_balancing", parse_numa_balancing),
+    ("demotion", parse_demotion),
+    ("require", parse_require),
+];
+
+/// One statement: its verb, then what [`STATEMENTS`] parses for it, then
+/// nothing more on the line.
 fn parse_op(w: &mut Words) -> Result<Op, ParseError> {
     let (c, verb) = w.next("a statement")?;
-    let op = match verb {
-        "map" => {
-            let name = w.name("a region name")?;
-            let len = w.number("a length")?;
-            let prot = w.prot()?;
-            let (mut at, mut align, mut flags) = (None, 0, MAP_PRIVATE | MAP_ANONYMOUS);
-            while w.peek().is_some() {
-                let (col, word) = w.next("an option")?;
-                if let Some(v) = word.strip_prefix("at=") {
-                    at = Some(
-                        parse_addr(v).ok_or_else(|| w.err(col, format!("bad address {v:?}")))?,
-                    );
-                } else if let Some(v) = word.strip_prefix("align=") {
-                    align = parse_size(v)
-                        .filter(|a| a.is_power_of_two())
-                        .ok_or_else(|| w.err(col, format!("bad alignment {v:?}")))?;
-                } else if let Some(v) = word.strip_prefix("flags=") {
-                    flags = parse_flags(v).ok_or_else(|| w.err(col, format!("bad flags {v:?}")))?;
-                } else {
-                    return Err(w.err(
-                        col,
-                        format!("unknown option {word:?} (at=, align=, flags=)"),
-                    ));
-                }
-            }
-            Op::Map {
-                name,
-                len,
-                prot,
-                at,
-                align,
-                flags,
-            }
+    let Some(&(_, parse)) = STATEMENTS.iter().find(|(v, _)| *v == verb) else {
+        return Err(w.err(c, format!("unknown statement {verb:?}")));
+    };
+    let op = parse(w)?;
+    w.done()?;
+    Ok(op)
+}
+
+/// The statement `map`.
+fn parse_map(w: &mut Words) -> Result<Op, ParseError> {
+    let name = w.name("a region name")?;
+    let len = w.number("a length")?;
+    let prot = w.prot()?;
+    let (mut at, mut align, mut flags) = (None, 0, MAP_PRIVATE | MAP_ANONYMOUS);
+    while w.peek().is_some() {
+        let (col, word) = w.next("an option")?;
+        if let Some(v) = word.strip_prefix("at=") {
+            at = Some(parse_addr(v).ok_or_else(|| w.err(col, format!("bad address {v:?}")))?);
+        } else if let Some(v) = word.strip_prefix("align=") {
+            align = parse_size(v)
+                .filter(|a| a.is_power_of_two())
+                .ok_or_else(|| w.err(col, format!("bad alignment {v:?}")))?;
+        } else if let Some(v) = word.strip_prefix("flags=") {
+            flags = parse_flags(v).ok_or_else(|| w.err(col, format!("bad flags {v:?}")))?;
+        } else {
+            return Err(w.err(
+                col,
+                format!("unknown option {word:?} (at=, align=, flags=)"),
+            ));
         }
-        "munmap" => {
-            let addr = w.addr()?;
-            let len = if w.peek().is_some() {
-                Some(w.number("a length")?)
-            } else {
-                None
-            };
-            Op::Munmap { addr, len }
-        }
-        "mprotect" => Op::Mprotect {
-            addr: w.addr()?,
-            len: w.number("a length")?,
-            prot: w.prot()?,
-        },
-        "madvise" => {
-            let addr = w.addr()?;
-            let len = w.number("a length")?;
-            let (col, a) = w.next("an advice (dontneed, free, hugepage, nohugepage)")?;
-            let advice =
-                parse_advice(a).ok_or_else(|| w.err(col, format!("unknown advice {a:?}")))?;
-            Op::Madvise { addr, len, advice }
-        }
-        "fill" => Op::Fill {
-            addr: w.addr()?,
-            len: w.number("a length")?,
-            seed: w.number("a seed")?,
-            every: w.every()?,
-        },
-        "check" => {
-            let addr = w.addr()?;
-            let len = w.number("a length")?;
-            let (col, p) = w.next("a seed or zero")?;
-            let pattern =
-                if p == "zero" {
-                    Pattern::Zero
-                } else {
-                    Pattern::Seed(parse_size(p).ok_or_else(|| {
-                        w.err(col, format!("expected a seed or zero, found {p:?}"))
-                    })?)
-                };
-            Op::Check {
-                addr,
-                len,
-                pattern,
-                every: w.every()?,
-            }
-        }
-        "write" => Op::Write {
-            addr: w.addr()?,
-            value: w.number("a value")?,
-        },
-        "read" => Op::Read { addr: w.addr()? },
-        "expect" => {
-            let (col, first) = w.next("a figure or an address")?;
-            if first == "node" {
-                let addr = w.addr()?;
-                w.eq()?;
-                Op::ExpectNode {
-                    addr,
-                    node: w.number("a node")?,
-                }
-            } else if first == "faults" {
-                let (col1, kw) = w.next("reading")?;
-                if kw != "reading" {
-                    return Err(w.err(col1, format!("expected reading ADDR LEN, found {kw:?}")));
-                }
-                let addr = w.addr()?;
-                let len = w.number("a length")?;
-                let every = w.every()?;
-                w.eq()?;
-                let value = w.count()?;
-                Op::ExpectReadFaults {
-                    addr,
-                    len,
-                    every,
-                    value,
-                }
-            } else if first == "vmstat" {
-                let (col, name) = w.next("a counter name")?;
-                if !vmstat_name_known(name) {
-                    return Err(w.err(
-                        col,
-                        format!("no counter {name:?} (a /proc/vmstat name usermm keeps, or hugepages-<size>kB/<stat>)"),
-                    ));
-                }
-                let (col1, kw) = w.next("since")?;
-                if kw != "since" {
-                    return Err(w.err(col1, format!("expected since MARK (counters are compared by their change), found {kw:?}")));
-                }
-                let since = w.name("a mark")?;
-                w.eq()?;
-                let value = w.count()?;
-                Op::ExpectVmstat {
-                    name: name.to_string(),
-                    since,
-                    value,
-                }
-            } else if let Some(fig) = Figure::parse(first) {
-                let mut since = None;
-                if w.peek() == Some("since") {
-                    w.next("since")?;
-                    since = Some(w.name("a mark")?);
-                }
-                w.eq()?;
-                let (col3, v) = w.next("a size")?;
-                let value = parse_signed_size(v)
-                    .ok_or_else(|| w.err(col3, format!("expected a size, found {v:?}")))?;
-                // Sizes are in kB, whole ones; the VMA count is a plain number.
-                if fig != Figure::Vmas && value % 1024 != 0 {
-                    return Err(w.err(col3, format!("{v:?} is not a whole number of kB")));
-                }
-                Op::ExpectFigure {
-                    fig,
-                    since,
-                    value: if fig == Figure::Vmas {
-                        value
-                    } else {
-                        value >> 10
-                    },
-                }
-            } else {
-                let addr = parse_addr(first).ok_or_else(|| {
-                    w.err(col, format!("expected a figure (VmRSS, RssAnon, VmPTE, AnonHugePages, VMAs), faults, vmstat, node or an address, found {first:?}"))
-                })?;
-                w.eq()?;
-                Op::ExpectValue {
-                    addr,
-                    value: w.number("a value")?,
-                }
-            }
-        }
-        "fork" => Op::Fork {
-            child: w.name("a process name")?,
-        },
-        "switch" => Op::Switch {
-            proc_name: w.name("a process name")?,
-        },
-        "exit" => Op::Exit {
-            proc_name: if w.peek().is_some() {
-                Some(w.name("a process name")?)
-            } else {
-                None
-            },
-        },
-        "tunable" => {
-            let (col, name) = w.next("a tunable's name")?;
-            let (vcol, value) = w.next("a value")?;
-            match usermm::tunable::Tunables::parse(name, value) {
-                Ok(_) => {}
-                Err(e @ usermm::tunable::TunableError::UnknownName(_)) => {
-                    return Err(w.err(col, e.to_string()))
-                }
-                Err(e) => return Err(w.err(vcol, e.to_string())),
-            }
-            let op = Op::Tunable {
-                name: name.to_string(),
-                value: value.to_string(),
-            };
-            w.done()?;
-            op
-        }
-        "knob" => {
-            let (col, which) = w.next("enabled, only, use_zero_page, or a size")?;
-            if which == "use_zero_page" {
-                let (col, v) = w.next("0 or 1")?;
-                let on = match v {
-                    "0" => false,
-                    "1" => true,
-                    _ => return Err(w.err(col, format!("expected 0 or 1, found {v:?}"))),
-                };
-                w.done()?;
-                return Ok(Op::KnobUseZeroPage { on });
-            }
-            if which == "only" {
-                let (col, sz) = w.next("a folio size")?;
-                let kb = parse_size(sz)
-                    .and_then(whole_kb)
-                    .filter(|kb| [4, 16, 32, 64, 128, 256, 512, 1024, 2048].contains(kb));
-                let size_kb = kb.ok_or_else(|| {
-                    w.err(col, format!("expected a folio size (4K..2M), found {sz:?}"))
-                })?;
-                w.done()?;
-                return Ok(Op::KnobOnly { size_kb });
-            }
-            let size_kb = if which == "enabled" {
-                None
-            } else {
-                let kb = parse_size(which)
-                    .and_then(whole_kb)
-                    .filter(|kb| [16, 32, 64, 128, 256, 512, 1024, 2048].contains(kb));
-                Some(kb.ok_or_else(|| {
-                    w.err(
-                        col,
-                        format!("expected enabled or an mTHP size (16K..2M), found {which:?}"),
-                    )
-                })?)
-            };
-            let (col, mode) = w.next("a mode")?;
-            if !KNOB_MODES.contains(&mode) || (size_kb.is_none() && mode == "inherit") {
-                return Err(w.err(col, format!("bad mode {mode:?}")));
-            }
-            Op::Knob {
-                size_kb,
-                mode: mode.to_string(),
-            }
-        }
-        "sysctl" => {
-            let (col, name) = w.next("a sysctl name")?;
-            if !SYSCTLS.contains(&name) {
-                return Err(w.err(
-                    col,
-                    format!("unknown sysctl {name:?} (known: {})", SYSCTLS.join(", ")),
-                ));
-            }
-            Op::Sysctl {
-                name: name.to_string(),
-                value: w.number("a value")?,
-            }
-        }
-        "mark" => Op::Mark {
-            name: w.name("a mark name")?,
-        },
-        "print" => {
-            let (col, f) = w.next("a figure")?;
-            Op::Print {
-                fig: Figure::parse(f).ok_or_else(|| w.err(col, format!("unknown figure {f:?}")))?,
-            }
-        }
-        "fails" => {
-            let (col, e) = w.next("an errno")?;
-            let Some(name) = e.strip_suffix(':') else {
-                return Err(w.err(col, format!("expected ERRNO: (with a colon), found {e:?}")));
-            };
-            if usermm::Errno::from_name(name).is_none() {
-                return Err(w.err(col, format!("unknown errno {name:?}")));
-            }
-            let inner = parse_op(w)?;
-            if matches!(inner, Op::Fails { .. }) {
-                return Err(w.err(col, "fails cannot be nested"));
-            }
-            return Ok(Op::Fails {
-                errno: name.to_string(),
-                op: Box::new(inner),
-            });
-        }
-        "dump" => Op::Dump,
-        "migrate" => Op::Migrate {
-            addr: w.addr()?,
-            len: w.number("a length")?,
+    }
+    Ok(Op::Map {
+        name,
+        len,
+        prot,
+        at,
+        align,
+        flags,
+    })
+}
+
+/// The statement `munmap`.
+fn parse_munmap(w: &mut Words) -> Result<Op, ParseError> {
+    let addr = w.addr()?;
+    let len = if w.peek().is_some() {
+        Some(w.number("a length")?)
+    } else {
+        None
+    };
+    Ok(Op::Munmap { addr, len })
+}
+
+/// The statement `mprotect`.
+fn parse_mprotect(w: &mut Words) -> Result<Op, ParseError> {
+    Ok(Op::Mprotect {
+        addr: w.addr()?,
+        len: w.number("a length")?,
+        prot: w.prot()?,
+    })
+}
+
+/// The statement `madvise`.
+fn parse_madvise(w: &mut Words) -> Result<Op, ParseError> {
+    let addr = w.addr()?;
+    let len = w.number("a length")?;
+    let (col, a) = w.next("an advice (dontneed, free, hugepage, nohugepage)")?;
+    let advice = parse_advice(a).ok_or_else(|| w.err(col, format!("unknown advice {a:?}")))?;
+    Ok(Op::Madvise { addr, len, advice })
+}
+
+/// The statement `fill`.
+fn parse_fill(w: &mut Words) -> Result<Op, ParseError> {
+    Ok(Op::Fill {
+        addr: w.addr()?,
+        len: w.number("a length")?,
+        seed: w.number("a seed")?,
+        every: w.every()?,
+    })
+}
+
+/// The statement `check`.
+fn parse_check(w: &mut Words) -> Result<Op, ParseError> {
+    let addr = w.addr()?;
+    let len = w.number("a length")?;
+    let (col, p) = w.next("a seed or zero")?;
+    let pattern = if p == "zero" {
+        Pattern::Zero
+    } else {
+        Pattern::Seed(
+            parse_size(p)
+                .ok_or_else(|| w.err(col, format!("expected a seed or zero, found {p:?}")))?,
+        )
+    };
+    Ok(Op::Check {
+        addr,
+        len,
+        pattern,
+        every: w.every()?,
+    })
+}
+
+/// The statement `write`.
+fn parse_write(w: &mut Words) -> Result<Op, ParseError> {
+    Ok(Op::Write {
+        addr: w.addr()?,
+        value: w.number("a value")?,
+    })
+}
+
+/// The statement `read`.
+fn parse_read(w: &mut Words) -> Result<Op, ParseError> {
+    Ok(Op::Read { addr: w.addr()? })
+}
+
+/// The statement `expect`.
+fn parse_expect(w: &mut Words) -> Result<Op, ParseError> {
+    let (col, first) = w.next("a figure or an address")?;
+    Ok(if first == "node" {
+        let addr = w.addr()?;
+        w.eq()?;
+        Op::ExpectNode {
+            addr,
             node: w.number("a node")?,
+        }
+    } else if first == "faults" {
+        let (col1, kw) = w.next("reading")?;
+        if kw != "reading" {
+            return Err(w.err(col1, format!("expected reading ADDR LEN, found {kw:?}")));
+        }
+        let addr = w.addr()?;
+        let len = w.number("a length")?;
+        let every = w.every()?;
+        w.eq()?;
+        let value = w.count()?;
+        Op::ExpectReadFaults {
+            addr,
+            len,
+            every,
+            value,
+        }
+    } else if first == "vmstat" {
+        let (col, name) = w.next("a counter name")?;
+        if !vmstat_name_known(name) {
+            return Err(w.err(
+                col,
+                format!("no counter {name:?} (a /proc/vmstat name usermm keeps, or hugepages-<size>kB/<stat>)"),
+            ));
+        }
+        let (col1, kw) = w.next("since")?;
+        if kw != "since" {
+            return Err(w.err(
+                col1,
+                format!(
+                    "expected since MARK (counters are compared by their change), found {kw:?}"
+                ),
+            ));
+        }
+        let since = w.name("a mark")?;
+        w.eq()?;
+        let value = w.count()?;
+        Op::ExpectVmstat {
+            name: name.to_string(),
+            since,
+            value,
+        }
+    } else if let Some(fig) = Figure::parse(first) {
+        let mut since = None;
+        if w.peek() == Some("since") {
+            w.next("since")?;
+            since = Some(w.name("a mark")?);
+        }
+        w.eq()?;
+        let (col3, v) = w.next("a size")?;
+        let value = parse_signed_size(v)
+            .ok_or_else(|| w.err(col3, format!("expected a size, found {v:?}")))?;
+        // Sizes are in kB, whole ones; the VMA count is a plain number.
+        if fig != Figure::Vmas && value % 1024 != 0 {
+            return Err(w.err(col3, format!("{v:?} is not a whole number of kB")));
+        }
+        Op::ExpectFigure {
+            fig,
+            since,
+            value: if fig == Figure::Vmas {
+                value
+            } else {
+                value >> 10
+            },
+        }
+    } else {
+        let addr = parse_addr(first).ok_or_else(|| {
+            w.err(col, format!("expected a figure (VmRSS, RssAnon, VmPTE, AnonHugePages, VMAs), faults, vmstat, node or an address, found {first:?}"))
+        })?;
+        w.eq()?;
+        Op::ExpectValue {
+            addr,
+            value: w.number("a value")?,
+        }
+    })
+}
+
+/// The statement `fork`.
+fn parse_fork(w: &mut Words) -> Result<Op, ParseError> {
+    Ok(Op::Fork {
+        child: w.name("a process name")?,
+    })
+}
+
+/// The statement `switch`.
+fn parse_switch(w: &mut Words) -> Result<Op, ParseError> {
+    Ok(Op::Switch {
+        proc_name: w.name("a process name")?,
+    })
+}
+
+/// The statement `exit`.
+fn parse_exit(w: &mut Words) -> Result<Op, ParseError> {
+    Ok(Op::Exit {
+        proc_name: if w.peek().is_some() {
+            Some(w.name("a process name")?)
+        } else {
+            None
         },
-        "mbind" => {
-            let addr = w.addr()?;
-            let len = w.number("a length")?;
-            let (col, p) = w.next("a policy")?;
-            let mode = MPOL_NAMES.iter().position(|&n| n == p).ok_or_else(|| {
-                w.err(
-                    col,
-                    format!("unknown policy {p:?} (known: {})", MPOL_NAMES.join(", ")),
-                )
-            })? as i32;
-            let (col, n) = w.next("nodes (0,1 or -)")?;
-            let nodes = parse_nodes(n).ok_or_else(|| {
-                w.err(col, format!("expected nodes such as 0,1 or -, found {n:?}"))
-            })?;
-            let mut flags = 0;
-            while w.peek().is_some() {
-                let (col, f) = w.next("a flag")?;
-                flags |= match f {
-                    "strict" => 1,
-                    "move" => 2,
-                    "move_all" => 4,
-                    _ => {
-                        return Err(w.err(
-                            col,
-                            format!("unknown mbind flag {f:?} (strict, move, move_all)"),
-                        ))
-                    }
-                };
-            }
-            Op::Mbind {
-                addr,
-                len,
-                mode,
-                nodes,
-                flags,
-            }
+    })
+}
+
+/// The statement `tunable`.
+fn parse_tunable(w: &mut Words) -> Result<Op, ParseError> {
+    let (col, name) = w.next("a tunable's name")?;
+    let (vcol, value) = w.next("a value")?;
+    match usermm::tunable::Tunables::parse(name, value) {
+        Ok(_) => {}
+        Err(e @ usermm::tunable::TunableError::UnknownName(_)) => {
+            return Err(w.err(col, e.to_string()))
         }
-        "await_numa_hint" => Op::AwaitNumaHint { addr: w.addr()? },
-        "numa_balancing" => {
-            let (col, v) = w.next("a mode (0 off, 1 normal, 2 memory tiering, 3 both)")?;
-            Op::NumaBalancing {
-                mode: v
-                    .parse()
-                    .ok()
-                    .filter(|&m: &u8| m <= 3)
-                    .ok_or_else(|| w.err(col, format!("expected a mode 0 to 3, found {v:?}")))?,
-            }
-        }
-        "demotion" => {
-            let (col, v) = w.next("on or off")?;
-            Op::Demotion {
-                on: match v {
-                    "on" => true,
-                    "off" => false,
-                    _ => return Err(w.err(col, format!("expected on or off, found {v:?}"))),
-                },
-            }
-        }
-        "require" => {
-            let (col, what) = w.next("nodes")?;
-            if what != "nodes" {
-                return Err(w.err(col, format!("expected require nodes N, found {what:?}")));
-            }
-            Op::RequireNodes {
-                n: w.number("a number of nodes")?,
-            }
-        }
-        other => return Err(w.err(c, format!("unknown statement {other:?}"))),
+        Err(e) => return Err(w.err(vcol, e.to_string())),
+    }
+    let op = Op::Tunable {
+        name: name.to_string(),
+        value: value.to_string(),
     };
     w.done()?;
     Ok(op)
+}
+
+/// The statement `knob`.
+fn parse_knob(w: &mut Words) -> Result<Op, ParseError> {
+    let (col, which) = w.next("enabled, only, use_zero_page, or a size")?;
+    if which == "use_zero_page" {
+        let (col, v) = w.next("0 or 1")?;
+        let on = match v {
+            "0" => false,
+            "1" => true,
+            _ => return Err(w.err(col, format!("expected 0 or 1, found {v:?}"))),
+        };
+        w.done()?;
+        return Ok(Op::KnobUseZeroPage { on });
+    }
+    if which == "only" {
+        let (col, sz) = w.next("a folio size")?;
+        let kb = parse_size(sz)
+            .and_then(whole_kb)
+            .filter(|kb| [4, 16, 32, 64, 128, 256, 512, 1024, 2048].contains(kb));
+        let size_kb =
+            kb.ok_or_else(|| w.err(col, format!("expected a folio size (4K..2M), found {sz:?}")))?;
+        w.done()?;
+        return Ok(Op::KnobOnly { size_kb });
+    }
+    let size_kb = if which == "enabled" {
+        None
+    } else {
+        let kb = parse_size(which)
+            .and_then(whole_kb)
+            .filter(|kb| [16, 32, 64, 128, 256, 512, 1024, 2048].contains(kb));
+        Some(kb.ok_or_else(|| {
+            w.err(
+                col,
+                format!("expected enabled or an mTHP size (16K..2M), found {which:?}"),
+            )
+        })?)
+    };
+    let (col, mode) = w.next("a mode")?;
+    if !KNOB_MODES.contains(&mode) || (size_kb.is_none() && mode == "inherit") {
+        return Err(w.err(col, format!("bad mode {mode:?}")));
+    }
+    Ok(Op::Knob {
+        size_kb,
+        mode: mode.to_string(),
+    })
+}
+
+/// The statement `sysctl`.
+fn parse_sysctl(w: &mut Words) -> Result<Op, ParseError> {
+    let (col, name) = w.next("a sysctl name")?;
+    if !SYSCTLS.contains(&name) {
+        return Err(w.err(
+            col,
+            format!("unknown sysctl {name:?} (known: {})", SYSCTLS.join(", ")),
+        ));
+    }
+    Ok(Op::Sysctl {
+        name: name.to_string(),
+        value: w.number("a value")?,
+    })
+}
+
+/// The statement `mark`.
+fn parse_mark(w: &mut Words) -> Result<Op, ParseError> {
+    Ok(Op::Mark {
+        name: w.name("a mark name")?,
+    })
+}
+
+/// The statement `print`.
+fn parse_print(w: &mut Words) -> Result<Op, ParseError> {
+    let (col, f) = w.next("a figure")?;
+    Ok(Op::Print {
+        fig: Figure::parse(f).ok_or_else(|| w.err(col, format!("unknown figure {f:?}")))?,
+    })
+}
+
+/// The statement `fails`.
+fn parse_fails(w: &mut Words) -> Result<Op, ParseError> {
+    let (col, e) = w.next("an errno")?;
+    let Some(name) = e.strip_suffix(':') else {
+        return Err(w.err(col, format!("expected ERRNO: (with a colon), found {e:?}")));
+    };
+    if usermm::Errno::from_name(name).is_none() {
+        return Err(w.err(col, format!("unknown errno {name:?}")));
+    }
+    let inner = parse_op(w)?;
+    if matches!(inner, Op::Fails { .. }) {
+        return Err(w.err(col, "fails cannot be nested"));
+    }
+    Ok(Op::Fails {
+        errno: name.to_string(),
+        op: Box::new(inner),
+    })
+}
+
+/// The statement `dump`.
+fn parse_dump(_w: &mut Words) -> Result<Op, ParseError> {
+    Ok(Op::Dump)
+}
+
+/// The statement `migrate`.
+fn parse_migrate(w: &mut Words) -> Result<Op, ParseError> {
+    Ok(Op::Migrate {
+        addr: w.addr()?,
+        len: w.number("a length")?,
+        node: w.number("a node")?,
+    })
+}
+
+/// The statement `mbind`.
+fn parse_mbind(w: &mut Words) -> Result<Op, ParseError> {
+    let addr = w.addr()?;
+    let len = w.number("a length")?;
+    let (col, p) = w.next("a policy")?;
+    let mode = MPOL_NAMES.iter().position(|&n| n == p).ok_or_else(|| {
+        w.err(
+            col,
+            format!("unknown policy {p:?} (known: {})", MPOL_NAMES.join(", ")),
+        )
+    })? as i32;
+    let (col, n) = w.next("nodes (0,1 or -)")?;
+    let nodes = parse_nodes(n)
+        .ok_or_else(|| w.err(col, format!("expected nodes such as 0,1 or -, found {n:?}")))?;
+    let mut flags = 0;
+    while w.peek().is_some() {
+        let (col, f) = w.next("a flag")?;
+        flags |= match f {
+            "strict" => 1,
+            "move" => 2,
+            "move_all" => 4,
+            _ => {
+                return Err(w.err(
+                    col,
+                    format!("unknown mbind flag {f:?} (strict, move, move_all)"),
+                ))
+            }
+        };
+    }
+    Ok(Op::Mbind {
+        addr,
+        len,
+        mode,
+        nodes,
+        flags,
+    })
+}
+
+/// The statement `await_numa_hint`.
+fn parse_await_numa_hint(w: &mut Words) -> Result<Op, ParseError> {
+    Ok(Op::AwaitNumaHint { addr: w.addr()? })
+}
+
+/// The statement `numa_balancing`.
+fn parse_numa_balancing(w: &mut Words) -> Result<Op, ParseError> {
+    let (col, v) = w.next("a mode (0 off, 1 normal, 2 memory tiering, 3 both)")?;
+    Ok(Op::NumaBalancing {
+        mode: v
+            .parse()
+            .ok()
+            .filter(|&m: &u8| m <= 3)
+            .ok_or_else(|| w.err(col, format!("expected a mode 0 to 3, found {v:?}")))?,
+    })
+}
+
+/// The statement `demotion`.
+fn parse_demotion(w: &mut Words) -> Result<Op, ParseError> {
+    let (col, v) = w.next("on or off")?;
+    Ok(Op::Demotion {
+        on: match v {
+            "on" => true,
+            "off" => false,
+            _ => return Err(w.err(col, format!("expected on or off, found {v:?}"))),
+        },
+    })
+}
+
+/// The statement `require`.
+fn parse_require(w: &mut Words) -> Result<Op, ParseError> {
+    let (col, what) = w.next("nodes")?;
+    if what != "nodes" {
+        return Err(w.err(col, format!("expected require nodes N, found {what:?}")));
+    }
+    Ok(Op::RequireNodes {
+        n: w.number("a number of nodes")?,
+    })
 }
 
 /// Parse a whole scenario.

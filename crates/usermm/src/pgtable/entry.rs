@@ -140,75 +140,17 @@ impl Pte {
     pub fn present(self) -> bool {
         self.0 & (_PAGE_PRESENT | _PAGE_PROTNONE) != 0
     }
-    /// `pte_protnone`.
-    #[inline]
-    pub fn protnone(self) -> bool {
-        self.0 & (_PAGE_PRESENT | _PAGE_PROTNONE) == _PAGE_PROTNONE
-    }
     #[inline]
     pub fn pfn(self) -> Pfn {
         (self.0 & PTE_PFN_MASK) >> PAGE_SHIFT
     }
     #[inline]
-    pub fn write(self) -> bool {
-        self.0 & _PAGE_RW != 0
-    }
-    #[inline]
-    pub fn dirty(self) -> bool {
-        self.0 & _PAGE_DIRTY != 0
-    }
-    #[inline]
-    pub fn young(self) -> bool {
-        self.0 & _PAGE_ACCESSED != 0
-    }
-    #[inline]
-    pub fn special(self) -> bool {
-        self.0 & _PAGE_SPECIAL != 0
-    }
-    #[inline]
-    pub fn soft_dirty(self) -> bool {
-        self.0 & _PAGE_SOFT_DIRTY != 0
-    }
-    #[inline]
     pub fn uffd_wp(self) -> bool {
         self.0 & _PAGE_UFFD_WP != 0
-    }
-    #[inline]
-    pub fn mkwrite(self) -> Pte {
-        Pte(self.0 | _PAGE_RW)
-    }
-    #[inline]
-    pub fn wrprotect(self) -> Pte {
-        Pte(self.0 & !_PAGE_RW)
-    }
-    #[inline]
-    pub fn mkdirty(self) -> Pte {
-        Pte(self.0 | _PAGE_DIRTY | _PAGE_SOFT_DIRTY)
-    }
-    #[inline]
-    pub fn mkclean(self) -> Pte {
-        Pte(self.0 & !_PAGE_DIRTY)
-    }
-    #[inline]
-    /// `pte_mksoft_dirty`.
-    pub fn mksoft_dirty(self) -> Pte {
-        Pte(self.0 | _PAGE_SOFT_DIRTY)
     }
 
     pub fn clear_soft_dirty(self) -> Pte {
         Pte(self.0 & !_PAGE_SOFT_DIRTY)
-    }
-    #[inline]
-    pub fn mkyoung(self) -> Pte {
-        Pte(self.0 | _PAGE_ACCESSED)
-    }
-    #[inline]
-    pub fn mkold(self) -> Pte {
-        Pte(self.0 & !_PAGE_ACCESSED)
-    }
-    #[inline]
-    pub fn mkspecial(self) -> Pte {
-        Pte(self.0 | _PAGE_SPECIAL)
     }
     /// `pte_modify`: keep PFN, A/D and software bits, take the new protection.
     #[inline]
@@ -277,66 +219,6 @@ impl Pmd {
         Pte(((pfn << PAGE_SHIFT) & PTE_PFN_MASK)
             | (self.0 & !PMD_PFN_MASK & !_PAGE_PSE & !(1 << 12)))
     }
-    #[inline]
-    pub fn write(self) -> bool {
-        self.0 & _PAGE_RW != 0
-    }
-    #[inline]
-    pub fn dirty(self) -> bool {
-        self.0 & _PAGE_DIRTY != 0
-    }
-    #[inline]
-    pub fn young(self) -> bool {
-        self.0 & _PAGE_ACCESSED != 0
-    }
-    #[inline]
-    pub fn wrprotect(self) -> Pmd {
-        Pmd(self.0 & !_PAGE_RW)
-    }
-    #[inline]
-    pub fn mkwrite(self) -> Pmd {
-        Pmd(self.0 | _PAGE_RW)
-    }
-    #[inline]
-    pub fn mkdirty(self) -> Pmd {
-        Pmd(self.0 | _PAGE_DIRTY | _PAGE_SOFT_DIRTY)
-    }
-    #[inline]
-    pub fn mkold(self) -> Pmd {
-        Pmd(self.0 & !_PAGE_ACCESSED)
-    }
-    #[inline]
-    pub fn mkyoung(self) -> Pmd {
-        Pmd(self.0 | _PAGE_ACCESSED)
-    }
-    #[inline]
-    pub fn mkclean(self) -> Pmd {
-        Pmd(self.0 & !_PAGE_DIRTY)
-    }
-    /// `pmd_protnone`: a NUMA hinting entry (the kernel's, not the MMU's,
-    /// idea of present).
-    #[inline]
-    pub fn protnone(self) -> bool {
-        self.0 & (_PAGE_PRESENT | _PAGE_PROTNONE) == _PAGE_PROTNONE
-    }
-    /// `pmd_soft_dirty`.
-    #[inline]
-    pub fn soft_dirty(self) -> bool {
-        self.0 & _PAGE_SOFT_DIRTY != 0
-    }
-    /// `pmd_mksoft_dirty`.
-    #[inline]
-    pub fn mksoft_dirty(self) -> Pmd {
-        Pmd(self.0 | _PAGE_SOFT_DIRTY)
-    }
-    #[inline]
-    pub fn special(self) -> bool {
-        self.0 & _PAGE_SPECIAL != 0
-    }
-    #[inline]
-    pub fn mkspecial(self) -> Pmd {
-        Pmd(self.0 | _PAGE_SPECIAL)
-    }
     /// `pmd_modify`.
     #[inline]
     pub fn modify(self, prot: Pgprot) -> Pmd {
@@ -344,6 +226,91 @@ impl Pmd {
         Pmd((self.0 & keep) | (prot.0 & !keep))
     }
 }
+
+/// The bits a PTE and a PMD leaf share, read and changed alike: x86 writes
+/// each pair over one helper (`pte_flags` / `pmd_flags`, `pte_set_flags` /
+/// `pmd_set_flags`, `pte_clear_flags` / `pmd_clear_flags`); one macro
+/// writes both here.
+macro_rules! leaf_bits {
+    ($t:ident) => {
+        impl $t {
+            #[inline]
+            fn has(self, bits: u64) -> bool {
+                self.0 & bits != 0
+            }
+            #[inline]
+            fn set_flags(self, bits: u64) -> $t {
+                $t(self.0 | bits)
+            }
+            #[inline]
+            fn clear_flags(self, bits: u64) -> $t {
+                $t(self.0 & !bits)
+            }
+            /// `pte_protnone` / `pmd_protnone`: a NUMA hinting entry, present
+            /// to the kernel and not to the MMU.
+            #[inline]
+            pub fn protnone(self) -> bool {
+                self.0 & (_PAGE_PRESENT | _PAGE_PROTNONE) == _PAGE_PROTNONE
+            }
+            #[inline]
+            pub fn write(self) -> bool {
+                self.has(_PAGE_RW)
+            }
+            #[inline]
+            pub fn dirty(self) -> bool {
+                self.has(_PAGE_DIRTY)
+            }
+            #[inline]
+            pub fn young(self) -> bool {
+                self.has(_PAGE_ACCESSED)
+            }
+            #[inline]
+            pub fn special(self) -> bool {
+                self.has(_PAGE_SPECIAL)
+            }
+            #[inline]
+            pub fn soft_dirty(self) -> bool {
+                self.has(_PAGE_SOFT_DIRTY)
+            }
+            #[inline]
+            pub fn mkwrite(self) -> $t {
+                self.set_flags(_PAGE_RW)
+            }
+            #[inline]
+            pub fn wrprotect(self) -> $t {
+                self.clear_flags(_PAGE_RW)
+            }
+            /// Dirty, and soft-dirty with it (`pte_mkdirty` / `pmd_mkdirty`).
+            #[inline]
+            pub fn mkdirty(self) -> $t {
+                self.set_flags(_PAGE_DIRTY | _PAGE_SOFT_DIRTY)
+            }
+            #[inline]
+            pub fn mkclean(self) -> $t {
+                self.clear_flags(_PAGE_DIRTY)
+            }
+            #[inline]
+            pub fn mkyoung(self) -> $t {
+                self.set_flags(_PAGE_ACCESSED)
+            }
+            #[inline]
+            pub fn mkold(self) -> $t {
+                self.clear_flags(_PAGE_ACCESSED)
+            }
+            #[inline]
+            pub fn mkspecial(self) -> $t {
+                self.set_flags(_PAGE_SPECIAL)
+            }
+            #[inline]
+            pub fn mksoft_dirty(self) -> $t {
+                self.set_flags(_PAGE_SOFT_DIRTY)
+            }
+        }
+    };
+}
+
+leaf_bits!(Pte);
+leaf_bits!(Pmd);
 
 #[cfg(test)]
 mod tests {
