@@ -682,6 +682,8 @@ fn migrate_folio_move(oncpu: &OnCpu, u: Unmapped) -> Result<Option<Folio>, Unmap
     // LUF: the source is freed, its pages stamped with the owed flush
     // (unless a test broke that rule on purpose).
     if let Some(batch) = u.luf {
+        // Model-only: a source freed with its flush owed.
+        oncpu.vmstat().count(oncpu.id(), Event::LUF_DEFERRED, 1);
         if oncpu.mem().migrc.weakened() != crate::migrc::Weakened::LufNoTakeoffFlush {
             mem.luf_stamp(src.pfn(), src.nr_pages(mem), batch);
         }

@@ -653,6 +653,8 @@ fn luf_defer_discards(oncpu: &OnCpu, list: &mut ShrinkList) {
     }
     let stamp = oncpu.mem().migrc.weakened() != crate::migrc::Weakened::LufNoTakeoffFlush;
     for folio in list.luf.drain(..) {
+        // Model-only: a lazyfree folio freed with its flush owed.
+        oncpu.vmstat().count(oncpu.id(), Event::LUF_DEFERRED, 1);
         if stamp {
             mem.luf_stamp(folio.pfn(), folio.nr_pages(mem), batch);
         }

@@ -114,6 +114,7 @@ counters! {
         SHARED_LINE_WRITES => "usermm_shared_line_writes",
         LUF_TAKEOFF_FLUSH => "usermm_luf_takeoff_flush",
         LUF_FORCED_FLUSH => "usermm_luf_forced_flush",
+        LUF_DEFERRED => "usermm_luf_deferred",
         NUMA_SCAN_REMOTE_FLUSH => "usermm_numa_scan_remote_flush",
         NUMA_PROMOTE_REFUSED => "usermm_numa_promote_refused",
         KSWAPD_FAILURE => "usermm_kswapd_failure",

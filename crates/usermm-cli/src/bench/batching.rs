@@ -22,7 +22,8 @@ pub const MUNMAP: super::Experiment = super::Experiment {
     name: "munmap",
     description: "munmap of a region of folios of one size, with zap_batch off and on (F2, v6.9)",
     run: |a| experiment(a, Op::Munmap),
-    budget_s: 60,
+    budget_s: 20,
+    full_budget_s: 60,
 };
 
 pub const DONTNEED: super::Experiment = super::Experiment {
@@ -30,14 +31,16 @@ pub const DONTNEED: super::Experiment = super::Experiment {
     description:
         "MADV_DONTNEED of a region of folios of one size, with zap_batch off and on (F2, v6.9)",
     run: |a| experiment(a, Op::Dontneed),
-    budget_s: 40,
+    budget_s: 15,
+    full_budget_s: 40,
 };
 
 pub const FORK: super::Experiment = super::Experiment {
     name: "fork",
     description: "fork of a process mapping a region of folios of one size, with fork_batch off and on (F1, v6.9)",
     run: |a| experiment(a, Op::Fork),
-    budget_s: 40,
+    budget_s: 15,
+    full_budget_s: 40,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

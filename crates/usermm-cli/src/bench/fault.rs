@@ -15,7 +15,8 @@ pub const EXPERIMENT: super::Experiment = super::Experiment {
     name: "fault",
     description: "populate a region by write faults, then munmap it, per folio size; engine against the host kernel",
     run,
-    budget_s: 20,
+    budget_s: 10,
+    full_budget_s: 20,
 };
 
 #[derive(Serialize)]

@@ -34,7 +34,8 @@ pub const EXPERIMENT: super::Experiment = super::Experiment {
     description: "move_pages of a region from node 0 to node 1 per folio size, with \
         migrate_batch_flush off and on, the mm on 1 and 2 CPUs: time and TLB flushes (v6.3)",
     run: experiment,
-    budget_s: 35,
+    budget_s: 15,
+    full_budget_s: 35,
 };
 
 const PAGE: u64 = 4096;

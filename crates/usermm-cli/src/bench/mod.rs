@@ -36,22 +36,36 @@ pub struct BenchArgs {
     /// that a bad value is one line of error like every other option's.)
     #[arg(long = "runs", default_value = "auto")]
     pub runs_arg: String,
+    /// Run every experiment at its patch series' own scale (1 GiB regions,
+    /// the seed's 50 GiB loop, MIGRC's ten-times-scale grid) with the
+    /// larger budgets: some twenty-five minutes on two cores. Without it
+    /// each experiment runs at a reduced scale that it names in its table
+    /// (256 MiB regions, a 6.25 GiB loop, MIGRC's small grid), the whole
+    /// bench in under ten minutes.
+    #[arg(long)]
+    pub full: bool,
     /// Seconds an experiment's rounds may take under `--runs auto`, the
     /// minimum six included: after those, further rounds go to the rows
     /// whose intervals are widest. By default each experiment's own
-    /// (`--list` shows them), which keep the whole bench to about
-    /// twenty-seven minutes on two cores.
+    /// (`--list` shows them, with and without `--full`).
     #[arg(long = "budget-s")]
     pub budget_arg: Option<u64>,
     /// The budget in force: `--budget-s`, or the experiment's own (set by
     /// [`run`] before the experiment runs).
     #[arg(skip)]
     pub budget_s: u64,
-    /// Region size in MiB.
-    #[arg(long, default_value_t = 1024)]
+    /// Region size in MiB (default 256, or 1024 with `--full`).
+    #[arg(long = "size-mb", value_name = "SIZE_MB")]
+    pub size_mb_arg: Option<u64>,
+    /// The region size in force ([`BenchArgs::resolve_scale`]).
+    #[arg(skip)]
     pub size_mb: u64,
-    /// Chunks of the pt_reclaim loop (the seed's: 25 x 1024, 50 GiB).
-    #[arg(long, default_value_t = 25 * 1024)]
+    /// Chunks of the pt_reclaim loop (default 25 x 128, 6.25 GiB; with
+    /// `--full` the seed's 25 x 1024, 50 GiB).
+    #[arg(long = "iterations", value_name = "ITERATIONS")]
+    pub iterations_arg: Option<usize>,
+    /// The chunks in force ([`BenchArgs::resolve_scale`]).
+    #[arg(skip)]
     pub iterations: usize,
     /// Print one JSON object instead of a table.
     #[arg(long)]
@@ -66,17 +80,25 @@ pub struct BenchArgs {
     /// the powers of two that leave the host a core for the writer.
     #[arg(long, value_delimiter = ',')]
     pub threads: Vec<usize>,
-    /// migrc: lookups per CPU, measured (after the warm-up).
-    #[arg(long, default_value_t = migrc::LOOKUPS)]
+    /// migrc: lookups per CPU, measured (after the warm-up); by default
+    /// the scale's ([`migrc::Scale`]).
+    #[arg(long = "lookups", value_name = "LOOKUPS")]
+    pub lookups_arg: Option<u64>,
+    #[arg(skip)]
     pub lookups: u64,
     /// migrc: lookups per CPU before the measured ones, so that the pages
-    /// the build left writable and dirty have cycled through the tiers.
-    #[arg(long, default_value_t = migrc::WARMUP)]
+    /// the build left writable and dirty have cycled through the tiers; by
+    /// default the scale's.
+    #[arg(long = "warmup", value_name = "WARMUP")]
+    pub warmup_arg: Option<u64>,
+    #[arg(skip)]
     pub warmup: u64,
-    /// migrc: NUMA balancing's scan size in MB (`scan_size_mb`; by
-    /// default the kernel's 256, the whole grid), and with it the period
-    /// (`task_scan_min`).
-    #[arg(long, default_value_t = migrc::SCAN_SIZE_MB)]
+    /// migrc: NUMA balancing's scan size in MB (`scan_size_mb`; with
+    /// `--full` the kernel's 256, the whole grid, else 1), and with it the
+    /// period (`task_scan_min`).
+    #[arg(long = "scan-size-mb", value_name = "SCAN_SIZE_MB")]
+    pub scan_size_mb_arg: Option<u64>,
+    #[arg(skip)]
     pub scan_size_mb: u64,
     /// migrc: the shootdown cost model: `off` (the default: an IPI costs
     /// what the model's mailbox costs), `host` (the median of seven
@@ -118,6 +140,37 @@ pub struct BenchArgs {
 }
 
 impl BenchArgs {
+    /// The sizes in force: each option given, else its default at the
+    /// scale chosen (`--full` or not).
+    pub fn resolve_scale(&mut self) {
+        let full = self.full;
+        let migrc = if full {
+            migrc::Scale::FULL
+        } else {
+            migrc::Scale::REDUCED
+        };
+        self.size_mb =
+            self.size_mb_arg
+                .unwrap_or(if full { FULL_SIZE_MB } else { REDUCED_SIZE_MB });
+        self.iterations = self.iterations_arg.unwrap_or(if full {
+            FULL_ITERATIONS
+        } else {
+            REDUCED_ITERATIONS
+        });
+        self.lookups = self.lookups_arg.unwrap_or(migrc.lookups);
+        self.warmup = self.warmup_arg.unwrap_or(migrc.warmup);
+        self.scan_size_mb = self.scan_size_mb_arg.unwrap_or(migrc.scan_size_mb);
+    }
+
+    /// The name of the scale in force, for tables and JSON.
+    pub fn scale(&self) -> &'static str {
+        if self.full {
+            "full"
+        } else {
+            "reduced"
+        }
+    }
+
     /// The time the experiment's rounds may take ([`BenchArgs::budget_s`]).
     pub fn budget(&self) -> std::time::Duration {
         std::time::Duration::from_secs(self.budget_s)
@@ -128,6 +181,15 @@ impl BenchArgs {
         self.runs_arg.parse().expect("--runs is validated first")
     }
 }
+
+/// The region of the experiments that map one, in MiB: the series' 1 GiB
+/// with `--full`, a quarter of it by default.
+const FULL_SIZE_MB: u64 = 1024;
+const REDUCED_SIZE_MB: u64 = 256;
+/// pt_reclaim's loop: the seed's 25 x 1024 chunks of 2 MiB (50 GiB) with
+/// `--full`, an eighth of it by default.
+const FULL_ITERATIONS: usize = 25 * 1024;
+const REDUCED_ITERATIONS: usize = 25 * 128;
 
 /// Memory an experiment over `size_mb` needs on node 0: the region, its
 /// page tables (twice, for fork) and slack. Checked by [`validate`] not to
@@ -166,9 +228,11 @@ const SIZES_KB: [u64; 9] = [4, 16, 32, 64, 128, 256, 512, 1024, 2048];
 pub fn progress(name: &str, n: u64) -> indicatif::ProgressBar {
     let pb = indicatif::ProgressBar::new(n);
     pb.set_style(
-        indicatif::ProgressStyle::with_template("{prefix:>9} [{bar:30}] {pos}/{len} {msg}")
-            .expect("a valid template")
-            .progress_chars("=> "),
+        indicatif::ProgressStyle::with_template(
+            "{prefix:>9} [{bar:30}] {pos}/{len} {msg} (~{eta} left)",
+        )
+        .expect("a valid template")
+        .progress_chars("=> "),
     );
     pb.set_prefix(name.to_string());
     pb
@@ -183,8 +247,10 @@ pub fn median(v: Vec<f64>) -> f64 {
 pub struct Experiment {
     pub name: &'static str,
     pub description: &'static str,
-    /// Seconds its rounds may take by default under `--runs auto`.
+    /// Seconds its rounds may take by default under `--runs auto`, at the
+    /// reduced scale and with `--full`.
     pub budget_s: u64,
+    pub full_budget_s: u64,
     /// Run it: print its table (unless `--json`), write its plot, and
     /// return its JSON object.
     pub run: fn(&BenchArgs) -> anyhow::Result<serde_json::Value>,
@@ -263,12 +329,21 @@ fn validate(a: &BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn run(a: BenchArgs) -> anyhow::Result<()> {
+pub fn run(mut a: BenchArgs) -> anyhow::Result<()> {
+    a.resolve_scale();
     if a.list {
         for e in &EXPERIMENTS {
-            outln!("{:<10} {:>4} s  {}", e.name, e.budget_s, e.description);
+            outln!(
+                "{:<10} {:>4} s {:>4} s  {}",
+                e.name,
+                e.budget_s,
+                e.full_budget_s,
+                e.description
+            );
         }
-        outln!("(the seconds: the experiment's budget for its rounds under --runs auto)");
+        outln!(
+            "(the seconds: the experiment's budget for its rounds under --runs auto, by default and with --full)"
+        );
         return Ok(());
     }
     let chosen: Vec<&Experiment> = match a.name.as_deref() {
@@ -281,6 +356,13 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     validate(&a)?;
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     crate::report::write_run_info(&a.out)?;
+    if !a.json {
+        if a.full {
+            outln!("scale: full, the patch series' own (1 GiB regions, pt_reclaim's 50 GiB loop, migrc's 255 MiB grid)\n");
+        } else {
+            outln!("scale: reduced (256 MiB regions, pt_reclaim's 6.25 GiB loop, migrc's 24 MiB grid); --full runs the series' own\n");
+        }
+    }
     let mut all = serde_json::Map::new();
     for e in chosen {
         if crate::out::closed() {
@@ -289,12 +371,15 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         }
         let name = e.name;
         let mut own = a.clone();
-        own.budget_s = a.budget_arg.unwrap_or(e.budget_s);
+        own.budget_s = a
+            .budget_arg
+            .unwrap_or(if a.full { e.full_budget_s } else { e.budget_s });
         let mut v = (e.run)(&own)?;
         // Which invocation made it, for a report of a folder that holds
         // several.
         if let Some(o) = v.as_object_mut() {
             o.insert("date".into(), crate::report::utc_now().into());
+            o.insert("scale".into(), a.scale().into());
             o.insert("command".into(), crate::report::command_line().into());
         }
         std::fs::write(

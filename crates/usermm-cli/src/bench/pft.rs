@@ -36,7 +36,8 @@ pub const EXPERIMENT: super::Experiment = super::Experiment {
         write-fault their own slices, with no writer, a writer that mmaps/touches/munmaps, or one that does not touch; \
         per fault_lock mode and on the host",
     run,
-    budget_s: 20,
+    budget_s: 10,
+    full_budget_s: 20,
 };
 
 const PAGE: u64 = 4096;

@@ -43,6 +43,7 @@ pub const EXPERIMENT: super::Experiment = super::Experiment {
         promoted by NUMA balancing (tiering mode) while kswapd demotes colder pages",
     run: experiment,
     budget_s: 0,
+    full_budget_s: 0,
 };
 
 const PAGE: u64 = 4096;

@@ -292,7 +292,8 @@ pub const EXPERIMENT: super::Experiment = super::Experiment {
     name: "vma",
     description: "mmap, munmap and mprotect among N one-page VMAs, and the teardown of a deep fork chain; engine against the host kernel",
     run,
-    budget_s: 10,
+    budget_s: 5,
+    full_budget_s: 10,
 };
 
 fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
