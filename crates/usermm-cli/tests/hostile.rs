@@ -263,7 +263,7 @@ fn tunables_on_the_command_line_are_checked_and_shown() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains(
-            "tunables: fault_lock=vma_lock fork_batch=on migrate_batch_flush=on migration_entry_ad=on migrc=off pt_reclaim=upstream pt_reclaim_pmd=off zap_batch=off"
+            "tunables: fault_lock=vma_lock fork_batch=on migrate_batch_flush=on migration_entry_ad=on migrc=off pt_reclaim=upstream pt_reclaim_pmd=off wp_reuse_large=on zap_batch=off"
         ),
         "{text}"
     );

@@ -878,7 +878,9 @@ fn do_wp_page(vmf: &mut VmFault<'_>, mut pt: PteLocked<'_>) -> VmFaultResult {
 fn wp_can_reuse_anon_folio(oncpu: &OnCpu, f: Folio, vma: &Vma) -> bool {
     let mem = oncpu.mem();
     if f.is_large(mem) {
-        return wp_can_reuse_large_anon_folio(mem, f);
+        // Before v6.15 (tunable wp_reuse_large off) a large folio was never
+        // reused: the page is copied, and the folio given back sooner.
+        return oncpu.m.tunables.wp_reuse_large() && wp_can_reuse_large_anon_folio(mem, f);
     }
     if f.ref_count(mem) > 3 {
         return false;

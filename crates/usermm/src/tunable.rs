@@ -62,6 +62,9 @@ pub enum Tunable {
     MigrationEntryAd,
     /// `migrc`: which TLB flushes a migration between tiers may defer.
     Migrc,
+    /// `wp_reuse_large`: may a write fault reuse a page of a large folio
+    /// in place (v6.15)? docs/extending.md's worked example.
+    WpReuseLarge,
 }
 
 impl Tunable {
@@ -75,6 +78,7 @@ impl Tunable {
         Tunable::MigrateBatchFlush,
         Tunable::MigrationEntryAd,
         Tunable::Migrc,
+        Tunable::WpReuseLarge,
     ];
 
     /// Its registry entry.
@@ -139,7 +143,7 @@ pub enum FaultLock {
 }
 
 /// Every tunable, in [`Tunable`] order.
-pub const TUNABLES: [TunableInfo; 8] = [
+pub const TUNABLES: [TunableInfo; 9] = [
     TunableInfo {
         name: "fork_batch",
         description: "fork copies a run of PTEs mapping one large folio with one \
@@ -308,6 +312,28 @@ pub const TUNABLES: [TunableInfo; 8] = [
             },
         ],
         default: 0,
+    },
+    TunableInfo {
+        name: "wp_reuse_large",
+        description: "whether a write fault on a page of a PTE-mapped large \
+            anon folio that this address space alone maps may reuse it in \
+            place (`__wp_can_reuse_large_anon_folio`, v6.15, David \
+            Hildenbrand's series that tracks a large folio's MM owners)",
+        values: &[
+            TunableValue {
+                name: "off",
+                description: "never: the page is copied and the folio left \
+                    partially mapped, queued for a deferred split \
+                    (`wp_can_reuse_anon_folio` from v6.9 to v6.14)",
+            },
+            TunableValue {
+                name: "on",
+                description: "when every reference to the folio is a mapping \
+                    of this address space, the page is written in place \
+                    (v6.15 and later)",
+            },
+        ],
+        default: 1,
     },
 ];
 
@@ -492,6 +518,12 @@ impl Tunables {
         self.set_on(Tunable::MigrateBatchFlush, on)
     }
 
+    /// `wp_reuse_large`: may a write fault reuse a page of a large folio?
+    #[inline]
+    pub fn wp_reuse_large(&self) -> bool {
+        self.index(Tunable::WpReuseLarge) != 0
+    }
+
     /// `migration_entry_supports_ad`.
     #[inline]
     pub fn migration_entry_ad(&self) -> bool {
@@ -568,7 +600,8 @@ mod tests {
                 ("fault_lock", "vma_lock"),
                 ("migrate_batch_flush", "on"),
                 ("migration_entry_ad", "on"),
-                ("migrc", "off")
+                ("migrc", "off"),
+                ("wp_reuse_large", "on")
             ]
         );
         let e = t.set("zap_batch", "maybe").unwrap_err();
@@ -579,7 +612,7 @@ mod tests {
         let e = t.set("zap", "on").unwrap_err();
         assert_eq!(
             e.to_string(),
-            "no tunable \"zap\"; there are: fork_batch, zap_batch, pt_reclaim, pt_reclaim_pmd, fault_lock, migrate_batch_flush, migration_entry_ad, migrc"
+            "no tunable \"zap\"; there are: fork_batch, zap_batch, pt_reclaim, pt_reclaim_pmd, fault_lock, migrate_batch_flush, migration_entry_ad, migrc, wp_reuse_large"
         );
         assert!(!t.zap_batch(), "a refused set changes nothing");
     }

@@ -3,6 +3,12 @@
 //! folios of that size is unmapped, MADV_DONTNEED'd or forked, with the
 //! batching tunable off (the pre-v6.9 per-PTE path) and on, interleaved, and
 //! the same operation is timed on the host kernel in the same invocation.
+//!
+//! `bench cow` has the same shape for the tunable `wp_reuse_large`
+//! (docs/extending.md's worked example): after a fork whose child has
+//! exited, the parent writes a byte to every page, each write a fault on a
+//! write-protected PTE that v6.15 answers by reusing the page of a large
+//! folio in place and earlier kernels by copying it.
 
 use std::time::Instant;
 
@@ -43,11 +49,21 @@ pub const FORK: super::Experiment = super::Experiment {
     full_budget_s: 40,
 };
 
+pub const COW: super::Experiment = super::Experiment {
+    name: "cow",
+    description: "after fork and the child's exit, the parent writes every page of a region of folios of one size, with wp_reuse_large off and on (v6.15)",
+    run: |a| experiment(a, Op::Cow),
+    budget_s: 10,
+    full_budget_s: 30,
+};
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
     Munmap,
     Dontneed,
     Fork,
+    /// Write faults after fork, once the child has exited.
+    Cow,
 }
 
 impl Op {
@@ -56,6 +72,7 @@ impl Op {
             Op::Munmap => "munmap",
             Op::Dontneed => "dontneed",
             Op::Fork => "fork",
+            Op::Cow => "cow",
         }
     }
 
@@ -85,8 +102,9 @@ impl Op {
                 (1024, -30.0),
                 (2048, -30.0),
             ],
-            // The seed published no MADV_DONTNEED table.
-            Op::Dontneed => &[],
+            // The seed published no MADV_DONTNEED table, and the v6.15
+            // series no figures for its reuse.
+            Op::Dontneed | Op::Cow => &[],
         };
         table.iter().find(|&&(k, _)| k == kb).map(|&(_, c)| c)
     }
@@ -96,6 +114,7 @@ impl Op {
         match self {
             Op::Fork => Tunable::ForkBatch,
             Op::Munmap | Op::Dontneed => Tunable::ZapBatch,
+            Op::Cow => Tunable::WpReuseLarge,
         }
     }
 
@@ -170,10 +189,20 @@ pub struct Row {
     /// batched / host.
     pub batched_host_ratio: Option<f64>,
     pub seed_change_pct: Option<f64>,
+    /// `cow`: pages allocated during the timed writes, per arm (the median
+    /// over the rounds): the copies that reuse avoids.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pages_allocated: Option<PagesAllocated>,
     pub host_note: Option<String>,
     /// Every round's times: baseline, batched and host (in the first six
     /// rounds under `--runs auto`, every round under a fixed count).
     pub samples: Samples,
+}
+
+#[derive(Serialize, Clone, Copy)]
+pub struct PagesAllocated {
+    pub baseline: u64,
+    pub batched: u64,
 }
 
 #[derive(Serialize, Default, Clone)]
@@ -181,6 +210,9 @@ pub struct Samples {
     pub baseline_s: Vec<f64>,
     pub batched_s: Vec<f64>,
     pub host_s: Vec<f64>,
+    /// Pages allocated in each round's timed part, per arm.
+    pub baseline_pages: Vec<u64>,
+    pub batched_pages: Vec<u64>,
 }
 
 impl Row {
@@ -232,12 +264,14 @@ pub fn run(a: &BenchArgs, op: Op) -> anyhow::Result<(Vec<Row>, String)> {
         // the allocator state the other left.
         let first = k.is_multiple_of(2);
         for on in [!first, first] {
-            let t = engine_once(&m, op, case, len, on)
+            let (t, pages) = engine_once(&m, op, case, len, on)
                 .with_context(|| format!("{} {}", op.name(), case.label()))?;
             if on {
                 s.batched_s.push(t);
+                s.batched_pages.push(pages);
             } else {
                 s.baseline_s.push(t);
+                s.baseline_pages.push(pages);
             }
         }
         // The host's time is a column, not part of the ratio: its median
@@ -275,6 +309,10 @@ pub fn run(a: &BenchArgs, op: Op) -> anyhow::Result<(Vec<Row>, String)> {
             host_s,
             batched_host_ratio: host_s.map(|h| p / h),
             seed_change_pct: (!case.pmd).then(|| op.seed_change(case.kb)).flatten(),
+            pages_allocated: (op == Op::Cow).then(|| PagesAllocated {
+                baseline: median_u64(&s.baseline_pages),
+                batched: median_u64(&s.batched_pages),
+            }),
             host_note: note,
             samples: s,
         });
@@ -295,9 +333,17 @@ pub fn run(a: &BenchArgs, op: Op) -> anyhow::Result<(Vec<Row>, String)> {
     Ok((rows, machine))
 }
 
+/// The median of counts (the lower middle one of an even number).
+fn median_u64(v: &[u64]) -> u64 {
+    let mut v = v.to_vec();
+    v.sort_unstable();
+    v.get(v.len().saturating_sub(1) / 2).copied().unwrap_or(0)
+}
+
 /// Populate a fresh process with folios of the case's size, then time `op`
-/// with batching `on`. Everything is torn down before returning.
-fn engine_once(m: &Machine, op: Op, case: Case, len: u64, on: bool) -> anyhow::Result<f64> {
+/// with the tunable `on`: its seconds and the pages allocated meanwhile.
+/// Everything is torn down before returning.
+fn engine_once(m: &Machine, op: Op, case: Case, len: u64, on: bool) -> anyhow::Result<(f64, u64)> {
     // Start every arm from the same allocator state: everything in the
     // buddy lists, none on the per-CPU lists (contiguity otherwise depends
     // on which arm ran before).
@@ -306,6 +352,17 @@ fn engine_once(m: &Machine, op: Op, case: Case, len: u64, on: bool) -> anyhow::R
     c.new_mm().map_err(|e| anyhow!("mm: {e}"))?;
     let addr = engine_populate(m, &c, case, len)?;
     op.set_batching(m, on);
+    if op == Op::Cow {
+        // Untimed: the fork that write-protects the parent's PTEs, and the
+        // child's exit, which leaves the parent the folios' only mapper.
+        let parent = c.mm().map_err(|e| anyhow!("{e}"))?;
+        let child = c.fork().map_err(|e| anyhow!("fork: {e}"))?;
+        c.switch_mm(&child);
+        c.exit_mm().map_err(|e| anyhow!("child exit: {e}"))?;
+        c.switch_mm(&parent);
+    }
+    let allocated = || m.vmstat().event(usermm::vmstat::Event::PGALLOC);
+    let before = allocated();
     let t = Instant::now();
     let child = match op {
         Op::Munmap => {
@@ -318,8 +375,14 @@ fn engine_once(m: &Machine, op: Op, case: Case, len: u64, on: bool) -> anyhow::R
             None
         }
         Op::Fork => Some(c.fork().map_err(|e| anyhow!("fork: {e}"))?),
+        Op::Cow => {
+            c.touch_pages(addr, addr + len, 2)
+                .map_err(|e| anyhow!("write: {e}"))?;
+            None
+        }
     };
     let dt = t.elapsed().as_secs_f64();
+    let pages = allocated() - before;
     if let Some(child) = child {
         let parent = c.mm().map_err(|e| anyhow!("{e}"))?;
         c.switch_mm(&child);
@@ -328,7 +391,7 @@ fn engine_once(m: &Machine, op: Op, case: Case, len: u64, on: bool) -> anyhow::R
     }
     c.exit_mm().map_err(|e| anyhow!("exit: {e}"))?;
     m.rcu_barrier();
-    Ok(dt)
+    Ok((dt, pages))
 }
 
 /// Map `len` bytes and populate them by write faults with folios of the
@@ -390,6 +453,7 @@ fn host_once(op: Op, case: Case, len: usize) -> Result<f64, String> {
         Op::Munmap => r.munmap(),
         Op::Dontneed => r.dontneed(),
         Op::Fork => r.fork(),
+        Op::Cow => r.write_after_fork(),
     })
 }
 
@@ -402,15 +466,19 @@ pub fn print_table(op: Op, rows: &[Row], a: &BenchArgs) {
         op.tunable().info().name,
         a.runs()
     );
+    let (off, on, on_host) = match op {
+        Op::Cow => ("copy(s)", "reuse(s)", "reuse/host"),
+        _ => ("baseline(s)", "batched(s)", "bat/host"),
+    };
     outln!(
         "{:<10} {:>12} {:>12} {:>20} {:>8} {:>12} {:>9}",
         "folio",
-        "baseline(s)",
-        "batched(s)",
+        off,
+        on,
         "change [95% CI]",
         "seed",
         "host(s)",
-        "bat/host"
+        on_host
     );
     for r in rows {
         let seed = r
@@ -429,7 +497,10 @@ pub fn print_table(op: Op, rows: &[Row], a: &BenchArgs) {
             seed,
             host,
             bh,
-            r.host_note.clone().unwrap_or_default()
+            r.pages_allocated.map_or_else(
+                || r.host_note.clone().unwrap_or_default(),
+                |p| format!("pages allocated {} / {}", p.baseline, p.batched)
+            )
         );
     }
     let n: Vec<usize> = rows.iter().map(|r| r.runs).collect();
@@ -454,8 +525,12 @@ fn experiment(a: &BenchArgs, op: Op) -> anyhow::Result<serde_json::Value> {
         outln!();
     }
     let labels: Vec<String> = rows.iter().map(|r| r.label()).collect();
+    let (what, change) = match op {
+        Op::Cow => ("reuse vs copy", "reuse of large folios"),
+        _ => ("batched vs baseline", "PTE batching"),
+    };
     let mut series = vec![plot::Series {
-        label: "usermm: batched vs baseline".into(),
+        label: format!("usermm: {what}"),
         points: rows
             .iter()
             .enumerate()
@@ -477,7 +552,7 @@ fn experiment(a: &BenchArgs, op: Op) -> anyhow::Result<serde_json::Value> {
     }
     plot::change_plot(
         &a.out.join(format!("{name}.svg")),
-        &format!("{name}: change with PTE batching, {} MiB", a.size_mb),
+        &format!("{name}: change with {change}, {} MiB", a.size_mb),
         &labels,
         ("folio size", "change (%)"),
         &series,

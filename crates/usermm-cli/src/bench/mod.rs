@@ -21,8 +21,8 @@ use usermm::{Machine, MachineConfig};
 
 #[derive(clap::Args, Clone)]
 pub struct BenchArgs {
-    /// Experiment: access, fault, munmap, dontneed, fork, vma, pt_reclaim, pft,
-    /// migrate, tiering or migrc
+    /// Experiment: access, fault, munmap, dontneed, fork, cow, vma,
+    /// pt_reclaim, pft, migrate, tiering or migrc
     /// (see --list). All when omitted.
     pub name: Option<String>,
     /// List the experiments with what each measures, and stop.
@@ -257,12 +257,13 @@ pub struct Experiment {
 }
 
 /// Every experiment, in the order `usermm bench` runs them.
-pub const EXPERIMENTS: [Experiment; 11] = [
+pub const EXPERIMENTS: [Experiment; 12] = [
     access::EXPERIMENT,
     fault::EXPERIMENT,
     batching::MUNMAP,
     batching::DONTNEED,
     batching::FORK,
+    batching::COW,
     vma::EXPERIMENT,
     pt_reclaim::EXPERIMENT,
     pft::EXPERIMENT,
