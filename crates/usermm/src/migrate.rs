@@ -45,10 +45,10 @@
 use crate::errno::{Errno, KResult};
 use crate::huge_memory;
 use crate::machine::OnCpu;
+use crate::migrc::{BatchDeferral, Deferred};
 use crate::mm::{AnonVma, Mm, Vma};
 use crate::pgtable::swapops::{Migration, MigrationBits, SwpEntry, SwpKind};
 use crate::pgtable::{self, Pte, PteLocked, PteRead};
-use crate::phys::luf::LufBatch;
 use crate::phys::memmap::pg;
 use crate::phys::{AllocFlags, Folio, PhysMem, HPAGE_PMD_NR, HPAGE_PMD_ORDER};
 use crate::rmap::{self, RmapFlags};
@@ -187,12 +187,9 @@ struct Unmapped {
     src: Isolated,
     dst: Folio,
     was_mapped: bool,
-    /// MIGRC: the flush of its PTEs is deferred, and the source is kept
-    /// when it has moved.
-    migrc: bool,
-    /// LUF: the flush of its PTEs is deferred, and the source is freed
-    /// stamped with this batch when it has moved.
-    luf: Option<LufBatch>,
+    /// MIGRC and LUF: whether the flush of its PTEs is owed, and what
+    /// becomes of the source once it has moved.
+    deferred: Deferred,
 }
 
 /// Isolate a mapped `folio` for migration (`folio_isolate_lru`, with the
@@ -417,39 +414,22 @@ fn migrate_pages_batch(
         split_huge_pmd: false,
     };
     let mut ubc = TlbflushUnmapBatch::new();
-    ubc.set_ro_uncounted(oncpu.mem().migrc.weakened() == crate::migrc::Weakened::LufNoMmFlush);
+    // MIGRC and LUF: which of the batch's flushes are owed rather than made.
+    let mut defer = BatchDeferral::new(oncpu, run.do_migrc, flags.batch_flush, &mut ubc);
     let mut failed = Vec::new();
     let mut untried = Vec::new();
     let mut nomem = false;
     let mut unmapped: Vec<Unmapped> = Vec::new();
-    // MIGRC's `pending_ubc`: the CPUs whose flush this batch may owe;
-    // with LUF, the address spaces too.
-    let mut migrc_pending = 0u64;
-    let mut luf_mms = Vec::new();
     'unmap: for _ in 0..nr_pass {
         let mut retry = Vec::new();
         let mut todo = std::mem::take(&mut from).into_iter();
         while let Some(iso) = todo.next() {
-            // MIGRC: an eligible folio's clean read-only PTEs are queued
-            // apart, to be owed rather than flushed if it is unmapped.
-            ubc.can_migrc_init(migrc_may_defer(oncpu, run, flags, iso.folio));
+            defer.unmap_begin(oncpu, &mut ubc, iso.folio);
             let r = migrate_folio_unmap(oncpu, iso, target, mode, flags, &mut ubc);
-            let unmapped_now = matches!(r, Unmap::Unmapped(_));
-            let owed = unmapped_now && ubc.can_migrc();
-            if unmapped_now && ubc.can_migrc_failed() {
-                oncpu
-                    .vmstat()
-                    .count(oncpu.id(), Event::MIGRC_CAN_MIGRC_FAIL, 1);
-            }
-            if owed {
-                let (cpus, mms) = ubc.take_ro_mms();
-                migrc_pending |= cpus;
-                luf_mms.extend(mms);
-            }
-            ubc.can_migrc_init(false);
+            let deferred = defer.unmap_end(oncpu, &mut ubc, matches!(r, Unmap::Unmapped(_)));
             match r {
                 Unmap::Unmapped(mut u) => {
-                    u.migrc = owed;
+                    u.deferred = deferred;
                     unmapped.push(u);
                 }
                 Unmap::Done { nr, thp } => {
@@ -492,32 +472,11 @@ fn migrate_pages_batch(
         }
     }
     failed.append(&mut from);
-    // LUF: the read-only flushes are owed by the sources' pages, under a
-    // generation drawn now that their PTEs are clear, and by the address
-    // spaces they were cleared from.
-    if migrc_pending != 0 && oncpu.m.tunables.luf() {
-        let batch = LufBatch {
-            cpumask: migrc_pending,
-            ugen: mem.luf.new_ugen(),
-        };
-        for mm in &luf_mms {
-            mm.luf_batch.lock().fold(batch);
-        }
-        for u in unmapped.iter_mut().filter(|u| u.migrc) {
-            u.migrc = false;
-            u.luf = Some(batch);
-        }
-        migrc_pending = 0;
-    }
-    // MIGRC (`migrc_add_pending_ubc`): owe the read-only flushes, unless
-    // MIGRC was paused meanwhile or a batched flush is under way; then
-    // they are flushed with the rest, and no source is kept.
-    if migrc_pending != 0
-        && (oncpu.mem().migrc.paused() || !oncpu.mem().migrc.add_pending_ubc(migrc_pending))
-    {
-        ubc.add_cpumask(migrc_pending);
-        unmapped.iter_mut().for_each(|u| u.migrc = false);
-    }
+    defer.settle(
+        oncpu,
+        &mut ubc,
+        unmapped.iter_mut().map(|u| &mut u.deferred),
+    );
     // One flush for every PTE the batch cleared (but those owed): no CPU
     // may write a source page once its copy has begun.
     ubc.flush(oncpu);
@@ -541,14 +500,7 @@ fn migrate_pages_batch(
             break;
         }
     }
-    // `migrc_add_pending_folios`; refused while a flush is under way, the
-    // owed flush is done now and the sources go.
-    if !kept.is_empty() {
-        if let Err(kept) = oncpu.mem().migrc.add_pending_folios(kept) {
-            crate::migrc::migrc_flush_free_folios(oncpu, Event::MIGRC_FLUSH_REFUSED);
-            crate::migrc::migrc_release(mem, kept, oncpu.id());
-        }
-    }
+    crate::migrc::keep_sources(oncpu, kept);
     for u in unmapped {
         failed.push(migrate_folio_undo(oncpu, u));
     }
@@ -628,8 +580,7 @@ fn migrate_folio_unmap(
             src: iso,
             dst,
             was_mapped,
-            migrc: false,
-            luf: None,
+            deferred: Deferred::No,
         });
     }
     // Some mapping could not be replaced: put back what was.
@@ -642,16 +593,6 @@ fn migrate_folio_unmap(
     dst.unlock(mem);
     dst.put(mem, oncpu.id());
     Unmap::Again(iso)
-}
-
-/// MIGRC's per-folio test (`do_migrc` and the seed's order-0 rule, or any
-/// order with `migrc_large`): may this folio's read-only flushes be owed?
-fn migrc_may_defer(oncpu: &OnCpu, run: &MigrateRun, flags: TtuFlags, folio: Folio) -> bool {
-    use crate::tunable::MigrcMode;
-    run.do_migrc
-        && flags.batch_flush
-        && (oncpu.m.tunables.luf() || !oncpu.mem().migrc.paused())
-        && (folio.order(oncpu.mem()) == 0 || oncpu.m.tunables.migrc_mode() == MigrcMode::MigrcLarge)
 }
 
 /// `migrate_folio_move`: copy, hand over, remap; the source is freed, or,
@@ -672,22 +613,9 @@ fn migrate_folio_move(oncpu: &OnCpu, u: Unmapped) -> Result<Option<Folio>, Unmap
     // The allocation's reference: the PTEs hold their own.
     dst.put(mem, oncpu.id());
     src.unlock(mem);
-    // MIGRC: the source stays, pinned, until the owed flush is done
-    // (unless a test broke that rule on purpose).
-    let keep = u.migrc && oncpu.mem().migrc.weakened() != crate::migrc::Weakened::FreeSource;
-    let kept = keep.then(|| {
-        crate::migrc::migrc_keep(mem, src);
-        src
-    });
-    // LUF: the source is freed, its pages stamped with the owed flush
-    // (unless a test broke that rule on purpose).
-    if let Some(batch) = u.luf {
-        // Model-only: a source freed with its flush owed.
-        oncpu.vmstat().count(oncpu.id(), Event::LUF_DEFERRED, 1);
-        if oncpu.mem().migrc.weakened() != crate::migrc::Weakened::LufNoTakeoffFlush {
-            mem.luf_stamp(src.pfn(), src.nr_pages(mem), batch);
-        }
-    }
+    // MIGRC keeps the source until the owed flush is done; LUF frees it
+    // stamped with that flush.
+    let kept = crate::migrc::source_moved(oncpu, src, u.deferred);
     migrate_folio_done(oncpu, u.src);
     Ok(kept)
 }

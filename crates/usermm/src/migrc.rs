@@ -49,8 +49,202 @@
 //! removed ([`Weakened::NoFlushingCheck`]) caught.
 
 use crate::machine::OnCpu;
+use crate::mm::Mm;
+use crate::phys::luf::LufBatch;
+use crate::phys::Folio;
+use crate::sync::Arc;
+use crate::tlbbatch::TlbflushUnmapBatch;
+use crate::tunable::MigrcMode;
+use crate::vmstat::Event;
 
 pub use crate::phys::migrc::{migrc_keep, migrc_release, Migrc, Weakened};
+
+/// What one migration batch defers: the seam through which MIGRC and LUF
+/// hook the kernel's unmap, flush, move sequence (`migrate_pages_batch`),
+/// one value per setting of the tunable `migrc`, read once a batch. Four
+/// hooks: before and after each folio's unmap ([`Self::unmap_begin`],
+/// [`Self::unmap_end`]), before the batch's one flush ([`Self::settle`]),
+/// and as each source is done with ([`source_moved`]) and the sources kept
+/// are handed over ([`keep_sources`]). With `off`, the kernel, none does
+/// anything.
+pub(crate) enum BatchDeferral {
+    /// Every PTE the batch clears is flushed with it (the kernel).
+    Off,
+    /// MIGRC (`migrc`; `migrc_large` with `large`): the CPUs whose flush
+    /// the batch owes (`pending_ubc`).
+    Migrc { pending: u64, large: bool },
+    /// LUF: the same, and the address spaces the PTEs were cleared from.
+    Luf { pending: u64, mms: Vec<Arc<Mm>> },
+}
+
+/// What the batch does about one unmapped folio's flush.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Deferred {
+    /// Nothing: its PTEs are flushed with the batch.
+    No,
+    /// Owed, until [`BatchDeferral::settle`] decides how.
+    Owed,
+    /// MIGRC: the source is kept until the owed flush is done.
+    Keep,
+    /// LUF: the source is freed, its pages stamped with this batch.
+    Stamp(LufBatch),
+}
+
+impl BatchDeferral {
+    /// The deferral of a batch of a migration that may defer (`do_migrc`:
+    /// the tunable, and a demotion or promotion) and that batches its
+    /// flush; the kernel's otherwise.
+    pub(crate) fn new(
+        oncpu: &OnCpu,
+        do_migrc: bool,
+        batch_flush: bool,
+        ubc: &mut TlbflushUnmapBatch,
+    ) -> BatchDeferral {
+        ubc.set_ro_uncounted(oncpu.mem().migrc.weakened() == Weakened::LufNoMmFlush);
+        if !do_migrc || !batch_flush {
+            return BatchDeferral::Off;
+        }
+        match oncpu.m.tunables.migrc_mode() {
+            MigrcMode::Off => BatchDeferral::Off,
+            MigrcMode::Migrc => BatchDeferral::Migrc {
+                pending: 0,
+                large: false,
+            },
+            MigrcMode::MigrcLarge => BatchDeferral::Migrc {
+                pending: 0,
+                large: true,
+            },
+            MigrcMode::Luf => BatchDeferral::Luf {
+                pending: 0,
+                mms: Vec::new(),
+            },
+        }
+    }
+
+    /// Before `folio` is unmapped (`can_migrc_init`): whether its clean
+    /// read-only PTEs are queued apart, to be owed rather than flushed. The
+    /// seed's order-0 rule (any order with `migrc_large`), and for MIGRC
+    /// not while it is paused.
+    pub(crate) fn unmap_begin(&self, oncpu: &OnCpu, ubc: &mut TlbflushUnmapBatch, folio: Folio) {
+        let small = || folio.order(oncpu.mem()) == 0;
+        let may = match self {
+            BatchDeferral::Off => false,
+            BatchDeferral::Migrc { large, .. } => {
+                !oncpu.mem().migrc.paused() && (*large || small())
+            }
+            BatchDeferral::Luf { .. } => small(),
+        };
+        ubc.can_migrc_init(may);
+    }
+
+    /// After the unmap: whether the folio's flush is owed (it was
+    /// unmapped, and only clean read-only PTEs mapped it), its CPUs (and
+    /// for LUF its address spaces) joining the batch's; a folio that was
+    /// tracked but had a dirty or writable PTE counts `can_migrc_fail`.
+    pub(crate) fn unmap_end(
+        &mut self,
+        oncpu: &OnCpu,
+        ubc: &mut TlbflushUnmapBatch,
+        unmapped: bool,
+    ) -> Deferred {
+        let owed = unmapped && ubc.can_migrc();
+        if unmapped && ubc.can_migrc_failed() {
+            oncpu
+                .vmstat()
+                .count(oncpu.id(), Event::MIGRC_CAN_MIGRC_FAIL, 1);
+        }
+        if owed {
+            let (cpus, cleared_from) = ubc.take_ro_mms();
+            match self {
+                BatchDeferral::Off => debug_assert!(false, "nothing is tracked with migrc off"),
+                BatchDeferral::Migrc { pending, .. } => *pending |= cpus,
+                BatchDeferral::Luf { pending, mms } => {
+                    *pending |= cpus;
+                    mms.extend(cleared_from);
+                }
+            }
+        }
+        ubc.can_migrc_init(false);
+        if owed {
+            Deferred::Owed
+        } else {
+            Deferred::No
+        }
+    }
+
+    /// Before the batch's one flush, settle what is owed. LUF: the
+    /// sources' pages and the address spaces owe it, under a generation
+    /// drawn now that the PTEs are clear. MIGRC (`migrc_add_pending_ubc`):
+    /// the CPUs owe it, unless MIGRC was paused meanwhile or a batched
+    /// flush is under way; then it joins this flush and no source is kept.
+    /// Where no CPU may cache the PTEs, nothing is owed.
+    pub(crate) fn settle<'d>(
+        &mut self,
+        oncpu: &OnCpu,
+        ubc: &mut TlbflushUnmapBatch,
+        deferred: impl Iterator<Item = &'d mut Deferred>,
+    ) {
+        let owed = deferred.filter(|d| **d == Deferred::Owed);
+        match self {
+            BatchDeferral::Luf { pending, mms } if *pending != 0 => {
+                let batch = LufBatch {
+                    cpumask: *pending,
+                    ugen: oncpu.mem().luf.new_ugen(),
+                };
+                for mm in mms.iter() {
+                    mm.luf_batch.lock().fold(batch);
+                }
+                owed.for_each(|d| *d = Deferred::Stamp(batch));
+            }
+            BatchDeferral::Migrc { pending, .. } if *pending != 0 => {
+                let m = &oncpu.mem().migrc;
+                let keep = !m.paused() && m.add_pending_ubc(*pending);
+                if !keep {
+                    ubc.add_cpumask(*pending);
+                }
+                let to = if keep { Deferred::Keep } else { Deferred::No };
+                owed.for_each(|d| *d = to);
+            }
+            _ => owed.for_each(|d| *d = Deferred::No),
+        }
+    }
+}
+
+/// A moved folio's source, once its PTEs point to the destination: MIGRC
+/// keeps it, pinned, until the owed flush is done (returned, for
+/// [`keep_sources`]); LUF lets it be freed, its pages stamped with the
+/// owed flush. (Each unless a test broke that rule on purpose.)
+pub(crate) fn source_moved(oncpu: &OnCpu, src: Folio, deferred: Deferred) -> Option<Folio> {
+    let mem = oncpu.mem();
+    match deferred {
+        Deferred::Keep if mem.migrc.weakened() != Weakened::FreeSource => {
+            migrc_keep(mem, src);
+            Some(src)
+        }
+        Deferred::Stamp(batch) => {
+            // Model-only: a source freed with its flush owed.
+            oncpu.vmstat().count(oncpu.id(), Event::LUF_DEFERRED, 1);
+            if mem.migrc.weakened() != Weakened::LufNoTakeoffFlush {
+                mem.luf_stamp(src.pfn(), src.nr_pages(mem), batch);
+            }
+            None
+        }
+        _ => None,
+    }
+}
+
+/// `migrc_add_pending_folios`: the batch's kept sources wait for the owed
+/// flush; refused while a batched flush is under way, the owed flush is
+/// made now and the sources go.
+pub(crate) fn keep_sources(oncpu: &OnCpu, kept: Vec<Folio>) {
+    if kept.is_empty() {
+        return;
+    }
+    if let Err(kept) = oncpu.mem().migrc.add_pending_folios(kept) {
+        migrc_flush_free_folios(oncpu, Event::MIGRC_FLUSH_REFUSED);
+        migrc_release(oncpu.mem(), kept, oncpu.id());
+    }
+}
 
 /// `migrc_flush_free_folios`: flush what is owed now and release every
 /// kept source; whether any was kept. The shootdowns it sends are counted
