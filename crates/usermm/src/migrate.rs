@@ -500,7 +500,7 @@ fn migrate_pages_batch(
             break;
         }
     }
-    crate::migrc::keep_sources(oncpu, kept);
+    crate::migrc::migrc_add_pending_folios(oncpu, kept);
     for u in unmapped {
         failed.push(migrate_folio_undo(oncpu, u));
     }

@@ -65,8 +65,8 @@ pub use crate::phys::migrc::{migrc_keep, migrc_release, Migrc, Weakened};
 /// hooks: before and after each folio's unmap ([`Self::unmap_begin`],
 /// [`Self::unmap_end`]), before the batch's one flush ([`Self::settle`]),
 /// and as each source is done with ([`source_moved`]) and the sources kept
-/// are handed over ([`keep_sources`]). With `off`, the kernel, none does
-/// anything.
+/// are handed over ([`migrc_add_pending_folios`]). With `off`, the kernel,
+/// none does anything.
 pub(crate) enum BatchDeferral {
     /// Every PTE the batch clears is flushed with it (the kernel).
     Off,
@@ -212,8 +212,8 @@ impl BatchDeferral {
 
 /// A moved folio's source, once its PTEs point to the destination: MIGRC
 /// keeps it, pinned, until the owed flush is done (returned, for
-/// [`keep_sources`]); LUF lets it be freed, its pages stamped with the
-/// owed flush. (Each unless a test broke that rule on purpose.)
+/// [`migrc_add_pending_folios`]); LUF lets it be freed, its pages stamped
+/// with the owed flush. (Each unless a test broke that rule on purpose.)
 pub(crate) fn source_moved(oncpu: &OnCpu, src: Folio, deferred: Deferred) -> Option<Folio> {
     let mem = oncpu.mem();
     match deferred {
@@ -236,7 +236,7 @@ pub(crate) fn source_moved(oncpu: &OnCpu, src: Folio, deferred: Deferred) -> Opt
 /// `migrc_add_pending_folios`: the batch's kept sources wait for the owed
 /// flush; refused while a batched flush is under way, the owed flush is
 /// made now and the sources go.
-pub(crate) fn keep_sources(oncpu: &OnCpu, kept: Vec<Folio>) {
+pub(crate) fn migrc_add_pending_folios(oncpu: &OnCpu, kept: Vec<Folio>) {
     if kept.is_empty() {
         return;
     }

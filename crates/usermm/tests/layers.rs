@@ -1,11 +1,15 @@
 //! The engine's layers hold: every path into the crate (`use crate::…`,
-//! `crate::x::y` in code, `super::` out of a top-level file) points at a
-//! module of the same layer or a lower one, as `lib.rs`'s list states them.
+//! `crate::x::y` in code, groups over several lines, a name the crate root
+//! re-exports, `super::` chains that climb to the root) points at a module
+//! of the same layer or a lower one, as `lib.rs`'s list states them.
 //!
 //! The table is read from `lib.rs`'s own doc, so that the list a reader
-//! sees is the one enforced. Tests (`#[cfg(test)]` items), comments and
-//! doc links are not architecture and are not read. A module that no layer
-//! names fails the test too: a new file must be given a place.
+//! sees is the one enforced. Tests (items under a `cfg` that requires
+//! `test`), comments and doc links are not architecture and are not read.
+//! A module that no layer names fails the test too: a new file must be
+//! given a place; so does a glob import of the crate root. Not followed:
+//! `super::` inside an inline module other than a test module (the engine
+//! has none), and macros that expand to paths.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -58,7 +62,9 @@ fn layers_of(lib_rs: &str) -> BTreeMap<String, usize> {
             let Some(j) = rest.find("`]") else { break };
             let name = &rest[..j];
             if declared.contains(name) {
-                table.insert(name.to_string(), n);
+                if let Some(before) = table.insert(name.to_string(), n) {
+                    assert_eq!(before, n, "lib.rs puts {name} in layers {before} and {n}");
+                }
             }
             rest = &rest[j..];
         }
@@ -66,23 +72,30 @@ fn layers_of(lib_rs: &str) -> BTreeMap<String, usize> {
     table
 }
 
-/// The names `lib.rs` re-exports at the crate root (`pub use machine::{…}`),
-/// by the module they come from.
+/// The names `lib.rs` re-exports at the crate root (`pub use machine::{…}`,
+/// `pub use crate::x::Y as Z`), by the module they come from.
 fn root_reexports(lib_rs: &str) -> BTreeMap<String, String> {
     let mut names = BTreeMap::new();
-    for line in lib_rs.lines() {
-        let Some(rest) = line.trim().strip_prefix("pub use ") else {
+    let code = code_only(lib_rs);
+    for stmt in code.split(';') {
+        let Some(rest) = stmt.trim().strip_prefix("pub use ") else {
             continue;
         };
-        let rest = rest.trim_end_matches(';');
+        let rest = rest.trim().trim_start_matches("crate::");
         let Some((module, items)) = rest.split_once("::") else {
             continue;
         };
-        let items = items.trim_start_matches('{').trim_end_matches('}');
+        let items = items.trim().trim_start_matches('{').trim_end_matches('}');
         for item in items.split(',') {
             let item = item.trim();
-            if !item.is_empty() {
-                names.insert(item.to_string(), module.to_string());
+            assert_ne!(item, "*", "lib.rs re-exports all of {module}: name them");
+            // The name it is known by: the alias, or the last segment.
+            let name = match item.split_once(" as ") {
+                Some((_, alias)) => alias.trim(),
+                None => item.rsplit("::").next().unwrap_or(item),
+            };
+            if !name.is_empty() {
+                names.insert(name.to_string(), module.trim().to_string());
             }
         }
     }
@@ -133,27 +146,51 @@ fn code_only(src: &str) -> String {
     strip_cfg_test(&code)
 }
 
-/// Blanks each item after `#[cfg(test)]`, up to its closing brace (or its
-/// semicolon, for `mod tests;` and single-line items).
+/// Blanks each item compiled only into tests (`#[cfg(test)]`,
+/// `#[cfg(all(test, …))]`: a predicate that names `test` and not
+/// `not(test)`), up to its closing brace (or its semicolon, for
+/// `mod tests;`, or its comma, for a field).
 fn strip_cfg_test(code: &str) -> String {
     let mut out: Vec<u8> = code.as_bytes().to_vec();
     let mut from = 0;
-    while let Some(at) = code[from..].find("#[cfg(test)]") {
+    while let Some(at) = code[from..].find("#[cfg(") {
         let start = from + at;
+        let Some(close) = code[start..].find(")]") else {
+            break;
+        };
+        let predicate = &code[start + "#[cfg(".len()..start + close];
+        let test_only = predicate
+            .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .any(|w| w == "test")
+            && !predicate.contains("not(test");
+        if !test_only {
+            from = start + close;
+            continue;
+        }
+        // The item starts after the attribute (whose commas are not its).
+        let item = start + close + ")]".len();
         let mut depth = 0usize;
         let mut end = code.len();
-        for (k, c) in code[start..].char_indices() {
+        for (k, c) in code[item..].char_indices() {
             match c {
                 '{' => depth += 1,
                 '}' => {
+                    // A `}` at depth 0 closes what holds the item (a
+                    // struct whose last field it was): the item ends
+                    // before it.
+                    if depth == 0 {
+                        end = item + k;
+                        break;
+                    }
                     depth -= 1;
                     if depth == 0 {
-                        end = start + k + 1;
+                        end = item + k + 1;
                         break;
                     }
                 }
-                ';' if depth == 0 => {
-                    end = start + k + 1;
+                // A statement, or a field or variant.
+                ';' | ',' if depth == 0 => {
+                    end = item + k + 1;
                     break;
                 }
                 _ => {}
@@ -169,37 +206,49 @@ fn strip_cfg_test(code: &str) -> String {
     String::from_utf8(out).expect("blanking keeps UTF-8")
 }
 
-/// The top-level module each `crate::` (or, from a top-level file,
-/// `super::`) path of `code` names, with its line.
+/// The top-level module each path of `code` names that leaves the file's
+/// own top-level module: `crate::x…`, and `super::` chains that climb to
+/// the crate root (from `module`, the file's module path, such as
+/// `["phys", "migrc"]`), with the line of each. A glob of the crate root
+/// (`crate::*`) is returned as `*`.
 fn references(
     code: &str,
-    top_level_file: bool,
+    module: &[String],
     root: &BTreeMap<String, String>,
 ) -> Vec<(usize, String)> {
     let mut refs = Vec::new();
-    for (n, line) in code.lines().enumerate() {
-        let mut rest = line;
-        while let Some(i) = rest.find("crate::").or_else(|| {
-            if top_level_file {
-                rest.find("super::")
-            } else {
-                None
+    let mut at = 0;
+    loop {
+        let next = ["crate::", "super::"]
+            .iter()
+            .filter_map(|p| code[at..].find(p).map(|i| (at + i, *p)))
+            .min();
+        let Some((i, pattern)) = next else { break };
+        at = i + pattern.len();
+        // Not the tail of a longer identifier (`usermm_crate::`).
+        let preceded = code[..i]
+            .chars()
+            .next_back()
+            .is_some_and(|c| c.is_alphanumeric() || c == '_');
+        if preceded {
+            continue;
+        }
+        let line = code[..i].matches('\n').count() + 1;
+        if pattern == "super::" {
+            // `super::` from `module`'s file names its parent; a chain of
+            // them climbs one level each.
+            let mut up = 1;
+            while code[at..].starts_with("super::") {
+                at += "super::".len();
+                up += 1;
             }
-        }) {
-            // Not the tail of a longer identifier (`usermm_crate::`).
-            let preceded = rest[..i]
-                .chars()
-                .next_back()
-                .is_some_and(|c| c.is_alphanumeric() || c == '_');
-            // "crate::" and "super::" are both seven bytes.
-            rest = &rest[i + 7..];
-            if preceded {
-                continue;
+            if up < module.len() {
+                continue; // still inside the file's top-level module
             }
-            for name in path_heads(rest) {
-                let module = root.get(&name).cloned().unwrap_or(name);
-                refs.push((n + 1, module));
-            }
+        }
+        for name in path_heads(&code[at..]) {
+            let module = root.get(&name).cloned().unwrap_or(name);
+            refs.push((line, module));
         }
     }
     refs
@@ -235,6 +284,8 @@ fn path_heads(rest: &str) -> Vec<String> {
         }
         heads.retain(|h| !h.is_empty() && h != "self");
         heads
+    } else if rest.starts_with('*') {
+        vec!["*".to_string()]
     } else {
         vec![ident(rest)]
     }
@@ -275,11 +326,24 @@ fn check(lib_rs: &str, files: &[(String, String)]) -> (Vec<Upward>, BTreeSet<Str
             unplaced.insert(top);
             continue;
         };
-        let top_level_file = !rel.contains('/');
-        for (line, to) in references(&code_only(text), top_level_file, &root) {
+        // The file's module path: `phys/migrc.rs` is phys::migrc,
+        // `phys/mod.rs` is phys.
+        let mut module: Vec<String> = rel
+            .trim_end_matches(".rs")
+            .split('/')
+            .map(str::to_string)
+            .collect();
+        if module.last().is_some_and(|m| m == "mod") {
+            module.pop();
+        }
+        for (line, to) in references(&code_only(text), &module, &root) {
             if to == top {
                 continue;
             }
+            assert_ne!(
+                to, "*",
+                "{rel}:{line}: a glob import of the crate root hides its layers"
+            );
             // A name that is no module (a macro at the crate root, say)
             // has no layer.
             if layers.get(&to).is_some_and(|&l| l > from_layer) {
@@ -357,12 +421,24 @@ fn an_upward_import_is_caught() {
     page_alloc
         .1
         .push_str("\nfn reclaim_now() {\n    use crate::vmscan::balance_pgdat;\n}\n");
-    // And through a group, and the crate root's re-export.
+    // And through a group written over several lines (as rustfmt writes
+    // a long one), and the crate root's re-export.
     let vmstat = files
         .iter_mut()
         .find(|(rel, _)| rel == "vmstat.rs")
         .expect("vmstat.rs");
-    vmstat.1.push_str("\nuse crate::{sync::Arc, Machine};\n");
+    vmstat
+        .1
+        .push_str("\nuse crate::{\n    sync::Arc,\n    Machine,\n};\n");
+    // And by `super::` from a folder's mod.rs, and `super::super::` from a
+    // file inside it, both of which name the crate root.
+    for (rel, path) in [
+        ("phys/mod.rs", "super::cpu::Cpu"),
+        ("phys/folio.rs", "super::super::mm::Mm"),
+    ] {
+        let f = files.iter_mut().find(|(r, _)| r == rel).expect(rel);
+        f.1.push_str(&format!("\nuse {path};\n"));
+    }
     let (after, _) = check(&lib, &files);
     let caught: Vec<(&str, &str, &str)> = after
         .iter()
@@ -371,6 +447,8 @@ fn an_upward_import_is_caught() {
     assert_eq!(
         caught,
         [
+            ("phys/folio.rs", "phys", "mm"),
+            ("phys/mod.rs", "phys", "cpu"),
             ("phys/page_alloc.rs", "phys", "vmscan"),
             ("vmstat.rs", "vmstat", "machine"),
         ]
@@ -381,7 +459,7 @@ fn an_upward_import_is_caught() {
 fn tests_comments_and_strings_are_not_architecture() {
     let lib =
         "//! Layers:\n//!\n//! 0. Base: [`a`].\n//! 1. Top: [`b`].\n\npub mod a;\npub mod b;\n";
-    let a = "// crate::b in a comment\n/// [`crate::b::X`]\nconst S: &str = \"crate::b\";\n#[cfg(test)]\nmod tests {\n    use crate::b;\n}\n";
+    let a = "// crate::b in a comment\n/// [`crate::b::X`]\nconst S: &str = \"crate::b\";\n#[cfg(test)]\nmod tests {\n    use crate::b;\n}\n#[cfg(all(test, not(loom)))]\nmod more {\n    use super::*;\n    use crate::b::Y;\n}\n";
     let files = vec![("a.rs".to_string(), a.to_string())];
     let (upward, unplaced) = check(lib, &files);
     assert!(upward.is_empty(), "{upward:?}");

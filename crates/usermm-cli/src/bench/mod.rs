@@ -358,11 +358,19 @@ pub fn run(mut a: BenchArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     crate::report::write_run_info(&a.out)?;
     if !a.json {
-        if a.full {
-            outln!("scale: full, the patch series' own (1 GiB regions, pt_reclaim's 50 GiB loop, migrc's 255 MiB grid)\n");
+        let which = if a.full {
+            "full, the patch series' own"
         } else {
-            outln!("scale: reduced (256 MiB regions, pt_reclaim's 6.25 GiB loop, migrc's 24 MiB grid); --full runs the series' own\n");
-        }
+            "reduced (--full runs the patch series' own)"
+        };
+        outln!(
+            "scale: {which}: regions of {} MiB, pt_reclaim's loop over {} MiB, migrc's {} lookups after {} with scans of {} MB\n",
+            a.size_mb,
+            a.iterations as u64 * 2,
+            a.lookups,
+            a.warmup,
+            a.scan_size_mb
+        );
     }
     let mut all = serde_json::Map::new();
     for e in chosen {

@@ -246,17 +246,12 @@ pub struct Stmt {
     pub op: Op,
 }
 
-pub const PROT_READ: u32 = 1;
-pub const PROT_WRITE: u32 = 2;
-pub const PROT_EXEC: u32 = 4;
-pub const MAP_SHARED: u32 = 0x01;
-pub const MAP_PRIVATE: u32 = 0x02;
-pub const MAP_SHARED_VALIDATE: u32 = 0x03;
-pub const MAP_FIXED: u32 = 0x10;
-pub const MAP_ANONYMOUS: u32 = 0x20;
-pub const MAP_NORESERVE: u32 = 0x4000;
-pub const MAP_POPULATE: u32 = 0x8000;
-pub const MAP_FIXED_NOREPLACE: u32 = 0x100000;
+/// The UAPI values a scenario's `map` spells by name: the engine's, which
+/// are the kernel's (both runners pass them on as numbers).
+pub use usermm::mmap::{
+    MAP_ANONYMOUS, MAP_FIXED, MAP_FIXED_NOREPLACE, MAP_NORESERVE, MAP_POPULATE, MAP_PRIVATE,
+    MAP_SHARED, MAP_SHARED_VALIDATE, PROT_EXEC, PROT_READ, PROT_WRITE,
+};
 
 struct Words<'a> {
     line: usize,

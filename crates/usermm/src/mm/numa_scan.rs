@@ -10,7 +10,7 @@ use crate::sync::{AtomicU64, Mutex};
 /// `mm->numa_scan_offset`, `mm->numa_scan_seq`); and the task's side,
 /// which the kernel keeps per thread: the time between scans
 /// (`p->numa_scan_period`; 0 until the first scan is due) and the hinting
-/// faults it records ([`task_numa_fault`]).
+/// faults it records ([`task_numa_fault`](crate::numa_balancing::task_numa_fault)).
 #[derive(Default)]
 pub struct MmNumaScan {
     pub next_scan: AtomicU64,
