@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use serde_json::Value;
 
+use crate::bench::summary::{self, Headline};
 use crate::bench::EXPERIMENTS;
 
 #[derive(clap::Args)]
@@ -80,12 +81,7 @@ pub fn write(dir: &Path, scenario: Option<&Path>) -> anyhow::Result<PathBuf> {
         );
     }
     let run: Option<Value> = read_json(&dir.join("run.json"))?;
-    let mut found = vec![];
-    for e in EXPERIMENTS.iter() {
-        if let Some(v) = read_json(&dir.join(format!("{}.json", e.name)))? {
-            found.push((e, v));
-        }
-    }
+    let found = experiments_in(dir)?;
     if found.is_empty() {
         anyhow::bail!(
             "{}: no experiment's results in it (run `usermm bench` first)",
@@ -104,6 +100,16 @@ pub fn write(dir: &Path, scenario: Option<&Path>) -> anyhow::Result<PathBuf> {
     let mut h = String::new();
     head(&mut h);
     let _ = writeln!(h, "<h1>usermm: results</h1>");
+    let lines: Vec<Headline> = found
+        .iter()
+        .filter_map(|(e, v)| summary::headline(e.name, v))
+        .collect();
+    summary_section(&mut h, &lines);
+    std::fs::write(
+        dir.join("summary.json"),
+        serde_json::to_string_pretty(&lines)?,
+    )
+    .with_context(|| format!("writing {}", dir.join("summary.json").display()))?;
     run_section(&mut h, run.as_ref());
     let _ = writeln!(h, "<nav><ul>");
     for (e, _) in &found {
@@ -125,6 +131,48 @@ pub fn write(dir: &Path, scenario: Option<&Path>) -> anyhow::Result<PathBuf> {
     let path = dir.join("index.html");
     std::fs::write(&path, h).with_context(|| format!("writing {}", path.display()))?;
     Ok(path)
+}
+
+/// Every experiment whose results are in `dir`, in the bench's order.
+fn experiments_in(dir: &Path) -> anyhow::Result<Vec<(&'static crate::bench::Experiment, Value)>> {
+    let mut found = vec![];
+    for e in EXPERIMENTS.iter() {
+        if let Some(v) = read_json(&dir.join(format!("{}.json", e.name)))? {
+            found.push((e, v));
+        }
+    }
+    Ok(found)
+}
+
+/// The summary lines of the results in `dir` ([`summary::headline`]).
+pub fn summary(dir: &Path) -> anyhow::Result<Vec<Headline>> {
+    Ok(experiments_in(dir)?
+        .iter()
+        .filter_map(|(e, v)| summary::headline(e.name, v))
+        .collect())
+}
+
+/// The page's first section: one line per experiment, linking to its own.
+fn summary_section(h: &mut String, lines: &[Headline]) {
+    if lines.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        h,
+        "<section id=\"summary\"><h2>Summary</h2><p>Each experiment's headline: usermm's figure (a median, with its 95% interval where it has one), the patch series' own published figure where there is one, and the host kernel's in the same run.</p><table><tr><th>experiment</th><th>what</th><th>usermm</th><th>published</th><th>host kernel</th></tr>"
+    );
+    for l in lines {
+        let _ = writeln!(
+            h,
+            "<tr><td><a href=\"#{0}\">{0}</a></td><td>{1}</td><td>{2}</td><td>{3}</td><td>{4}</td></tr>",
+            l.experiment,
+            esc(&l.what),
+            esc(&l.usermm),
+            esc(l.published.as_deref().unwrap_or("-")),
+            esc(l.host.as_deref().unwrap_or("-")),
+        );
+    }
+    let _ = writeln!(h, "</table></section>");
 }
 
 fn read_json(p: &Path) -> anyhow::Result<Option<Value>> {

@@ -85,7 +85,24 @@ fn the_report_holds_every_experiment_and_renders() {
     let out = usermm(&["report", "--out", d]);
     assert!(out.contains("index.html"), "{out}");
     let html = std::fs::read_to_string(&page).expect("the page");
-    for id in ["run", "munmap", "access", "page-tables"] {
+    // The summary opens the page: a line for access (munmap's needs the
+    // 2 MiB row this brief run left out), also in summary.json.
+    let summary: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("summary.json")).expect("summary.json"),
+    )
+    .expect("summary.json is JSON");
+    let named: Vec<&str> = summary
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter_map(|l| l["experiment"].as_str())
+        .collect();
+    assert_eq!(named, ["access"], "{summary}");
+    assert!(
+        html.find("<section id=\"summary\">") < html.find("<section id=\"run\">"),
+        "the summary comes first"
+    );
+    for id in ["summary", "run", "munmap", "access", "page-tables"] {
         assert!(
             html.contains(&format!("<section id=\"{id}\">")),
             "section {id}"

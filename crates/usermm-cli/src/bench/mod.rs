@@ -10,6 +10,7 @@ mod migrc;
 mod pft;
 mod pt_reclaim;
 pub mod stats;
+pub mod summary;
 mod tiering;
 mod vma;
 
@@ -410,6 +411,10 @@ pub fn run(mut a: BenchArgs) -> anyhow::Result<()> {
     if a.json {
         eprintln!("report: {}", page.display());
     } else {
+        let lines = crate::report::summary(&a.out)?;
+        if !lines.is_empty() {
+            outln!("{}", summary::text_table(&lines));
+        }
         outln!("results in {}/", a.out.display());
         outln!("report: {}", page.display());
     }
