@@ -52,7 +52,7 @@ use crate::pgtable::{self, Pte, PteLocked, PteRead};
 use crate::phys::memmap::pg;
 use crate::phys::{AllocFlags, Folio, PhysMem, HPAGE_PMD_NR, HPAGE_PMD_ORDER};
 use crate::rmap::{self, RmapFlags};
-use crate::rmap_walk::{folio_pte_runs, rmap_walk_anon};
+use crate::rmap_walk::{page_vma_mapped_walk, rmap_walk_anon, AtPmd, PteRun};
 use crate::sync::{Arc, Ordering};
 use crate::tlbbatch::{TlbflushUnmapBatch, Ttu, TtuFlags};
 use crate::vmstat::{Event, MthpStat, NodeStat};
@@ -744,29 +744,27 @@ fn try_to_migrate(oncpu: &OnCpu, iso: &Isolated, flags: TtuFlags, ubc: &mut Tlbf
     let mem = oncpu.mem();
     let folio = iso.folio;
     rmap_walk_anon(oncpu, folio, &iso.anon_vma, |mm, vma| {
-        for run in folio_pte_runs(mem, folio, vma) {
-            let Some(slot) = mm.pmd_lookup(run.addr) else {
-                continue;
-            };
+        // A THP mapped by a PMD gets a PMD migration entry, or is split
+        // first (TTU_SPLIT_HUGE_PMD) and migrated by its PTEs.
+        let at_pmd = |slot, run: PteRun| {
             let pmd = mm.pmd_get(slot);
             if pmd.trans_huge() && pmd.pfn() == folio.pfn() {
                 if flags.split_huge_pmd {
                     huge_memory::split_huge_pmd(oncpu, mm, slot, run.addr);
                 } else if huge_memory::set_pmd_migration_entry(oncpu, mm, slot, run.addr, folio) {
-                    continue;
+                    return AtPmd::Done;
                 }
             }
-            let Some(mut pt) = mm.pte_offset_map_lock(slot) else {
-                continue;
-            };
+            AtPmd::Ptes
+        };
+        page_vma_mapped_walk(mem, mm, vma, folio, at_pmd, |pt, i, addr| {
             let mut ttu = Ttu {
                 flags,
                 ubc: &mut *ubc,
             };
-            for (i, addr) in run.pages() {
-                try_to_migrate_one(oncpu, mm, &mut pt, folio, (i, addr), &mut ttu);
-            }
-        }
+            try_to_migrate_one(oncpu, mm, pt, folio, (i, addr), &mut ttu);
+            true
+        });
         folio.mapped(mem)
     });
 }
@@ -820,22 +818,19 @@ fn remove_migration_ptes(oncpu: &OnCpu, src: &Isolated, dst: Folio) {
     let mem = oncpu.mem();
     let from = src.folio;
     rmap_walk_anon(oncpu, from, &src.anon_vma, |mm, vma| {
-        for run in folio_pte_runs(mem, from, vma) {
-            let Some(slot) = mm.pmd_lookup(run.addr) else {
-                continue;
-            };
+        let at_pmd = |slot, _| {
             if mm.pmd_get(slot).is_migration()
                 && huge_memory::remove_migration_pmd(oncpu, mm, slot, vma, from.pfn(), dst)
             {
-                continue;
+                AtPmd::Done
+            } else {
+                AtPmd::Ptes
             }
-            let Some(mut pt) = mm.pte_offset_map_lock(slot) else {
-                continue;
-            };
-            for (i, addr) in run.pages() {
-                remove_migration_pte(oncpu, &mut pt, vma, from.pfn() + i, dst.pfn() + i, addr);
-            }
-        }
+        };
+        page_vma_mapped_walk(mem, mm, vma, from, at_pmd, |pt, i, addr| {
+            remove_migration_pte(oncpu, pt, vma, from.pfn() + i, dst.pfn() + i, addr);
+            true
+        });
         true
     });
 }

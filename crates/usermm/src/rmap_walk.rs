@@ -1,8 +1,10 @@
-//! The rmap walk of anonymous folios (mm/rmap.c's `rmap_walk_anon` and
-//! what `page_vma_mapped_walk` needs of it): every VMA that may map a
-//! folio, with its address space, and the address of each of the folio's
-//! pages in it. Migration (`try_to_migrate`, `remove_migration_ptes`) and
-//! reclaim (`folio_referenced`, `try_to_unmap`) walk with it.
+//! The rmap walk of anonymous folios (mm/rmap.c's `rmap_walk_anon`) and
+//! the walk of one VMA's entries that may map a folio
+//! (mm/page_vma_mapped.c's `page_vma_mapped_walk`): every VMA that may map
+//! a folio, with its address space, and in each the PMD-level entries and
+//! the locked PTEs where the folio's pages may be. Migration
+//! (`try_to_migrate`, `remove_migration_ptes`) and reclaim
+//! (`folio_referenced`, `try_to_unmap`) walk with them.
 //!
 //! The walk holds the anon_vma's lock for reading throughout, so that no
 //! VMA it finds can be unlinked, and have its page tables freed, under it;
@@ -11,7 +13,7 @@
 
 use crate::machine::OnCpu;
 use crate::mm::{AnonVma, Mm, Vma};
-use crate::pgtable::PMD_SIZE;
+use crate::pgtable::{PmdSlot, PteLocked, PMD_SIZE};
 use crate::phys::{Folio, PhysMem, PAGE_SHIFT};
 use crate::rmap;
 use crate::sync::Arc;
@@ -77,4 +79,56 @@ pub fn folio_pte_runs(mem: &PhysMem, folio: Folio, vma: &Vma) -> impl Iterator<I
         i += nr;
         Some(run)
     })
+}
+
+/// What a [`page_vma_mapped_walk`] caller did with a PMD-level entry (a
+/// huge PMD or a PMD migration entry) where a run of the folio may be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtPmd {
+    /// Dealt with at this level: on to the next run.
+    Done,
+    /// Look at the PTE table under it (after a split, say); where the PMD
+    /// maps none, there is nothing more to see.
+    Ptes,
+    /// End the walk.
+    Stop,
+}
+
+/// `page_vma_mapped_walk` over one VMA of `mm`: for each run of `folio`'s
+/// pages that `vma` may map ([`folio_pte_runs`]), `at_pmd` is asked first
+/// where the PMD entry is a leaf (a huge PMD or a PMD migration entry);
+/// then, with the PTE table's lock held once for the run, as the kernel's
+/// walk holds it across a folio's PTEs, `at_pte` is called for each page
+/// (its number in the folio and its address), returning false to stop.
+/// Returns false if either stopped the walk.
+pub fn page_vma_mapped_walk(
+    mem: &PhysMem,
+    mm: &Mm,
+    vma: &Vma,
+    folio: Folio,
+    mut at_pmd: impl FnMut(PmdSlot, PteRun) -> AtPmd,
+    mut at_pte: impl FnMut(&mut PteLocked<'_>, u64, u64) -> bool,
+) -> bool {
+    for run in folio_pte_runs(mem, folio, vma) {
+        let Some(slot) = mm.pmd_lookup(run.addr) else {
+            continue;
+        };
+        let pmd = mm.pmd_get(slot);
+        if pmd.trans_huge() || pmd.is_migration() {
+            match at_pmd(slot, run) {
+                AtPmd::Done => continue,
+                AtPmd::Stop => return false,
+                AtPmd::Ptes => {}
+            }
+        }
+        let Some(mut pt) = mm.pte_offset_map_lock(slot) else {
+            continue;
+        };
+        for (i, addr) in run.pages() {
+            if !at_pte(&mut pt, i, addr) {
+                return false;
+            }
+        }
+    }
+    true
 }

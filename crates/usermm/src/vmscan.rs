@@ -138,7 +138,7 @@ use crate::pgtable::PteRead;
 use crate::phys::mm_inline::LruList;
 use crate::phys::page_alloc::{WMARK_HIGH, WMARK_LOW};
 use crate::phys::Tier;
-use crate::rmap_walk::{folio_pte_runs, rmap_walk_anon};
+use crate::rmap_walk::{page_vma_mapped_walk, rmap_walk_anon, AtPmd, PteRun};
 use crate::tlbbatch::{TlbflushUnmapBatch, Ttu, TtuFlags};
 
 /// `DEF_PRIORITY`: a pass scans a list's size shifted right by the
@@ -533,47 +533,43 @@ pub fn folio_referenced(oncpu: &OnCpu, folio: Folio) -> u64 {
     // counts a VMA once, however many of its PTEs map the folio).
     let mut referenced = 0;
     rmap_walk_anon(oncpu, folio, &anon_vma, |mm, vma| {
-        let mut young = false;
-        for run in folio_pte_runs(mem, folio, vma) {
-            let Some(slot) = mm.pmd_lookup(run.addr) else {
-                continue;
-            };
-            if mm.pmd_get(slot).trans_huge() {
-                let mut ptl = mm.pmd_lock(slot);
-                let pmd = ptl.get();
-                // pmdp_clear_flush_young: x86 flushes a PMD's.
-                if pmd.trans_huge()
-                    && pmd.pfn() == folio.pfn()
-                    && run.i == 0
-                    && ptl.test_and_clear_young()
-                {
-                    young = true;
-                    drop(ptl);
-                    oncpu.flush_tlb_range(
-                        mm,
-                        run.addr,
-                        run.addr + crate::pgtable::PMD_SIZE,
-                        crate::pgtable::PMD_SHIFT,
-                    );
-                }
-                continue;
+        let young = std::cell::Cell::new(false);
+        let at_pmd = |slot, run: PteRun| {
+            if !mm.pmd_get(slot).trans_huge() {
+                return AtPmd::Ptes;
             }
-            let Some(mut pt) = mm.pte_offset_map_lock(slot) else {
-                continue;
-            };
-            for (i, addr) in run.pages() {
-                let idx = crate::pgtable::pte_index(addr);
-                let pte = pt.pte(idx);
-                if pte.present()
-                    && !pte.special()
-                    && pte.pfn() == folio.pfn() + i
-                    && pt.clear_bits(idx, _PAGE_ACCESSED).young()
-                {
-                    young = true;
-                }
+            let mut ptl = mm.pmd_lock(slot);
+            let pmd = ptl.get();
+            // pmdp_clear_flush_young: x86 flushes a PMD's.
+            if pmd.trans_huge()
+                && pmd.pfn() == folio.pfn()
+                && run.i == 0
+                && ptl.test_and_clear_young()
+            {
+                young.set(true);
+                drop(ptl);
+                oncpu.flush_tlb_range(
+                    mm,
+                    run.addr,
+                    run.addr + crate::pgtable::PMD_SIZE,
+                    crate::pgtable::PMD_SHIFT,
+                );
             }
-        }
-        referenced += young as u64;
+            AtPmd::Done
+        };
+        page_vma_mapped_walk(mem, mm, vma, folio, at_pmd, |pt, i, addr| {
+            let idx = crate::pgtable::pte_index(addr);
+            let pte = pt.pte(idx);
+            if pte.present()
+                && !pte.special()
+                && pte.pfn() == folio.pfn() + i
+                && pt.clear_bits(idx, _PAGE_ACCESSED).young()
+            {
+                young.set(true);
+            }
+            true
+        });
+        referenced += young.get() as u64;
         true
     });
     referenced
@@ -774,31 +770,23 @@ fn try_to_unmap_lazyfree(oncpu: &OnCpu, folio: Folio, ubc: &mut TlbflushUnmapBat
     };
     let mut ok = true;
     rmap_walk_anon(oncpu, folio, &anon_vma, |mm, vma| {
-        for run in folio_pte_runs(mem, folio, vma) {
-            let Some(slot) = mm.pmd_lookup(run.addr) else {
-                continue;
-            };
+        // A PMD-mapped lazyfree THP is split first by the kernel; the
+        // model leaves it mapped.
+        let at_pmd = |slot, _| {
             if mm.pmd_get(slot).trans_huge() {
-                // A PMD-mapped lazyfree THP is split first by the kernel;
-                // the model leaves it mapped.
-                ok = false;
-                return false;
+                AtPmd::Stop
+            } else {
+                AtPmd::Ptes
             }
-            let Some(mut pt) = mm.pte_offset_map_lock(slot) else {
-                continue;
-            };
+        };
+        ok = page_vma_mapped_walk(mem, mm, vma, folio, at_pmd, |pt, i, addr| {
             let mut ttu = Ttu {
                 flags,
                 ubc: &mut *ubc,
             };
-            for (i, addr) in run.pages() {
-                if !unmap_lazyfree_pte(oncpu, mm, &mut pt, folio, (i, addr), &mut ttu) {
-                    ok = false;
-                    return false;
-                }
-            }
-        }
-        true
+            unmap_lazyfree_pte(oncpu, mm, pt, folio, (i, addr), &mut ttu)
+        });
+        ok
     });
     ok && !folio.mapped(mem)
 }
