@@ -757,11 +757,11 @@ fn try_to_migrate(oncpu: &OnCpu, iso: &Isolated, flags: TtuFlags, ubc: &mut Tlbf
             }
             AtPmd::Ptes
         };
+        let mut ttu = Ttu {
+            flags,
+            ubc: &mut *ubc,
+        };
         page_vma_mapped_walk(mem, mm, vma, folio, at_pmd, |pt, i, addr| {
-            let mut ttu = Ttu {
-                flags,
-                ubc: &mut *ubc,
-            };
             try_to_migrate_one(oncpu, mm, pt, folio, (i, addr), &mut ttu);
             true
         });

@@ -187,13 +187,7 @@ impl BatchDeferral {
         let owed = deferred.filter(|d| **d == Deferred::Owed);
         match self {
             BatchDeferral::Luf { pending, mms } if *pending != 0 => {
-                let batch = LufBatch {
-                    cpumask: *pending,
-                    ugen: oncpu.mem().luf.new_ugen(),
-                };
-                for mm in mms.iter() {
-                    mm.luf_batch.lock().fold(batch);
-                }
+                let batch = luf_owe(oncpu, *pending, mms);
                 owed.for_each(|d| *d = Deferred::Stamp(batch));
             }
             BatchDeferral::Migrc { pending, .. } if *pending != 0 => {
@@ -222,14 +216,36 @@ pub(crate) fn source_moved(oncpu: &OnCpu, src: Folio, deferred: Deferred) -> Opt
             Some(src)
         }
         Deferred::Stamp(batch) => {
-            // Model-only: a source freed with its flush owed.
-            oncpu.vmstat().count(oncpu.id(), Event::LUF_DEFERRED, 1);
-            if mem.migrc.weakened() != Weakened::LufNoTakeoffFlush {
-                mem.luf_stamp(src.pfn(), src.nr_pages(mem), batch);
-            }
+            luf_free_owed(oncpu, src, batch);
             None
         }
         _ => None,
+    }
+}
+
+/// LUF: the batch that owes the flush of `cpumask`, under a generation
+/// drawn now that the PTEs are clear, recorded in each address space they
+/// were cleared from. Migration and reclaim's discards both owe so.
+pub(crate) fn luf_owe(oncpu: &OnCpu, cpumask: u64, mms: &[Arc<Mm>]) -> LufBatch {
+    let batch = LufBatch {
+        cpumask,
+        ugen: oncpu.mem().luf.new_ugen(),
+    };
+    for mm in mms {
+        mm.luf_batch.lock().fold(batch);
+    }
+    batch
+}
+
+/// LUF: `folio` is freed with its flush owed, its pages stamped with
+/// `batch`, so that no page of it is handed out again before the stamped
+/// CPUs have flushed (unless a test broke that rule on purpose).
+pub(crate) fn luf_free_owed(oncpu: &OnCpu, folio: Folio, batch: LufBatch) {
+    let mem = oncpu.mem();
+    // Model-only: a folio freed with its flush owed.
+    oncpu.vmstat().count(oncpu.id(), Event::LUF_DEFERRED, 1);
+    if mem.migrc.weakened() != Weakened::LufNoTakeoffFlush {
+        mem.luf_stamp(folio.pfn(), folio.nr_pages(mem), batch);
     }
 }
 

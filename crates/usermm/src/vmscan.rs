@@ -639,21 +639,10 @@ fn luf_defer_discards(oncpu: &OnCpu, list: &mut ShrinkList) {
     if list.luf.is_empty() {
         return;
     }
-    let mem = oncpu.mem();
-    let batch = crate::phys::luf::LufBatch {
-        cpumask: list.luf_cpumask,
-        ugen: mem.luf.new_ugen(),
-    };
-    for mm in list.luf_mms.drain(..) {
-        mm.luf_batch.lock().fold(batch);
-    }
-    let stamp = oncpu.mem().migrc.weakened() != crate::migrc::Weakened::LufNoTakeoffFlush;
+    let batch = crate::migrc::luf_owe(oncpu, list.luf_cpumask, &list.luf_mms);
+    list.luf_mms.clear();
     for folio in list.luf.drain(..) {
-        // Model-only: a lazyfree folio freed with its flush owed.
-        oncpu.vmstat().count(oncpu.id(), Event::LUF_DEFERRED, 1);
-        if stamp {
-            mem.luf_stamp(folio.pfn(), folio.nr_pages(mem), batch);
-        }
+        crate::migrc::luf_free_owed(oncpu, folio, batch);
     }
     list.luf_cpumask = 0;
 }
@@ -779,11 +768,11 @@ fn try_to_unmap_lazyfree(oncpu: &OnCpu, folio: Folio, ubc: &mut TlbflushUnmapBat
                 AtPmd::Ptes
             }
         };
+        let mut ttu = Ttu {
+            flags,
+            ubc: &mut *ubc,
+        };
         ok = page_vma_mapped_walk(mem, mm, vma, folio, at_pmd, |pt, i, addr| {
-            let mut ttu = Ttu {
-                flags,
-                ubc: &mut *ubc,
-            };
             unmap_lazyfree_pte(oncpu, mm, pt, folio, (i, addr), &mut ttu)
         });
         ok
