@@ -25,6 +25,10 @@ impl Errno {
     /// Not a system call's here: a scenario's wait that ran out.
     pub const ETIMEDOUT: Errno = Errno(110);
     pub const EOPNOTSUPP: Errno = Errno(95);
+    /// Not an errno: a user access that took SIGBUS (a file mapping's
+    /// page at or past the end of its file), as EFAULT stands for the
+    /// SIGSEGV of an access nothing maps.
+    pub const SIGBUS: Errno = Errno(-7);
 
     pub fn name(self) -> &'static str {
         match self.0 {
@@ -44,6 +48,7 @@ impl Errno {
             75 => "EOVERFLOW",
             95 => "EOPNOTSUPP",
             110 => "ETIMEDOUT",
+            -7 => "SIGBUS",
             _ => "E?",
         }
     }
@@ -66,6 +71,7 @@ impl Errno {
             Errno::EOVERFLOW,
             Errno::EOPNOTSUPP,
             Errno::ETIMEDOUT,
+            Errno::SIGBUS,
         ]
         .into_iter()
         .find(|e| e.name() == name)

@@ -68,6 +68,7 @@ impl OnCpu<'_> {
             VmFaultResult::Done | VmFaultResult::Raced => Ok(()),
             VmFaultResult::Oom => Err(Errno::ENOMEM),
             VmFaultResult::Sigsegv => Err(Errno::EFAULT),
+            VmFaultResult::Sigbus => Err(Errno::SIGBUS),
             VmFaultResult::Fallback | VmFaultResult::Retry => {
                 unreachable!("handle_mm_fault resolves {r:?} itself")
             }
@@ -155,6 +156,11 @@ impl OnCpu<'_> {
         if access_error(vma, flags) {
             // The classic path reports it.
             return abort(Some(Event::SPF_ABORT_ACCESS_ERROR));
+        }
+        if !vma.is_anonymous() {
+            // The seed speculated on file read faults through fault-around
+            // alone; the model takes every file fault the classic way.
+            return abort(Some(Event::SPF_ABORT_NO_SPECULATE));
         }
         match handle_mm_fault_speculative(self, mm, vma, addr, flags, start) {
             // The reason was counted where the fault gave up.

@@ -66,9 +66,11 @@ fn dup_mmap(oncpu: &OnCpu, mm: &Arc<Mm>, oldmm: &Arc<Mm>) -> KResult<()> {
         }
         let tmp = Arc::new(
             Vma::new(mm.id, mpnt.start(), mpnt.end(), mpnt.flags(), mpnt.pgoff())
-                .with_policy(mpnt.policy().cloned()),
+                .with_policy(mpnt.policy().cloned())
+                .with_file(mpnt.file().cloned()),
         );
         rmap::anon_vma_fork(&tmp, mpnt);
+        crate::fs::vma_link_file(&tmp);
         vmas.push(tmp.clone());
         total_vm += mpnt.pages();
         if memory::vma_needs_copy(mpnt) {

@@ -351,6 +351,21 @@ pub fn zap_huge_pmd(oncpu: &OnCpu, tlb: &mut MmuGather, mm: &Mm, slot: PmdSlot, 
     }
     let pmd = ptl.get_and_clear();
     tlb.remove_pmd_tlb_entry(addr);
+    if pmd.present() && !is_huge_zero_pmd(oncpu, pmd) && !Folio(pmd.pfn()).test_anon(mem) {
+        // A page-cache folio: no deposited table (x86 deposits none for
+        // file PMDs).
+        let folio = Folio(pmd.pfn());
+        if pmd.young() {
+            crate::swap::folio_mark_accessed(mem, folio);
+        }
+        rmap::folio_remove_rmap_pmd(mem, folio, mm.id, oncpu.id());
+        mm.add_rss(MmCounter::FilePages, -(HPAGE_PMD_NR as i64));
+        drop(ptl);
+        if tlb.remove_folio_pages(folio.pfn(), 1, false) {
+            tlb.flush_mmu(oncpu);
+        }
+        return true;
+    }
     // zap_deposited_table: the deposited table was never reachable by a
     // walker, so it is freed at once (`pte_free`), not after the flush and
     // a grace period as the tables a walker may be reading.
@@ -461,6 +476,10 @@ pub fn split_huge_pmd(oncpu: &OnCpu, mm: &Arc<Mm>, slot: PmdSlot, addr: u64) {
     // a zap that reads it without the PMD lock (MADV_DONTNEED runs beside
     // faults under the read mmap_lock) would take none for "nothing mapped
     // here" and skip the 512 pages that the split is about to map again.
+    if !is_huge_zero_pmd(oncpu, pmd) && !Folio(pmd.pfn()).test_anon(mem) {
+        split_huge_pmd_file(oncpu, mm, &mut ptl, haddr);
+        return;
+    }
     let old = ptl.invalidate();
     debug_assert_eq!(old.pfn(), pmd.pfn());
     oncpu.flush_tlb_range(mm, haddr, haddr + PMD_SIZE, crate::pgtable::PMD_SHIFT);
@@ -503,6 +522,103 @@ pub fn split_huge_pmd(oncpu: &OnCpu, mm: &Arc<Mm>, slot: PmdSlot, addr: u64) {
     ptl.populate(table);
     drop(ptl);
     oncpu.vmstat().count(oncpu.id(), Event::THP_SPLIT_PMD, 1);
+}
+
+/// The file half of `__split_huge_pmd_locked`: a page-cache folio's PMD
+/// is not split into PTEs but zapped (`pmdp_huge_clear_flush`); faults
+/// map it again, by PTEs or a PMD. Its dirty and accessed bits go to the
+/// folio.
+fn split_huge_pmd_file(oncpu: &OnCpu, mm: &Arc<Mm>, ptl: &mut PmdLocked<'_>, haddr: u64) {
+    let mem = oncpu.mem();
+    oncpu.vmstat().count(oncpu.id(), Event::THP_SPLIT_PMD, 1);
+    let old = ptl.get_and_clear();
+    oncpu.flush_tlb_range(mm, haddr, haddr + PMD_SIZE, crate::pgtable::PMD_SHIFT);
+    let folio = Folio(old.pfn());
+    if old.dirty() {
+        crate::filemap::folio_mark_dirty(mem, folio);
+    }
+    if old.young() {
+        folio.head(mem).set(pg::REFERENCED);
+    }
+    rmap::folio_remove_rmap_pmd(mem, folio, mm.id, oncpu.id());
+    folio.put(mem, oncpu.id());
+    mm.add_rss(MmCounter::FilePages, -(HPAGE_PMD_NR as i64));
+}
+
+/// `do_set_pmd`: map a PMD-sized page-cache folio by the fault's empty
+/// PMD, if the VMA may (no `MADV_NOHUGEPAGE`; the THP knobs do not
+/// matter: the folio is there already) and the folio's offset agrees
+/// with the address modulo PMD_SIZE. Consumes the caller's reference.
+/// Fallback: map by PTEs instead. (The kernel also takes the faulting
+/// page, for its rmap call; a PMD maps the folio from its head.)
+pub fn do_set_pmd(vmf: &mut VmFault<'_>, folio: Folio) -> VmFaultResult {
+    let (oncpu, mm, vma) = (vmf.oncpu, vmf.mm, vmf.vma);
+    let mem = oncpu.mem();
+    let haddr = vmf.address & PMD_MASK;
+    if vma.flags() & crate::mm::vma::VM_NOHUGEPAGE != 0 {
+        return VmFaultResult::Fallback;
+    }
+    if !crate::memory::thp_vma_suitable_order(vma, haddr, HPAGE_PMD_ORDER)
+        || folio.order(mem) != HPAGE_PMD_ORDER
+    {
+        return VmFaultResult::Fallback;
+    }
+    // The folio's first page must be the one mapped at haddr.
+    if vma.address_of(mem.page(folio.pfn()).index.load(Ordering::Relaxed)) != Some(haddr) {
+        return VmFaultResult::Fallback;
+    }
+    let mut ptl = mm.pmd_lock(vmf.pmd);
+    if !ptl.get().none() {
+        return VmFaultResult::Raced;
+    }
+    let mut pmd = Pmd::huge(folio.pfn(), vma.page_prot());
+    if vmf.flags.write() {
+        pmd = pmd.mkdirty();
+        if vma.flags() & crate::mm::vma::VM_WRITE != 0 {
+            pmd = pmd.mkwrite();
+        }
+    }
+    mm.add_rss(MmCounter::FilePages, HPAGE_PMD_NR as i64);
+    rmap::folio_add_file_rmap_pmd(mem, folio, mm.id);
+    ptl.set(pmd);
+    drop(ptl);
+    oncpu.vmstat().count(oncpu.id(), Event::THP_FILE_MAPPED, 1);
+    VmFaultResult::Done
+}
+
+/// What [`filemap_map_pmd`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MapPmd {
+    /// The PMD maps a folio now (this one, or another a racing fault
+    /// mapped): the fault is done.
+    Mapped,
+    /// Map by PTEs: the PMD holds a PTE table if it can.
+    Ptes,
+}
+
+/// `filemap_map_pmd`: fault-around's first folio over an empty PMD: a
+/// PMD-sized one is mapped by the PMD (with a reference of its own);
+/// otherwise the PMD gets its PTE table (`pmd_install` of the table
+/// `do_fault_around` preallocated).
+pub fn filemap_map_pmd(vmf: &mut VmFault<'_>, folio: Folio) -> MapPmd {
+    let (oncpu, mm) = (vmf.oncpu, vmf.mm);
+    let mem = oncpu.mem();
+    let pmd = mm.pmd_get(vmf.pmd);
+    if pmd.trans_huge() {
+        return MapPmd::Mapped;
+    }
+    if pmd.none() && folio.order(mem) == HPAGE_PMD_ORDER {
+        folio.get(mem);
+        if do_set_pmd(vmf, folio) == VmFaultResult::Done {
+            return MapPmd::Mapped;
+        }
+        folio.put(mem, oncpu.id());
+    }
+    if mm.pmd_get(vmf.pmd).none() {
+        // A failed allocation leaves the PMD empty: nothing is mapped.
+        let _ = mm.pte_alloc(vmf.pmd, oncpu.id(), new_pte_tracking(oncpu));
+    }
+    MapPmd::Ptes
 }
 
 /// The migration-entry half of `__split_huge_pmd_locked`: the deposited

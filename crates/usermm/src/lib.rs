@@ -15,15 +15,17 @@
 //! 2. Page tables: [`pgtable`] (x86-64 four-level tables held in frames,
 //!    the guards that reach their entries, the page walker).
 //! 3. Address spaces: [`mm`] (mm_struct, VMAs, mmap_lock, and the policy
-//!    and NUMA-scan state they carry).
+//!    and NUMA-scan state they carry), [`fs`] (inodes, the page cache's
+//!    index and mappings of each, open files).
 //! 4. Reverse mapping: [`rmap`] (anon_vma and the folio rmap counters).
 //! 5. CPUs: [`cpu`] (software TLBs and shootdowns), [`sched`] (kernel
 //!    threads on those CPUs).
 //! 6. The machine: [`machine`] (a machine's data and knobs, and the
 //!    handle through which a thread runs as one of its CPUs).
 //! 7. Operations: [`fault`] (the fault entry), [`memory`] (faults, zap,
-//!    copy), [`huge_memory`], [`mmu_gather`], [`mmap`], [`fork`],
-//!    [`mprotect`], [`madvise`], [`swap`] (the LRU batches, lazyfree,
+//!    copy), [`filemap`] (the page cache: reads, readahead, fault-around,
+//!    writeback, truncation), [`huge_memory`], [`mmu_gather`], [`mmap`], [`fork`],
+//!    [`mprotect`], [`msync`], [`madvise`], [`swap`] (the LRU batches, lazyfree,
 //!    isolation), [`migrate`] (page migration, `move_pages`) with
 //!    [`rmap_walk`] and [`tlbbatch`] (the batched unmap flush),
 //!    [`mempolicy`] (`mbind`, `set_mempolicy`), [`numa_balancing`],
@@ -47,6 +49,7 @@ pub mod vmstat;
 
 pub use errno::{Errno, KResult};
 pub mod cpu;
+pub mod fs;
 pub mod machine;
 pub mod mm;
 pub mod pgtable;
@@ -56,6 +59,7 @@ pub mod sched;
 pub use machine::{Machine, MachineConfig, OnCpu, ThpMode};
 pub mod check;
 pub mod fault;
+pub mod filemap;
 pub mod fork;
 pub mod huge_memory;
 pub mod init;
@@ -68,6 +72,7 @@ pub mod migrc;
 pub mod mmap;
 pub mod mmu_gather;
 pub mod mprotect;
+pub mod msync;
 pub mod numa_balancing;
 pub mod proc;
 pub mod pt_reclaim;

@@ -78,6 +78,11 @@ pub fn do_madvise(
                 if vma.flags() & VM_LOCKED != 0 {
                     return Err(Errno::EINVAL);
                 }
+                // madvise_free_single_vma: lazyfree is for anonymous
+                // memory only (the VMAs before this one were done).
+                if advice == MADV_FREE && !vma.is_anonymous() {
+                    return Err(Errno::EINVAL);
+                }
                 let s = start.max(vma.start());
                 let e = end.min(vma.end());
                 freed_ptes |= match advice {
@@ -154,6 +159,7 @@ fn madvise_dontneed_single_vma(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64
     let details = memory::ZapDetails {
         drop_markers: false,
         reclaim_pt: design == PtReclaim::Upstream,
+        mapping: None,
     };
     let freed = zap_page_range_single(oncpu, mm, start, end, &details);
     if design == PtReclaim::PteRef {

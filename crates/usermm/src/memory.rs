@@ -38,7 +38,7 @@ use crate::errno::{Errno, KResult};
 use crate::huge_memory;
 use crate::machine::{OnCpu, ThpMode};
 use crate::mm::mmap_lock::MmLockSeq;
-use crate::mm::vma::{VM_HUGEPAGE, VM_MAYWRITE, VM_NOHUGEPAGE, VM_SHARED, VM_WRITE};
+use crate::mm::vma::{VM_HUGEPAGE, VM_MAYSHARE, VM_MAYWRITE, VM_NOHUGEPAGE, VM_SHARED, VM_WRITE};
 use crate::mm::{Mm, MmCounter, Vma, NR_MM_COUNTERS};
 use crate::mmu_gather::MmuGather;
 use crate::pgtable::swapops::{Migration, SwpEntry, SwpKind};
@@ -111,6 +111,8 @@ pub enum VmFaultResult {
     Oom,
     /// No mapping allows the access (`VM_FAULT_SIGSEGV`).
     Sigsegv,
+    /// The page lies at or past the end of its file (`VM_FAULT_SIGBUS`).
+    Sigbus,
 }
 
 impl VmFaultResult {
@@ -127,6 +129,8 @@ impl From<Errno> for VmFaultResult {
     fn from(e: Errno) -> Self {
         if e == Errno::ENOMEM {
             VmFaultResult::Oom
+        } else if e == Errno::SIGBUS {
+            VmFaultResult::Sigbus
         } else {
             VmFaultResult::Sigsegv
         }
@@ -330,10 +334,17 @@ pub fn thp_vma_allowable_orders(oncpu: &OnCpu, vma: &Vma, mask: u32) -> u32 {
 }
 
 /// `thp_vma_suitable_order`: the naturally aligned block around `addr` lies
-/// inside the VMA.
+/// inside the VMA (and, in a file VMA, maps a naturally aligned block of
+/// the file).
 #[inline]
-fn thp_vma_suitable_order(vma: &Vma, addr: u64, order: u32) -> bool {
+pub fn thp_vma_suitable_order(vma: &Vma, addr: u64, order: u32) -> bool {
     let size = PAGE_SIZE << order;
+    // A file VMA's offsets must agree with its addresses modulo the size.
+    if !vma.is_anonymous()
+        && !((vma.start() >> PAGE_SHIFT) - vma.pgoff()).is_multiple_of(1 << order)
+    {
+        return false;
+    }
     let start = addr & !(size - 1);
     start >= vma.start() && start + size <= vma.end()
 }
@@ -442,6 +453,7 @@ fn __handle_mm_fault(vmf: &mut VmFault<'_>) -> VmFaultResult {
         return VmFaultResult::Raced;
     }
     if vmf.orig_pmd.none()
+        && vma.is_anonymous()
         && thp_vma_allowable_orders(oncpu, vma, 1 << HPAGE_PMD_ORDER) != 0
         && thp_vma_suitable_order(vma, vmf.address, HPAGE_PMD_ORDER)
     {
@@ -458,14 +470,27 @@ fn __handle_mm_fault(vmf: &mut VmFault<'_>) -> VmFaultResult {
         }
         if vmf.write() && !vmf.orig_pmd.write() {
             // wp_huge_pmd
-            let r = huge_memory::do_huge_pmd_wp_page(vmf);
-            if r != VmFaultResult::Fallback {
-                return r;
+            if vma.is_anonymous() {
+                let r = huge_memory::do_huge_pmd_wp_page(vmf);
+                if r != VmFaultResult::Fallback {
+                    return r;
+                }
+            } else {
+                // COW or write-notify is handled at the PTE level: the
+                // file PMD goes, and the fault maps again.
+                huge_memory::split_huge_pmd(oncpu, vmf.mm, vmf.pmd, vmf.address);
             }
             // Split: the PTE level handles the write.
         } else {
             return huge_pmd_set_accessed(vmf);
         }
+        vmf.orig_pmd = vmf.mm.pmd_get(vmf.pmd);
+    }
+    if !vma.is_anonymous() && vmf.orig_pmd.none() {
+        // do_pte_missing with no PTE table: the file fault allocates one
+        // only if it maps by PTEs.
+        vmf.orig_pte = Pte(0);
+        return do_fault(vmf);
     }
     if let Err(e) = vmf.mm.pte_alloc(
         vmf.pmd,
@@ -513,7 +538,11 @@ fn handle_pte_fault(vmf: &mut VmFault<'_>) -> VmFaultResult {
     vmf.orig_pte = pt.pte(idx);
     if vmf.orig_pte.none() {
         drop(pt);
-        return do_anonymous_page(vmf);
+        // do_pte_missing
+        if vmf.vma.is_anonymous() {
+            return do_anonymous_page(vmf);
+        }
+        return do_fault(vmf);
     }
     if !vmf.orig_pte.present() {
         drop(pt);
@@ -840,7 +869,12 @@ fn do_wp_page(vmf: &mut VmFault<'_>, mut pt: PteLocked<'_>) -> VmFaultResult {
         // is owed, on any write-protect fault).
         crate::migrc::migrc_flush_free_folios(oncpu, crate::vmstat::Event::MIGRC_FLUSH_WP_FAULT);
     }
-    if let Some(page) = page {
+    if vmf.vma.flags() & (VM_SHARED | VM_MAYSHARE) != 0 {
+        if let Some(page) = page {
+            return wp_page_shared(vmf, pt, mem.page_folio(page));
+        }
+    }
+    if let Some(page) = page.filter(|&p| mem.page_folio(p).test_anon(mem)) {
         let f = mem.page_folio(page);
         let reuse =
             folio::page_anon_exclusive(mem, page) || wp_can_reuse_anon_folio(oncpu, f, vmf.vma);
@@ -964,6 +998,12 @@ fn wp_page_copy(vmf: &mut VmFault<'_>, old: Option<Pfn>) -> VmFaultResult {
     match old {
         Some(old) => {
             let f = mem.page_folio(old);
+            if !f.test_anon(mem) {
+                // A private copy of a file page: the page leaves the file
+                // count for the anon one.
+                mm.add_rss(MmCounter::FilePages, -1);
+                mm.add_rss(MmCounter::AnonPages, 1);
+            }
             rmap::folio_remove_rmap_ptes(mem, f, old, 1, mm.id, oncpu.id());
             drop(pt);
             f.put(mem, oncpu.id());
@@ -978,13 +1018,400 @@ fn wp_page_copy(vmf: &mut VmFault<'_>, old: Option<Pfn>) -> VmFaultResult {
 }
 
 // ---------------------------------------------------------------------------
+// File faults
+
+/// `fault_around_bytes` (64 KiB by default): how much a read fault maps
+/// around itself of what the page cache holds.
+pub const FAULT_AROUND_PAGES: u64 = 16;
+
+/// `do_fault`: a fault on an empty PTE of a file mapping. A read maps
+/// what the cache holds around it; a write to a private mapping copies
+/// the file page into an anon one; a write to a shared one dirties the
+/// file page.
+fn do_fault(vmf: &mut VmFault<'_>) -> VmFaultResult {
+    if !vmf.write() {
+        do_read_fault(vmf)
+    } else if vmf.vma.flags() & VM_SHARED == 0 {
+        do_cow_fault(vmf)
+    } else {
+        do_shared_fault(vmf)
+    }
+}
+
+/// `vmf->pgoff`: the file page the faulting address maps.
+#[inline]
+fn vmf_pgoff(vmf: &VmFault<'_>) -> u64 {
+    vmf.vma.linear_page_index(vmf.address)
+}
+
+/// `do_fault_around`: map up to [`FAULT_AROUND_PAGES`] cached pages of
+/// the aligned window around the fault, inside the VMA and this PTE
+/// table. Returns whether the faulting page got mapped.
+fn do_fault_around(vmf: &mut VmFault<'_>) -> bool {
+    let nr = FAULT_AROUND_PAGES;
+    let pte_off = pgtable::pte_index(vmf.address) as u64;
+    let pgoff = vmf_pgoff(vmf);
+    // The fault's page in the VMA.
+    let vma_off = pgoff - vmf.vma.pgoff();
+    let from_pte = (pte_off & !(nr - 1)).max(pte_off - pte_off.min(vma_off));
+    let to_pte = (from_pte + nr)
+        .min(pgtable::PTRS_PER_TABLE as u64)
+        .min(pte_off + vmf.vma.pages() - vma_off)
+        - 1;
+    crate::filemap::filemap_map_pages(vmf, pgoff + from_pte - pte_off, pgoff + to_pte - pte_off)
+}
+
+/// `do_read_fault`.
+fn do_read_fault(vmf: &mut VmFault<'_>) -> VmFaultResult {
+    if FAULT_AROUND_PAGES > 1 && do_fault_around(vmf) {
+        return VmFaultResult::Done;
+    }
+    let ff = match __do_fault(vmf) {
+        Ok(ff) => ff,
+        Err(r) => return r,
+    };
+    let r = finish_fault(vmf, ff.folio, ff.page, None);
+    let mem = vmf.oncpu.mem();
+    ff.folio.unlock(mem);
+    if r != VmFaultResult::Done {
+        ff.folio.put(mem, vmf.oncpu.id());
+    }
+    r
+}
+
+/// `__do_fault`: the file page of the fault, locked, with a reference.
+fn __do_fault(vmf: &VmFault<'_>) -> Result<crate::filemap::FileFault, VmFaultResult> {
+    crate::filemap::filemap_fault(vmf.oncpu, vmf.vma, vmf_pgoff(vmf)).map_err(VmFaultResult::from)
+}
+
+/// `do_cow_fault`: a write to a missing page of a private file mapping
+/// gets an anon copy of the file page; the file page is not mapped.
+fn do_cow_fault(vmf: &mut VmFault<'_>) -> VmFaultResult {
+    let (oncpu, mm, vma) = (vmf.oncpu, vmf.mm, vmf.vma);
+    let mem = oncpu.mem();
+    if let Err(r) = vmf_anon_prepare(vmf) {
+        return r;
+    }
+    let Some(cow) =
+        crate::mempolicy::vma_alloc_folio(oncpu, mm, vma, vmf.address, 0, AllocFlags::NONE)
+    else {
+        return VmFaultResult::Oom;
+    };
+    let ff = match __do_fault(vmf) {
+        Ok(ff) => ff,
+        Err(r) => {
+            cow.put(mem, oncpu.id());
+            return r;
+        }
+    };
+    mem.copy_page(cow.pfn(), ff.page);
+    let r = finish_fault(vmf, cow, cow.pfn(), Some(()));
+    ff.folio.unlock(mem);
+    ff.folio.put(mem, oncpu.id());
+    if r != VmFaultResult::Done {
+        cow.put(mem, oncpu.id());
+    }
+    r
+}
+
+/// `do_shared_fault`: a write to a missing page of a shared file mapping
+/// maps the file page writable and dirty (`page_mkwrite`, then
+/// `fault_dirty_shared_page`).
+fn do_shared_fault(vmf: &mut VmFault<'_>) -> VmFaultResult {
+    let mem = vmf.oncpu.mem();
+    let ff = match __do_fault(vmf) {
+        Ok(ff) => ff,
+        Err(r) => return r,
+    };
+    // page_mkwrite (ext4's, through filemap_page_mkwrite): the folio is
+    // dirtied before it can be written.
+    crate::filemap::folio_mark_dirty(mem, ff.folio);
+    let r = finish_fault(vmf, ff.folio, ff.page, None);
+    ff.folio.unlock(mem);
+    if r != VmFaultResult::Done {
+        ff.folio.put(mem, vmf.oncpu.id());
+    }
+    r
+}
+
+/// `finish_fault`: map `page` of `folio` at the fault (the file page, or
+/// with `cow` the anon copy a private write made), consuming the fault's
+/// reference to it. A file folio that does not reach past the file's
+/// last page may be mapped whole: by the PMD if it is PMD-sized and the
+/// PMD empty (`do_set_pmd`), else by PTEs if it lies inside the VMA and
+/// this page table and all its PTEs are empty (6.18); otherwise one PTE.
+fn finish_fault(vmf: &mut VmFault<'_>, folio: Folio, page: Pfn, cow: Option<()>) -> VmFaultResult {
+    let (oncpu, mm, vma) = (vmf.oncpu, vmf.mm, vmf.vma);
+    let mem = oncpu.mem();
+    if vmf.speculative() {
+        return vmf.spf_abort(Event::SPF_ABORT_NO_SPECULATE);
+    }
+    let nr_folio = folio.nr_pages(mem);
+    let mut needs_fallback = cow.is_some();
+    if !needs_fallback {
+        let size_pages = vma.file().map_or(u64::MAX, |f| f.inode.size_pages());
+        let index = mem
+            .page(folio.pfn())
+            .index
+            .load(crate::sync::Ordering::Relaxed);
+        needs_fallback = size_pages < index + nr_folio;
+    }
+    if mm.pmd_get(vmf.pmd).none() {
+        if !needs_fallback && folio.order(mem) == HPAGE_PMD_ORDER {
+            let r = huge_memory::do_set_pmd(vmf, folio);
+            if r != VmFaultResult::Fallback {
+                return r;
+            }
+        }
+        if let Err(e) = mm.pte_alloc(
+            vmf.pmd,
+            oncpu.id(),
+            crate::pt_reclaim::new_pte_tracking(oncpu),
+        ) {
+            return e.into();
+        }
+    }
+    // The whole folio, or the one page.
+    let idx_in_folio = page - folio.pfn();
+    let (mut nr, mut first_page, mut addr) = (1u64, page, vmf.address);
+    if !needs_fallback && nr_folio > 1 {
+        let vma_off = vma.linear_page_index(vmf.address) - vma.pgoff();
+        let pte_off = pgtable::pte_index(vmf.address) as u64;
+        if vma_off >= idx_in_folio
+            && vma_off + (nr_folio - idx_in_folio) <= vma.pages()
+            && pte_off >= idx_in_folio
+            && pte_off + (nr_folio - idx_in_folio) <= pgtable::PTRS_PER_TABLE as u64
+        {
+            nr = nr_folio;
+            first_page = folio.pfn();
+            addr = vmf.address - (idx_in_folio << PAGE_SHIFT);
+        }
+    }
+    let mut pt = match vmf.pte_map_lock() {
+        Ok(pt) => pt,
+        Err(r) => return r,
+    };
+    let i0 = pgtable::pte_index(addr);
+    if nr > 1 && !(i0..i0 + nr as usize).all(|i| pt.pte(i).none()) {
+        // Someone mapped part of it: one page after all.
+        (nr, first_page, addr) = (1, page, vmf.address);
+    }
+    if nr == 1 && !pt.pte(vmf.pte_idx()).none() {
+        return VmFaultResult::Raced;
+    }
+    folio.ref_add(mem, nr as i32 - 1);
+    set_pte_range(
+        vmf,
+        &mut pt,
+        folio,
+        first_page,
+        nr as usize,
+        addr,
+        cow.is_some(),
+    );
+    let counter = if cow.is_some() {
+        MmCounter::AnonPages
+    } else {
+        MmCounter::FilePages
+    };
+    mm.add_rss(counter, nr as i64);
+    VmFaultResult::Done
+}
+
+/// `set_pte_range`: map `nr` pages of `folio` from `page` at `addr`
+/// (the PTE lock held, the entries empty; the caller accounts RSS and
+/// has taken the references). A write maps writable and dirty; a read of
+/// a dirty folio through a writable shared entry maps it dirty; a `cow`
+/// page becomes a new anon folio of the VMA.
+fn set_pte_range(
+    vmf: &VmFault<'_>,
+    pt: &mut PteLocked<'_>,
+    folio: Folio,
+    page: Pfn,
+    nr: usize,
+    addr: u64,
+    cow: bool,
+) {
+    let (oncpu, vma) = (vmf.oncpu, vmf.vma);
+    let mem = oncpu.mem();
+    let mut entry = Pte::new(page, vma.page_prot());
+    if vmf.write() {
+        entry = entry.mkdirty();
+        if vma.flags() & VM_WRITE != 0 {
+            entry = entry.mkwrite();
+        }
+    } else if entry.write() && folio.head(mem).test(crate::phys::pg::DIRTY) {
+        entry = entry.mkdirty();
+    }
+    if cow {
+        debug_assert_eq!(nr, 1);
+        rmap::folio_add_new_anon_rmap(mem, folio, vma, addr, RmapFlags::EXCLUSIVE);
+        crate::swap::folio_add_lru_vma(mem, folio, vma, oncpu.id());
+    } else {
+        rmap::folio_add_file_rmap_ptes(mem, folio, page, nr as u64, vmf.mm.id);
+    }
+    pt.set_ptes(pgtable::pte_index(addr), entry, nr);
+}
+
+/// What [`filemap_map_folio_range`] did with one folio.
+pub struct MapRange {
+    /// Pages looked at (the miss count's hits).
+    pub looked: u64,
+    /// The faulting page got mapped.
+    pub mapped_fault: bool,
+    /// The PMD holds no PTE table: nothing more can be mapped.
+    pub table_gone: bool,
+}
+
+/// `filemap_map_folio_range` (and `filemap_map_order0_folio`): map the
+/// pages of the locked, cached folio `c` that fall in `[start, end]` of
+/// the file and whose PTEs are empty, by the fault's PMD's PTE table,
+/// read-only (or as `set_pte_range` says). A large folio that ends before
+/// the file's last page (`file_end`) and lies whole inside the VMA and
+/// one page table is mapped whole, beyond the window (6.18). One
+/// reference per PTE.
+pub fn filemap_map_folio_range(
+    vmf: &mut VmFault<'_>,
+    c: crate::fs::CachedFolio,
+    start: u64,
+    end: u64,
+    file_end: u64,
+) -> MapRange {
+    let (oncpu, vma, mm) = (vmf.oncpu, vmf.vma, vmf.mm);
+    let mem = oncpu.mem();
+    let (folio, index) = (c.folio, c.index);
+    let nr_folio = folio.nr_pages(mem);
+    let mut first = index.max(start);
+    let last_in_window = (index + nr_folio - 1).min(end);
+    let mut last = last_in_window;
+    let mut out = MapRange {
+        looked: 0,
+        mapped_fault: false,
+        table_gone: false,
+    };
+    if !pgtable::pmd_is_table(mm.pmd_get(vmf.pmd)) {
+        out.table_gone = true;
+        return out;
+    }
+    if nr_folio > 1 && file_end >= index + nr_folio {
+        if let (Some(a0), Some(a1)) = (vma.address_of(index), vma.address_of(index + nr_folio - 1))
+        {
+            if a0 & PMD_MASK_ == a1 & PMD_MASK_ {
+                first = index;
+                last = index + nr_folio - 1;
+            }
+        }
+    }
+    if first > last {
+        return out;
+    }
+    let Ok(mut pt) = vmf.pte_map_lock() else {
+        out.table_gone = true;
+        return out;
+    };
+    let fault_pgoff = vma.linear_page_index(vmf.address);
+    let mut mapped = 0u64;
+    let mut run_start: Option<u64> = None;
+    let mut map_run = |pt: &mut PteLocked<'_>, from: u64, to: u64| {
+        let n = to - from;
+        let addr = vma.address_of(from).expect("inside the VMA");
+        folio.ref_add(mem, n as i32);
+        set_pte_range(
+            vmf,
+            pt,
+            folio,
+            folio.pfn() + (from - index),
+            n as usize,
+            addr,
+            false,
+        );
+        mapped += n;
+        if (from..to).contains(&fault_pgoff) {
+            out.mapped_fault = true;
+        }
+    };
+    for pgoff in first..=last {
+        out.looked += 1;
+        let addr = vma.address_of(pgoff).expect("inside the VMA");
+        let empty = pt.pte(pgtable::pte_index(addr)).none();
+        match (empty, run_start) {
+            (true, None) => run_start = Some(pgoff),
+            (false, Some(s)) => {
+                map_run(&mut pt, s, pgoff);
+                run_start = None;
+            }
+            _ => {}
+        }
+    }
+    if let Some(s) = run_start {
+        map_run(&mut pt, s, last + 1);
+    }
+    drop(pt);
+    mm.add_rss(MmCounter::FilePages, mapped as i64);
+    out
+}
+
+const PMD_MASK_: u64 = !(PMD_SIZE - 1);
+
+/// `wp_page_shared`: a write to a present, write-protected page of a
+/// shared file mapping (its first since the folio was last cleaned):
+/// dirty the folio (`page_mkwrite`) and make the entry writable and dirty
+/// in place (`wp_page_reuse`).
+fn wp_page_shared(vmf: &mut VmFault<'_>, mut pt: PteLocked<'_>, folio: Folio) -> VmFaultResult {
+    let mem = vmf.oncpu.mem();
+    crate::filemap::folio_mark_dirty(mem, folio);
+    let orig = vmf.orig_pte;
+    pt.set_access_flags(vmf.pte_idx(), orig.mkyoung().mkdirty().mkwrite(), true);
+    VmFaultResult::Done
+}
+
+/// `unmap_mapping_range`: zap the pages `[first, last]` of a file in
+/// every VMA that maps them (`i_mmap`); with `even_cows`, private COW
+/// copies go too (truncation), else only the file's own pages.
+pub fn unmap_mapping_range(
+    oncpu: &OnCpu,
+    mapping: &crate::fs::AddressSpace,
+    first: u64,
+    last: u64,
+    even_cows: bool,
+) {
+    for vma in mapping.vmas_in(first, last) {
+        if vma.is_detached() {
+            continue;
+        }
+        let Some(mm) = oncpu.m.mm_by_id(vma.mm_id) else {
+            continue;
+        };
+        let s = vma
+            .address_of(first.max(vma.pgoff()))
+            .unwrap_or(vma.start());
+        let e = if last >= vma.last_pgoff() {
+            vma.end()
+        } else {
+            vma.address_of(last + 1).unwrap_or(vma.end())
+        };
+        if s >= e {
+            continue;
+        }
+        let details = ZapDetails {
+            drop_markers: false,
+            reclaim_pt: false,
+            mapping: (!even_cows).then_some(mapping.as_mapping_word()),
+        };
+        crate::swap::lru_add_drain(oncpu.mem(), oncpu.id());
+        let mut tlb = MmuGather::new(&mm);
+        unmap_page_range(oncpu, &mut tlb, s, e, &details);
+        tlb.finish(oncpu);
+    }
+}
+
+// ---------------------------------------------------------------------------
 // Zapping
 
 /// `struct zap_details`: what a zap removes besides the pages mapped.
 ///
-/// The kernel's `even_cows` is true on every path the model has (it is
-/// false only when a file's pages are unmapped from under private COW
-/// copies).
+/// The kernel's `even_cows` is false only when a file's pages are unmapped
+/// from under private COW copies ([`ZapDetails::mapping`]).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ZapDetails {
     /// `ZAP_FLAG_DROP_MARKER`: PTE markers go too. munmap and exit set it;
@@ -994,6 +1421,10 @@ pub struct ZapDetails {
     /// whole range (MADV_DONTNEED, when `pt_reclaim` is `upstream`; the
     /// kernel sets it there whenever it is built with `CONFIG_PT_RECLAIM`).
     pub reclaim_pt: bool,
+    /// `zap_details->mapping` without `even_cows`: only the pages of this
+    /// file's page cache (its mapping word) are zapped, and private anon
+    /// copies stay (`unmap_mapping_range` but for truncation).
+    pub mapping: Option<u64>,
 }
 
 impl ZapDetails {
@@ -1013,6 +1444,7 @@ pub fn unmap_vmas(oncpu: &OnCpu, tlb: &mut MmuGather, vmas: &[Arc<Vma>], start: 
     let details = ZapDetails {
         drop_markers: true,
         reclaim_pt: false,
+        mapping: None,
     };
     for vma in vmas {
         let s = start.max(vma.start());
@@ -1099,6 +1531,8 @@ struct ZapPteTable<'a, 'g> {
     pt: PteLocked<'a>,
     rss: [i64; NR_MM_COUNTERS],
     force_flush: bool,
+    /// The gather filled: the table is left before it is done, to flush.
+    force_break: bool,
     /// `any_skipped`: an entry of the range stays (a marker this zap may
     /// not drop), so the table is not empty afterwards.
     any_skipped: bool,
@@ -1143,6 +1577,7 @@ pub fn zap_pte_range(
             pt,
             rss: [0; NR_MM_COUNTERS],
             force_flush: false,
+            force_break: false,
             any_skipped: false,
         };
         while addr != end {
@@ -1159,7 +1594,7 @@ pub fn zap_pte_range(
             }
             let max_nr = ((end - addr) >> PAGE_SHIFT) as usize;
             addr += z.zap_present_ptes(idx, pte, max_nr, addr) << PAGE_SHIFT;
-            if z.force_flush {
+            if z.force_break {
                 // force_break: the PTE lock is dropped before the table
                 // is done.
                 reclaim.lock_dropped();
@@ -1267,6 +1702,11 @@ impl ZapPteTable<'_, '_> {
             return 1;
         };
         let folio = mem.page_folio(page);
+        // should_zap_folio: without even_cows, only the file's own pages.
+        if self.details.mapping.is_some() && folio.test_anon(mem) {
+            self.any_skipped = true;
+            return 1;
+        }
         let mut nr = 1;
         if max_nr != 1 && folio.is_large(mem) && self.oncpu.m.tunables.zap_batch() {
             let flags = FPB_IGNORE_DIRTY | FPB_IGNORE_SOFT_DIRTY;
@@ -1277,10 +1717,11 @@ impl ZapPteTable<'_, '_> {
     }
 
     /// `zap_present_folio_ptes`: clear `nr` PTEs mapping consecutive pages
-    /// of one anon folio, record one TLB range, remove the rmap once and
-    /// queue one folio fragment. (File folios would collect the dirty bits
-    /// and delay the rmap removal until after the flush; anon folios never
-    /// do.)
+    /// of one folio, record one TLB range, remove the rmap once and queue
+    /// one folio fragment. A file folio collects the entries' dirty bits
+    /// (a dirty one is marked dirty, and its rmap removal waits for the
+    /// TLB flush, so that no CPU can still write it once it may be
+    /// written back) and accessed bits; an anon folio needs neither.
     #[inline]
     fn zap_present_folio_ptes(
         &mut self,
@@ -1291,12 +1732,36 @@ impl ZapPteTable<'_, '_> {
         addr: u64,
     ) {
         let (oncpu, mem) = (self.oncpu, self.oncpu.mem());
-        self.pt.clear_full_ptes(idx, nr);
-        self.rss[MmCounter::AnonPages as usize] -= nr as i64;
+        let mut delay_rmap = false;
+        if folio.test_anon(mem) {
+            self.pt.clear_full_ptes(idx, nr);
+            self.rss[MmCounter::AnonPages as usize] -= nr as i64;
+        } else {
+            // get_and_clear_full_ptes: the bits of the whole batch.
+            let (mut dirty, mut young) = (false, false);
+            for i in idx..idx + nr {
+                let old = self.pt.get_and_clear(i);
+                dirty |= old.dirty();
+                young |= old.young();
+            }
+            if dirty {
+                crate::filemap::folio_mark_dirty(mem, folio);
+                // tlb_delay_rmap
+                delay_rmap = true;
+                self.force_flush = true;
+            }
+            if young {
+                crate::swap::folio_mark_accessed(mem, folio);
+            }
+            self.rss[MmCounter::FilePages as usize] -= nr as i64;
+        }
         self.tlb.remove_tlb_entries(addr, nr as u64);
-        rmap::folio_remove_rmap_ptes(mem, folio, page, nr as u64, self.tlb.mm.id, oncpu.id());
-        if self.tlb.remove_folio_pages(page, nr as u64, false) {
+        if !delay_rmap {
+            rmap::folio_remove_rmap_ptes(mem, folio, page, nr as u64, self.tlb.mm.id, oncpu.id());
+        }
+        if self.tlb.remove_folio_pages(page, nr as u64, delay_rmap) {
             self.force_flush = true;
+            self.force_break = true;
         }
     }
 }
@@ -1385,8 +1850,9 @@ pub fn is_cow_mapping(flags: u64) -> bool {
     flags & (VM_SHARED | VM_MAYWRITE) == VM_MAYWRITE
 }
 
-/// `vma_needs_copy`: anonymous memory that was never written has no pages to
-/// share (its zero-page entries are refaulted in the child).
+/// `vma_needs_copy`: a VMA without an anon_vma has no page that faults
+/// could not bring back: anonymous memory never written (zero-page
+/// entries) and file pages never copied are refaulted in the child.
 pub fn vma_needs_copy(src_vma: &Vma) -> bool {
     src_vma.anon_vma().is_some()
 }
@@ -1473,10 +1939,14 @@ impl CopyRange<'_> {
             src_mm,
             ..
         } = self;
-        if huge_memory::pmd_is_huge(src_mm.pmd_get(src_slot))
-            && huge_memory::copy_huge_pmd(oncpu, dst_mm, src_mm, dst_slot, src_slot)?
-        {
-            return Ok(());
+        if huge_memory::pmd_is_huge(src_mm.pmd_get(src_slot)) {
+            // A file VMA's huge PMDs are left to the child's faults.
+            if !self.src_vma.is_anonymous() {
+                return Ok(());
+            }
+            if huge_memory::copy_huge_pmd(oncpu, dst_mm, src_mm, dst_slot, src_slot)? {
+                return Ok(());
+            }
         }
         if src_mm.pmd_get(src_slot).none() {
             return Ok(());
@@ -1613,17 +2083,30 @@ impl CopyPteTable<'_> {
                 nr, any_writable, ..
             } = folio_pte_batch(mem, folio, &self.src, idx, pte, max_nr, flags);
             folio.ref_add(mem, nr as i32);
-            rmap::folio_dup_anon_rmap_ptes(mem, folio, page, nr as u64, self.range.dst_mm.id);
-            self.rss[MmCounter::AnonPages as usize] += nr as i64;
+            self.dup_rmap(folio, page, nr);
             let pte = if any_writable { pte.mkwrite() } else { pte };
             self.__copy_present_ptes(idx, pte, nr);
             return nr;
         }
         folio.get(mem);
-        rmap::folio_dup_anon_rmap_ptes(mem, folio, page, 1, self.range.dst_mm.id);
-        self.rss[MmCounter::AnonPages as usize] += 1;
+        self.dup_rmap(folio, page, 1);
         self.__copy_present_ptes(idx, pte, 1);
         1
+    }
+
+    /// The child maps `nr` pages of `folio` from `page` too: the rmap
+    /// dup of an anon or a page-cache folio, and the child's RSS.
+    #[inline]
+    fn dup_rmap(&mut self, folio: Folio, page: Pfn, nr: usize) {
+        let mem = self.range.oncpu.mem();
+        let dst = self.range.dst_mm.id;
+        if folio.test_anon(mem) {
+            rmap::folio_dup_anon_rmap_ptes(mem, folio, page, nr as u64, dst);
+            self.rss[MmCounter::AnonPages as usize] += nr as i64;
+        } else {
+            rmap::folio_dup_file_rmap_ptes(mem, folio, page, nr as u64, dst);
+            self.rss[MmCounter::FilePages as usize] += nr as i64;
+        }
     }
 
     /// `__copy_present_ptes`: write-protect the parent's `nr` entries if the
@@ -1667,6 +2150,7 @@ pub fn free_pgtables(
         // Hide the VMA from rmap walks before its tables go, as the
         // kernel's free_pgtables does.
         rmap::unlink_anon_vmas(vma);
+        crate::fs::unlink_file_vma(vma);
         let next = vmas.get(i + 1).map_or(ceiling, |n| n.start());
         // SAFETY: the VMAs are out of the tree and now out of the rmap, and
         // the caller holds mmap_lock, so no fault, walk or rmap walk can

@@ -102,6 +102,7 @@ struct VmaMergeStruct<'a> {
     flags: VmFlags,
     policy: Option<&'a Arc<crate::mempolicy::Mempolicy>>,
     anon_vma: Option<&'a Arc<AnonVma>>,
+    file: Option<&'a Arc<crate::fs::File>>,
 }
 
 impl VmaMergeStruct<'_> {
@@ -118,9 +119,12 @@ fn vma_had_uncowed_parents(vma: Option<&Arc<Vma>>) -> bool {
     vma.is_some_and(|v| v.anon_vma().is_some() && v.anon_vma_chain.lock().len() != 1)
 }
 
-/// `is_mergeable_vma`: the same flags and the same NUMA policy.
+/// `is_mergeable_vma`: the same flags, the same file and the same NUMA
+/// policy.
 fn is_mergeable_vma(vmg: &VmaMergeStruct<'_>, tgt: &Vma) -> bool {
-    tgt.flags() == vmg.flags && tgt.policy().map(|p| &**p) == vmg.policy.map(|p| &**p)
+    tgt.flags() == vmg.flags
+        && tgt.file().map(Arc::as_ptr) == vmg.file.map(Arc::as_ptr)
+        && tgt.policy().map(|p| &**p) == vmg.policy.map(|p| &**p)
 }
 
 /// `is_mergeable_anon_vma`: the range may join `tgt` if one of them has no
@@ -187,15 +191,21 @@ fn vma_dup_policy(
         debug_assert!(below <= old.pgoff(), "{old:?} grown below page offset 0");
         old.pgoff() - below
     };
-    let vma = Arc::new(Vma::new(old.mm_id, start, end, flags, pgoff).with_policy(pol));
+    let vma = Arc::new(
+        Vma::new(old.mm_id, start, end, flags, pgoff)
+            .with_policy(pol)
+            .with_file(old.file().cloned()),
+    );
     crate::rmap::anon_vma_clone(&vma, old);
+    crate::fs::vma_link_file(&vma);
     vma
 }
 
 /// A VMA left the tree for good (replaced, merged away or unmapped):
-/// `unlink_anon_vmas` + `vma_mark_detached`.
+/// `unlink_anon_vmas` + `unlink_file_vma` + `vma_mark_detached`.
 pub(crate) fn vma_retire(vma: &Vma) {
     crate::rmap::unlink_anon_vmas(vma);
+    crate::fs::unlink_file_vma(vma);
     vma.mark_detached();
 }
 
@@ -504,6 +514,7 @@ fn vma_modify(
         flags,
         policy: pol.as_ref(),
         anon_vma: vma.anon_vma(),
+        file: vma.file(),
     };
     if let Some(merged) = vma_merge_existing_range(oncpu, mm, tree, &vmg) {
         return Ok(merged);
@@ -535,7 +546,15 @@ fn vma_modify(
     Ok(new)
 }
 
-/// `do_mmap` for anonymous memory. Returns the address of the mapping.
+/// What `mmap(2)` maps: anonymous memory, or `file` from byte `off`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MmapSource<'a> {
+    pub file: Option<&'a Arc<crate::fs::File>>,
+    /// The offset in the file, in bytes (page-aligned).
+    pub off: u64,
+}
+
+/// `do_mmap`. Returns the address of the mapping.
 pub fn do_mmap(
     oncpu: &OnCpu,
     mm: &Arc<Mm>,
@@ -543,11 +562,21 @@ pub fn do_mmap(
     len: u64,
     prot: u32,
     flags: u32,
+    src: MmapSource<'_>,
 ) -> KResult<u64> {
-    // ksys_mmap_pgoff looks the file up before do_mmap looks at the length.
-    if flags & MAP_ANONYMOUS == 0 {
-        return Err(Errno::EBADF);
+    // The x86 entry refuses an offset within a page before anything else;
+    // ksys_mmap_pgoff then looks the file up before do_mmap looks at the
+    // length.
+    if src.off & !PAGE_MASK != 0 {
+        return Err(Errno::EINVAL);
     }
+    let file = if flags & MAP_ANONYMOUS != 0 {
+        None
+    } else {
+        Some(src.file.ok_or(Errno::EBADF)?)
+    };
+    // An anonymous mapping's offset is its address (set below).
+    let pgoff = src.off >> PAGE_SHIFT;
     if len == 0 {
         return Err(Errno::EINVAL);
     }
@@ -561,6 +590,10 @@ pub fn do_mmap(
         addr = MMAP_MIN_ADDR;
     }
     let len = page_align(len).filter(|&l| l != 0).ok_or(Errno::ENOMEM)?;
+    // The page offset must not wrap.
+    if file.is_some() && pgoff.checked_add(len >> PAGE_SHIFT).is_none() {
+        return Err(Errno::EOVERFLOW);
+    }
     let guard = mm.mmap_lock.write();
     let mut tree = mm.vma_tree_draft();
     // Tested before the mapping is made, which may merge: an address space
@@ -568,24 +601,35 @@ pub fn do_mmap(
     if tree.len() > MAX_MAP_COUNT {
         return Err(Errno::ENOMEM);
     }
-    let addr = get_unmapped_area(&tree, addr, len, flags)?;
+    let addr = match file {
+        Some(_) => thp_get_unmapped_area(&tree, addr, len, src.off, flags)?,
+        None => get_unmapped_area(&tree, addr, len, flags)?,
+    };
     let (found, prev) = tree.find_vma_prev(addr);
     let overlaps = found.is_some_and(|v| v.start() < addr + len);
     let (mut next, mut prev) = (found.cloned(), prev.cloned());
     if flags & MAP_FIXED_NOREPLACE != 0 && overlaps {
         return Err(Errno::EEXIST);
     }
-    // The mapping type of anonymous memory, after the collision check as
-    // in do_mmap: MAP_SHARED_VALIDATE and unknown types are EINVAL there
-    // too. Shared anonymous memory (shmem) is not modelled: it is refused
-    // with EOPNOTSUPP, where the kernel would map it.
-    match flags & MAP_TYPE {
-        MAP_PRIVATE => {}
-        MAP_SHARED => return Err(Errno::EOPNOTSUPP),
-        _ => return Err(Errno::EINVAL),
-    }
-    let oc = &oncpu.m.overcommit;
     let mut vm_flags = calc_vm_prot_bits(prot) | VM_MAYREAD | VM_MAYWRITE | VM_MAYEXEC;
+    match file {
+        Some(f) => vm_flags = mmap_file_flags(f, prot, flags, vm_flags)?,
+        // The mapping type of anonymous memory, after the collision check
+        // as in do_mmap: MAP_SHARED_VALIDATE and unknown types are EINVAL
+        // there too. Shared anonymous memory (shmem) is not modelled yet:
+        // it is refused with EOPNOTSUPP, where the kernel would map it.
+        None => match flags & MAP_TYPE {
+            MAP_PRIVATE => {}
+            MAP_SHARED => return Err(Errno::EOPNOTSUPP),
+            _ => return Err(Errno::EINVAL),
+        },
+    }
+    let pgoff = if file.is_some() {
+        pgoff
+    } else {
+        addr >> PAGE_SHIFT
+    };
+    let oc = &oncpu.m.overcommit;
     // MAP_NORESERVE is honoured only where overcommit is allowed.
     if flags & MAP_NORESERVE != 0 && oc.mode() != OvercommitMode::Never {
         vm_flags |= VM_NORESERVE;
@@ -633,14 +677,17 @@ pub fn do_mmap(
         next: next.as_ref(),
         start: addr,
         end: addr + len,
-        pgoff: addr >> PAGE_SHIFT,
+        pgoff,
         flags: vm_flags,
         policy: None,
         anon_vma: None,
+        file,
     };
     if vma_merge_new_range(&mut tree, &vmg).is_none() {
-        let new = Vma::new(mm.id, addr, addr + len, vm_flags, addr >> PAGE_SHIFT);
-        tree.insert(Arc::new(new));
+        let new =
+            Arc::new(Vma::new(mm.id, addr, addr + len, vm_flags, pgoff).with_file(file.cloned()));
+        crate::fs::vma_link_file(&new);
+        tree.insert(new);
     }
     mm.vma_tree_publish(&mut tree, &crate::sync::epoch::pin());
     mm.total_vm.fetch_add(len >> PAGE_SHIFT, Ordering::Relaxed);
@@ -651,6 +698,115 @@ pub fn do_mmap(
         let _ = populate_range(oncpu, mm, addr, addr + len, write);
     }
     Ok(addr)
+}
+
+/// The flags of a file mapping, as `do_mmap` checks the mapping type
+/// against how the file was opened: a shared mapping that may be written
+/// needs a file open for writing (EACCES), and one of a file that is not
+/// is made private in all but name (no `VM_SHARED`, no `VM_MAYWRITE`);
+/// every mapping needs the file open for reading.
+fn mmap_file_flags(
+    file: &crate::fs::File,
+    prot: u32,
+    flags: u32,
+    mut vm_flags: VmFlags,
+) -> KResult<VmFlags> {
+    // LEGACY_MAP_MASK: what MAP_SHARED_VALIDATE accepts (no MAP_SYNC: the
+    // model's filesystems have no DAX).
+    const LEGACY_MAP_MASK: u32 = MAP_SHARED
+        | MAP_PRIVATE
+        | MAP_FIXED
+        | MAP_ANONYMOUS
+        | 0x0800 // MAP_DENYWRITE
+        | 0x1000 // MAP_EXECUTABLE
+        | 0x0100 // MAP_GROWSDOWN
+        | 0x2000 // MAP_LOCKED
+        | MAP_NORESERVE
+        | MAP_POPULATE
+        | 0x10000 // MAP_NONBLOCK
+        | 0x20000 // MAP_STACK
+        | 0x40000; // MAP_HUGETLB
+    let shared = match flags & MAP_TYPE {
+        MAP_SHARED => true,
+        MAP_SHARED_VALIDATE => {
+            if flags & !(LEGACY_MAP_MASK | MAP_FIXED_NOREPLACE | MAP_SHARED_VALIDATE) != 0 {
+                return Err(Errno::EOPNOTSUPP);
+            }
+            true
+        }
+        MAP_PRIVATE => false,
+        _ => return Err(Errno::EINVAL),
+    };
+    if shared {
+        if prot & PROT_WRITE != 0 && !file.f_mode.write {
+            return Err(Errno::EACCES);
+        }
+        vm_flags |= VM_SHARED | VM_MAYSHARE;
+        if !file.f_mode.write {
+            vm_flags &= !(VM_MAYWRITE | VM_SHARED);
+        }
+    }
+    if !file.f_mode.read {
+        return Err(Errno::EACCES);
+    }
+    Ok(vm_flags)
+}
+
+/// `thp_get_unmapped_area` (ext4's `get_unmapped_area`): a mapping that can
+/// hold a whole PMD-aligned extent of the file is placed so that file
+/// offsets and addresses agree modulo PMD_SIZE, found by looking for the
+/// length plus a PMD and moving up into that room
+/// (`__thp_get_unmapped_area`); otherwise, or where no such room is, as
+/// any mapping.
+fn thp_get_unmapped_area(
+    tree: &VmaTree,
+    addr: u64,
+    len: u64,
+    off: u64,
+    flags: u32,
+) -> KResult<u64> {
+    if flags & MAP_FIXED == 0 {
+        let off_end = off + len;
+        let off_align = off.next_multiple_of(PMD_SIZE);
+        if off_end > off_align && off_end - off_align >= PMD_SIZE {
+            let len_pad = len + PMD_SIZE;
+            if let Ok(ret) = get_unmapped_area_plain(tree, addr, len_pad, flags) {
+                // A free hint is taken as it is.
+                if ret == addr {
+                    return Ok(addr);
+                }
+                let off_sub = off.wrapping_sub(ret) & (PMD_SIZE - 1);
+                // Top-down: an aligned start moves up by a whole PMD.
+                return Ok(if off_sub == 0 {
+                    ret + PMD_SIZE
+                } else {
+                    ret + off_sub
+                });
+            }
+        }
+    }
+    get_unmapped_area_plain(tree, addr, len, flags)
+}
+
+/// `mm_get_unmapped_area` without the anonymous THP alignment.
+fn get_unmapped_area_plain(tree: &VmaTree, addr: u64, len: u64, flags: u32) -> KResult<u64> {
+    if len > TASK_SIZE {
+        return Err(Errno::ENOMEM);
+    }
+    if flags & MAP_FIXED != 0 {
+        return get_unmapped_area(tree, addr, len, flags);
+    }
+    if addr != 0 {
+        let a = addr & PAGE_MASK;
+        if a <= TASK_SIZE - len
+            && a >= MMAP_MIN_ADDR
+            && tree.find_vma_intersection(a, a + len).is_none()
+        {
+            return Ok(a);
+        }
+    }
+    tree.unmapped_area_topdown(len, MMAP_MIN_ADDR, MMAP_BASE)
+        .ok_or(Errno::ENOMEM)
 }
 
 /// `accountable_mapping`: private writable memory that may not overcommit
@@ -705,7 +861,7 @@ pub fn populate_range(
         };
         match memory::handle_mm_fault(oncpu, mm, &vma, addr, flags) {
             VmFaultResult::Oom => return Err(Errno::ENOMEM),
-            VmFaultResult::Sigsegv => return Err(Errno::EFAULT),
+            VmFaultResult::Sigsegv | VmFaultResult::Sigbus => return Err(Errno::EFAULT),
             // A race: fault the same page again.
             VmFaultResult::Raced => continue,
             _ => {}

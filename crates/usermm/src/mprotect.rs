@@ -105,9 +105,11 @@ fn mprotect_fixup(
             oc.vm_enough_memory(Some(mm.total_vm.load(Ordering::Relaxed)), charged)?;
             newflags |= VM_ACCOUNT;
         }
-    } else if oldflags & VM_ACCOUNT != 0 && vma.anon_vma().is_none() {
+    } else if oldflags & VM_ACCOUNT != 0 && vma.is_anonymous() && vma.anon_vma().is_none() {
         // Since v6.2, an anonymous mapping made read-only before it ever
         // faulted gives its charge back: it has no private pages to keep.
+        // A file mapping keeps it (it may hold private copies of file
+        // pages later, which the charge stands for).
         newflags &= !VM_ACCOUNT;
     }
     let vma = match vma_modify_flags(oncpu, mm, tree, start, end, newflags) {
@@ -187,6 +189,20 @@ impl ChangeProt<'_, '_> {
     }
 
     /// `change_pte_range`.
+    /// `can_change_pte_writable`: in a private mapping, an exclusive anon
+    /// page; in a shared one (whose entries start read-only for
+    /// write-notify), a page already dirty, whose write was seen.
+    fn can_change_pte_writable(
+        &self,
+        mem: &crate::phys::PhysMem,
+        pte: crate::pgtable::Pte,
+    ) -> bool {
+        if self.vma.flags() & crate::mm::vma::VM_SHARED != 0 {
+            return pte.dirty();
+        }
+        folio::page_anon_exclusive(mem, pte.pfn())
+    }
+
     fn change_pte_range(&mut self, slot: PmdSlot, start: u64, end: u64) {
         let mem = self.oncpu.mem();
         let Some(mut pt) = self.tlb.mm.pte_offset_map_lock(slot) else {
@@ -208,9 +224,8 @@ impl ChangeProt<'_, '_> {
                     && !new.write()
                     && !old.special()
                     && !new.protnone()
-                    && folio::page_anon_exclusive(mem, old.pfn())
+                    && self.can_change_pte_writable(mem, old)
                 {
-                    // can_change_pte_writable: an exclusive anon page.
                     new = new.mkwrite();
                 }
                 pt.modify_prot_commit(idx, new);

@@ -514,7 +514,25 @@ pub fn folio_add_anon_rmap_ptes(
     mm_id: u64,
     flags: RmapFlags,
 ) {
-    let exclusive = flags.contains(RmapFlags::EXCLUSIVE);
+    folio_add_anon_rmap_ptes_inner(
+        mem,
+        folio,
+        page,
+        nr,
+        mm_id,
+        flags.contains(RmapFlags::EXCLUSIVE),
+    );
+}
+
+/// `__folio_add_rmap` for `nr` PTEs, anon or file.
+fn folio_add_anon_rmap_ptes_inner(
+    mem: &PhysMem,
+    folio: Folio,
+    page: Pfn,
+    nr: u64,
+    mm_id: u64,
+    exclusive: bool,
+) {
     debug_assert!(
         page >= folio.pfn() && page + nr <= folio.pfn() + folio.nr_pages(mem),
         "rmap batch leaves its folio"
@@ -536,7 +554,7 @@ pub fn folio_add_anon_rmap_ptes(
             first = 0; // already counted as mapped through the PMD
         }
     }
-    mem.mod_node_state(NodeStat::NR_ANON_MAPPED, first);
+    mem.mod_node_state(mapped_stat(mem, folio), first);
 }
 
 /// `folio_try_dup_anon_rmap_ptes` (fork): the child maps `page..page+nr`
@@ -557,6 +575,18 @@ pub fn folio_dup_anon_rmap_ptes(mem: &PhysMem, folio: Folio, page: Pfn, nr: u64,
         if d.test(pg::ANON_EXCLUSIVE) {
             d.clear(pg::ANON_EXCLUSIVE);
         }
+        let old = d.mapcount.fetch_add(1, Ordering::Relaxed);
+        debug_assert!(old >= 0, "page {p:#x}: dup of an unmapped page");
+    }
+    if folio.is_large(mem) {
+        folio_add_large_mapcount(mem, folio, nr as i32, dst_mm_id);
+    }
+}
+
+/// `folio_dup_file_rmap_ptes` (fork): the child maps `page..page+nr` of a
+/// page-cache folio too.
+pub fn folio_dup_file_rmap_ptes(mem: &PhysMem, folio: Folio, page: Pfn, nr: u64, dst_mm_id: u64) {
+    for (p, d) in (page..).zip(mem.pages(page, nr)) {
         let old = d.mapcount.fetch_add(1, Ordering::Relaxed);
         debug_assert!(old >= 0, "page {p:#x}: dup of an unmapped page");
     }
@@ -627,14 +657,58 @@ pub fn folio_remove_rmap_ptes(
             deferred_split_folio(mem, folio, cpu);
         }
     }
-    mem.mod_node_state(NodeStat::NR_ANON_MAPPED, -unmapped);
+    mem.mod_node_state(mapped_stat(mem, folio), -unmapped);
+}
+
+/// The node statistic that counts a folio's mapped pages
+/// (`__folio_mod_stat`): `NR_ANON_MAPPED` or `NR_FILE_MAPPED`.
+#[inline]
+fn mapped_stat(mem: &PhysMem, folio: Folio) -> NodeStat {
+    if folio.test_anon(mem) {
+        NodeStat::NR_ANON_MAPPED
+    } else {
+        NodeStat::NR_FILE_MAPPED
+    }
+}
+
+/// The statistic of a folio's PMD mappings: `NR_ANON_THPS` or
+/// `NR_FILE_PMDMAPPED`.
+#[inline]
+fn pmd_mapped_stat(mem: &PhysMem, folio: Folio) -> NodeStat {
+    if folio.test_anon(mem) {
+        NodeStat::NR_ANON_THPS
+    } else {
+        NodeStat::NR_FILE_PMDMAPPED
+    }
+}
+
+/// `folio_add_file_rmap_ptes`: `nr` PTE mappings of pages
+/// `page..page+nr` of a page-cache folio, in mm `mm_id` (fault-around,
+/// a file fault, fork's copy).
+pub fn folio_add_file_rmap_ptes(mem: &PhysMem, folio: Folio, page: Pfn, nr: u64, mm_id: u64) {
+    debug_assert!(!folio.test_anon(mem), "file rmap of an anon folio");
+    folio_add_anon_rmap_ptes_inner(mem, folio, page, nr, mm_id, false);
+}
+
+/// `folio_add_file_rmap_pmd` (`do_set_pmd`): one PMD maps the whole
+/// PMD-sized page-cache folio.
+pub fn folio_add_file_rmap_pmd(mem: &PhysMem, folio: Folio, mm_id: u64) {
+    debug_assert!(!folio.test_anon(mem), "file rmap of an anon folio");
+    folio_add_rmap_pmd_inner(mem, folio, mm_id);
 }
 
 /// `folio_add_anon_rmap_pmd`. A PMD mapping's PageAnonExclusive lives on
 /// the head page alone, as the kernel keeps it; splitting the PMD hands it
 /// to every page ([`folio_split_pmd_mapping`]).
 pub fn folio_add_anon_rmap_pmd(mem: &PhysMem, folio: Folio, mm_id: u64, flags: RmapFlags) {
-    let exclusive = flags.contains(RmapFlags::EXCLUSIVE);
+    folio_add_rmap_pmd_inner(mem, folio, mm_id);
+    if flags.contains(RmapFlags::EXCLUSIVE) {
+        set_page_anon_exclusive(mem, folio.pfn());
+    }
+}
+
+/// `__folio_add_rmap` for a PMD, anon or file.
+fn folio_add_rmap_pmd_inner(mem: &PhysMem, folio: Folio, mm_id: u64) {
     folio_add_large_mapcount(mem, folio, 1, mm_id);
     let head = folio.counters(mem);
     let nr = folio.nr_pages(mem) as i64;
@@ -642,11 +716,8 @@ pub fn folio_add_anon_rmap_pmd(mem: &PhysMem, folio: Folio, mm_id: u64, flags: R
         let before = head
             .nr_pages_mapped
             .fetch_add(ENTIRELY_MAPPED, Ordering::Relaxed);
-        mem.mod_node_state(NodeStat::NR_ANON_MAPPED, nr - (before & FOLIO_PAGES_MAPPED));
-        mem.mod_node_state(NodeStat::NR_ANON_THPS, nr);
-    }
-    if exclusive {
-        set_page_anon_exclusive(mem, folio.pfn());
+        mem.mod_node_state(mapped_stat(mem, folio), nr - (before & FOLIO_PAGES_MAPPED));
+        mem.mod_node_state(pmd_mapped_stat(mem, folio), nr);
     }
 }
 
@@ -661,8 +732,8 @@ pub fn folio_remove_rmap_pmd(mem: &PhysMem, folio: Folio, mm_id: u64, cpu: usize
             .fetch_sub(ENTIRELY_MAPPED, Ordering::Relaxed)
             - ENTIRELY_MAPPED;
         let unmapped = nr - after;
-        mem.mod_node_state(NodeStat::NR_ANON_MAPPED, -unmapped);
-        mem.mod_node_state(NodeStat::NR_ANON_THPS, -nr);
+        mem.mod_node_state(mapped_stat(mem, folio), -unmapped);
+        mem.mod_node_state(pmd_mapped_stat(mem, folio), -nr);
         // Partially mapped: some page is no longer mapped at all, and some
         // still is (by a PTE). A PMD split that maps every page by a PTE
         // first unmaps nothing, and queues nothing.

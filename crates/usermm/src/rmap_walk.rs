@@ -1,4 +1,5 @@
-//! The rmap walk of anonymous folios (mm/rmap.c's `rmap_walk_anon`) and
+//! The rmap walks of anonymous folios (mm/rmap.c's `rmap_walk_anon`) and
+//! of page-cache folios (`rmap_walk_file`), and
 //! the walk of one VMA's entries that may map a folio
 //! (mm/page_vma_mapped.c's `page_vma_mapped_walk`): every VMA that may map
 //! a folio, with its address space, and in each the PMD-level entries and
@@ -6,14 +7,15 @@
 //! (`try_to_migrate`, `remove_migration_ptes`) and reclaim
 //! (`folio_referenced`, `try_to_unmap`) walk with them.
 //!
-//! The walk holds the anon_vma's lock for reading throughout, so that no
-//! VMA it finds can be unlinked, and have its page tables freed, under it;
-//! the caller holds a reference to the anon_vma
-//! ([`crate::rmap::folio_get_anon_vma`]).
+//! The walk holds the anon_vma's lock (the file's `i_mmap` lock) for
+//! reading throughout, so that no VMA it finds can be unlinked, and have
+//! its page tables freed, under it; the caller holds a reference to the
+//! anon_vma ([`crate::rmap::folio_get_anon_vma`]), or the page-cache
+//! folio's lock, which keeps the file's address space alive.
 
 use crate::machine::OnCpu;
 use crate::mm::{AnonVma, Mm, Vma};
-use crate::pgtable::{PmdSlot, PteLocked, PMD_SIZE};
+use crate::pgtable::{PmdSlot, PteLocked, PteRead, PMD_SIZE};
 use crate::phys::{Folio, PhysMem, PAGE_SHIFT};
 use crate::rmap;
 use crate::sync::Arc;
@@ -131,4 +133,78 @@ pub fn page_vma_mapped_walk(
         }
     }
     true
+}
+
+/// `rmap_walk_file`: `f` is called for each VMA in the file's `i_mmap`
+/// whose range may hold a page of `folio` (cached at `index`), with the
+/// VMA's mm, the `i_mmap` lock held; it returns false to stop the walk.
+pub fn rmap_walk_file(
+    oncpu: &OnCpu,
+    mapping: &crate::fs::AddressSpace,
+    folio: Folio,
+    index: u64,
+    mut f: impl FnMut(&Arc<Mm>, &Vma) -> bool,
+) {
+    let last = index + folio.nr_pages(oncpu.mem()) - 1;
+    mapping.for_each_vma_in(index, last, |vma| match oncpu.m.mm_by_id(vma.mm_id) {
+        Some(mm) => f(&mm, vma),
+        None => true,
+    });
+}
+
+/// `folio_mkclean`: every shared mapping of a locked page-cache folio
+/// becomes clean and read-only, flushed from the TLBs, so that the next
+/// store through it faults (and dirties the folio again). Returns how
+/// many entries were dirty or writable.
+pub fn folio_mkclean(
+    oncpu: &OnCpu,
+    mapping: &crate::fs::AddressSpace,
+    folio: Folio,
+    index: u64,
+) -> u64 {
+    use crate::pgtable::entry::{_PAGE_DIRTY, _PAGE_RW};
+    let mem = oncpu.mem();
+    let mut cleaned = 0;
+    rmap_walk_file(oncpu, mapping, folio, index, |mm, vma| {
+        // invalid_mkclean_vma: only shared mappings write the file.
+        if vma.flags() & crate::mm::vma::VM_SHARED == 0 {
+            return true;
+        }
+        let at_pmd = |slot, run: PteRun| {
+            let mut ptl = mm.pmd_lock(slot);
+            let pmd = ptl.get();
+            if pmd.trans_huge() && pmd.pfn() == folio.pfn() && run.i == 0 {
+                if pmd.write() || pmd.dirty() {
+                    let old = ptl.invalidate();
+                    ptl.set(old.wrprotect().mkclean());
+                    drop(ptl);
+                    oncpu.flush_tlb_range(
+                        mm,
+                        run.addr,
+                        run.addr + PMD_SIZE,
+                        crate::pgtable::PMD_SHIFT,
+                    );
+                    cleaned += 1;
+                }
+                return AtPmd::Done;
+            }
+            AtPmd::Ptes
+        };
+        let mut flushes = Vec::new();
+        page_vma_mapped_walk(mem, mm, vma, folio, at_pmd, |pt, i, addr| {
+            let idx = crate::pgtable::pte_index(addr);
+            let pte = pt.pte(idx);
+            if pte.present() && pte.pfn() == folio.pfn() + i && (pte.write() || pte.dirty()) {
+                pt.clear_bits(idx, _PAGE_RW | _PAGE_DIRTY);
+                flushes.push(addr);
+            }
+            true
+        });
+        for addr in flushes {
+            oncpu.flush_tlb_page(mm, addr);
+            cleaned += 1;
+        }
+        true
+    });
+    cleaned
 }

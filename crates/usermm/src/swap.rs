@@ -124,6 +124,17 @@ pub fn folio_add_lru_vma(mem: &PhysMem, folio: Folio, _vma: &Vma, cpu: usize) {
     folio_add_lru(mem, folio, cpu);
 }
 
+/// `folio_mark_accessed`: a folio seen used (a young entry zapped, a
+/// page-cache lookup): referenced the first time. (The kernel activates
+/// an inactive folio seen referenced twice; the model leaves that to
+/// reclaim's look at the flag.)
+pub fn folio_mark_accessed(mem: &PhysMem, folio: Folio) {
+    let head = folio.head(mem);
+    if !head.test(pg::REFERENCED) {
+        head.set(pg::REFERENCED);
+    }
+}
+
 /// `folio_mark_lazyfree` (MADV_FREE): an anon, swap-backed folio is moved
 /// to the lazyfree list through this CPU's batch; `pglazyfree` counts it
 /// when the batch drains.

@@ -5,10 +5,26 @@ use crate::errno::KResult;
 use crate::machine::OnCpu;
 
 impl OnCpu<'_> {
-    /// `mmap(2)` (anonymous private memory).
+    /// `mmap(2)` of anonymous memory (a file mapping without a file is
+    /// EBADF).
     pub fn mmap(&self, addr: u64, len: u64, prot: u32, flags: u32) -> KResult<u64> {
+        self.mmap_file(addr, len, prot, flags, None, 0)
+    }
+
+    /// `mmap(2)`: `file` (its descriptor) from byte `off`, or anonymous
+    /// memory with `MAP_ANONYMOUS`.
+    pub fn mmap_file(
+        &self,
+        addr: u64,
+        len: u64,
+        prot: u32,
+        flags: u32,
+        file: Option<&crate::sync::Arc<crate::fs::File>>,
+        off: u64,
+    ) -> KResult<u64> {
         self.kernel_enter();
-        crate::mmap::do_mmap(self, &self.mm()?, addr, len, prot, flags)
+        let src = crate::mmap::MmapSource { file, off };
+        crate::mmap::do_mmap(self, &self.mm()?, addr, len, prot, flags, src)
     }
 
     /// `munmap(2)`.
@@ -21,6 +37,32 @@ impl OnCpu<'_> {
     pub fn mprotect(&self, addr: u64, len: u64, prot: u32) -> KResult<()> {
         self.kernel_enter();
         crate::mprotect::do_mprotect(self, &self.mm()?, addr, len, prot)
+    }
+
+    /// `msync(2)`.
+    pub fn msync(&self, addr: u64, len: u64, flags: u32) -> KResult<()> {
+        self.kernel_enter();
+        crate::msync::do_msync(self, &self.mm()?, addr, len, flags)
+    }
+
+    /// `ftruncate(2)` of an open file.
+    pub fn ftruncate(&self, file: &crate::fs::File, size: u64) -> KResult<()> {
+        self.kernel_enter();
+        crate::filemap::do_truncate(self, file, size)
+    }
+
+    /// `pwrite(2)` of `buf` at byte `pos` of an open file, through the page
+    /// cache.
+    pub fn pwrite(&self, file: &crate::fs::File, pos: u64, buf: &[u8]) -> KResult<usize> {
+        self.kernel_enter();
+        crate::filemap::generic_perform_write(self, file, pos, buf)
+    }
+
+    /// `fsync(2)` of an open file: its dirty pages written back.
+    pub fn fsync(&self, file: &crate::fs::File) -> KResult<()> {
+        self.kernel_enter();
+        crate::filemap::filemap_write_and_wait_range(self, &file.inode, 0, u64::MAX >> 12);
+        Ok(())
     }
 
     /// `madvise(2)`.

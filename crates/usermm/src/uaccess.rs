@@ -15,6 +15,7 @@ use crate::errno::{Errno, KResult};
 use crate::machine::OnCpu;
 use crate::memory::FaultFlags;
 use crate::pgtable::walk::{hw_walk_from, WalkFault, WalkStart};
+use crate::phys::{copy_from_frame, copy_to_frame};
 use crate::phys::{Pfn, PAGE_MASK, PAGE_SIZE};
 use crate::sync::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use crate::vmstat::Event;
@@ -308,70 +309,6 @@ impl OnCpu<'_> {
             a += PAGE_SIZE;
         }
         Ok(())
-    }
-}
-
-/// Copy `dst.len()` bytes of a frame, from `src`: 8-byte relaxed atomic
-/// loads between byte loads at the unaligned ends, so that an aligned word
-/// another CPU stores concurrently is read whole, as on x86. (Racing
-/// atomics of different sizes on one word, an 8-byte load here against a
-/// 1-byte store there, are outside Rust's memory model, as they already
-/// were between `load_u64` and `store_u8`; on x86 each is one plain move,
-/// and the hardware defines the result.)
-///
-/// # Safety
-///
-/// `src .. src + dst.len()` lies inside one live frame.
-unsafe fn copy_from_frame(src: *const u8, dst: &mut [u8]) {
-    let n = dst.len();
-    let head = (src.align_offset(8)).min(n);
-    let words = (n - head) / 8;
-    for (i, d) in dst[..head].iter_mut().enumerate() {
-        // SAFETY: inside the frame (the caller's promise).
-        *d = unsafe { AtomicU8::from_ptr(src.add(i) as *mut u8) }.load(Ordering::Relaxed);
-    }
-    let out = dst.as_mut_ptr();
-    for w in 0..words {
-        let at = head + w * 8;
-        // SAFETY: inside the frame, 8-aligned (head aligned it); `out + at`
-        // has 8 bytes of `dst` (words counts whole words left).
-        unsafe {
-            let v = AtomicU64::from_ptr(src.add(at) as *mut u64).load(Ordering::Relaxed);
-            std::ptr::write_unaligned(out.add(at) as *mut u64, v);
-        }
-    }
-    for (i, d) in dst.iter_mut().enumerate().skip(head + words * 8) {
-        // SAFETY: inside the frame.
-        *d = unsafe { AtomicU8::from_ptr(src.add(i) as *mut u8) }.load(Ordering::Relaxed);
-    }
-}
-
-/// Copy `src` into a frame at `dst`, as [`copy_from_frame`] reads.
-///
-/// # Safety
-///
-/// `dst .. dst + src.len()` lies inside one live frame.
-unsafe fn copy_to_frame(src: &[u8], dst: *mut u8) {
-    let n = src.len();
-    let head = (dst.align_offset(8)).min(n);
-    let words = (n - head) / 8;
-    for (i, &b) in src[..head].iter().enumerate() {
-        // SAFETY: inside the frame (the caller's promise).
-        unsafe { AtomicU8::from_ptr(dst.add(i)) }.store(b, Ordering::Relaxed);
-    }
-    let from = src.as_ptr();
-    for w in 0..words {
-        let at = head + w * 8;
-        // SAFETY: `from + at` has 8 bytes of `src`; the frame's side is
-        // inside it and 8-aligned.
-        unsafe {
-            let v = std::ptr::read_unaligned(from.add(at) as *const u64);
-            AtomicU64::from_ptr(dst.add(at) as *mut u64).store(v, Ordering::Relaxed);
-        }
-    }
-    for (i, &b) in src.iter().enumerate().skip(head + words * 8) {
-        // SAFETY: inside the frame.
-        unsafe { AtomicU8::from_ptr(dst.add(i)) }.store(b, Ordering::Relaxed);
     }
 }
 

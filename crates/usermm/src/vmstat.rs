@@ -39,6 +39,9 @@ counters! {
         PGALLOC => "pgalloc_normal",
         PGFREE => "pgfree",
         PGFAULT => "pgfault",
+        PGMAJFAULT => "pgmajfault",
+        THP_FILE_ALLOC => "thp_file_alloc",
+        THP_FILE_MAPPED => "thp_file_mapped",
         THP_FAULT_ALLOC => "thp_fault_alloc",
         THP_FAULT_FALLBACK => "thp_fault_fallback",
         THP_SPLIT_PMD => "thp_split_pmd",
@@ -108,6 +111,7 @@ counters! {
         SPF_ABORT_PTE_MAP_LOCK_PTL => "SPF_ABORT_PTE_MAP_LOCK_PTL",
         SPF_ABORT_PTE_MAP_LOCK_SEQ2 => "SPF_ABORT_PTE_MAP_LOCK_SEQ2",
         SPF_ABORT_NON_SWAP_ENTRY => "SPF_ABORT_NON_SWAP_ENTRY",
+        SPF_ABORT_NO_SPECULATE => "SPF_ABORT_NO_SPECULATE",
         SPF_ATTEMPT_ANON => "SPF_ATTEMPT_ANON",
         SPF_ATTEMPT_PTE => "SPF_ATTEMPT_PTE",
         SPF_ATTEMPT_WP => "SPF_ATTEMPT_WP",
@@ -150,6 +154,13 @@ counters! {
         NR_UNEVICTABLE => "nr_unevictable",
         NR_ISOLATED_ANON => "nr_isolated_anon",
         NR_ISOLATED_FILE => "nr_isolated_file",
+        NR_FILE_PAGES => "nr_file_pages",
+        NR_FILE_MAPPED => "nr_mapped",
+        NR_FILE_DIRTY => "nr_dirty",
+        NR_WRITEBACK => "nr_writeback",
+        NR_WRITTEN => "nr_written",
+        NR_FILE_THPS => "nr_file_hugepages",
+        NR_FILE_PMDMAPPED => "nr_file_pmdmapped",
         PGPROMOTE_SUCCESS => "pgpromote_success",
         PGPROMOTE_CANDIDATE => "pgpromote_candidate",
         PGPROMOTE_CANDIDATE_NRL => "pgpromote_candidate_nrl",
@@ -162,7 +173,9 @@ impl NodeStat {
     /// (`vmstat_item_print_in_thp`).
     pub fn print_unit(self) -> i64 {
         match self {
-            NodeStat::NR_ANON_THPS => crate::page_types::HPAGE_PMD_NR as i64,
+            NodeStat::NR_ANON_THPS | NodeStat::NR_FILE_THPS | NodeStat::NR_FILE_PMDMAPPED => {
+                crate::page_types::HPAGE_PMD_NR as i64
+            }
             _ => 1,
         }
     }

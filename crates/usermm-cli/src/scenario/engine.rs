@@ -16,6 +16,10 @@ pub struct EngineBackend {
     m: Arc<Machine>,
     procs: HashMap<String, Arc<Mm>>,
     cur: String,
+    /// The scenario's files by name: each as an open file, read-write for
+    /// those it made, read-only for host files (as the native run opens
+    /// them).
+    files: HashMap<String, Arc<usermm::fs::File>>,
 }
 
 impl EngineBackend {
@@ -36,6 +40,7 @@ impl EngineBackend {
             m,
             procs: HashMap::from([("main".to_string(), mm)]),
             cur: "main".into(),
+            files: HashMap::new(),
         })
     }
 
@@ -94,8 +99,71 @@ impl EngineBackend {
 }
 
 impl Backend for EngineBackend {
-    fn mmap(&mut self, addr: u64, len: u64, prot: u32, flags: u32) -> Result<u64, Errno> {
-        self.on(|c| c.mmap(addr, len, prot, flags))
+    fn mmap(
+        &mut self,
+        addr: u64,
+        len: u64,
+        prot: u32,
+        flags: u32,
+        file: Option<&str>,
+        off: u64,
+    ) -> Result<u64, Errno> {
+        let file = match file {
+            Some(name) => Some(self.files.get(name).cloned().ok_or(Errno::EBADF)?),
+            None => None,
+        };
+        self.on(|c| c.mmap_file(addr, len, prot, flags, file.as_ref(), off))
+    }
+    fn create_file(
+        &mut self,
+        name: &str,
+        size: u64,
+        seed: Option<u64>,
+        fs: &str,
+        chunk: u64,
+    ) -> Result<Result<(), Errno>, String> {
+        let kind = usermm::fs::FsKind::parse(fs).ok_or(format!("unknown filesystem {fs:?}"))?;
+        let inode = self.m.create_file(kind, 0);
+        let mode = usermm::fs::FMode {
+            read: true,
+            write: true,
+        };
+        let file = usermm::fs::File::open(&inode, mode).map_err(|e| e.to_string())?;
+        let bytes = super::file_bytes(size, seed);
+        let c = self.m.bind(0).map_err(|e| e.to_string())?;
+        let mut pos = 0;
+        while pos < size {
+            let n = chunk.min(size - pos);
+            if let Err(e) = c.pwrite(&file, pos, &bytes[pos as usize..(pos + n) as usize]) {
+                return Ok(Err(e));
+            }
+            pos += n;
+        }
+        let r = c.fsync(&file);
+        drop(c);
+        self.files.insert(name.to_string(), file);
+        Ok(r)
+    }
+    fn open_file(&mut self, name: &str, path: &str) -> Result<(), Errno> {
+        let inode = self
+            .m
+            .open_host_file(std::path::Path::new(path))
+            .map_err(|e| Errno(e.raw_os_error().unwrap_or(Errno::EIO.0)))?;
+        let mode = usermm::fs::FMode {
+            read: true,
+            write: false,
+        };
+        self.files
+            .insert(name.to_string(), usermm::fs::File::open(&inode, mode)?);
+        Ok(())
+    }
+    fn truncate(&mut self, name: &str, size: u64) -> Result<(), Errno> {
+        let file = self.files.get(name).cloned().ok_or(Errno::EBADF)?;
+        let c = self.m.bind(0).map_err(|_| Errno::EBUSY)?;
+        c.ftruncate(&file, size)
+    }
+    fn msync(&mut self, addr: u64, len: u64, flags: u32) -> Result<(), Errno> {
+        self.on(|c| c.msync(addr, len, flags))
     }
     fn munmap(&mut self, addr: u64, len: u64) -> Result<(), Errno> {
         self.on(|c| c.munmap(addr, len))
@@ -141,7 +209,7 @@ impl Backend for EngineBackend {
         }
         Ok(())
     }
-    fn figures(&mut self) -> Result<[i64; 5], String> {
+    fn figures(&mut self) -> Result<[i64; super::parse::NR_FIGURES], String> {
         let mm = &self.procs[&self.cur];
         self.m.rcu_barrier();
         let s = usermm::proc::status(mm);
@@ -152,6 +220,8 @@ impl Backend for EngineBackend {
             s.vm_pte as i64,
             r.anon_huge_pages as i64,
             mm.map_count() as i64,
+            s.rss_file as i64,
+            s.rss_shmem as i64,
         ])
     }
     fn vmstat(&mut self, name: &str) -> Result<i64, String> {

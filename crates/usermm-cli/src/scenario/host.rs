@@ -80,6 +80,9 @@ struct Server {
 
 pub struct HostBackend {
     dir: PathBuf,
+    /// The scenario's files by name: the path, and whether its descriptor
+    /// is open for writing (the scenario's own files) or not (host files).
+    files: HashMap<String, (PathBuf, bool)>,
     procs: HashMap<String, Server>,
     cur: String,
     fifo_seq: usize,
@@ -183,6 +186,7 @@ impl HostBackend {
         let (life_r, life_w) = unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) };
         let mut b = HostBackend {
             dir,
+            files: HashMap::new(),
             procs: HashMap::new(),
             cur: "main".into(),
             fifo_seq: 0,
@@ -296,8 +300,90 @@ impl HostBackend {
 }
 
 impl Backend for HostBackend {
-    fn mmap(&mut self, addr: u64, len: u64, prot: u32, flags: u32) -> Result<u64, Errno> {
-        self.call_errno(&format!("mmap {addr} {len} {prot} {flags}"))
+    fn mmap(
+        &mut self,
+        addr: u64,
+        len: u64,
+        prot: u32,
+        flags: u32,
+        file: Option<&str>,
+        off: u64,
+    ) -> Result<u64, Errno> {
+        let Some(name) = file else {
+            return self.call_errno(&format!("mmap {addr} {len} {prot} {flags}"));
+        };
+        let (path, writable) = self.files.get(name).cloned().ok_or(Errno::EBADF)?;
+        // The server opens the file as the scenario's descriptor is open
+        // (read-write for its own files, read-only for host files), maps
+        // it and closes the descriptor; the mapping keeps the file.
+        self.call_errno(&format!(
+            "mmap {addr} {len} {prot} {flags} {off} {} {}",
+            u8::from(writable),
+            path.display()
+        ))
+    }
+    fn create_file(
+        &mut self,
+        name: &str,
+        size: u64,
+        seed: Option<u64>,
+        fs: &str,
+        chunk: u64,
+    ) -> Result<Result<(), Errno>, String> {
+        let dir = &self.dir;
+        let have = fs_type_of(dir)?;
+        if have != fs {
+            return Err(format!(
+                "needs a file on {fs}; the scenario's folder {} is on {have}",
+                dir.display()
+            ));
+        }
+        let path = dir.join(format!("file-{name}"));
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let bytes = super::file_bytes(size, seed);
+        let mut pos = 0u64;
+        while pos < size {
+            use std::os::unix::fs::FileExt;
+            let n = chunk.min(size - pos);
+            if let Err(e) = f.write_all_at(&bytes[pos as usize..(pos + n) as usize], pos) {
+                return Ok(Err(Errno(e.raw_os_error().unwrap_or(Errno::EIO.0))));
+            }
+            pos += n;
+        }
+        if let Err(e) = f.sync_all() {
+            return Ok(Err(Errno(e.raw_os_error().unwrap_or(Errno::EIO.0))));
+        }
+        self.files.insert(name.to_string(), (path, true));
+        Ok(Ok(()))
+    }
+    fn open_file(&mut self, name: &str, path: &str) -> Result<(), Errno> {
+        let p = PathBuf::from(path);
+        std::fs::File::open(&p).map_err(|e| Errno(e.raw_os_error().unwrap_or(Errno::EIO.0)))?;
+        self.files.insert(name.to_string(), (p, false));
+        Ok(())
+    }
+    fn truncate(&mut self, name: &str, size: u64) -> Result<(), Errno> {
+        let (path, writable) = self.files.get(name).cloned().ok_or(Errno::EBADF)?;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(writable)
+            .open(&path)
+            .map_err(|e| Errno(e.raw_os_error().unwrap_or(Errno::EIO.0)))?;
+        // SAFETY: ftruncate on a descriptor this function owns.
+        if unsafe { libc::ftruncate(f.as_raw_fd(), size as libc::off_t) } != 0 {
+            return Err(errno_now());
+        }
+        Ok(())
+    }
+    fn msync(&mut self, addr: u64, len: u64, flags: u32) -> Result<(), Errno> {
+        self.call_errno(&format!("msync {addr} {len} {flags}"))
+            .map(|_| ())
     }
     fn munmap(&mut self, addr: u64, len: u64) -> Result<(), Errno> {
         self.call_errno(&format!("munmap {addr} {len}")).map(|_| ())
@@ -366,7 +452,7 @@ impl Backend for HostBackend {
         }
         Ok(())
     }
-    fn figures(&mut self) -> Result<[i64; 5], String> {
+    fn figures(&mut self) -> Result<[i64; super::parse::NR_FIGURES], String> {
         let r = self.call("figures")?;
         let v: Vec<i64> = r
             .split_whitespace()
@@ -703,6 +789,58 @@ fn drain_lru_batches() {
     }
 }
 
+/// The server's own file mappings (its program and libraries), as the
+/// first server found them: a forked server inherits the list, and
+/// prefaults those alone, not the scenario's file mappings it inherits
+/// too (fork copies no PTE of a file mapping without anon pages, and the
+/// child's faults on the scenario's are the scenario's to count).
+static OWN_FILE_MAPPINGS: std::sync::Mutex<Vec<(u64, u64)>> = std::sync::Mutex::new(Vec::new());
+
+/// Fault in every page of the server's own file mappings, so that the
+/// code a request runs for the first time does not add to `RssFile`
+/// between a scenario's mark and its expect. Pages past the end of a file
+/// (SIGBUS) are left.
+fn prefault_file_mappings(buf: &mut String) {
+    let mut own = OWN_FILE_MAPPINGS.lock().unwrap_or_else(|e| e.into_inner());
+    if own.is_empty() {
+        *own = own_file_mappings(buf);
+    }
+    for &(a, b) in own.iter() {
+        let mut p = a;
+        while p + 8 <= b {
+            // SAFETY: a readable mapping of this process covers the word
+            // (its maps line said so when the first server started, and
+            // nothing of the server's own is unmapped since); a page past
+            // the end of its file raises SIGBUS, which the probe turns
+            // into an error.
+            let _ = unsafe { sigbus::load_u64(p) };
+            p += 4096;
+        }
+    }
+}
+
+/// The readable file mappings of this process now.
+fn own_file_mappings(buf: &mut String) -> Vec<(u64, u64)> {
+    let maps = read_proc("/proc/self/maps", buf).to_string();
+    let mut v = vec![];
+    for l in maps.lines() {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let (Some(range), Some(perms), Some(path)) = (f.first(), f.get(1), f.get(5)) else {
+            continue;
+        };
+        if !perms.starts_with('r') || !path.starts_with('/') {
+            continue;
+        }
+        let Some((a, b)) = range.split_once('-') else {
+            continue;
+        };
+        if let (Ok(a), Ok(b)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) {
+            v.push((a, b));
+        }
+    }
+    v
+}
+
 /// Touch `kb` KiB of stack, so that later requests use pages already
 /// counted in RssAnon.
 #[inline(never)]
@@ -725,6 +863,7 @@ fn serve(requests: File, mut w: File) -> ! {
     // zombies; the scenario's side waits for them to be gone).
     // SAFETY: setting a signal disposition; the server is single-threaded.
     unsafe { libc::signal(libc::SIGCHLD, libc::SIG_IGN) };
+    sigbus::install();
     pin_to_this_cpu();
     drain_lru_batches();
     // Settle the server's own footprint before the scenario measures it.
@@ -745,6 +884,7 @@ fn serve(requests: File, mut w: File) -> ! {
     let mut proc_buf = String::with_capacity(1 << 20);
     proc_buf.extend(std::iter::repeat_n('x', 1 << 20));
     touch_stack(128);
+    prefault_file_mappings(&mut proc_buf);
     // The request reader's buffer, taken now from that room: taken before,
     // from wherever the heap's top was, a request longer than those before
     // it could reach into a page of it never touched (4K of RssAnon
@@ -766,24 +906,10 @@ fn serve(requests: File, mut w: File) -> ! {
                 .unwrap_or(0)
         };
         let reply = match words.first().copied() {
-            Some("mmap") => {
-                // SAFETY: mmap with the scenario's arguments; the kernel
-                // checks them, and only this process's memory is at stake.
-                let p = unsafe {
-                    libc::mmap(
-                        n(1) as *mut libc::c_void,
-                        n(2) as usize,
-                        n(3) as i32,
-                        n(4) as i32,
-                        -1,
-                        0,
-                    )
-                };
-                if p == libc::MAP_FAILED {
-                    format!("err {}", errno_now().0)
-                } else {
-                    format!("ok {}", p as u64)
-                }
+            Some("mmap") => mmap_here(&words, n),
+            Some("msync") => {
+                // SAFETY: as for munmap.
+                rc(unsafe { libc::msync(n(1) as *mut _, n(2) as usize, n(3) as i32) })
             }
             Some("munmap") => {
                 // SAFETY: a system call on this process's own address space;
@@ -824,17 +950,25 @@ fn serve(requests: File, mut w: File) -> ! {
             Some("store") => {
                 if accessible(n(1), true, &mut proc_buf) {
                     // SAFETY: /proc/self/maps says writable VMAs cover both
-                    // ends of the word (which may be unaligned).
-                    unsafe { (n(1) as *mut u64).write_unaligned(n(2)) };
-                    "ok".to_string()
+                    // ends of the word (which may be unaligned); a page past
+                    // the end of a mapped file raises SIGBUS, which the probe
+                    // turns into an error.
+                    match unsafe { sigbus::store_u64(n(1), n(2)) } {
+                        Ok(()) => "ok".to_string(),
+                        Err(()) => format!("err {}", Errno::SIGBUS.0),
+                    }
                 } else {
                     format!("err {}", Errno::EFAULT.0)
                 }
             }
             Some("load") => {
                 if accessible(n(1), false, &mut proc_buf) {
-                    // SAFETY: readable VMAs cover both ends of the word.
-                    format!("ok {}", unsafe { (n(1) as *const u64).read_unaligned() })
+                    // SAFETY: readable VMAs cover both ends of the word; SIGBUS
+                    // as for a store.
+                    match unsafe { sigbus::load_u64(n(1)) } {
+                        Ok(v) => format!("ok {v}"),
+                        Err(()) => format!("err {}", Errno::SIGBUS.0),
+                    }
                 } else {
                     format!("err {}", Errno::EFAULT.0)
                 }
@@ -874,12 +1008,13 @@ fn serve(requests: File, mut w: File) -> ! {
                 };
                 let st = read_proc("/proc/self/status", &mut proc_buf);
                 let (a, b, c) = (f(st, "VmRSS"), f(st, "RssAnon"), f(st, "VmPTE"));
+                let (rf, rs) = (f(st, "RssFile"), f(st, "RssShmem"));
                 let d = f(
                     read_proc("/proc/self/smaps_rollup", &mut proc_buf),
                     "AnonHugePages",
                 );
                 let e = read_proc("/proc/self/maps", &mut proc_buf).lines().count();
-                format!("ok {a} {b} {c} {d} {e}")
+                format!("ok {a} {b} {c} {d} {e} {rf} {rs}")
             }
             Some("dump") => {
                 let st = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -903,6 +1038,184 @@ fn serve(requests: File, mut w: File) -> ! {
         if writeln!(w, "{reply}").is_err() {
             // SAFETY: as above.
             unsafe { libc::_exit(1) };
+        }
+    }
+}
+
+/// The files the scenario maps, open in this server: one open file per
+/// scenario file, opened at its first mapping and kept, as a program
+/// keeps its descriptor (mappings of one open file may merge; a forked
+/// server inherits them, as fork shares descriptors).
+static OPEN_FILES: std::sync::Mutex<Vec<(String, File)>> = std::sync::Mutex::new(Vec::new());
+
+/// `mmap` in the server: anonymous (`mmap ADDR LEN PROT FLAGS`), or a
+/// file (`... OFF WRITABLE PATH`) through its open file.
+fn mmap_here(words: &[&str], n: impl Fn(usize) -> u64) -> String {
+    let mut fd = -1;
+    let mut files = OPEN_FILES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(path) = words.get(7) {
+        match files.iter().find(|(p, _)| p == path) {
+            Some((_, f)) => fd = f.as_raw_fd(),
+            None => {
+                let f = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(n(6) == 1)
+                    .open(path);
+                match f {
+                    Ok(f) => {
+                        fd = f.as_raw_fd();
+                        files.push((path.to_string(), f));
+                    }
+                    Err(e) => return format!("err {}", e.raw_os_error().unwrap_or(Errno::EIO.0)),
+                }
+            }
+        }
+    }
+    // SAFETY: mmap with the scenario's arguments; the kernel checks them,
+    // and only this process's memory is at stake.
+    let p = unsafe {
+        libc::mmap(
+            n(1) as *mut libc::c_void,
+            n(2) as usize,
+            n(3) as i32,
+            n(4) as i32,
+            fd,
+            n(5) as libc::off_t,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        format!("err {}", errno_now().0)
+    } else {
+        format!("ok {}", p as u64)
+    }
+}
+
+/// The filesystem type of the mount that holds `dir` (`ext4`, `tmpfs`),
+/// from `/proc/self/mountinfo`: the longest mount point that contains it.
+fn fs_type_of(dir: &std::path::Path) -> Result<String, String> {
+    let dir = std::fs::canonicalize(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let info = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| format!("/proc/self/mountinfo: {e}"))?;
+    let mut best: Option<(usize, String)> = None;
+    for l in info.lines() {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let Some(sep) = f.iter().position(|&x| x == "-") else {
+            continue;
+        };
+        let (Some(mp), Some(ty)) = (f.get(4), f.get(sep + 1)) else {
+            continue;
+        };
+        if dir.starts_with(mp) && best.as_ref().is_none_or(|(len, _)| mp.len() >= *len) {
+            best = Some((mp.len(), ty.to_string()));
+        }
+    }
+    best.map(|(_, t)| t)
+        .ok_or_else(|| format!("no mount holds {}", dir.display()))
+}
+
+/// The server's loads and stores, which survive a SIGBUS: a page of a
+/// file mapping past the end of its file is the kernel's SIGBUS, which
+/// the scenario expects as an outcome (`fails SIGBUS:`), not as the end
+/// of the process. Each access is one instruction whose recovery point
+/// is in a register; the handler, while an access is under way, resumes
+/// there with a flag set, and otherwise restores the default action.
+mod sigbus {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+
+    /// An access is under way (the server is single-threaded).
+    static PROBING: AtomicBool = AtomicBool::new(false);
+
+    extern "C" fn on_sigbus(_sig: i32, _info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+        if !PROBING.load(SeqCst) {
+            // SAFETY: restoring the default action and re-raising: the
+            // process dies of the SIGBUS, as it would have without us.
+            unsafe {
+                libc::signal(libc::SIGBUS, libc::SIG_DFL);
+                libc::raise(libc::SIGBUS);
+            }
+            return;
+        }
+        // SAFETY: `ctx` is the ucontext the kernel passed to this
+        // SA_SIGINFO handler; the access's asm put its recovery address in
+        // rcx, and rdx is its flag.
+        unsafe {
+            let uc = ctx as *mut libc::ucontext_t;
+            let g = &mut (*uc).uc_mcontext.gregs;
+            g[libc::REG_RIP as usize] = g[libc::REG_RCX as usize];
+            g[libc::REG_RDX as usize] = 1;
+        }
+    }
+
+    /// Install the handler (once per server; a forked server inherits it).
+    pub fn install() {
+        // SAFETY: a zeroed sigaction with a handler of the SA_SIGINFO
+        // signature; the handler touches only the atomic and the context.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_sigbus as *const () as usize;
+            sa.sa_flags = libc::SA_SIGINFO;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut());
+        }
+    }
+
+    /// Load 8 bytes at `addr`; Err if it raised SIGBUS.
+    ///
+    /// # Safety
+    ///
+    /// A readable mapping covers `addr..addr + 8`.
+    pub unsafe fn load_u64(addr: u64) -> Result<u64, ()> {
+        let (v, bus): (u64, u64);
+        PROBING.store(true, SeqCst);
+        // SAFETY: the caller's promise; a SIGBUS resumes at label 2.
+        unsafe {
+            std::arch::asm!(
+                "lea rcx, [rip + 2f]",
+                "xor edx, edx",
+                "mov rax, qword ptr [rdi]",
+                "2:",
+                in("rdi") addr,
+                out("rax") v,
+                out("rcx") _,
+                out("rdx") bus,
+                options(nostack, readonly),
+            );
+        }
+        PROBING.store(false, SeqCst);
+        if bus != 0 {
+            Err(())
+        } else {
+            Ok(v)
+        }
+    }
+
+    /// Store `v` at `addr`; Err if it raised SIGBUS.
+    ///
+    /// # Safety
+    ///
+    /// A writable mapping covers `addr..addr + 8`.
+    pub unsafe fn store_u64(addr: u64, v: u64) -> Result<(), ()> {
+        let bus: u64;
+        PROBING.store(true, SeqCst);
+        // SAFETY: the caller's promise; a SIGBUS resumes at label 2.
+        unsafe {
+            std::arch::asm!(
+                "lea rcx, [rip + 2f]",
+                "xor edx, edx",
+                "mov qword ptr [rdi], rsi",
+                "2:",
+                in("rdi") addr,
+                in("rsi") v,
+                out("rcx") _,
+                out("rdx") bus,
+                options(nostack),
+            );
+        }
+        PROBING.store(false, SeqCst);
+        if bus != 0 {
+            Err(())
+        } else {
+            Ok(())
         }
     }
 }

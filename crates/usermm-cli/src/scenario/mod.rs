@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 use usermm::Errno;
 
-use parse::{Addr, Figure, Op, Pattern, Stmt};
+use parse::{Addr, Figure, Op, Pattern, Stmt, NR_FIGURES};
 
 /// How long `await_numa_hint` waits for a scan: the host's first comes
 /// after a second of the process's run time (`scan_delay_ms`), the next a
@@ -40,7 +40,35 @@ pub fn load_addrs(addr: u64, len: u64, every: u64) -> Option<Vec<u64>> {
 
 /// What a backend does for the interpreter.
 pub trait Backend {
-    fn mmap(&mut self, addr: u64, len: u64, prot: u32, flags: u32) -> Result<u64, Errno>;
+    /// `mmap(2)`: anonymous memory, or the scenario's file `file` (by its
+    /// name) from byte `off`.
+    fn mmap(
+        &mut self,
+        addr: u64,
+        len: u64,
+        prot: u32,
+        flags: u32,
+        file: Option<&str>,
+        off: u64,
+    ) -> Result<u64, Errno>;
+    /// Create the file `name`: `size` bytes on a filesystem of kind `fs`,
+    /// written in `chunk`-byte writes (page i starting with the pattern
+    /// of `seed`, or all zero), then `fsync`ed. Err: this side cannot
+    /// make such a file (the scenario is skipped).
+    fn create_file(
+        &mut self,
+        name: &str,
+        size: u64,
+        seed: Option<u64>,
+        fs: &str,
+        chunk: u64,
+    ) -> Result<Result<(), Errno>, String>;
+    /// Open the host file `path` read-only as the scenario's file `name`.
+    fn open_file(&mut self, name: &str, path: &str) -> Result<(), Errno>;
+    /// `ftruncate(2)` of the scenario's file `name`.
+    fn truncate(&mut self, name: &str, size: u64) -> Result<(), Errno>;
+    /// `msync(2)`.
+    fn msync(&mut self, addr: u64, len: u64, flags: u32) -> Result<(), Errno>;
     fn munmap(&mut self, addr: u64, len: u64) -> Result<(), Errno>;
     fn mprotect(&mut self, addr: u64, len: u64, prot: u32) -> Result<(), Errno>;
     fn madvise(&mut self, addr: u64, len: u64, advice: i32) -> Result<(), Errno>;
@@ -55,9 +83,10 @@ pub trait Backend {
     fn switch(&mut self, name: &str) -> Result<(), String>;
     /// The process `name` exits.
     fn exit(&mut self, name: &str) -> Result<(), String>;
-    /// VmRSS, RssAnon, VmPTE, AnonHugePages (kB) and the number of VMAs
-    /// of the current process.
-    fn figures(&mut self) -> Result<[i64; 5], String>;
+    /// VmRSS, RssAnon, VmPTE, AnonHugePages (kB), the number of VMAs,
+    /// RssFile and RssShmem (kB) of the current process, in the order of
+    /// [`Figure::ALL`].
+    fn figures(&mut self) -> Result<[i64; NR_FIGURES], String>;
     /// Set a THP knob; Err says why it cannot be (the scenario is skipped).
     fn knob(&mut self, size_kb: Option<u64>, mode: &str) -> Result<(), String>;
     /// Set `transparent_hugepage/use_zero_page`; Err as for `knob`.
@@ -186,6 +215,21 @@ pub fn pattern(seed: u64, rel: u64) -> u64 {
     (seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (rel >> 12).wrapping_mul(0xff51_afd7_ed55_8ccd)) | 1
 }
 
+/// A new file's contents: `size` bytes, page i starting with the
+/// pattern of `seed` for offset `i << 12` (as `fill` writes a region), the
+/// rest zero; all zero without a seed. Both sides write these bytes.
+pub fn file_bytes(size: u64, seed: Option<u64>) -> Vec<u8> {
+    let mut buf = vec![0u8; size as usize];
+    if let Some(seed) = seed {
+        for (i, page) in buf.chunks_mut(4096).enumerate() {
+            let w = pattern(seed, (i as u64) << 12).to_le_bytes();
+            let n = page.len().min(8);
+            page[..n].copy_from_slice(&w[..n]);
+        }
+    }
+    buf
+}
+
 #[derive(Default, Clone)]
 struct ProcState {
     regions: HashMap<String, (u64, u64)>,
@@ -196,7 +240,7 @@ struct ProcState {
 /// the scenario's `expect vmstat` statements name.
 #[derive(Default, Clone)]
 struct Mark {
-    figures: [i64; 5],
+    figures: [i64; NR_FIGURES],
     vmstat: HashMap<String, i64>,
 }
 
@@ -283,6 +327,9 @@ impl Interp<'_> {
                 | Op::Tunable { .. }
                 | Op::Sysctl { .. }
                 | Op::Fails { .. }
+                | Op::CreateFile { .. }
+                | Op::OpenFile { .. }
+                | Op::Truncate { .. }
         );
         if needs_process && !self.procs.contains_key(&self.cur) {
             return Err("no process is running (every one exited)".into());
@@ -295,7 +342,28 @@ impl Interp<'_> {
                 at,
                 align,
                 flags,
-            } => self.map(name, *len, *prot, at.as_ref(), *align, *flags),
+                file,
+                off,
+            } => {
+                let src = (file.as_deref(), *off);
+                self.map(name, *len, *prot, at.as_ref(), *align, *flags, src)
+            }
+            Op::CreateFile {
+                name,
+                size,
+                seed,
+                fs,
+                chunk,
+            } => Ok(match self.b.create_file(name, *size, *seed, fs, *chunk) {
+                Ok(r) => Self::done(r),
+                Err(why) => Res::Skip(why),
+            }),
+            Op::OpenFile { name, path } => Ok(Self::done(self.b.open_file(name, path))),
+            Op::Truncate { name, size } => Ok(Self::done(self.b.truncate(name, *size))),
+            Op::Msync { addr, len, flags } => {
+                let (a, _) = self.addr(addr)?;
+                Ok(Self::done(self.b.msync(a, *len, *flags)))
+            }
             Op::Munmap { addr, len } => self.munmap(addr, *len),
             Op::Mprotect { addr, len, prot } => {
                 let (a, _) = self.addr(addr)?;
@@ -442,6 +510,7 @@ impl Interp<'_> {
     }
 
     /// `map NAME LEN PROT [at=A] [align=N] [flags=...]`.
+    #[allow(clippy::too_many_arguments)]
     fn map(
         &mut self,
         name: &str,
@@ -450,15 +519,16 @@ impl Interp<'_> {
         at: Option<&Addr>,
         align: u64,
         flags: u32,
+        src: (Option<&str>, u64),
     ) -> Result<Res, String> {
         let hint = match at {
             Some(a) => self.addr(a)?.0,
             None => 0,
         };
         let r = if align > 0 && at.is_none() {
-            self.map_aligned(len, prot, flags, align)
+            self.map_aligned(len, prot, flags, align, src)
         } else {
-            self.b.mmap(hint, len, prot, flags)
+            self.b.mmap(hint, len, prot, flags, src.0, src.1)
         };
         let a = match r {
             Ok(a) => a,
@@ -708,9 +778,32 @@ impl Interp<'_> {
     }
 
     /// `map ... align=A`: map more and trim both ends.
-    fn map_aligned(&mut self, len: u64, prot: u32, flags: u32, align: u64) -> Result<u64, Errno> {
+    fn map_aligned(
+        &mut self,
+        len: u64,
+        prot: u32,
+        flags: u32,
+        align: u64,
+        src: (Option<&str>, u64),
+    ) -> Result<u64, Errno> {
         let total = len.checked_add(align).ok_or(Errno::ENOMEM)?;
-        let raw = self.b.mmap(0, total, prot, flags)?;
+        if src.0.is_some() {
+            // A file's offsets must start at the aligned address: reserve
+            // the room, then map the file over its aligned part.
+            const RESERVE: u32 = parse::MAP_PRIVATE | parse::MAP_ANONYMOUS | parse::MAP_NORESERVE;
+            let raw = self.b.mmap(0, total, 0, RESERVE, None, 0)?;
+            let a = (raw + align - 1) & !(align - 1);
+            self.b
+                .mmap(a, len, prot, flags | parse::MAP_FIXED, src.0, src.1)?;
+            if a > raw {
+                self.b.munmap(raw, a - raw)?;
+            }
+            if raw + total > a + len {
+                self.b.munmap(a + len, raw + total - (a + len))?;
+            }
+            return Ok(a);
+        }
+        let raw = self.b.mmap(0, total, prot, flags, None, 0)?;
         let a = (raw + align - 1) & !(align - 1);
         if a > raw {
             self.b.munmap(raw, a - raw)?;

@@ -34,15 +34,22 @@ pub enum Figure {
     AnonHugePages,
     /// The number of VMAs (lines of `/proc/<pid>/maps`); a count, not kB.
     Vmas,
+    RssFile,
+    RssShmem,
 }
 
+/// How many figures a backend reports.
+pub const NR_FIGURES: usize = 7;
+
 impl Figure {
-    pub const ALL: [Figure; 5] = [
+    pub const ALL: [Figure; NR_FIGURES] = [
         Figure::VmRss,
         Figure::RssAnon,
         Figure::VmPte,
         Figure::AnonHugePages,
         Figure::Vmas,
+        Figure::RssFile,
+        Figure::RssShmem,
     ];
     pub fn name(self) -> &'static str {
         match self {
@@ -51,6 +58,8 @@ impl Figure {
             Figure::VmPte => "VmPTE",
             Figure::AnonHugePages => "AnonHugePages",
             Figure::Vmas => "VMAs",
+            Figure::RssFile => "RssFile",
+            Figure::RssShmem => "RssShmem",
         }
     }
     fn parse(s: &str) -> Option<Figure> {
@@ -68,13 +77,44 @@ pub enum Pattern {
 /// One statement.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op {
-    /// `map NAME LEN PROT [at=ADDR] [align=SIZE] [flags=a,b,...]`
+    /// `map NAME LEN PROT [at=ADDR] [align=SIZE] [flags=a,b,...]
+    /// [file=F] [off=OFFSET]`: anonymous memory, or the file `F` (then
+    /// `MAP_ANONYMOUS` is not set) from byte `OFFSET`.
     Map {
         name: String,
         len: u64,
         prot: u32,
         at: Option<Addr>,
         align: u64,
+        flags: u32,
+        file: Option<String>,
+        off: u64,
+    },
+    /// `file F SIZE [seed=S] [fs=KIND] [chunk=SIZE]`: a new file of SIZE
+    /// bytes, written in `chunk`-byte `write(2)`s (one by default), then
+    /// `fsync`ed; the first word of page i is the pattern of seed S (zero
+    /// bytes without a seed).
+    CreateFile {
+        name: String,
+        size: u64,
+        seed: Option<u64>,
+        fs: String,
+        chunk: u64,
+    },
+    /// `open F PATH`: a host file, read-only.
+    OpenFile {
+        name: String,
+        path: String,
+    },
+    /// `truncate F SIZE`: `ftruncate(2)`.
+    Truncate {
+        name: String,
+        size: u64,
+    },
+    /// `msync ADDR LEN [async|sync] [invalidate]`.
+    Msync {
+        addr: Addr,
+        len: u64,
         flags: u32,
     },
     Munmap {
@@ -539,6 +579,10 @@ const STATEMENTS: &[(&str, ParseStatement)] = &[
     ("numa_balancing", parse_numa_balancing),
     ("demotion", parse_demotion),
     ("require", parse_require),
+    ("file", parse_file),
+    ("open", parse_open),
+    ("truncate", parse_truncate),
+    ("msync", parse_msync),
 ];
 
 /// One statement: its verb, then what [`STATEMENTS`] parses for it, then
@@ -558,23 +602,38 @@ fn parse_map(w: &mut Words) -> Result<Op, ParseError> {
     let name = w.name("a region name")?;
     let len = w.number("a length")?;
     let prot = w.prot()?;
-    let (mut at, mut align, mut flags) = (None, 0, MAP_PRIVATE | MAP_ANONYMOUS);
+    let (mut at, mut align, mut flags) = (None, 0, None);
+    let (mut file, mut off) = (None, 0);
     while w.peek().is_some() {
         let (col, word) = w.next("an option")?;
-        if let Some(v) = word.strip_prefix("at=") {
+        if let Some(v) = word.strip_prefix("file=") {
+            file = Some(v.to_string());
+        } else if let Some(v) = word.strip_prefix("off=") {
+            off = parse_size(v).ok_or_else(|| w.err(col, format!("bad offset {v:?}")))?;
+        } else if let Some(v) = word.strip_prefix("at=") {
             at = Some(parse_addr(v).ok_or_else(|| w.err(col, format!("bad address {v:?}")))?);
         } else if let Some(v) = word.strip_prefix("align=") {
             align = parse_size(v)
                 .filter(|a| a.is_power_of_two())
                 .ok_or_else(|| w.err(col, format!("bad alignment {v:?}")))?;
         } else if let Some(v) = word.strip_prefix("flags=") {
-            flags = parse_flags(v).ok_or_else(|| w.err(col, format!("bad flags {v:?}")))?;
+            flags = Some(parse_flags(v).ok_or_else(|| w.err(col, format!("bad flags {v:?}")))?);
         } else {
             return Err(w.err(
                 col,
-                format!("unknown option {word:?} (at=, align=, flags=)"),
+                format!("unknown option {word:?} (at=, align=, flags=, file=, off=)"),
             ));
         }
+    }
+    // Private by default; anonymous unless a file is named.
+    let default = if file.is_some() {
+        MAP_PRIVATE
+    } else {
+        MAP_PRIVATE | MAP_ANONYMOUS
+    };
+    let mut flags = flags.unwrap_or(default);
+    if file.is_some() && flags & (MAP_SHARED | MAP_PRIVATE) == 0 {
+        flags |= MAP_PRIVATE;
     }
     Ok(Op::Map {
         name,
@@ -583,7 +642,81 @@ fn parse_map(w: &mut Words) -> Result<Op, ParseError> {
         at,
         align,
         flags,
+        file,
+        off,
     })
+}
+
+/// The statement `file`.
+fn parse_file(w: &mut Words) -> Result<Op, ParseError> {
+    let name = w.name("a file name")?;
+    let size = w.number("a size")?;
+    let (mut seed, mut fs, mut chunk) = (None, "ext4".to_string(), 0);
+    while w.peek().is_some() {
+        let (col, word) = w.next("an option")?;
+        if let Some(v) = word.strip_prefix("seed=") {
+            seed = Some(parse_size(v).ok_or_else(|| w.err(col, format!("bad seed {v:?}")))?);
+        } else if let Some(v) = word.strip_prefix("fs=") {
+            if usermm::fs::FsKind::parse(v).is_none() {
+                return Err(w.err(col, format!("unknown filesystem {v:?} (ext4, ext2)")));
+            }
+            fs = v.to_string();
+        } else if let Some(v) = word.strip_prefix("chunk=") {
+            chunk = parse_size(v)
+                .filter(|&c| c > 0)
+                .ok_or_else(|| w.err(col, format!("bad chunk {v:?}")))?;
+        } else {
+            return Err(w.err(col, format!("unknown option {word:?} (seed=, fs=, chunk=)")));
+        }
+    }
+    Ok(Op::CreateFile {
+        name,
+        size,
+        seed,
+        fs,
+        chunk: if chunk == 0 { size.max(1) } else { chunk },
+    })
+}
+
+/// The statement `open`.
+fn parse_open(w: &mut Words) -> Result<Op, ParseError> {
+    let name = w.name("a file name")?;
+    let (_, path) = w.next("a host path")?;
+    Ok(Op::OpenFile {
+        name,
+        path: path.to_string(),
+    })
+}
+
+/// The statement `truncate`.
+fn parse_truncate(w: &mut Words) -> Result<Op, ParseError> {
+    Ok(Op::Truncate {
+        name: w.name("a file name")?,
+        size: w.number("a size")?,
+    })
+}
+
+/// The statement `msync`.
+fn parse_msync(w: &mut Words) -> Result<Op, ParseError> {
+    use usermm::msync::{MS_ASYNC, MS_INVALIDATE, MS_SYNC};
+    let addr = w.addr()?;
+    let len = w.number("a length")?;
+    let mut flags = 0;
+    while w.peek().is_some() {
+        let (col, f) = w.next("a flag")?;
+        flags |= match f {
+            "async" => MS_ASYNC,
+            "sync" => MS_SYNC,
+            "invalidate" => MS_INVALIDATE,
+            _ => {
+                return Err(w.err(
+                    col,
+                    format!("unknown msync flag {f:?} (async, sync, invalidate)"),
+                ))
+            }
+        };
+    }
+    Ok(Op::Msync { addr, len, flags })
 }
 
 /// The statement `munmap`.

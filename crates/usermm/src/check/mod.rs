@@ -7,7 +7,9 @@
 //! every TLB entry whose address space has no flush pending agrees with the
 //! page tables, the reverse map finds every mapping of an anon page
 //! (its folio's anon_vma chains the VMA that maps it, at that address), and
-//! the overcommit commitment is the size of the charged VMAs, the LRU
+//! the page cache's index names its folios and counts them, and every file
+//! VMA is in its file's `i_mmap` (with the file rmap leading back to each
+//! mapping of a page-cache page), the overcommit commitment is the size of the charged VMAs, the LRU
 //! lists hold exactly the folios flagged PG_lru and count them, and every
 //! frame is free or held by something named (no leak). It
 //! needs a quiescent machine: no operation in flight.
@@ -42,6 +44,8 @@ struct Expect {
     batched: HashMap<Pfn, i64>,
     /// Mappings per (folio head, mm id), for the MM-owner slots.
     mm_maps: HashMap<(Pfn, u64), i64>,
+    /// Page-cache folios (heads), each holding one reference per page.
+    cached: HashSet<Pfn>,
 }
 
 /// A leaf translation in the page tables: (pfn, writable) by 4 KiB address.
@@ -58,25 +62,34 @@ pub fn check_invariants(m: &Machine) -> Result<(), String> {
         leaves_by_mm.insert(mm.id, leaves);
     }
     ex.batched = crate::swap::lru_batch_refs(mem);
+    check_page_cache(m, &mms, &mut ex)?;
     let heads: HashSet<Pfn> = ex
         .refs
         .keys()
         .chain(&ex.migrating)
         .chain(ex.batched.keys())
+        .chain(&ex.cached)
         .copied()
         .collect();
     // NR_ANON_MAPPED and NR_ANON_THPS as the page tables say them: the
     // pages of anon folios mapped at least once, and the pages of anon
     // folios a PMD maps.
     let (mut anon_mapped, mut anon_thps) = (0i64, 0i64);
+    let (mut file_mapped, mut file_pmdmapped) = (0i64, 0i64);
     let mut mms_of: HashMap<Pfn, usize> = HashMap::new();
     for (head, _) in ex.mm_maps.keys() {
         *mms_of.entry(*head).or_default() += 1;
     }
     for &head in &heads {
         let f = Folio(head);
-        let refs =
-            ex.refs.get(&head).copied().unwrap_or(0) + ex.batched.get(&head).copied().unwrap_or(0);
+        let cache_refs = if ex.cached.contains(&head) {
+            f.nr_pages(mem) as i64
+        } else {
+            0
+        };
+        let refs = ex.refs.get(&head).copied().unwrap_or(0)
+            + ex.batched.get(&head).copied().unwrap_or(0)
+            + cache_refs;
         let got = f.ref_count(mem) as i64;
         if ex.migrating.contains(&head) {
             if got <= refs {
@@ -86,7 +99,7 @@ pub fn check_invariants(m: &Machine) -> Result<(), String> {
             }
         } else if got != refs {
             return Err(format!(
-                "folio {head:#x}: refcount {got}, page tables and LRU batches hold {refs} ({} by the LRU batches; flags {:#x}, mapcount {})",
+                "folio {head:#x}: refcount {got}, page tables, the page cache and LRU batches hold {refs} ({} by the LRU batches, {cache_refs} by the page cache; flags {:#x}, mapcount {})",
                 ex.batched.get(&head).copied().unwrap_or(0),
                 f.head(mem).flags.load(Ordering::Relaxed),
                 f.mapcount(mem)
@@ -117,6 +130,9 @@ pub fn check_invariants(m: &Machine) -> Result<(), String> {
         if f.test_anon(mem) {
             anon_mapped += if entire > 0 { nr as i64 } else { pages_mapped };
             anon_thps += if entire > 0 { nr as i64 } else { 0 };
+        } else {
+            file_mapped += if entire > 0 { nr as i64 } else { pages_mapped };
+            file_pmdmapped += if entire > 0 { nr as i64 } else { 0 };
         }
         if f.is_large(mem) {
             let lm = f.counters(mem).large_mapcount.load(Ordering::Relaxed) as i64 + 1;
@@ -152,6 +168,8 @@ pub fn check_invariants(m: &Machine) -> Result<(), String> {
     for (stat, want) in [
         (NodeStat::NR_ANON_MAPPED, anon_mapped),
         (NodeStat::NR_ANON_THPS, anon_thps),
+        (NodeStat::NR_FILE_MAPPED, file_mapped),
+        (NodeStat::NR_FILE_PMDMAPPED, file_pmdmapped),
     ] {
         let got = mem.vmstat.node(stat);
         if got != want {
@@ -199,7 +217,13 @@ fn check_no_leak(
 ) -> Result<(), String> {
     let mem = &m.mem;
     let mut held: HashSet<Pfn> = ex.tables.clone();
-    for &head in ex.refs.keys().chain(&ex.migrating).chain(ex.batched.keys()) {
+    for &head in ex
+        .refs
+        .keys()
+        .chain(&ex.migrating)
+        .chain(ex.batched.keys())
+        .chain(&ex.cached)
+    {
         held.extend(head..head + Folio(head).nr_pages(mem));
     }
     held.insert(m.zero_pfn);
@@ -303,6 +327,99 @@ fn check_lru(m: &Machine, ex: &Expect, free: &HashSet<Pfn>) -> Result<(), String
             ));
         }
     }
+    for &head in &ex.cached {
+        let lru = Folio(head).head(mem).test(crate::phys::pg::LRU);
+        if !lru && !ex.batched.contains_key(&head) {
+            return Err(format!(
+                "page-cache folio {head:#x} is neither on an LRU list nor in a batch"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The page cache of every inode: each cached folio is a live folio's
+/// head whose `mapping` and `index` name its address space and place,
+/// aligned to its size, without overlap; `nrpages` and `nr_file_pages`
+/// count them, `nr_dirty` their dirty ones; and every file VMA of every
+/// address space is in its file's `i_mmap`, which holds no other live VMA.
+fn check_page_cache(m: &Machine, mms: &[Arc<Mm>], ex: &mut Expect) -> Result<(), String> {
+    let mem = &m.mem;
+    let (mut file_pages, mut dirty) = (0i64, 0i64);
+    let mut linked = 0usize;
+    for inode in m.inodes() {
+        let mapping = &inode.i_mapping;
+        let mut end = 0u64;
+        let mut pages = 0u64;
+        for (index, folio) in mapping.folios() {
+            let head = folio.head(mem);
+            let nr = folio.nr_pages(mem);
+            if head.is_tail() || folio.ref_count(mem) <= 0 {
+                return Err(format!(
+                    "{inode:?}: page {index} caches {:#x}, which is no live folio",
+                    folio.pfn()
+                ));
+            }
+            if head.mapping.load(Ordering::Relaxed) != mapping.as_mapping_word()
+                || head.index.load(Ordering::Relaxed) != index
+            {
+                return Err(format!(
+                    "{inode:?}: folio {:#x} cached at page {index} names another place",
+                    folio.pfn()
+                ));
+            }
+            if index % nr != 0 || index < end {
+                return Err(format!(
+                    "{inode:?}: folio {:#x} of {nr} pages at page {index} is misaligned or overlaps",
+                    folio.pfn()
+                ));
+            }
+            end = index + nr;
+            pages += nr;
+            if head.test(crate::phys::pg::DIRTY) {
+                dirty += nr as i64;
+            }
+            ex.cached.insert(folio.pfn());
+        }
+        if pages != mapping.nrpages() {
+            return Err(format!(
+                "{inode:?}: nrpages {}, the cache holds {pages}",
+                mapping.nrpages()
+            ));
+        }
+        file_pages += pages as i64;
+        linked += mapping.i_mmap_len();
+    }
+    let guard = crate::sync::epoch::pin();
+    let mut file_vmas = 0usize;
+    for mm in mms {
+        for vma in mm.vma_tree(&guard).iter() {
+            let Some(file) = vma.file() else { continue };
+            file_vmas += 1;
+            if !file.mapping().has_vma(vma) {
+                return Err(format!(
+                    "{mm:?}: {vma:?} maps a file but is not in its i_mmap"
+                ));
+            }
+        }
+    }
+    if linked != file_vmas {
+        return Err(format!(
+            "i_mmap holds {linked} VMAs, the address spaces map files by {file_vmas}"
+        ));
+    }
+    for (stat, want) in [
+        (NodeStat::NR_FILE_PAGES, file_pages),
+        (NodeStat::NR_FILE_DIRTY, dirty),
+    ] {
+        let got = mem.vmstat.node(stat);
+        if got != want {
+            return Err(format!(
+                "{}: {got} pages, the page cache holds {want}",
+                stat.name()
+            ));
+        }
+    }
     Ok(())
 }
 
@@ -357,9 +474,12 @@ fn check_rmap(m: &Machine, mm: &Mm, tree: &VmaTree, p: Pfn, addr: u64) -> Result
             "{mm:?} {addr:#x}: page {p:#x} mapped outside any VMA"
         ));
     };
+    if !f.test_anon(mem) {
+        return check_file_rmap(m, mm, vma, f, p, addr);
+    }
     let Some(av) = crate::rmap::folio_anon_vma(mem, f) else {
         return Err(format!(
-            "{mm:?} {addr:#x}: mapped folio {:#x} is not anon",
+            "{mm:?} {addr:#x}: mapped folio {:#x} has no anon_vma",
             f.pfn()
         ));
     };
@@ -380,6 +500,46 @@ fn check_rmap(m: &Machine, mm: &Mm, tree: &VmaTree, p: Pfn, addr: u64) -> Result
     Ok(())
 }
 
+/// The file rmap of page `p` of page-cache folio `f` mapped at `addr`:
+/// the VMA maps the folio's file, is in its `i_mmap`, and maps the page's
+/// file offset at `addr`.
+fn check_file_rmap(
+    m: &Machine,
+    mm: &Mm,
+    vma: &crate::mm::Vma,
+    f: Folio,
+    p: Pfn,
+    addr: u64,
+) -> Result<(), String> {
+    let mem = &m.mem;
+    let Some(file) = vma.file() else {
+        return Err(format!(
+            "{mm:?} {addr:#x}: page-cache folio {:#x} mapped in anonymous {vma:?}",
+            f.pfn()
+        ));
+    };
+    let word = f.head(mem).mapping.load(Ordering::Relaxed);
+    if word != file.mapping().as_mapping_word() {
+        return Err(format!(
+            "{mm:?} {addr:#x}: folio {:#x} is not in the page cache of {vma:?}'s file",
+            f.pfn()
+        ));
+    }
+    if !file.mapping().has_vma(vma) {
+        return Err(format!(
+            "{mm:?} {addr:#x}: {vma:?} is not in its file's i_mmap"
+        ));
+    }
+    let pgoff = crate::rmap::folio_page_pgoff(mem, f, p);
+    if vma.address_of(pgoff) != Some(addr) {
+        return Err(format!(
+            "{mm:?} {addr:#x}: file page {pgoff:#x} ({p:#x}), which {vma:?} maps at {:?}",
+            vma.address_of(pgoff)
+        ));
+    }
+    Ok(())
+}
+
 fn check_mm(m: &Machine, mm: &Arc<Mm>, ex: &mut Expect, leaves: &mut Leaves) -> Result<(), String> {
     let guard = crate::sync::epoch::pin();
     let tree = mm.vma_tree(&guard);
@@ -393,6 +553,7 @@ fn check_mm(m: &Machine, mm: &Arc<Mm>, ex: &mut Expect, leaves: &mut Leaves) -> 
         leaves,
         tables: 0,
         anon: 0,
+        file: 0,
     };
     // The machine is quiescent: no lock is needed to read the tables.
     let top = 1u64 << 47;
@@ -401,7 +562,7 @@ fn check_mm(m: &Machine, mm: &Arc<Mm>, ex: &mut Expect, leaves: &mut Leaves) -> 
     {
         return Err(e);
     }
-    let (tables, anon) = (walk.tables, walk.anon);
+    let (tables, anon, file) = (walk.tables, walk.anon, walk.file);
     check_leaves_in_vmas(mm, tree, leaves)?;
     // Deposited tables under huge PMDs are counted as PTE tables.
     let bytes = mm.pgtables_bytes.load(Ordering::Relaxed);
@@ -414,6 +575,12 @@ fn check_mm(m: &Machine, mm: &Arc<Mm>, ex: &mut Expect, leaves: &mut Leaves) -> 
     if rss != anon {
         return Err(format!(
             "{mm:?}: RssAnon {rss} pages, page tables map {anon}"
+        ));
+    }
+    let rss = mm.get_rss(MmCounter::FilePages);
+    if rss != file {
+        return Err(format!(
+            "{mm:?}: RssFile {rss} pages, page tables map {file}"
         ));
     }
     Ok(())
@@ -450,6 +617,7 @@ struct CheckWalk<'a> {
     /// huge PMD's deposited table standing for its PTE table.
     tables: i64,
     anon: i64,
+    file: i64,
 }
 
 impl MmWalkOps for CheckWalk<'_> {
@@ -511,9 +679,15 @@ impl MmWalkOps for CheckWalk<'_> {
             return ControlFlow::Continue(WalkAction::Continue);
         }
         let head = pm.pfn();
-        let checked = check_pmd_exclusive(m, mm, base, pm)
-            .and_then(|()| check_rmap(m, mm, self.tree, head, base));
-        if let Err(e) = checked {
+        let anon = Folio(head).test_anon(&m.mem);
+        let checked = if anon {
+            check_pmd_exclusive(m, mm, base, pm)
+        } else {
+            // A page-cache folio's PMD has no deposited table.
+            self.tables -= 1;
+            Ok(())
+        };
+        if let Err(e) = checked.and_then(|()| check_rmap(m, mm, self.tree, head, base)) {
             return ControlFlow::Break(e);
         }
         *self.ex.refs.entry(head).or_default() += 1;
@@ -524,7 +698,11 @@ impl MmWalkOps for CheckWalk<'_> {
             self.leaves
                 .insert(base + i * PAGE_SIZE, (head + i, pm.write()));
         }
-        self.anon += 512;
+        if anon {
+            self.anon += 512;
+        } else {
+            self.file += 512;
+        }
         ControlFlow::Continue(WalkAction::Continue)
     }
 
@@ -638,7 +816,8 @@ impl CheckWalk<'_> {
             return Err(format!("{mm:?} {addr:#x}: PTE maps invalid pfn {p:#x}"));
         }
         let f = mem.page_folio(p);
-        if pte.write() && !crate::phys::folio::page_anon_exclusive(mem, p) {
+        let anon = f.test_anon(mem);
+        if anon && pte.write() && !crate::phys::folio::page_anon_exclusive(mem, p) {
             return Err(format!(
                 "{mm:?} {addr:#x}: writable PTE of a page that is not PageAnonExclusive"
             ));
@@ -648,7 +827,11 @@ impl CheckWalk<'_> {
         *self.ex.page_maps.entry(p).or_default() += 1;
         *self.ex.mm_maps.entry((f.pfn(), mm.id)).or_default() += 1;
         self.ex.mapped.insert(p);
-        self.anon += 1;
+        if anon {
+            self.anon += 1;
+        } else {
+            self.file += 1;
+        }
         Ok(())
     }
 }

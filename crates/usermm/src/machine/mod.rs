@@ -42,6 +42,10 @@ pub struct Machine {
     /// None inside if that allocation failed.
     huge_zero: crate::sync::OnceLock<Option<Pfn>>,
     mms: Mutex<Vec<crate::sync::Weak<Mm>>>,
+    /// Every inode of the machine's filesystems (`sb->s_inodes`), held
+    /// weakly: an inode lives while a name, an open file or a mapping
+    /// holds it.
+    inodes: Mutex<Vec<crate::sync::Weak<crate::fs::Inode>>>,
     pub config: MachineConfig,
     /// `/sys/kernel/mm/numa/demotion_enabled` (off by default, as in the
     /// kernel).
@@ -136,6 +140,7 @@ impl Machine {
             zero_pfn,
             huge_zero: crate::sync::OnceLock::new(),
             mms: Mutex::new(Vec::new()),
+            inodes: Mutex::new(Vec::new()),
             config,
             demotion_enabled: AtomicBool::new(false),
             kswapd,
@@ -310,6 +315,28 @@ impl Machine {
 
     pub(crate) fn register_mm(&self, mm: &Arc<Mm>) {
         self.mms.lock().push(Arc::downgrade(mm));
+    }
+
+    /// A new, empty regular file of `size` bytes on a filesystem of `kind`
+    /// (every block a hole until written).
+    pub fn create_file(&self, kind: crate::fs::FsKind, size: u64) -> Arc<crate::fs::Inode> {
+        let inode = crate::fs::Inode::create(&self.mem, kind, size);
+        self.inodes.lock().push(Arc::downgrade(&inode));
+        inode
+    }
+
+    /// A host file, read-only, as an inode of this machine.
+    pub fn open_host_file(&self, path: &std::path::Path) -> std::io::Result<Arc<crate::fs::Inode>> {
+        let inode = crate::fs::Inode::open_host(&self.mem, path)?;
+        self.inodes.lock().push(Arc::downgrade(&inode));
+        Ok(inode)
+    }
+
+    /// Every live inode.
+    pub fn inodes(&self) -> Vec<Arc<crate::fs::Inode>> {
+        let mut v = self.inodes.lock();
+        v.retain(|w| w.strong_count() > 0);
+        v.iter().filter_map(|w| w.upgrade()).collect()
     }
 
     /// Back all frames with host memory now, so timed runs do not include

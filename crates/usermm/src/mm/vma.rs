@@ -98,7 +98,8 @@ pub struct Vma {
     vm_start: u64,
     vm_end: u64,
     /// For anonymous VMAs, `vm_start >> PAGE_SHIFT` at creation; kept across
-    /// splits so that a folio's index stays valid.
+    /// splits so that a folio's index stays valid. For file VMAs, the
+    /// file page mapped at `vm_start`.
     vm_pgoff: u64,
     vm_flags: VmFlags,
     /// The anon_vma new folios of this VMA attach to; set once, by
@@ -110,6 +111,9 @@ pub struct Vma {
     /// `vm_policy`: the NUMA policy `mbind` gave the range; None for the
     /// process's (see [`crate::mempolicy`]).
     vm_policy: Option<Arc<crate::mm::policy::Mempolicy>>,
+    /// `vm_file`: the file mapped, None for anonymous memory. Its page
+    /// `vm_pgoff` is mapped at `vm_start`.
+    vm_file: Option<Arc<crate::fs::File>>,
     /// `vm_refcnt` and `vm_lock_seq`: the per-VMA lock, whose count is 0
     /// while the VMA is out of the tree. On a cache line of its own, as the
     /// kernel's `vm_refcnt` is (`____cacheline_aligned_in_smp`): faults in
@@ -141,6 +145,7 @@ impl Vma {
             anon_vma: OnceLock::new(),
             anon_vma_chain: Mutex::new(Vec::new()),
             vm_policy: None,
+            vm_file: None,
             vm_lock: CachePadded::new(VmaLock::new()),
         }
     }
@@ -149,6 +154,25 @@ impl Vma {
     pub fn with_policy(mut self, pol: Option<Arc<crate::mm::policy::Mempolicy>>) -> Vma {
         self.vm_policy = pol;
         self
+    }
+
+    /// This VMA mapping `file` (before it is published; the caller links
+    /// it into the file's `i_mmap` once it is an `Arc`).
+    pub fn with_file(mut self, file: Option<Arc<crate::fs::File>>) -> Vma {
+        self.vm_file = file;
+        self
+    }
+
+    /// `vm_file`.
+    #[inline]
+    pub fn file(&self) -> Option<&Arc<crate::fs::File>> {
+        self.vm_file.as_ref()
+    }
+
+    /// `vma_is_anonymous`: no file behind it.
+    #[inline]
+    pub fn is_anonymous(&self) -> bool {
+        self.vm_file.is_none()
     }
 
     /// `vma_policy`.
@@ -181,9 +205,28 @@ impl Vma {
     pub fn pages(&self) -> u64 {
         (self.vm_end - self.vm_start) >> PAGE_SHIFT
     }
+    /// `vm_page_prot`, as `vma_set_page_prot` sets it: a shared writable
+    /// mapping that wants write notification gets read-only entries, as
+    /// a private one does.
     #[inline]
     pub fn page_prot(&self) -> Pgprot {
-        vm_get_page_prot(self.flags())
+        if self.wants_writenotify() {
+            vm_get_page_prot(self.flags() & !VM_SHARED)
+        } else {
+            vm_get_page_prot(self.flags())
+        }
+    }
+
+    /// `vma_wants_writenotify`: a shared writable mapping of a file whose
+    /// filesystem must see the first write to each clean page
+    /// (`page_mkwrite`, or dirty accounting for writeback).
+    #[inline]
+    pub fn wants_writenotify(&self) -> bool {
+        self.flags() & (VM_WRITE | VM_SHARED) == (VM_WRITE | VM_SHARED)
+            && self
+                .vm_file
+                .as_ref()
+                .is_some_and(|f| f.inode.kind.writenotify())
     }
     #[inline]
     pub fn contains(&self, addr: u64) -> bool {
