@@ -137,6 +137,9 @@ pub struct HostRegion {
     pub ptr: *mut libc::c_void,
     pub len: usize,
     mapped: bool,
+    /// The file a file-backed region maps, kept open (as a program keeps
+    /// its descriptor), so that an unmap does not also evict the file.
+    _file: Option<std::fs::File>,
 }
 
 impl HostRegion {
@@ -158,6 +161,7 @@ impl HostRegion {
             ptr,
             len,
             mapped: true,
+            _file: None,
         }
     }
 
@@ -190,6 +194,61 @@ impl HostRegion {
             }
         }
         r
+    }
+
+    /// A file of `len` bytes in the temporary folder, written in
+    /// `chunk`-byte writes (on a filesystem with large folios, the page
+    /// cache then holds folios of that size) and `fsync`ed, mapped private
+    /// and read-only, and read a byte a page; with `nohuge`, the range is
+    /// `MADV_NOHUGEPAGE` first, so that a PMD-sized folio is mapped by
+    /// PTEs. The file is unlinked at once: the region keeps it open.
+    pub fn populate_file(len: usize, chunk: usize, nohuge: bool) -> std::io::Result<HostRegion> {
+        use std::io::Write;
+        use std::os::unix::io::AsRawFd;
+        let path = std::env::temp_dir().join(format!("usermm-bench-{}.file", std::process::id()));
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)?;
+        std::fs::remove_file(&path)?;
+        let buf = vec![1u8; chunk];
+        let mut done = 0;
+        while done < len {
+            let n = chunk.min(len - done);
+            f.write_all(&buf[..n])?;
+            done += n;
+        }
+        f.sync_all()?;
+        // SAFETY: a private read-only mapping of our own file; checked below.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        if nohuge {
+            // SAFETY: advice on our own mapping.
+            unsafe { libc::madvise(ptr, len, libc::MADV_NOHUGEPAGE) };
+        }
+        for off in (0..len).step_by(4096) {
+            // SAFETY: inside the mapping, within the file.
+            unsafe { std::ptr::read_volatile((ptr as *const u8).add(off)) };
+        }
+        Ok(HostRegion {
+            ptr,
+            len,
+            mapped: true,
+            _file: Some(f),
+        })
     }
 
     /// Time one munmap of the whole region.

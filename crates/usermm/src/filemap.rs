@@ -248,13 +248,25 @@ pub struct FileFault {
 /// `filemap_fault`: the page-cache page of a fault at `pgoff` of `vma`'s
 /// file, read in (with readahead) if it is not cached. SIGBUS at or past
 /// the end of the file. The folio comes back locked, with a reference.
-pub fn filemap_fault(oncpu: &OnCpu, vma: &Vma, pgoff: u64) -> Result<FileFault, Errno> {
+///
+/// A fault that had to read (a major fault) gives up once it has
+/// (`VM_FAULT_RETRY`): the kernel drops the fault's lock around the I/O
+/// (`maybe_unlock_mmap_for_io`) and takes the fault again, whose
+/// fault-around then maps what the read brought in. `tried` is that
+/// second take (`FAULT_FLAG_TRIED`), which does not give up.
+pub fn filemap_fault(
+    oncpu: &OnCpu,
+    vma: &Vma,
+    pgoff: u64,
+    tried: bool,
+) -> Result<FileFault, crate::memory::VmFaultResult> {
+    use crate::memory::VmFaultResult;
     let file = vma.file().expect("filemap_fault of a file VMA");
     let inode = &*file.inode;
     let mapping = &inode.i_mapping;
     let mem = oncpu.mem();
     if pgoff >= inode.size_pages() {
-        return Err(Errno::SIGBUS);
+        return Err(VmFaultResult::Sigbus);
     }
     let mut major = false;
     loop {
@@ -269,12 +281,14 @@ pub fn filemap_fault(oncpu: &OnCpu, vma: &Vma, pgoff: u64) -> Result<FileFault, 
                     major = true;
                     oncpu.vmstat().count(oncpu.id(), Event::PGMAJFAULT, 1);
                 }
-                do_sync_mmap_readahead(oncpu, file, vma, pgoff);
+                let read = do_sync_mmap_readahead(oncpu, file, vma, pgoff);
+                if read && !tried && mapping.lookup(mem, pgoff).is_some() {
+                    return Err(VmFaultResult::Retry);
+                }
                 match mapping.get_folio(mem, pgoff) {
                     Some(c) => c,
-                    None => {
-                        filemap_get_or_create(oncpu, inode, pgoff, 0).map_err(|_| Errno::ENOMEM)?
-                    }
+                    None => filemap_get_or_create(oncpu, inode, pgoff, 0)
+                        .map_err(|_| VmFaultResult::Oom)?,
                 }
             }
         };
@@ -290,7 +304,7 @@ pub fn filemap_fault(oncpu: &OnCpu, vma: &Vma, pgoff: u64) -> Result<FileFault, 
         if pgoff >= inode.size_pages() {
             c.folio.unlock(mem);
             c.folio.put(mem, oncpu.id());
-            return Err(Errno::SIGBUS);
+            return Err(VmFaultResult::Sigbus);
         }
         return Ok(FileFault {
             folio: c.folio,
@@ -306,7 +320,7 @@ pub fn filemap_fault(oncpu: &OnCpu, vma: &Vma, pgoff: u64) -> Result<FileFault, 
 /// one as PMD-sized folios (the second marked for readahead), whatever
 /// `read_ahead_kb` says; otherwise, unless faults keep missing, read
 /// `ra_pages` around it in small folios (mmap read-around).
-fn do_sync_mmap_readahead(oncpu: &OnCpu, file: &File, vma: &Vma, index: u64) {
+fn do_sync_mmap_readahead(oncpu: &OnCpu, file: &File, vma: &Vma, index: u64) -> bool {
     let inode = &*file.inode;
     let mut ra = file.f_ra.lock();
     if vma.flags() & VM_HUGEPAGE != 0 && inode.i_mapping.max_folio_order() >= HPAGE_PMD_ORDER {
@@ -318,16 +332,16 @@ fn do_sync_mmap_readahead(oncpu: &OnCpu, file: &File, vma: &Vma, index: u64) {
         let ra_now = *ra;
         drop(ra);
         page_cache_ra_order(oncpu, inode, &ra_now);
-        return;
+        return true;
     }
     if ra.ra_pages == 0 {
-        return;
+        return false;
     }
     if ra.mmap_miss < MMAP_LOTSAMISS * 10 {
         ra.mmap_miss += 1;
     }
     if ra.mmap_miss > MMAP_LOTSAMISS {
-        return;
+        return false;
     }
     ra.start = index.saturating_sub(ra.ra_pages / 2);
     ra.size = ra.ra_pages;
@@ -336,6 +350,7 @@ fn do_sync_mmap_readahead(oncpu: &OnCpu, file: &File, vma: &Vma, index: u64) {
     let ra_now = *ra;
     drop(ra);
     page_cache_ra_order(oncpu, inode, &ra_now);
+    true
 }
 
 /// `do_async_mmap_readahead`: a fault found its page cached, unlocked. A
@@ -599,11 +614,10 @@ pub fn truncate_pagecache(oncpu: &OnCpu, inode: &Inode, newsize: u64) {
 
 /// `truncate_inode_pages_range` from page `first` on: every folio that
 /// lies wholly past it leaves the cache. One that straddles it is split
-/// in the kernel (`truncate_inode_partial_folio`), which unmaps it from
-/// every mapping (a split file folio is not mapped again: faults do
-/// that), and its pieces past the end leave; here it is unmapped alike
-/// but kept whole, its pages past the end zeroed (their bytes read as
-/// zeroes, and a fault there is SIGBUS).
+/// (`truncate_inode_partial_folio`), which unmaps it from every mapping,
+/// and its pieces past the end leave; where it cannot be split (someone
+/// else holds it), it stays whole and unmapped, its pages past the end
+/// zeroed.
 fn truncate_inode_pages_range(oncpu: &OnCpu, inode: &Inode, first: u64) {
     let mem = oncpu.mem();
     let mapping = &inode.i_mapping;
@@ -624,14 +638,52 @@ fn truncate_inode_pages_range(oncpu: &OnCpu, inode: &Inode, first: u64) {
             mapping.remove_folio(mem, c, oncpu.id());
         } else if c.index < first && folio_still_cached(mem, c.folio, mapping, c.index) {
             let nr = c.folio.nr_pages(mem);
-            crate::memory::unmap_mapping_range(oncpu, mapping, c.index, c.index + nr - 1, false);
-            for i in first - c.index..nr {
-                mem.clear_page(c.folio.pfn() + i);
+            if split_file_folio(oncpu, mapping, c) {
+                // The pieces past the end go, each locked for it.
+                for i in first - c.index..nr {
+                    let piece = CachedFolio {
+                        folio: Folio(c.folio.pfn() + i),
+                        index: c.index + i,
+                    };
+                    piece.folio.get(mem);
+                    folio_lock(mem, piece.folio);
+                    mapping.remove_folio(mem, piece, oncpu.id());
+                    piece.folio.unlock(mem);
+                    piece.folio.put(mem, oncpu.id());
+                }
+            } else {
+                for i in first - c.index..nr {
+                    mem.clear_page(c.folio.pfn() + i);
+                }
             }
         }
         c.folio.unlock(mem);
         c.folio.put(mem, oncpu.id());
     }
+}
+
+/// `split_folio` of a locked page-cache folio `c` that the caller holds a
+/// reference to: it is unmapped from every mapping first (the kernel's
+/// `unmap_folio`; a split file folio is not mapped again, its pieces are
+/// left to faults), then split into small folios if nothing else holds
+/// it (a CPU's LRU batch, another lookup); the caller keeps the first
+/// piece's lock. False: not split, but unmapped all the same.
+pub fn split_file_folio(oncpu: &OnCpu, mapping: &AddressSpace, c: CachedFolio) -> bool {
+    let mem = oncpu.mem();
+    let nr = c.folio.nr_pages(mem);
+    if nr == 1 {
+        return true;
+    }
+    crate::memory::unmap_mapping_range(oncpu, mapping, c.index, c.index + nr - 1, false);
+    crate::swap::lru_add_drain(mem, oncpu.id());
+    if c.folio.mapped(mem)
+        || c.folio.ref_count(mem) != nr as i32 + 1
+        || !folio_still_cached(mem, c.folio, mapping, c.index)
+    {
+        return false;
+    }
+    crate::huge_memory::split_page_cache_folio(oncpu, mapping, c.folio, c.index, 1);
+    true
 }
 
 /// `ftruncate(2)` of an open file to `size` bytes: the page cache and

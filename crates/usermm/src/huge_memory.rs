@@ -441,19 +441,57 @@ pub fn madvise_free_huge_pmd(
 /// discarded, a written one kept and swap-backed again, and, with no swap,
 /// a swap-backed one split. Returns whether the PMD was split; the huge
 /// zero page and a THP another process maps are left alone.
-pub fn pageout_huge_pmd(oncpu: &OnCpu, mm: &Arc<Mm>, slot: PmdSlot, addr: u64) -> bool {
+pub fn pageout_huge_pmd(oncpu: &OnCpu, mm: &Arc<Mm>, slot: PmdSlot, addr: u64, next: u64) -> bool {
     let mem = oncpu.mem();
     let ptl = mm.pmd_lock(slot);
     let pmd = ptl.get();
     if !pmd.trans_huge() || is_huge_zero_pmd(oncpu, pmd) {
         return false;
     }
-    if rmap::folio_maybe_mapped_shared(mem, Folio(pmd.pfn())) {
+    let folio = Folio(pmd.pfn());
+    if rmap::folio_maybe_mapped_shared(mem, folio) {
         return false;
+    }
+    if !folio.test_anon(mem) {
+        drop(ptl);
+        pageout_file_pmd(oncpu, mm, slot, addr, next - addr == PMD_SIZE, folio);
+        return true;
     }
     drop(ptl);
     split_huge_pmd(oncpu, mm, slot, addr);
     true
+}
+
+/// MADV_PAGEOUT of a PMD-mapped page-cache folio this process alone maps:
+/// reclaim unmaps it (`TTU_SPLIT_HUGE_PMD` zaps a file PMD), and, if it
+/// was covered whole, clean, and nobody else holds it, it leaves the page
+/// cache. Covered in part, the kernel splits the folio, which unmaps it
+/// as well; the model keeps it whole.
+fn pageout_file_pmd(
+    oncpu: &OnCpu,
+    mm: &Arc<Mm>,
+    slot: PmdSlot,
+    addr: u64,
+    whole: bool,
+    folio: Folio,
+) {
+    let mem = oncpu.mem();
+    // Held across the unmap, which drops the PMD's reference.
+    folio.get(mem);
+    split_huge_pmd(oncpu, mm, slot, addr);
+    if whole && folio.trylock(mem) {
+        let dirty = folio.head(mem).test(pg::DIRTY);
+        if dirty {
+            // PG_reclaim, as for a dirty folio of a PTE range.
+            folio.head(mem).set(pg::READAHEAD);
+        }
+        let removed = !dirty && crate::vmscan::remove_mapping(oncpu, folio, 1);
+        folio.unlock(mem);
+        if removed {
+            folio.put(mem, oncpu.id());
+        }
+    }
+    folio.put(mem, oncpu.id());
 }
 
 /// `__split_huge_pmd`: replace a huge PMD by the deposited PTE table filled
@@ -954,6 +992,51 @@ pub fn split_folio_in_table(
 pub fn split_folio_pages(oncpu: &OnCpu, folio: Folio) -> Vec<Pfn> {
     let mem = oncpu.mem();
     let order = folio.order(mem);
+    if folio.head(mem).test(pg::PARTIALLY_MAPPED) {
+        mem.vmstat
+            .mod_mthp(order, MthpStat::NR_ANON_PARTIALLY_MAPPED, -1);
+    }
+    mem.vmstat.mod_mthp(order, MthpStat::NR_ANON, -1);
+    // One reference per mapping: each page is mapped at most once here.
+    __split_folio(oncpu, folio, |_, maps| maps)
+}
+
+/// The split of a locked, unmapped page-cache folio (`__folio_split` of a
+/// file folio): every page becomes a small folio in the cache at its own
+/// index, each with the cache's reference, the first also with the
+/// caller's `held` ones; dirty and on the folio's LRU list as the folio
+/// was. The caller holds the folio's lock, and keeps the first piece's;
+/// no one else may hold a reference (the refcount is the cache's and
+/// `held`).
+pub fn split_page_cache_folio(
+    oncpu: &OnCpu,
+    mapping: &crate::fs::AddressSpace,
+    folio: Folio,
+    index: u64,
+    held: i32,
+) {
+    let mem = oncpu.mem();
+    let nr = folio.nr_pages(mem);
+    debug_assert!(!folio.mapped(mem), "splitting a mapped page-cache folio");
+    debug_assert_eq!(folio.ref_count(mem), nr as i32 + held);
+    if folio.order(mem) == HPAGE_PMD_ORDER {
+        mem.mod_node_state(crate::vmstat::NodeStat::NR_FILE_THPS, -(nr as i64));
+    }
+    mapping.split_entry(index, (0..nr).map(|i| Folio(folio.pfn() + i)));
+    __split_folio(oncpu, folio, |i, _| 1 + if i == 0 { held } else { 0 });
+    // The pieces after the first are the splitter's to unlock.
+    for i in 1..nr {
+        Folio(folio.pfn() + i).unlock(mem);
+    }
+}
+
+/// `__split_folio_to_order(0)`: the pages of `folio` become small folios
+/// with its flags that survive a split, its mapping and consecutive
+/// indices, on its LRU list after it; `refs(i, mapcount)` gives page i's
+/// references. Returns the pages no entry maps.
+fn __split_folio(oncpu: &OnCpu, folio: Folio, refs: impl Fn(usize, i32) -> i32) -> Vec<Pfn> {
+    let mem = oncpu.mem();
+    let order = folio.order(mem);
     let nr = folio.nr_pages(mem);
     let head = folio.head(mem);
     // The split pages stay on the folio's LRU list, each just after the
@@ -972,11 +1055,6 @@ pub fn split_folio_pages(oncpu: &OnCpu, folio: Folio) -> Vec<Pfn> {
             | pg::LOCKED);
     let mapping = head.mapping.load(Ordering::Relaxed);
     let index = head.index.load(Ordering::Relaxed);
-    if flags & pg::PARTIALLY_MAPPED != 0 {
-        mem.vmstat
-            .mod_mthp(order, MthpStat::NR_ANON_PARTIALLY_MAPPED, -1);
-    }
-    mem.vmstat.mod_mthp(order, MthpStat::NR_ANON, -1);
     // page[1]'s folio counters go back to free-list state.
     let p1 = mem.page(folio.pfn() + 1);
     p1.lru_next
@@ -994,9 +1072,8 @@ pub fn split_folio_pages(oncpu: &OnCpu, folio: Folio) -> Vec<Pfn> {
         p.compound_head.store(0, Ordering::Relaxed);
         p.mapping.store(mapping, Ordering::Relaxed);
         p.index.store(index + i as u64, Ordering::Relaxed);
-        // One reference per mapping: each page is mapped at most once here.
         let maps = p.mapcount.load(Ordering::Relaxed) + 1;
-        p.refcount.store(maps, Ordering::Relaxed);
+        p.refcount.store(refs(i, maps), Ordering::Relaxed);
         if maps == 0 {
             unmapped.push(folio.pfn() + i as u64);
         }

@@ -22,7 +22,7 @@ use crate::phys::{pg, PAGE_MASK, PAGE_SIZE};
 use crate::pt_reclaim::{self, SwitchBack};
 use crate::sync::Arc;
 use crate::tunable::PtReclaim;
-use crate::vmscan::{shrink_lazyfree_ptes, Discard, FolioPtes};
+use crate::vmscan::{self, shrink_lazyfree_ptes, Discard, FolioPtes};
 
 pub const MADV_NORMAL: i32 = 0;
 pub const MADV_DONTNEED: i32 = 4;
@@ -349,6 +349,67 @@ fn madvise_pageout(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, end: u64) -> bool {
     pt_reclaim::free_dead_user_ptes(oncpu, mm, start, end)
 }
 
+/// What [`pageout_file_ptes`] did.
+enum FilePageout {
+    /// Done with these bytes of the range.
+    Passed(u64),
+    /// A large folio covered in part, locked and held: split it (which
+    /// unmaps it everywhere), then go on from the same address.
+    Split(crate::fs::CachedFolio),
+    /// Leave the rest of this table (a folio another process may map).
+    Stop,
+}
+
+/// MADV_PAGEOUT of the page-cache folio whose page the PTE at `idx`
+/// (address `a`) maps: if this table maps it whole and no other mapping
+/// has it, reclaim it ([`vmscan::shrink_file_ptes`]); a large folio
+/// covered in part is split first (a split unmaps a file folio
+/// everywhere, and its pieces are left to faults), unless another process
+/// may map it, which ends the walk of this table.
+#[allow(clippy::too_many_arguments)]
+fn pageout_file_ptes(
+    oncpu: &OnCpu,
+    tlb: &mut MmuGather,
+    pt: &mut crate::pgtable::PteLocked<'_>,
+    folio: crate::phys::Folio,
+    pte: crate::pgtable::Pte,
+    idx: usize,
+    a: u64,
+    end: u64,
+    full: &mut bool,
+) -> FilePageout {
+    let mem = oncpu.mem();
+    let mut nr = 1usize;
+    if folio.is_large(mem) {
+        let max_nr = ((end - a) / PAGE_SIZE) as usize;
+        let flags = memory::FPB_IGNORE_DIRTY | memory::FPB_IGNORE_SOFT_DIRTY;
+        nr = memory::folio_pte_batch(mem, folio, &*pt, idx, pte, max_nr, flags).nr;
+        if (nr as u64) < folio.nr_pages(mem) {
+            if crate::rmap::folio_maybe_mapped_shared(mem, folio) || !folio.trylock(mem) {
+                return FilePageout::Stop;
+            }
+            folio.get(mem);
+            let index = mem
+                .page(folio.pfn())
+                .index
+                .load(crate::sync::Ordering::Relaxed);
+            return FilePageout::Split(crate::fs::CachedFolio { folio, index });
+        }
+    }
+    if !folio.head(mem).test(pg::LRU) || folio.mapcount(mem) != folio.nr_pages(mem) as i32 {
+        return FilePageout::Passed(nr as u64 * PAGE_SIZE);
+    }
+    let ptes = FolioPtes {
+        folio,
+        page: pte.pfn(),
+        idx,
+        nr,
+        addr: a,
+    };
+    *full = vmscan::shrink_file_ptes(oncpu, tlb, pt, ptes) == Discard::FreedGatherFull;
+    FilePageout::Passed(nr as u64 * PAGE_SIZE)
+}
+
 /// `cold_walk_ops` with `pageout` set: all the work is in `pmd_entry`.
 struct PageoutWalk<'a, 'g> {
     oncpu: &'a OnCpu<'a>,
@@ -366,7 +427,7 @@ impl MmWalkOps for PageoutWalk<'_, '_> {
         next: u64,
     ) -> ControlFlow<Self::Break, WalkAction> {
         let (oncpu, mm) = (self.oncpu, self.tlb.mm);
-        if !pmd.trans_huge() || huge_memory::pageout_huge_pmd(oncpu, mm, slot, addr) {
+        if !pmd.trans_huge() || huge_memory::pageout_huge_pmd(oncpu, mm, slot, addr, next) {
             madvise_pageout_pte_range(oncpu, self.tlb, slot, addr, next);
         }
         ControlFlow::Continue(WalkAction::Continue)
@@ -394,6 +455,9 @@ fn madvise_pageout_pte_range(
         };
         crate::tlbbatch::flush_tlb_batched_pending(oncpu, mm);
         let mut full = false;
+        // A page-cache folio covered in part, locked and held, to split
+        // with the table's lock dropped.
+        let mut split = None;
         while a < end && !full {
             let idx = pgtable::pte_index(a);
             let pte = pt.pte(idx);
@@ -404,6 +468,20 @@ fn madvise_pageout_pte_range(
             let folio = mem.page_folio(page);
             let at = FolioPte { idx, page };
             let mut nr = 1usize;
+            if !folio.test_anon(mem) {
+                match pageout_file_ptes(oncpu, tlb, &mut pt, folio, pte, idx, a, end, &mut full) {
+                    FilePageout::Passed(bytes) => a += bytes,
+                    FilePageout::Split(c) => {
+                        split = Some(c);
+                        break;
+                    }
+                    FilePageout::Stop => {
+                        a = end;
+                        break;
+                    }
+                }
+                continue;
+            }
             if folio.is_large(mem) {
                 let max_nr = ((end - a) / PAGE_SIZE) as usize;
                 let flags = memory::FPB_IGNORE_DIRTY | memory::FPB_IGNORE_SOFT_DIRTY;
@@ -463,6 +541,17 @@ fn madvise_pageout_pte_range(
         drop(pt);
         if full {
             tlb.flush_mmu(oncpu);
+        }
+        if let Some(c) = split {
+            // SAFETY: the folio is locked and held: cached, its address
+            // space alive.
+            if let Some(mapping) = unsafe { crate::fs::address_space::folio_mapping(mem, c.folio) }
+            {
+                // Split or not, it is unmapped now: the walk goes on past it.
+                crate::filemap::split_file_folio(oncpu, mapping, c);
+            }
+            c.folio.unlock(mem);
+            c.folio.put(mem, oncpu.id());
         }
     }
 }

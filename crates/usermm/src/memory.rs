@@ -60,6 +60,9 @@ pub struct FaultFlags(u32);
 impl FaultFlags {
     /// `FAULT_FLAG_WRITE`: the access was a store.
     pub const WRITE: FaultFlags = FaultFlags(1 << 0);
+    /// `FAULT_FLAG_TRIED`: the fault was given up once already
+    /// (`VM_FAULT_RETRY`) and is being taken again.
+    pub const TRIED: FaultFlags = FaultFlags(1 << 5);
     /// `FAULT_FLAG_USER`: the access came from user mode.
     pub const USER: FaultFlags = FaultFlags(1 << 6);
     /// `FAULT_FLAG_VMA_LOCK`: the fault holds its VMA's read lock, not
@@ -1081,7 +1084,8 @@ fn do_read_fault(vmf: &mut VmFault<'_>) -> VmFaultResult {
 
 /// `__do_fault`: the file page of the fault, locked, with a reference.
 fn __do_fault(vmf: &VmFault<'_>) -> Result<crate::filemap::FileFault, VmFaultResult> {
-    crate::filemap::filemap_fault(vmf.oncpu, vmf.vma, vmf_pgoff(vmf)).map_err(VmFaultResult::from)
+    let tried = vmf.flags.contains(FaultFlags::TRIED);
+    crate::filemap::filemap_fault(vmf.oncpu, vmf.vma, vmf_pgoff(vmf), tried)
 }
 
 /// `do_cow_fault`: a write to a missing page of a private file mapping

@@ -131,6 +131,93 @@ pub fn shrink_lazyfree_ptes(
     }
 }
 
+/// `shrink_folio_list` + `try_to_unmap_one` for a page-cache folio mapped
+/// only by `ptes` in the locked table `pt`, as MADV_PAGEOUT reclaims it
+/// (references ignored): its PTEs go, their dirty bits to the folio. A
+/// clean folio that nobody else holds then leaves the page cache
+/// (`__remove_mapping`) and is freed after the flush; a dirty one stays
+/// cached, unmapped, since only kswapd writes file folios back (the
+/// kernel also activates it; the model leaves it on its list), and so
+/// does one held elsewhere.
+pub fn shrink_file_ptes(
+    oncpu: &OnCpu,
+    tlb: &mut MmuGather,
+    pt: &mut PteLocked<'_>,
+    ptes: FolioPtes,
+) -> Discard {
+    let FolioPtes {
+        folio,
+        page,
+        idx,
+        nr,
+        addr,
+    } = ptes;
+    let mem = oncpu.mem();
+    let head = folio.head(mem);
+    debug_assert!(!folio.test_anon(mem));
+    if !folio.trylock(mem) {
+        return Discard::Kept;
+    }
+    let mut dirty = false;
+    for i in idx..idx + nr {
+        dirty |= pt.get_and_clear(i).dirty();
+    }
+    if dirty {
+        crate::filemap::folio_mark_dirty(mem, folio);
+    }
+    tlb.remove_tlb_entries(addr, nr as u64);
+    tlb.mm.add_rss(MmCounter::FilePages, -(nr as i64));
+    rmap::folio_remove_rmap_ptes(mem, folio, page, nr as u64, tlb.mm.id, oncpu.id());
+    // A dirty one is left for writeback, marked `PG_reclaim` (the bit of
+    // `PG_readahead`, which fault-around therefore skips, and whose next
+    // fault starts readahead, as in the kernel).
+    if head.test(pg::DIRTY) {
+        head.set(pg::READAHEAD);
+    }
+    // The gather holds the PTEs' references until the flush.
+    let removed = !head.test(pg::DIRTY) && remove_mapping(oncpu, folio, nr as i32);
+    folio.unlock(mem);
+    if removed {
+        folio.put(mem, oncpu.id());
+    }
+    if tlb.remove_folio_pages(page, nr as u64, false) {
+        Discard::FreedGatherFull
+    } else {
+        Discard::Freed
+    }
+}
+
+/// `__remove_mapping` of a locked, unmapped page-cache folio: if nothing
+/// but the cache and `held` references of the caller's (and no LRU batch)
+/// holds it, take it off its LRU list and out of the page cache. True:
+/// removed, with one more reference for the caller, to put once it has
+/// unlocked the folio (the kernel frees it after `folio_unlock` too);
+/// its other references then free it. False: kept.
+pub fn remove_mapping(oncpu: &OnCpu, folio: Folio, held: i32) -> bool {
+    let mem = oncpu.mem();
+    let head = folio.head(mem);
+    let nr = folio.nr_pages(mem) as i32;
+    if folio.mapped(mem) || folio.ref_count(mem) != nr + held {
+        return false;
+    }
+    // SAFETY: the folio is locked and still cached (its mapping word is
+    // checked below), so its address space is alive: eviction takes each
+    // folio's lock before it lets the inode go.
+    let Some(mapping) = (unsafe { crate::fs::address_space::folio_mapping(mem, folio) }) else {
+        return false;
+    };
+    let index = head.index.load(crate::sync::Ordering::Relaxed);
+    if mapping.lookup(mem, index).map(|c| c.folio) != Some(folio) {
+        return false;
+    }
+    if head.test_and_clear(pg::LRU) {
+        mem.folio_lruvec_lock(folio).del_folio(folio);
+    }
+    folio.get(mem);
+    mapping.remove_folio(mem, crate::fs::CachedFolio { folio, index }, oncpu.id());
+    true
+}
+
 // ---------------------------------------------------------------------------
 // Reclaim of a node: kswapd and direct reclaim.
 

@@ -239,6 +239,7 @@ impl Row {
 /// Run one batching experiment; returns its rows and the machine it ran on.
 pub fn run(a: &BenchArgs, op: Op) -> anyhow::Result<(Vec<Row>, String)> {
     let len = a.size_mb << 20;
+    let file = a.backing == "file";
     let m = super::experiment_machine(a, super::region_machine_bytes(a.size_mb))?;
     // CPU 0's thread (this one) on host CPU 0, as the reference programs
     // pin theirs, with the host's loop on the same CPU; after the machine
@@ -264,7 +265,7 @@ pub fn run(a: &BenchArgs, op: Op) -> anyhow::Result<(Vec<Row>, String)> {
         // the allocator state the other left.
         let first = k.is_multiple_of(2);
         for on in [!first, first] {
-            let (t, pages) = engine_once(&m, op, case, len, on)
+            let (t, pages) = engine_once(&m, op, case, len, on, file)
                 .with_context(|| format!("{} {}", op.name(), case.label()))?;
             if on {
                 s.batched_s.push(t);
@@ -279,7 +280,7 @@ pub fn run(a: &BenchArgs, op: Op) -> anyhow::Result<(Vec<Row>, String)> {
         // interval run the engine alone.
         if !a.no_host && note.is_none() && k < Rounds::expected(a.runs()) {
             match knobs.only_size(case.kb) {
-                Ok(()) => match host_once(op, case, len as usize) {
+                Ok(()) => match host_once(op, case, len as usize, file) {
                     Ok(t) => s.host_s.push(t),
                     Err(e) => *note = Some(e),
                 },
@@ -343,14 +344,28 @@ fn median_u64(v: &[u64]) -> u64 {
 /// Populate a fresh process with folios of the case's size, then time `op`
 /// with the tunable `on`: its seconds and the pages allocated meanwhile.
 /// Everything is torn down before returning.
-fn engine_once(m: &Machine, op: Op, case: Case, len: u64, on: bool) -> anyhow::Result<(f64, u64)> {
+fn engine_once(
+    m: &Machine,
+    op: Op,
+    case: Case,
+    len: u64,
+    on: bool,
+    file: bool,
+) -> anyhow::Result<(f64, u64)> {
     // Start every arm from the same allocator state: everything in the
     // buddy lists, none on the per-CPU lists (contiguity otherwise depends
     // on which arm ran before).
     m.mem.drain_all_pages();
     let c = m.bind(0).map_err(|e| anyhow!("bind: {e}"))?;
     c.new_mm().map_err(|e| anyhow!("mm: {e}"))?;
-    let addr = engine_populate(m, &c, case, len)?;
+    // A file-backed region's file stays open until the end, as a
+    // program keeps its descriptor (the unmap does not evict it).
+    let (addr, _open_file) = if file {
+        let (addr, f) = engine_populate_file(m, &c, case, len)?;
+        (addr, Some(f))
+    } else {
+        (engine_populate(m, &c, case, len)?, None)
+    };
     op.set_batching(m, on);
     if op == Op::Cow {
         // Untimed: the fork that write-protects the parent's PTEs, and the
@@ -431,9 +446,70 @@ fn engine_populate(m: &Machine, c: &OnCpu, case: Case, len: u64) -> anyhow::Resu
     Ok(addr)
 }
 
+/// Write a file of `len` bytes in writes of the case's folio size (the
+/// page cache's folios then have that size), map it private and
+/// read-only, and read-fault every page: the folios mapped by PTEs, or a
+/// PMD-sized one by its PMD (by PTEs with `MADV_NOHUGEPAGE` first),
+/// checked through the page cache and the counters.
+fn engine_populate_file(
+    m: &Machine,
+    c: &OnCpu,
+    case: Case,
+    len: u64,
+) -> anyhow::Result<(u64, std::sync::Arc<usermm::fs::File>)> {
+    use usermm::fs::{FMode, File, FsKind};
+    let inode = m.create_file(FsKind::Ext4, 0);
+    let mode = FMode {
+        read: true,
+        write: true,
+    };
+    let file = File::open(&inode, mode).map_err(|e| anyhow!("open: {e}"))?;
+    let chunk = case.kb << 10;
+    let buf = vec![1u8; chunk as usize];
+    let mut pos = 0;
+    while pos < len {
+        let n = chunk.min(len - pos);
+        c.pwrite(&file, pos, &buf[..n as usize])
+            .map_err(|e| anyhow!("write: {e}"))?;
+        pos += n;
+    }
+    c.fsync(&file).map_err(|e| anyhow!("fsync: {e}"))?;
+    let wrong = file
+        .mapping()
+        .folios()
+        .into_iter()
+        .filter(|(_, f)| f.order(&m.mem) != case.order())
+        .count();
+    anyhow::ensure!(wrong == 0, "{wrong} page-cache folios not of {}K", case.kb);
+    let addr = c
+        .mmap_file(0, len, PROT_READ, MAP_PRIVATE, Some(&file), 0)
+        .map_err(|e| anyhow!("mmap: {e}"))?;
+    if case.kb == 2048 && !case.pmd {
+        c.madvise(addr, len, usermm::madvise::MADV_NOHUGEPAGE)
+            .map_err(|e| anyhow!("madvise: {e}"))?;
+    }
+    for p in (addr..addr + len).step_by(4096) {
+        c.load_u8(p).map_err(|e| anyhow!("read: {e}"))?;
+    }
+    let mm = c.mm().map_err(|e| anyhow!("{e}"))?;
+    let rss = mm.get_rss(usermm::mm::MmCounter::FilePages) as u64;
+    anyhow::ensure!(rss == len >> 12, "{rss} file pages mapped of {}", len >> 12);
+    let pmd_pages = m.vmstat().node(NodeStat::NR_FILE_PMDMAPPED) as u64;
+    let want = if case.pmd { len >> 12 } else { 0 };
+    anyhow::ensure!(
+        pmd_pages == want,
+        "{}: {pmd_pages} file pages PMD-mapped, expected {want}",
+        case.label()
+    );
+    Ok((addr, file))
+}
+
 /// The same on the host kernel (knobs already set): Err explains why the
 /// timing cannot be trusted.
-fn host_once(op: Op, case: Case, len: usize) -> Result<f64, String> {
+fn host_once(op: Op, case: Case, len: usize, file: bool) -> Result<f64, String> {
+    if file {
+        return host_once_file(op, case, len);
+    }
     let before = native::anon_fault_alloc(case.kb);
     let mut r = native::HostRegion::populate(len, case.kb == 2048 && !case.pmd);
     if case.kb > 4 {
@@ -457,10 +533,37 @@ fn host_once(op: Op, case: Case, len: usize) -> Result<f64, String> {
     })
 }
 
+/// [`host_once`] over a file mapping ([`native::HostRegion::populate_file`]),
+/// its mapping checked in smaps: every page resident, and PMD-mapped
+/// exactly for the PMD case.
+fn host_once_file(op: Op, case: Case, len: usize) -> Result<f64, String> {
+    let nohuge = case.kb == 2048 && !case.pmd;
+    let mut r = native::HostRegion::populate_file(len, (case.kb << 10) as usize, nohuge)
+        .map_err(|e| format!("host file: {e}"))?;
+    let rss = native::smaps_range_kb(r.ptr as usize, len, "Rss").unwrap_or(0);
+    if rss < (len as u64 >> 10) * 9 / 10 {
+        return Err(format!("host mapped {rss} kB of the file"));
+    }
+    let pmd_kb = native::smaps_range_kb(r.ptr as usize, len, "FilePmdMapped").unwrap_or(0);
+    if (pmd_kb >= (len as u64 >> 10) * 9 / 10) != case.pmd {
+        return Err(format!("host has {pmd_kb} kB of the file PMD-mapped"));
+    }
+    Ok(match op {
+        Op::Munmap => r.munmap(),
+        Op::Dontneed => r.dontneed(),
+        Op::Fork | Op::Cow => unreachable!("--backing file is refused for {}", op.name()),
+    })
+}
+
 /// The table in the seeds' shape, with the host beside it.
 pub fn print_table(op: Op, rows: &[Row], a: &BenchArgs) {
+    let backing = if a.backing == "file" {
+        " of a file's page cache (mapped private, read-faulted)"
+    } else {
+        ""
+    };
     outln!(
-        "bench {}: {} MiB of folios of one size; tunable {} off (baseline) vs on, interleaved; medians of the rounds (runs {})",
+        "bench {}: {} MiB of folios of one size{backing}; tunable {} off (baseline) vs on, interleaved; medians of the rounds (runs {})",
         op.name(),
         a.size_mb,
         op.tunable().info().name,
@@ -559,6 +662,7 @@ fn experiment(a: &BenchArgs, op: Op) -> anyhow::Result<serde_json::Value> {
     )?;
     Ok(serde_json::json!({
         "experiment": name,
+        "backing": a.backing,
         "tunable": op.tunable().info().name,
         "machine": machine,
         "size_mb": a.size_mb,

@@ -77,6 +77,13 @@ pub struct BenchArgs {
     /// Skip the runs on the host kernel.
     #[arg(long)]
     pub no_host: bool,
+    /// munmap, dontneed: what backs the region: `anon` (private anonymous
+    /// memory), or `file` (a file written in writes of the folio size, so
+    /// that the page cache holds folios of that size, mapped private and
+    /// read-faulted; natively a file in the temporary folder, which must
+    /// be on a filesystem with large folios, as ext4 is since 6.16).
+    #[arg(long, default_value = "anon")]
+    pub backing: String,
     /// pft: the fault-thread counts (comma-separated); by default 1, 2 and
     /// the powers of two that leave the host a core for the writer.
     #[arg(long, value_delimiter = ',')]
@@ -298,6 +305,18 @@ fn validate(a: &BenchArgs) -> anyhow::Result<()> {
     }
     if a.warmup > 1 << 34 {
         anyhow::bail!("--warmup must be at most {}", 1u64 << 34);
+    }
+    match a.backing.as_str() {
+        "anon" => {}
+        "file" => match a.name.as_deref() {
+            Some("munmap" | "dontneed") => {}
+            Some(n) => anyhow::bail!(
+                "--backing file: only munmap and dontneed take it ({n} maps anonymous memory)"
+            ),
+            None => anyhow::bail!("--backing file: name the experiment (munmap or dontneed)"),
+        },
+        "shmem" => anyhow::bail!("--backing shmem: shared memory is not modelled yet"),
+        b => anyhow::bail!("--backing {b:?}: anon or file"),
     }
     migrc::parse_ipi_cost(&a.ipi_cost)?;
     migrc::parse_arms(&a.arms)?;

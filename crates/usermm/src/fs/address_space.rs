@@ -199,6 +199,18 @@ impl AddressSpace {
         folio.put_refs(mem, nr as i32, cpu);
     }
 
+    /// The index's side of splitting the folio cached at `index` into
+    /// `pieces` (each one page, in order): each piece takes its page's
+    /// slot. The caller holds the folio's lock and makes the pieces.
+    pub fn split_entry(&self, index: u64, pieces: impl Iterator<Item = Folio>) {
+        let mut pages = self.i_pages.lock();
+        debug_assert!(pages.contains_key(&index), "splitting an uncached folio");
+        pages.remove(&index);
+        for (i, f) in pieces.enumerate() {
+            pages.insert(index + i as u64, f);
+        }
+    }
+
     /// Take every folio out (the inode is going), calling `each` on each
     /// first; they must all be unmapped.
     pub(super) fn remove_all(&self, mem: &PhysMem, cpu: usize, mut each: impl FnMut(Folio)) {

@@ -20,8 +20,9 @@ pub mod pg {
     pub const HEAD: u64 = 1 << 6;
     /// On an active LRU list (`PG_active`).
     pub const ACTIVE: u64 = 1 << 8;
-    /// `PG_readahead` (`PG_reclaim`'s bit in the kernel): reading this
-    /// page-cache folio starts the next readahead window.
+    /// `PG_readahead`, which is `PG_reclaim`'s bit in the kernel too:
+    /// reading this page-cache folio starts the next readahead window;
+    /// reclaim sets it on a dirty folio it leaves for writeback.
     pub const READAHEAD: u64 = 1 << 17;
     /// On the unevictable list (`PG_unevictable`).
     pub const UNEVICTABLE: u64 = 1 << 18;
