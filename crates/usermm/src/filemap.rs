@@ -188,7 +188,9 @@ pub fn folio_mark_dirty(mem: &PhysMem, folio: Folio) -> bool {
     {
         return false;
     }
-    if !folio.test_anon(mem) {
+    // Anon folios and shmem's (swap-backed; `noop_dirty_folio`) are not
+    // counted.
+    if !folio.test_anon(mem) && !head.test(pg::SWAPBACKED) {
         mem.mod_node_state(NodeStat::NR_FILE_DIRTY, folio.nr_pages(mem) as i64);
     }
     true
@@ -201,6 +203,11 @@ pub fn folio_mark_dirty(mem: &PhysMem, folio: Folio) -> bool {
 /// written.
 pub fn filemap_write_and_wait_range(oncpu: &OnCpu, inode: &Inode, first: u64, last: u64) -> u64 {
     let mem = oncpu.mem();
+    // shmem has nothing below its cache to write to (`shmem_writeout`
+    // goes to swap, which there is none of).
+    if inode.i_mapping.is_shmem() {
+        return 0;
+    }
     let mut written = 0;
     for c in inode.i_mapping.get_folios(mem, first, last) {
         folio_lock(mem, c.folio);
@@ -539,7 +546,8 @@ pub fn filemap_map_pages(
         return false;
     };
     let next_index = |c: CachedFolio| c.index + c.folio.nr_pages(mem);
-    if file_end >= next_index(first) {
+    let shmem = mapping.is_shmem();
+    if shmem || file_end >= next_index(first) {
         match crate::huge_memory::filemap_map_pmd(vmf, first.folio) {
             crate::huge_memory::MapPmd::Mapped => {
                 first.folio.unlock(mem);

@@ -359,7 +359,10 @@ pub fn zap_huge_pmd(oncpu: &OnCpu, tlb: &mut MmuGather, mm: &Mm, slot: PmdSlot, 
             crate::swap::folio_mark_accessed(mem, folio);
         }
         rmap::folio_remove_rmap_pmd(mem, folio, mm.id, oncpu.id());
-        mm.add_rss(MmCounter::FilePages, -(HPAGE_PMD_NR as i64));
+        mm.add_rss(
+            crate::mm::mm_counter_file(mem, folio),
+            -(HPAGE_PMD_NR as i64),
+        );
         drop(ptl);
         if tlb.remove_folio_pages(folio.pfn(), 1, false) {
             tlb.flush_mmu(oncpu);
@@ -481,7 +484,7 @@ fn pageout_file_pmd(
     split_huge_pmd(oncpu, mm, slot, addr);
     if whole && folio.trylock(mem) {
         let dirty = folio.head(mem).test(pg::DIRTY);
-        if dirty {
+        if dirty && !folio.head(mem).test(pg::SWAPBACKED) {
             // PG_reclaim, as for a dirty folio of a PTE range.
             folio.head(mem).set(pg::READAHEAD);
         }
@@ -580,7 +583,10 @@ fn split_huge_pmd_file(oncpu: &OnCpu, mm: &Arc<Mm>, ptl: &mut PmdLocked<'_>, had
     }
     rmap::folio_remove_rmap_pmd(mem, folio, mm.id, oncpu.id());
     folio.put(mem, oncpu.id());
-    mm.add_rss(MmCounter::FilePages, -(HPAGE_PMD_NR as i64));
+    mm.add_rss(
+        crate::mm::mm_counter_file(mem, folio),
+        -(HPAGE_PMD_NR as i64),
+    );
 }
 
 /// `do_set_pmd`: map a PMD-sized page-cache folio by the fault's empty
@@ -616,7 +622,7 @@ pub fn do_set_pmd(vmf: &mut VmFault<'_>, folio: Folio) -> VmFaultResult {
             pmd = pmd.mkwrite();
         }
     }
-    mm.add_rss(MmCounter::FilePages, HPAGE_PMD_NR as i64);
+    mm.add_rss(crate::mm::mm_counter_file(mem, folio), HPAGE_PMD_NR as i64);
     rmap::folio_add_file_rmap_pmd(mem, folio, mm.id);
     ptl.set(pmd);
     drop(ptl);

@@ -24,7 +24,8 @@
 //!    handle through which a thread runs as one of its CPUs).
 //! 7. Operations: [`fault`] (the fault entry), [`memory`] (faults, zap,
 //!    copy), [`filemap`] (the page cache: reads, readahead, fault-around,
-//!    writeback, truncation), [`huge_memory`], [`mmu_gather`], [`mmap`], [`fork`],
+//!    writeback, truncation), [`shmem`] (tmpfs, shared anonymous memory,
+//!    memfds), [`huge_memory`], [`mmu_gather`], [`mmap`], [`fork`],
 //!    [`mprotect`], [`msync`], [`madvise`], [`swap`] (the LRU batches, lazyfree,
 //!    isolation), [`migrate`] (page migration, `move_pages`) with
 //!    [`rmap_walk`] and [`tlbbatch`] (the batched unmap flush),
@@ -76,6 +77,7 @@ pub mod msync;
 pub mod numa_balancing;
 pub mod proc;
 pub mod pt_reclaim;
+pub mod shmem;
 pub mod swap;
 pub mod syscalls;
 pub mod tlbbatch;

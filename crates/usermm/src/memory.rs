@@ -1004,7 +1004,7 @@ fn wp_page_copy(vmf: &mut VmFault<'_>, old: Option<Pfn>) -> VmFaultResult {
             if !f.test_anon(mem) {
                 // A private copy of a file page: the page leaves the file
                 // count for the anon one.
-                mm.add_rss(MmCounter::FilePages, -1);
+                mm.add_rss(crate::mm::mm_counter_file(mem, f), -1);
                 mm.add_rss(MmCounter::AnonPages, 1);
             }
             rmap::folio_remove_rmap_ptes(mem, f, old, 1, mm.id, oncpu.id());
@@ -1082,8 +1082,13 @@ fn do_read_fault(vmf: &mut VmFault<'_>) -> VmFaultResult {
     r
 }
 
-/// `__do_fault`: the file page of the fault, locked, with a reference.
+/// `__do_fault`: the file page of the fault (`vm_ops->fault`: shmem's or
+/// the page cache's), locked, with a reference.
 fn __do_fault(vmf: &VmFault<'_>) -> Result<crate::filemap::FileFault, VmFaultResult> {
+    let file = vmf.vma.file().expect("a file fault");
+    if file.mapping().is_shmem() {
+        return crate::shmem::shmem_fault(vmf.oncpu, vmf.vma, vmf_pgoff(vmf));
+    }
     let tried = vmf.flags.contains(FaultFlags::TRIED);
     crate::filemap::filemap_fault(vmf.oncpu, vmf.vma, vmf_pgoff(vmf), tried)
 }
@@ -1153,7 +1158,10 @@ fn finish_fault(vmf: &mut VmFault<'_>, folio: Folio, page: Pfn, cow: Option<()>)
     let nr_folio = folio.nr_pages(mem);
     let mut needs_fallback = cow.is_some();
     if !needs_fallback {
-        let size_pages = vma.file().map_or(u64::MAX, |f| f.inode.size_pages());
+        // A folio that passes the file's last page is mapped a page at a
+        // time, shmem's excepted.
+        let file = vma.file().filter(|f| !f.mapping().is_shmem());
+        let size_pages = file.map_or(u64::MAX, |f| f.inode.size_pages());
         let index = mem
             .page(folio.pfn())
             .index
@@ -1216,7 +1224,7 @@ fn finish_fault(vmf: &mut VmFault<'_>, folio: Folio, page: Pfn, cow: Option<()>)
     let counter = if cow.is_some() {
         MmCounter::AnonPages
     } else {
-        MmCounter::FilePages
+        crate::mm::mm_counter_file(mem, folio)
     };
     mm.add_rss(counter, nr as i64);
     VmFaultResult::Done
@@ -1297,7 +1305,8 @@ pub fn filemap_map_folio_range(
         out.table_gone = true;
         return out;
     }
-    if nr_folio > 1 && file_end >= index + nr_folio {
+    let shmem = vma.file().is_some_and(|f| f.mapping().is_shmem());
+    if nr_folio > 1 && (shmem || file_end >= index + nr_folio) {
         if let (Some(a0), Some(a1)) = (vma.address_of(index), vma.address_of(index + nr_folio - 1))
         {
             if a0 & PMD_MASK_ == a1 & PMD_MASK_ {
@@ -1351,7 +1360,7 @@ pub fn filemap_map_folio_range(
         map_run(&mut pt, s, last + 1);
     }
     drop(pt);
-    mm.add_rss(MmCounter::FilePages, mapped as i64);
+    mm.add_rss(crate::mm::mm_counter_file(mem, folio), mapped as i64);
     out
 }
 
@@ -1757,7 +1766,7 @@ impl ZapPteTable<'_, '_> {
             if young {
                 crate::swap::folio_mark_accessed(mem, folio);
             }
-            self.rss[MmCounter::FilePages as usize] -= nr as i64;
+            self.rss[crate::mm::mm_counter_file(mem, folio) as usize] -= nr as i64;
         }
         self.tlb.remove_tlb_entries(addr, nr as u64);
         if !delay_rmap {
@@ -2109,7 +2118,7 @@ impl CopyPteTable<'_> {
             self.rss[MmCounter::AnonPages as usize] += nr as i64;
         } else {
             rmap::folio_dup_file_rmap_ptes(mem, folio, page, nr as u64, dst);
-            self.rss[MmCounter::FilePages as usize] += nr as i64;
+            self.rss[crate::mm::mm_counter_file(mem, folio) as usize] += nr as i64;
         }
     }
 

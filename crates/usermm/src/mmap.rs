@@ -570,7 +570,7 @@ pub fn do_mmap(
     if src.off & !PAGE_MASK != 0 {
         return Err(Errno::EINVAL);
     }
-    let file = if flags & MAP_ANONYMOUS != 0 {
+    let mut file = if flags & MAP_ANONYMOUS != 0 {
         None
     } else {
         Some(src.file.ok_or(Errno::EBADF)?)
@@ -616,16 +616,22 @@ pub fn do_mmap(
         Some(f) => vm_flags = mmap_file_flags(f, prot, flags, vm_flags)?,
         // The mapping type of anonymous memory, after the collision check
         // as in do_mmap: MAP_SHARED_VALIDATE and unknown types are EINVAL
-        // there too. Shared anonymous memory (shmem) is not modelled yet:
-        // it is refused with EOPNOTSUPP, where the kernel would map it.
+        // there too.
         None => match flags & MAP_TYPE {
             MAP_PRIVATE => {}
-            MAP_SHARED => return Err(Errno::EOPNOTSUPP),
+            MAP_SHARED => vm_flags |= VM_SHARED | VM_MAYSHARE,
             _ => return Err(Errno::EINVAL),
         },
     }
+    // Shared anonymous memory is a shmem file of the mapping's size, from
+    // its start (`shmem_zero_setup`; do_mmap ignores the offset).
+    let zero_file;
     let pgoff = if file.is_some() {
         pgoff
+    } else if vm_flags & VM_SHARED != 0 {
+        zero_file = crate::shmem::shmem_zero_setup(oncpu, len)?;
+        file = Some(&zero_file);
+        0
     } else {
         addr >> PAGE_SHIFT
     };
@@ -693,8 +699,9 @@ pub fn do_mmap(
     mm.total_vm.fetch_add(len >> PAGE_SHIFT, Ordering::Relaxed);
     drop(guard);
     if flags & MAP_POPULATE != 0 {
-        // mm_populate: fault everything in; write faults for private writable.
-        let write = vm_flags & VM_WRITE != 0;
+        // mm_populate: fault everything in; write faults for a private
+        // writable mapping only (a shared one is populated by reads).
+        let write = vm_flags & (VM_WRITE | VM_SHARED) == VM_WRITE;
         let _ = populate_range(oncpu, mm, addr, addr + len, write);
     }
     Ok(addr)

@@ -39,6 +39,12 @@ impl OnCpu<'_> {
         crate::mprotect::do_mprotect(self, &self.mm()?, addr, len, prot)
     }
 
+    /// `memfd_create(2)`: a new, empty shmem file.
+    pub fn memfd_create(&self) -> KResult<crate::sync::Arc<crate::fs::File>> {
+        self.kernel_enter();
+        crate::shmem::memfd_create(self)
+    }
+
     /// `msync(2)`.
     pub fn msync(&self, addr: u64, len: u64, flags: u32) -> KResult<()> {
         self.kernel_enter();

@@ -166,12 +166,15 @@ pub fn shrink_file_ptes(
         crate::filemap::folio_mark_dirty(mem, folio);
     }
     tlb.remove_tlb_entries(addr, nr as u64);
-    tlb.mm.add_rss(MmCounter::FilePages, -(nr as i64));
+    tlb.mm
+        .add_rss(crate::mm::mm_counter_file(mem, folio), -(nr as i64));
     rmap::folio_remove_rmap_ptes(mem, folio, page, nr as u64, tlb.mm.id, oncpu.id());
     // A dirty one is left for writeback, marked `PG_reclaim` (the bit of
     // `PG_readahead`, which fault-around therefore skips, and whose next
     // fault starts readahead, as in the kernel).
-    if head.test(pg::DIRTY) {
+    // (shmem's, always dirty, fails its writeout for want of swap and is
+    // activated without it.)
+    if head.test(pg::DIRTY) && !head.test(pg::SWAPBACKED) {
         head.set(pg::READAHEAD);
     }
     // The gather holds the PTEs' references until the flush.

@@ -161,6 +161,7 @@ counters! {
         NR_WRITTEN => "nr_written",
         NR_FILE_THPS => "nr_file_hugepages",
         NR_FILE_PMDMAPPED => "nr_file_pmdmapped",
+        NR_SHMEM => "nr_shmem",
         PGPROMOTE_SUCCESS => "pgpromote_success",
         PGPROMOTE_CANDIDATE => "pgpromote_candidate",
         PGPROMOTE_CANDIDATE_NRL => "pgpromote_candidate_nrl",

@@ -144,6 +144,29 @@ impl Backend for EngineBackend {
         self.files.insert(name.to_string(), file);
         Ok(r)
     }
+    fn memfd(
+        &mut self,
+        name: &str,
+        size: u64,
+        seed: Option<u64>,
+    ) -> Result<Result<(), Errno>, String> {
+        let c = self.m.bind(0).map_err(|e| e.to_string())?;
+        let file = match c.memfd_create() {
+            Ok(f) => f,
+            Err(e) => return Ok(Err(e)),
+        };
+        let r = c.ftruncate(&file, size).and_then(|()| {
+            if seed.is_some() {
+                c.pwrite(&file, 0, &super::file_bytes(size, seed))
+                    .map(|_| ())
+            } else {
+                Ok(())
+            }
+        });
+        drop(c);
+        self.files.insert(name.to_string(), file);
+        Ok(r)
+    }
     fn open_file(&mut self, name: &str, path: &str) -> Result<(), Errno> {
         let inode = self
             .m

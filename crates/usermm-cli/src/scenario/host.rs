@@ -44,14 +44,17 @@ const THP: &str = "/sys/kernel/mm/transparent_hugepage";
 /// process id.
 const SCENARIO_DIR_PREFIX: &str = "usermm-scenario-";
 
-/// Remove the FIFO folders of runs that were killed (their process is
-/// gone): a run removes its own as it ends, which a killed one cannot.
-/// Called under the runs' lock, so no live run is setting one up.
+/// Remove the FIFO folders (and tmpfs folders) of runs that were killed
+/// (their process is gone): a run removes its own as it ends, which a
+/// killed one cannot. Called under the runs' lock, so no live run is
+/// setting one up.
 fn remove_stale_dirs() {
-    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
-        return;
-    };
-    for e in entries.flatten() {
+    let dirs = [std::env::temp_dir(), PathBuf::from("/dev/shm")];
+    for e in dirs
+        .iter()
+        .filter_map(|d| std::fs::read_dir(d).ok())
+        .flat_map(|rd| rd.flatten())
+    {
         let name = e.file_name();
         let Some(pid) = name
             .to_str()
@@ -83,6 +86,12 @@ pub struct HostBackend {
     /// The scenario's files by name: the path, and whether its descriptor
     /// is open for writing (the scenario's own files) or not (host files).
     files: HashMap<String, (PathBuf, bool)>,
+    /// The scenario's memfds, open here; servers reach each through
+    /// `/proc/<this process>/fd/<fd>`.
+    memfds: Vec<File>,
+    /// The folder on tmpfs of the scenario's tmpfs files, made at the
+    /// first (removed with the run's folder).
+    shm_dir: Option<PathBuf>,
     procs: HashMap<String, Server>,
     cur: String,
     fifo_seq: usize,
@@ -159,6 +168,22 @@ fn mkfifo(path: &std::path::Path) -> anyhow::Result<()> {
 }
 
 impl HostBackend {
+    /// The run's folder on tmpfs, for its tmpfs files.
+    fn shm_dir(&mut self) -> Result<PathBuf, String> {
+        if let Some(d) = &self.shm_dir {
+            return Ok(d.clone());
+        }
+        let name = self
+            .dir
+            .file_name()
+            .map(|n| n.to_os_string())
+            .unwrap_or_default();
+        let d = PathBuf::from("/dev/shm").join(name);
+        std::fs::create_dir_all(&d).map_err(|e| format!("{}: {e}", d.display()))?;
+        self.shm_dir = Some(d.clone());
+        Ok(d)
+    }
+
     pub fn new() -> anyhow::Result<HostBackend> {
         let lock_path = std::env::temp_dir().join("usermm-native-scenarios.lock");
         let lock = OpenOptions::new()
@@ -187,6 +212,8 @@ impl HostBackend {
         let mut b = HostBackend {
             dir,
             files: HashMap::new(),
+            memfds: Vec::new(),
+            shm_dir: None,
             procs: HashMap::new(),
             cur: "main".into(),
             fifo_seq: 0,
@@ -330,7 +357,15 @@ impl Backend for HostBackend {
         fs: &str,
         chunk: u64,
     ) -> Result<Result<(), Errno>, String> {
-        let dir = &self.dir;
+        if fs == "tmpfs" {
+            tmpfs_small_folios()?;
+        }
+        let dir = if fs == "tmpfs" {
+            self.shm_dir()?
+        } else {
+            self.dir.clone()
+        };
+        let dir = &dir;
         let have = fs_type_of(dir)?;
         if have != fs {
             return Err(format!(
@@ -359,6 +394,36 @@ impl Backend for HostBackend {
         if let Err(e) = f.sync_all() {
             return Ok(Err(Errno(e.raw_os_error().unwrap_or(Errno::EIO.0))));
         }
+        self.files.insert(name.to_string(), (path, true));
+        Ok(Ok(()))
+    }
+    fn memfd(
+        &mut self,
+        name: &str,
+        size: u64,
+        seed: Option<u64>,
+    ) -> Result<Result<(), Errno>, String> {
+        tmpfs_small_folios()?;
+        let cname = std::ffi::CString::new(format!("usermm-{name}")).map_err(|e| e.to_string())?;
+        // SAFETY: memfd_create with a NUL-terminated name; the descriptor
+        // is owned by the File made of it below.
+        let fd = unsafe { libc::memfd_create(cname.as_ptr(), 0) };
+        if fd < 0 {
+            return Ok(Err(errno_now()));
+        }
+        // SAFETY: `fd` is a new descriptor of ours, owned from here on.
+        let f = unsafe { File::from_raw_fd(fd) };
+        if let Err(e) = f.set_len(size) {
+            return Ok(Err(Errno(e.raw_os_error().unwrap_or(Errno::EIO.0))));
+        }
+        if seed.is_some() {
+            use std::os::unix::fs::FileExt;
+            if let Err(e) = f.write_all_at(&super::file_bytes(size, seed), 0) {
+                return Ok(Err(Errno(e.raw_os_error().unwrap_or(Errno::EIO.0))));
+            }
+        }
+        let path = PathBuf::from(format!("/proc/{}/fd/{fd}", std::process::id()));
+        self.memfds.push(f);
         self.files.insert(name.to_string(), (path, true));
         Ok(Ok(()))
     }
@@ -631,6 +696,9 @@ impl Drop for HostBackend {
             m.put_back();
         }
         let _ = std::fs::remove_dir_all(&self.dir);
+        if let Some(d) = self.shm_dir.take() {
+            let _ = std::fs::remove_dir_all(d);
+        }
     }
 }
 
@@ -1047,6 +1115,43 @@ fn serve(requests: File, mut w: File) -> ! {
 /// keeps its descriptor (mappings of one open file may merge; a forked
 /// server inherits them, as fork shares descriptors).
 static OPEN_FILES: std::sync::Mutex<Vec<(String, File)>> = std::sync::Mutex::new(Vec::new());
+
+/// That shmem makes small folios here, as the model's does: the THP
+/// knobs of shmem (`shmem_enabled`, top-level and per size) at `never`
+/// (`inherit` for a size, `deny` at the top), and /dev/shm mounted without
+/// `huge=`; Err says what differs (the scenario is skipped).
+fn tmpfs_small_folios() -> Result<(), String> {
+    let knob = |p: &str| {
+        std::fs::read_to_string(p)
+            .ok()
+            .and_then(|s| s.split('[').nth(1)?.split(']').next().map(str::to_string))
+    };
+    if let Some(m) = knob(&format!("{THP}/shmem_enabled")).filter(|m| m != "never" && m != "deny") {
+        return Err(format!(
+            "shmem makes large folios here ({THP}/shmem_enabled is {m})"
+        ));
+    }
+    if let Ok(rd) = std::fs::read_dir(THP) {
+        for e in rd.flatten() {
+            let p = e.path().join("shmem_enabled");
+            if let Some(m) = knob(&p.to_string_lossy()).filter(|m| m != "never" && m != "inherit") {
+                return Err(format!(
+                    "shmem makes large folios here ({} is {m})",
+                    p.display()
+                ));
+            }
+        }
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    if let Some(l) = mounts
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some("/dev/shm") && l.contains("huge="))
+        .filter(|l| !l.contains("huge=never"))
+    {
+        return Err(format!("/dev/shm is mounted with large folios ({l})"));
+    }
+    Ok(())
+}
 
 /// `mmap` in the server: anonymous (`mmap ADDR LEN PROT FLAGS`), or a
 /// file (`... OFF WRITABLE PATH`) through its open file.

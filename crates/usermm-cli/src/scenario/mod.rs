@@ -63,6 +63,14 @@ pub trait Backend {
         fs: &str,
         chunk: u64,
     ) -> Result<Result<(), Errno>, String>;
+    /// `memfd_create(2)` as the scenario's file `name`, `ftruncate`d to
+    /// `size` and written with `seed`'s pattern.
+    fn memfd(
+        &mut self,
+        name: &str,
+        size: u64,
+        seed: Option<u64>,
+    ) -> Result<Result<(), Errno>, String>;
     /// Open the host file `path` read-only as the scenario's file `name`.
     fn open_file(&mut self, name: &str, path: &str) -> Result<(), Errno>;
     /// `ftruncate(2)` of the scenario's file `name`.
@@ -329,6 +337,7 @@ impl Interp<'_> {
                 | Op::Fails { .. }
                 | Op::CreateFile { .. }
                 | Op::OpenFile { .. }
+                | Op::Memfd { .. }
                 | Op::Truncate { .. }
         );
         if needs_process && !self.procs.contains_key(&self.cur) {
@@ -359,6 +368,10 @@ impl Interp<'_> {
                 Err(why) => Res::Skip(why),
             }),
             Op::OpenFile { name, path } => Ok(Self::done(self.b.open_file(name, path))),
+            Op::Memfd { name, size, seed } => Ok(match self.b.memfd(name, *size, *seed) {
+                Ok(r) => Self::done(r),
+                Err(why) => Res::Skip(why),
+            }),
             Op::Truncate { name, size } => Ok(Self::done(self.b.truncate(name, *size))),
             Op::Msync { addr, len, flags } => {
                 let (a, _) = self.addr(addr)?;

@@ -101,6 +101,13 @@ pub enum Op {
         fs: String,
         chunk: u64,
     },
+    /// `memfd F SIZE [seed=S]`: `memfd_create(2)`, `ftruncate` to SIZE,
+    /// and the pattern of seed S written as `file` writes it.
+    Memfd {
+        name: String,
+        size: u64,
+        seed: Option<u64>,
+    },
     /// `open F PATH`: a host file, read-only.
     OpenFile {
         name: String,
@@ -581,6 +588,7 @@ const STATEMENTS: &[(&str, ParseStatement)] = &[
     ("require", parse_require),
     ("file", parse_file),
     ("open", parse_open),
+    ("memfd", parse_memfd),
     ("truncate", parse_truncate),
     ("msync", parse_msync),
 ];
@@ -658,7 +666,7 @@ fn parse_file(w: &mut Words) -> Result<Op, ParseError> {
             seed = Some(parse_size(v).ok_or_else(|| w.err(col, format!("bad seed {v:?}")))?);
         } else if let Some(v) = word.strip_prefix("fs=") {
             if usermm::fs::FsKind::parse(v).is_none() {
-                return Err(w.err(col, format!("unknown filesystem {v:?} (ext4, ext2)")));
+                return Err(w.err(col, format!("unknown filesystem {v:?} (ext4, ext2, tmpfs)")));
             }
             fs = v.to_string();
         } else if let Some(v) = word.strip_prefix("chunk=") {
@@ -676,6 +684,22 @@ fn parse_file(w: &mut Words) -> Result<Op, ParseError> {
         fs,
         chunk: if chunk == 0 { size.max(1) } else { chunk },
     })
+}
+
+/// The statement `memfd`.
+fn parse_memfd(w: &mut Words) -> Result<Op, ParseError> {
+    let name = w.name("a file name")?;
+    let size = w.number("a size")?;
+    let mut seed = None;
+    if let Some(word) = w.peek() {
+        let (col, _) = w.next("seed=N")?;
+        seed = Some(
+            word.strip_prefix("seed=")
+                .and_then(parse_size)
+                .ok_or_else(|| w.err(col, format!("expected seed=N, found {word:?}")))?,
+        );
+    }
+    Ok(Op::Memfd { name, size, seed })
 }
 
 /// The statement `open`.

@@ -345,7 +345,7 @@ fn check_lru(m: &Machine, ex: &Expect, free: &HashSet<Pfn>) -> Result<(), String
 /// address space is in its file's `i_mmap`, which holds no other live VMA.
 fn check_page_cache(m: &Machine, mms: &[Arc<Mm>], ex: &mut Expect) -> Result<(), String> {
     let mem = &m.mem;
-    let (mut file_pages, mut dirty) = (0i64, 0i64);
+    let (mut file_pages, mut dirty, mut shmem) = (0i64, 0i64, 0i64);
     let mut linked = 0usize;
     for inode in m.inodes() {
         let mapping = &inode.i_mapping;
@@ -376,7 +376,15 @@ fn check_page_cache(m: &Machine, mms: &[Arc<Mm>], ex: &mut Expect) -> Result<(),
             }
             end = index + nr;
             pages += nr;
-            if head.test(crate::phys::pg::DIRTY) {
+            if mapping.is_shmem() {
+                shmem += nr as i64;
+                if !(head.test(crate::phys::pg::SWAPBACKED) && head.test(crate::phys::pg::DIRTY)) {
+                    return Err(format!(
+                        "{inode:?}: shmem folio {:#x} is not swap-backed and dirty",
+                        folio.pfn()
+                    ));
+                }
+            } else if head.test(crate::phys::pg::DIRTY) {
                 dirty += nr as i64;
             }
             ex.cached.insert(folio.pfn());
@@ -411,6 +419,7 @@ fn check_page_cache(m: &Machine, mms: &[Arc<Mm>], ex: &mut Expect) -> Result<(),
     for (stat, want) in [
         (NodeStat::NR_FILE_PAGES, file_pages),
         (NodeStat::NR_FILE_DIRTY, dirty),
+        (NodeStat::NR_SHMEM, shmem),
     ] {
         let got = mem.vmstat.node(stat);
         if got != want {
@@ -554,6 +563,7 @@ fn check_mm(m: &Machine, mm: &Arc<Mm>, ex: &mut Expect, leaves: &mut Leaves) -> 
         tables: 0,
         anon: 0,
         file: 0,
+        shmem: 0,
     };
     // The machine is quiescent: no lock is needed to read the tables.
     let top = 1u64 << 47;
@@ -562,7 +572,7 @@ fn check_mm(m: &Machine, mm: &Arc<Mm>, ex: &mut Expect, leaves: &mut Leaves) -> 
     {
         return Err(e);
     }
-    let (tables, anon, file) = (walk.tables, walk.anon, walk.file);
+    let (tables, anon, file, shmem) = (walk.tables, walk.anon, walk.file, walk.shmem);
     check_leaves_in_vmas(mm, tree, leaves)?;
     // Deposited tables under huge PMDs are counted as PTE tables.
     let bytes = mm.pgtables_bytes.load(Ordering::Relaxed);
@@ -581,6 +591,12 @@ fn check_mm(m: &Machine, mm: &Arc<Mm>, ex: &mut Expect, leaves: &mut Leaves) -> 
     if rss != file {
         return Err(format!(
             "{mm:?}: RssFile {rss} pages, page tables map {file}"
+        ));
+    }
+    let rss = mm.get_rss(MmCounter::ShmemPages);
+    if rss != shmem {
+        return Err(format!(
+            "{mm:?}: RssShmem {rss} pages, page tables map {shmem}"
         ));
     }
     Ok(())
@@ -618,6 +634,7 @@ struct CheckWalk<'a> {
     tables: i64,
     anon: i64,
     file: i64,
+    shmem: i64,
 }
 
 impl MmWalkOps for CheckWalk<'_> {
@@ -698,11 +715,7 @@ impl MmWalkOps for CheckWalk<'_> {
             self.leaves
                 .insert(base + i * PAGE_SIZE, (head + i, pm.write()));
         }
-        if anon {
-            self.anon += 512;
-        } else {
-            self.file += 512;
-        }
+        self.count_rss(Folio(head), 512);
         ControlFlow::Continue(WalkAction::Continue)
     }
 
@@ -715,6 +728,15 @@ impl MmWalkOps for CheckWalk<'_> {
 }
 
 impl CheckWalk<'_> {
+    /// `nr` pages of `folio` mapped: the RSS counter they count in.
+    fn count_rss(&mut self, folio: Folio, nr: i64) {
+        match crate::mm::mm_counter_file(&self.m.mem, folio) {
+            _ if folio.test_anon(&self.m.mem) => self.anon += nr,
+            MmCounter::ShmemPages => self.shmem += nr,
+            _ => self.file += nr,
+        }
+    }
+
     /// A PMD migration entry: a PMD-order folio's head, counted in RSS
     /// (512 anon pages) with no mapping or reference of its own.
     fn check_swap_pmd(&mut self, pmd: Pmd, addr: u64) -> Result<(), String> {
@@ -827,11 +849,7 @@ impl CheckWalk<'_> {
         *self.ex.page_maps.entry(p).or_default() += 1;
         *self.ex.mm_maps.entry((f.pfn(), mm.id)).or_default() += 1;
         self.ex.mapped.insert(p);
-        if anon {
-            self.anon += 1;
-        } else {
-            self.file += 1;
-        }
+        self.count_rss(f, 1);
         Ok(())
     }
 }

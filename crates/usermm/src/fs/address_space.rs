@@ -47,10 +47,13 @@ pub struct AddressSpace {
     /// `mapping_large_folio_support`: the largest folio order the cache
     /// may hold (0: small folios only).
     max_order: u32,
+    /// `shmem_mapping`: a tmpfs file's (its folios swap-backed and always
+    /// dirty, counted in `nr_shmem`, never written back).
+    shmem: bool,
 }
 
 impl AddressSpace {
-    pub(super) fn new(large_folios: bool) -> AddressSpace {
+    pub(super) fn new(large_folios: bool, shmem: bool) -> AddressSpace {
         AddressSpace {
             i_pages: Mutex::new(BTreeMap::new()),
             nrpages: AtomicU64::new(0),
@@ -61,7 +64,14 @@ impl AddressSpace {
             } else {
                 0
             },
+            shmem,
         }
+    }
+
+    /// `shmem_mapping`.
+    #[inline]
+    pub fn is_shmem(&self) -> bool {
+        self.shmem
     }
 
     /// What a folio's `mapping` holds for this address space.
@@ -155,6 +165,12 @@ impl AddressSpace {
         head.mapping
             .store(self.as_mapping_word(), Ordering::Relaxed);
         head.index.store(index, Ordering::Relaxed);
+        if self.shmem {
+            // shmem_add_to_page_cache: swap-backed, and dirty from the
+            // start (`noop_dirty_folio`: no dirty accounting).
+            head.set(crate::phys::pg::SWAPBACKED | crate::phys::pg::DIRTY);
+            mem.mod_node_state(NodeStat::NR_SHMEM, nr as i64);
+        }
         folio.ref_add(mem, nr as i32);
         pages.insert(index, folio);
         self.nrpages.fetch_add(nr, Ordering::Relaxed);
@@ -176,20 +192,23 @@ impl AddressSpace {
             debug_assert_eq!(gone, Some(c.folio), "removing a folio not cached there");
             self.nrpages.fetch_sub(nr, Ordering::Relaxed);
         }
-        Self::forget_folio(mem, c.folio, nr, cpu);
+        Self::forget_folio(mem, c.folio, nr, cpu, self.shmem);
     }
 
-    fn forget_folio(mem: &PhysMem, folio: Folio, nr: u64, cpu: usize) {
+    fn forget_folio(mem: &PhysMem, folio: Folio, nr: u64, cpu: usize, shmem: bool) {
         debug_assert!(
             !folio.mapped(mem),
             "folio {:#x} left the page cache mapped",
             folio.pfn()
         );
         let head = folio.head(mem);
-        if head.test_and_clear(crate::phys::pg::DIRTY) {
+        if head.test_and_clear(crate::phys::pg::DIRTY) && !shmem {
             // `folio_account_cleaned`: a truncated dirty folio is never
             // written.
             mem.mod_node_state(NodeStat::NR_FILE_DIRTY, -(nr as i64));
+        }
+        if shmem {
+            mem.mod_node_state(NodeStat::NR_SHMEM, -(nr as i64));
         }
         head.mapping.store(0, Ordering::Relaxed);
         mem.mod_node_state(NodeStat::NR_FILE_PAGES, -(nr as i64));
@@ -219,7 +238,7 @@ impl AddressSpace {
             let nr = folio.nr_pages(mem);
             self.nrpages.fetch_sub(nr, Ordering::Relaxed);
             each(folio);
-            Self::forget_folio(mem, folio, nr, cpu);
+            Self::forget_folio(mem, folio, nr, cpu, self.shmem);
         }
     }
 

@@ -47,6 +47,13 @@ pub enum FsKind {
     /// A disk filesystem without large folio support (ext2's
     /// `mapping_large_folio_support` is false): order-0 folios only.
     Ext2,
+    /// tmpfs (shmem), as mounted by default (`huge=never`): its page cache
+    /// is all there is of a file (no writeback; without swap, never
+    /// reclaimed), its folios are swap-backed (on the anon LRU lists,
+    /// counted in `Shmem` and `RssShmem`) and always dirty; no
+    /// write-notify. Shared anonymous memory and memfds live on an
+    /// internal mount of it.
+    Tmpfs,
 }
 
 impl FsKind {
@@ -54,11 +61,12 @@ impl FsKind {
         match self {
             FsKind::Ext4 => "ext4",
             FsKind::Ext2 => "ext2",
+            FsKind::Tmpfs => "tmpfs",
         }
     }
 
     pub fn parse(s: &str) -> Option<FsKind> {
-        [FsKind::Ext4, FsKind::Ext2]
+        [FsKind::Ext4, FsKind::Ext2, FsKind::Tmpfs]
             .into_iter()
             .find(|k| k.name() == s)
     }
@@ -68,6 +76,11 @@ impl FsKind {
     /// writeback-capable device).
     pub fn writenotify(self) -> bool {
         matches!(self, FsKind::Ext4 | FsKind::Ext2)
+    }
+
+    /// `shmem_mapping`: its files are shmem's.
+    pub fn shmem(self) -> bool {
+        matches!(self, FsKind::Tmpfs)
     }
 
     /// `mapping_large_folio_support` for this filesystem's regular files.
@@ -126,7 +139,7 @@ impl Inode {
             ino: NEXT_INO.fetch_add(1, Ordering::Relaxed),
             kind,
             i_size: AtomicU64::new(size),
-            i_mapping: AddressSpace::new(kind.large_folios()),
+            i_mapping: AddressSpace::new(kind.large_folios(), kind.shmem()),
             backing,
             mem: mem.clone(),
             host_path,

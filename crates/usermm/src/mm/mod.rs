@@ -57,6 +57,18 @@ pub enum MmCounter {
 }
 pub const NR_MM_COUNTERS: usize = 4;
 
+/// `mm_counter_file`: the RSS counter of a page-cache folio: shmem's
+/// (swap-backed) count as `MM_SHMEMPAGES`, other files' as
+/// `MM_FILEPAGES`.
+#[inline]
+pub fn mm_counter_file(mem: &crate::phys::PhysMem, folio: crate::phys::Folio) -> MmCounter {
+    if folio.head(mem).test(crate::phys::pg::SWAPBACKED) {
+        MmCounter::ShmemPages
+    } else {
+        MmCounter::FilePages
+    }
+}
+
 static MM_ID: AtomicU64 = AtomicU64::new(1);
 
 /// `mm->rss_stat`: one `percpu_counter` per [`MmCounter`] (v6.2+), so that
