@@ -132,6 +132,56 @@ pub fn populate_munmap(len: usize) -> (f64, f64) {
     (populate, r.munmap())
 }
 
+/// A file of `len` bytes in the temporary folder, written in `chunk`-byte
+/// writes and `fsync`ed (untimed), then timed: its private read-only
+/// mapping read a byte a page, and the munmap of it (the file still open).
+pub fn file_read_munmap(len: usize, chunk: usize) -> std::io::Result<(f64, f64)> {
+    use std::io::Write;
+    use std::os::unix::io::AsRawFd;
+    let path = std::env::temp_dir().join(format!("usermm-bench-{}.file", std::process::id()));
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)?;
+    std::fs::remove_file(&path)?;
+    let buf = vec![1u8; chunk];
+    let mut done = 0;
+    while done < len {
+        let n = chunk.min(len - done);
+        f.write_all(&buf[..n])?;
+        done += n;
+    }
+    f.sync_all()?;
+    // SAFETY: a private read-only mapping of our own file; checked below.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    let t = Instant::now();
+    for off in (0..len).step_by(4096) {
+        // SAFETY: inside the mapping, within the file.
+        unsafe { std::ptr::read_volatile((ptr as *const u8).add(off)) };
+    }
+    let populate = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    // SAFETY: unmapping exactly what we mapped.
+    unsafe { libc::munmap(ptr, len) };
+    let unmap = t.elapsed().as_secs_f64();
+    drop(f);
+    Ok((populate, unmap))
+}
+
 /// An anonymous private mapping on the host, populated by write faults.
 pub struct HostRegion {
     pub ptr: *mut libc::c_void,

@@ -68,9 +68,11 @@ impl SizeSamples {
     }
 }
 
-/// `bench fault`: populate by write faults, then munmap, per folio size.
+/// `bench fault`: populate by write faults, then munmap, per folio size
+/// (with `--backing file`: by read faults of a cached file's mapping).
 fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let len = a.size_mb << 20;
+    let file = a.backing == "file";
     let m = experiment_machine(a, region_machine_bytes(a.size_mb))?;
     // CPU 0's thread (this one) on host CPU 0, the host's loop beside it
     // (after the machine is made: its own threads float).
@@ -99,11 +101,25 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         let host_first = k.is_multiple_of(2);
         for engine in [!host_first, host_first] {
             if engine {
-                let (p, u) = engine_populate_munmap(&m, len)?;
+                let (p, u) = if file {
+                    engine_read_file_munmap(&m, kb, len)?
+                } else {
+                    engine_populate_munmap(&m, len)?
+                };
                 r.populate.engine_s.push(p);
                 r.munmap.engine_s.push(u);
             } else if !r.host_refused {
                 match knobs.only_size(kb) {
+                    Ok(()) if file => match host_read_file_munmap(kb, len) {
+                        Ok((p, u)) => {
+                            r.populate.host_s.push(p);
+                            r.munmap.host_s.push(u);
+                        }
+                        Err(e) => {
+                            r.host_refused = true;
+                            r.note = Some(e);
+                        }
+                    },
                     Ok(()) => {
                         let (p, u) = host_populate_munmap(kb, len, &mut r.note);
                         r.populate.host_s.push(p);
@@ -147,8 +163,13 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     }
     pb.finish_and_clear();
     if !a.json {
+        let how = if file {
+            "read faults of a private mapping of a cached file (written in writes of the folio size: its page-cache folios)"
+        } else {
+            "write faults"
+        };
         outln!(
-            "bench fault: populate {} MiB by write faults, then munmap; engine and host interleaved; medians of the rounds (runs {})",
+            "bench fault: populate {} MiB by {how}, then munmap; engine and host interleaved; medians of the rounds (runs {})",
             a.size_mb,
             a.runs()
         );
@@ -214,7 +235,7 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         )?;
     }
     Ok(
-        serde_json::json!({ "experiment": "fault", "machine": m.config.to_string(), "size_mb": a.size_mb, "runs": a.runs().to_string(), "rows": rows }),
+        serde_json::json!({ "experiment": "fault", "backing": a.backing, "machine": m.config.to_string(), "size_mb": a.size_mb, "runs": a.runs().to_string(), "rows": rows }),
     )
 }
 
@@ -238,6 +259,53 @@ fn host_populate_munmap(kb: u64, len: u64, note: &mut Option<String>) -> (f64, f
         *note = Some(format!("host did not give {kb}K folios"));
     }
     t
+}
+
+/// One round of `--backing file` in the engine: a file of `len` bytes
+/// written in `kb`-KiB writes (untimed), then timed: its private mapping
+/// read a byte a page (fault-around, whole folios, PMDs), and its munmap.
+/// The file stays open across the munmap, and goes with its page cache
+/// after.
+fn engine_read_file_munmap(m: &Machine, kb: u64, len: u64) -> anyhow::Result<(f64, f64)> {
+    use usermm::fs::{FMode, File, FsKind};
+    let c = m.bind(0).map_err(|e| anyhow::anyhow!("bind: {e}"))?;
+    c.new_mm().map_err(|e| anyhow::anyhow!("mm: {e}"))?;
+    let inode = m.create_file(FsKind::Ext4, 0);
+    let mode = FMode {
+        read: true,
+        write: true,
+    };
+    let f = File::open(&inode, mode).map_err(|e| anyhow::anyhow!("open: {e}"))?;
+    let chunk = kb << 10;
+    let buf = vec![1u8; chunk as usize];
+    for pos in (0..len).step_by(chunk as usize) {
+        c.pwrite(&f, pos, &buf[..chunk.min(len - pos) as usize])
+            .map_err(|e| anyhow::anyhow!("write: {e}"))?;
+    }
+    c.fsync(&f).map_err(|e| anyhow::anyhow!("fsync: {e}"))?;
+    let addr = c
+        .mmap_file(0, len, PROT_READ, MAP_PRIVATE, Some(&f), 0)
+        .map_err(|e| anyhow::anyhow!("mmap: {e}"))?;
+    let t = Instant::now();
+    for p in (addr..addr + len).step_by(4096) {
+        c.load_u8(p).map_err(|e| anyhow::anyhow!("read: {e}"))?;
+    }
+    let populate = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    c.munmap(addr, len)
+        .map_err(|e| anyhow::anyhow!("munmap: {e}"))?;
+    let unmap = t.elapsed().as_secs_f64();
+    c.exit_mm().map_err(|e| anyhow::anyhow!("exit: {e}"))?;
+    drop((f, inode));
+    m.rcu_barrier();
+    Ok((populate, unmap))
+}
+
+/// [`engine_read_file_munmap`] on the host: a file in the temporary
+/// folder, kept open, unlinked.
+fn host_read_file_munmap(kb: u64, len: u64) -> Result<(f64, f64), String> {
+    native::file_read_munmap(len as usize, (kb << 10) as usize)
+        .map_err(|e| format!("host file: {e}"))
 }
 
 fn engine_populate_munmap(m: &Machine, len: u64) -> anyhow::Result<(f64, f64)> {

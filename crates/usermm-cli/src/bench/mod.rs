@@ -77,11 +77,12 @@ pub struct BenchArgs {
     /// Skip the runs on the host kernel.
     #[arg(long)]
     pub no_host: bool,
-    /// munmap, dontneed: what backs the region: `anon` (private anonymous
-    /// memory), or `file` (a file written in writes of the folio size, so
-    /// that the page cache holds folios of that size, mapped private and
-    /// read-faulted; natively a file in the temporary folder, which must
-    /// be on a filesystem with large folios, as ext4 is since 6.16).
+    /// fault, munmap, dontneed: what backs the region: `anon` (private
+    /// anonymous memory), or `file` (a file written in writes of the folio
+    /// size, so that the page cache holds folios of that size, mapped
+    /// private and read-faulted; natively a file in the temporary folder,
+    /// which must be on a filesystem with large folios, as ext4 is since
+    /// 6.16).
     #[arg(long, default_value = "anon")]
     pub backing: String,
     /// pft: the fault-thread counts (comma-separated); by default 1, 2 and
@@ -309,11 +310,11 @@ fn validate(a: &BenchArgs) -> anyhow::Result<()> {
     match a.backing.as_str() {
         "anon" => {}
         "file" => match a.name.as_deref() {
-            Some("munmap" | "dontneed") => {}
+            Some("munmap" | "dontneed" | "fault") => {}
             Some(n) => anyhow::bail!(
-                "--backing file: only munmap and dontneed take it ({n} maps anonymous memory)"
+                "--backing file: only fault, munmap and dontneed take it ({n} maps anonymous memory)"
             ),
-            None => anyhow::bail!("--backing file: name the experiment (munmap or dontneed)"),
+            None => anyhow::bail!("--backing file: name the experiment (fault, munmap or dontneed)"),
         },
         "shmem" => anyhow::bail!("--backing shmem: shared memory is not modelled yet"),
         b => anyhow::bail!("--backing {b:?}: anon or file"),

@@ -28,6 +28,8 @@ pub struct Headline {
 /// The headline of experiment `name` from its JSON object.
 pub fn headline(name: &'static str, v: &Value) -> Option<Headline> {
     let rows = v["rows"].as_array()?;
+    // Over a file's page cache (`--backing file`), or anonymous memory.
+    let of_file = v["backing"].as_str() == Some("file");
     let line = |what: String, published: Option<String>, usermm: String, host: Option<String>| {
         Some(Headline {
             experiment: name,
@@ -49,9 +51,14 @@ pub fn headline(name: &'static str, v: &Value) -> Option<Headline> {
                 "fork" => "fork batching: fork with 2 MiB folios mapped by PTEs",
                 _ => "large-folio reuse (v6.15): writes after fork and the child's exit",
             };
+            let what = if of_file {
+                format!("{what}, of a file's page cache")
+            } else {
+                what.to_string()
+            };
             let host = beside(r, "host_s", "batched_s");
             let published = f(r, "seed_change_pct").map(|c| format!("{c:+.0}%").replace('-', "−"));
-            line(what.into(), published, change(r, "ratio")?, host)
+            line(what, published, change(r, "ratio")?, host)
         }
         "pt_reclaim" => {
             let whole = |design: &str| {
@@ -154,8 +161,13 @@ pub fn headline(name: &'static str, v: &Value) -> Option<Headline> {
         }
         "fault" => {
             let r = find(rows, &[("op", "populate".into()), ("folio_kb", 4.into())])?;
+            let what = if of_file {
+                "the engine's speed: read faults of a cached file in 4 KiB folios"
+            } else {
+                "the engine's speed: write faults in 4 KiB folios"
+            };
             line(
-                "the engine's speed: write faults in 4 KiB folios".into(),
+                what.into(),
                 None,
                 format!("{} the host's time", times(r)?),
                 beside(r, "host_s", "engine_s"),
