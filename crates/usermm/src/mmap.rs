@@ -623,23 +623,23 @@ pub fn do_mmap(
             _ => return Err(Errno::EINVAL),
         },
     }
+    let oc = &oncpu.m.overcommit;
+    // MAP_NORESERVE is honoured only where overcommit is allowed.
+    if flags & MAP_NORESERVE != 0 && oc.mode() != OvercommitMode::Never {
+        vm_flags |= VM_NORESERVE;
+    }
     // Shared anonymous memory is a shmem file of the mapping's size, from
     // its start (`shmem_zero_setup`; do_mmap ignores the offset).
     let zero_file;
     let pgoff = if file.is_some() {
         pgoff
     } else if vm_flags & VM_SHARED != 0 {
-        zero_file = crate::shmem::shmem_zero_setup(oncpu, len)?;
+        zero_file = crate::shmem::shmem_zero_setup(oncpu, mm, len, vm_flags)?;
         file = Some(&zero_file);
         0
     } else {
         addr >> PAGE_SHIFT
     };
-    let oc = &oncpu.m.overcommit;
-    // MAP_NORESERVE is honoured only where overcommit is allowed.
-    if flags & MAP_NORESERVE != 0 && oc.mode() != OvercommitMode::Never {
-        vm_flags |= VM_NORESERVE;
-    }
     // What MAP_FIXED replaces was charged already: the new mapping takes
     // those pages over and is charged only for the rest (`__mmap_prepare`).
     let replaced = if overlaps {

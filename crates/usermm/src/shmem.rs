@@ -3,9 +3,10 @@
 //!
 //! A shmem file's page cache is all there is of it. A missing page is a
 //! new folio of zeroes, made by any fault (there is no shared zero page
-//! for shared memory: a read fault allocates as a write does), swap-backed
-//! and dirty from the start; nothing writes it back, and without swap
-//! nothing reclaims it. Its faults never read, so they are never major.
+//! for shared memory: a read fault allocates as a write does),
+//! swap-backed, clean until written; nothing writes it back, and without
+//! swap reclaim drops only the clean ones (zeroes, which a fault makes
+//! again). Its faults never read, so they are never major.
 //!
 //! Folio orders: tmpfs as mounted by default (`huge=never`) and the
 //! internal mount of shared anonymous memory and memfds with the THP
@@ -54,9 +55,31 @@ pub fn shmem_fault(oncpu: &OnCpu, vma: &Vma, pgoff: u64) -> Result<FileFault, Vm
 }
 
 /// `shmem_zero_setup`: the file behind a shared anonymous mapping of
-/// `len` bytes (`/dev/zero (deleted)` in /proc/PID/maps).
-pub fn shmem_zero_setup(oncpu: &OnCpu, len: u64) -> KResult<Arc<File>> {
+/// `len` bytes of `mm` (`/dev/zero (deleted)` in /proc/PID/maps). Unless
+/// the mapping is `VM_NORESERVE`, its whole size is charged to the
+/// overcommit commitment (`shmem_acct_size`) until the file goes:
+/// ENOMEM where the policy refuses.
+pub fn shmem_zero_setup(
+    oncpu: &OnCpu,
+    mm: &crate::mm::Mm,
+    len: u64,
+    vm_flags: crate::mm::vma::VmFlags,
+) -> KResult<Arc<File>> {
     let inode = oncpu.m.create_file(FsKind::Tmpfs, len);
+    if vm_flags & crate::mm::vma::VM_NORESERVE == 0 {
+        let pages = len >> crate::phys::PAGE_SHIFT;
+        let oc = &oncpu.m.overcommit;
+        oc.vm_enough_memory(Some(mm.total_vm.load(Ordering::Relaxed)), pages)?;
+        let machine = oncpu.m.me.get().cloned();
+        inode.set_accounted(
+            pages,
+            Box::new(move |pages| {
+                if let Some(m) = machine.and_then(|w| w.upgrade()) {
+                    m.overcommit.vm_unacct_memory(pages);
+                }
+            }),
+        );
+    }
     File::open(
         &inode,
         FMode {
@@ -67,7 +90,16 @@ pub fn shmem_zero_setup(oncpu: &OnCpu, len: u64) -> KResult<Arc<File>> {
 }
 
 /// `memfd_create(2)`: a new, empty shmem file, open for reading and
-/// writing.
+/// writing. (A memfd, as a tmpfs file, is `VM_NORESERVE`: the kernel
+/// charges its pages one by one as they are allocated, which the model
+/// does not.)
 pub fn memfd_create(oncpu: &OnCpu) -> KResult<Arc<File>> {
-    shmem_zero_setup(oncpu, 0)
+    let inode = oncpu.m.create_file(FsKind::Tmpfs, 0);
+    File::open(
+        &inode,
+        FMode {
+            read: true,
+            write: true,
+        },
+    )
 }

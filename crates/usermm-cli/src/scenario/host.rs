@@ -168,6 +168,26 @@ fn mkfifo(path: &std::path::Path) -> anyhow::Result<()> {
 }
 
 impl HostBackend {
+    /// Have the current server write `size` bytes of `seed`'s pattern to
+    /// `path` (made or emptied first when `create`), in `chunk`-byte
+    /// writes, then fsync it.
+    fn write_file_in_server(
+        &mut self,
+        path: &std::path::Path,
+        size: u64,
+        seed: Option<u64>,
+        chunk: u64,
+        create: bool,
+    ) -> Result<(), Errno> {
+        let seed = seed.map_or("-".to_string(), |s| s.to_string());
+        self.call_errno(&format!(
+            "write_file {size} {seed} {chunk} {} {}",
+            u8::from(create),
+            path.display()
+        ))
+        .map(|_| ())
+    }
+
     /// The run's folder on tmpfs, for its tmpfs files.
     fn shm_dir(&mut self) -> Result<PathBuf, String> {
         if let Some(d) = &self.shm_dir {
@@ -374,28 +394,13 @@ impl Backend for HostBackend {
             ));
         }
         let path = dir.join(format!("file-{name}"));
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        let bytes = super::file_bytes(size, seed);
-        let mut pos = 0u64;
-        while pos < size {
-            use std::os::unix::fs::FileExt;
-            let n = chunk.min(size - pos);
-            if let Err(e) = f.write_all_at(&bytes[pos as usize..(pos + n) as usize], pos) {
-                return Ok(Err(Errno(e.raw_os_error().unwrap_or(Errno::EIO.0))));
-            }
-            pos += n;
+        // The current process writes it (its page cache then sits in that
+        // process's CPU's LRU batch, as the model's does).
+        let r = self.write_file_in_server(&path, size, seed, chunk, true);
+        if r.is_ok() {
+            self.files.insert(name.to_string(), (path, true));
         }
-        if let Err(e) = f.sync_all() {
-            return Ok(Err(Errno(e.raw_os_error().unwrap_or(Errno::EIO.0))));
-        }
-        self.files.insert(name.to_string(), (path, true));
-        Ok(Ok(()))
+        Ok(r)
     }
     fn memfd(
         &mut self,
@@ -416,14 +421,14 @@ impl Backend for HostBackend {
         if let Err(e) = f.set_len(size) {
             return Ok(Err(Errno(e.raw_os_error().unwrap_or(Errno::EIO.0))));
         }
-        if seed.is_some() {
-            use std::os::unix::fs::FileExt;
-            if let Err(e) = f.write_all_at(&super::file_bytes(size, seed), 0) {
-                return Ok(Err(Errno(e.raw_os_error().unwrap_or(Errno::EIO.0))));
-            }
-        }
         let path = PathBuf::from(format!("/proc/{}/fd/{fd}", std::process::id()));
         self.memfds.push(f);
+        if seed.is_some() {
+            // Written by the current process, as `file` is.
+            if let Err(e) = self.write_file_in_server(&path, size, seed, size.max(1), false) {
+                return Ok(Err(e));
+            }
+        }
         self.files.insert(name.to_string(), (path, true));
         Ok(Ok(()))
     }
@@ -975,6 +980,7 @@ fn serve(requests: File, mut w: File) -> ! {
         };
         let reply = match words.first().copied() {
             Some("mmap") => mmap_here(&words, n),
+            Some("write_file") => write_file_here(&words, n),
             Some("msync") => {
                 // SAFETY: as for munmap.
                 rc(unsafe { libc::msync(n(1) as *mut _, n(2) as usize, n(3) as i32) })
@@ -1115,6 +1121,64 @@ fn serve(requests: File, mut w: File) -> ! {
 /// keeps its descriptor (mappings of one open file may merge; a forked
 /// server inherits them, as fork shares descriptors).
 static OPEN_FILES: std::sync::Mutex<Vec<(String, File)>> = std::sync::Mutex::new(Vec::new());
+
+/// `write_file SIZE SEED|- CHUNK CREATE PATH` in the server: the file
+/// written as [`super::file_bytes`] makes it, in `CHUNK`-byte writes, then
+/// fsynced.
+fn write_file_here(words: &[&str], n: impl Fn(usize) -> u64) -> String {
+    use std::os::unix::fs::FileExt;
+    let Some(path) = words.get(5) else {
+        return format!("err {}", Errno::EINVAL.0);
+    };
+    let (size, chunk) = (n(1), n(3).max(1));
+    let seed = words.get(2).and_then(|s| s.parse::<u64>().ok());
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(n(4) == 1)
+        .truncate(n(4) == 1)
+        .open(path);
+    let f = match f {
+        Ok(f) => f,
+        Err(e) => return format!("err {}", e.raw_os_error().unwrap_or(Errno::EIO.0)),
+    };
+    // The bytes in a mapping of their own, unmapped after: the server's
+    // heap, whose pages count in its figures, does not grow.
+    let buf_len = size.max(1) as usize;
+    // SAFETY: an anonymous private mapping of our own; checked below.
+    let buf = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            buf_len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if buf == libc::MAP_FAILED {
+        return format!("err {}", errno_now().0);
+    }
+    // SAFETY: `buf_len` bytes just mapped, ours alone until unmapped below.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, buf_len) };
+    super::fill_file_bytes(bytes, seed);
+    let mut pos = 0u64;
+    let mut r = Ok(());
+    while pos < size && r.is_ok() {
+        let len = chunk.min(size - pos);
+        r = f.write_all_at(&bytes[pos as usize..(pos + len) as usize], pos);
+        pos += len;
+    }
+    // SAFETY: unmapping what was mapped above; `bytes` is not used after.
+    unsafe { libc::munmap(buf, buf_len) };
+    if let Err(e) = r {
+        return format!("err {}", e.raw_os_error().unwrap_or(Errno::EIO.0));
+    }
+    match f.sync_all() {
+        Ok(()) => "ok".into(),
+        Err(e) => format!("err {}", e.raw_os_error().unwrap_or(Errno::EIO.0)),
+    }
+}
 
 /// That shmem makes small folios here, as the model's does: the THP
 /// knobs of shmem (`shmem_enabled`, top-level and per size) at `never`

@@ -228,6 +228,12 @@ pub fn pattern(seed: u64, rel: u64) -> u64 {
 /// rest zero; all zero without a seed. Both sides write these bytes.
 pub fn file_bytes(size: u64, seed: Option<u64>) -> Vec<u8> {
     let mut buf = vec![0u8; size as usize];
+    fill_file_bytes(&mut buf, seed);
+    buf
+}
+
+/// [`file_bytes`] into `buf`, which is zero.
+pub fn fill_file_bytes(buf: &mut [u8], seed: Option<u64>) {
     if let Some(seed) = seed {
         for (i, page) in buf.chunks_mut(4096).enumerate() {
             let w = pattern(seed, (i as u64) << 12).to_le_bytes();
@@ -235,7 +241,6 @@ pub fn file_bytes(size: u64, seed: Option<u64>) -> Vec<u8> {
             page[..n].copy_from_slice(&w[..n]);
         }
     }
-    buf
 }
 
 #[derive(Default, Clone)]

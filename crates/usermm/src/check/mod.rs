@@ -378,9 +378,9 @@ fn check_page_cache(m: &Machine, mms: &[Arc<Mm>], ex: &mut Expect) -> Result<(),
             pages += nr;
             if mapping.is_shmem() {
                 shmem += nr as i64;
-                if !(head.test(crate::phys::pg::SWAPBACKED) && head.test(crate::phys::pg::DIRTY)) {
+                if !head.test(crate::phys::pg::SWAPBACKED) {
                     return Err(format!(
-                        "{inode:?}: shmem folio {:#x} is not swap-backed and dirty",
+                        "{inode:?}: shmem folio {:#x} is not swap-backed",
                         folio.pfn()
                     ));
                 }
@@ -458,11 +458,13 @@ fn check_pmd_exclusive(
     Ok(())
 }
 
-/// `vm_committed_as` is the size of every `VM_ACCOUNT` VMA.
+/// `vm_committed_as` is the size of every `VM_ACCOUNT` VMA and of every
+/// shared anonymous mapping's file.
 fn check_committed(m: &Machine, mms: &[Arc<Mm>]) -> Result<(), String> {
     let guard = crate::sync::epoch::pin();
     let want =
-        crate::mmap::vmas_accounted_pages(mms.iter().flat_map(|mm| mm.vma_tree(&guard).iter()));
+        crate::mmap::vmas_accounted_pages(mms.iter().flat_map(|mm| mm.vma_tree(&guard).iter()))
+            + m.inodes().iter().map(|i| i.accounted_pages()).sum::<u64>();
     let got = m.overcommit.vm_memory_committed();
     if got != want {
         return Err(format!(

@@ -166,9 +166,10 @@ impl AddressSpace {
             .store(self.as_mapping_word(), Ordering::Relaxed);
         head.index.store(index, Ordering::Relaxed);
         if self.shmem {
-            // shmem_add_to_page_cache: swap-backed, and dirty from the
-            // start (`noop_dirty_folio`: no dirty accounting).
-            head.set(crate::phys::pg::SWAPBACKED | crate::phys::pg::DIRTY);
+            // shmem_add_to_page_cache: swap-backed. Clean until written
+            // (a page of a hole is only zeroes, which reclaim may drop);
+            // dirtied without dirty accounting (`noop_dirty_folio`).
+            head.set(crate::phys::pg::SWAPBACKED);
             mem.mod_node_state(NodeStat::NR_SHMEM, nr as i64);
         }
         folio.ref_add(mem, nr as i32);

@@ -113,7 +113,14 @@ pub struct Inode {
     mem: Arc<PhysMem>,
     /// A host file's path, for reports; None for the machine's own.
     pub host_path: Option<std::path::PathBuf>,
+    /// The pages charged to the overcommit commitment for this inode (a
+    /// shared anonymous mapping's whole size, `shmem_acct_size`), and
+    /// what gives them back when the inode goes.
+    acct: Mutex<Option<Accounted>>,
 }
+
+/// Pages charged to the overcommit commitment, and what gives them back.
+type Accounted = (u64, Box<dyn FnOnce(u64) + Send>);
 
 impl std::fmt::Debug for Inode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -143,6 +150,7 @@ impl Inode {
             backing,
             mem: mem.clone(),
             host_path,
+            acct: Mutex::new(None),
         })
     }
 
@@ -192,6 +200,17 @@ impl Inode {
     /// (`inode_lock`, in the kernel).
     pub(crate) fn set_size(&self, size: u64) {
         self.i_size.store(size, Ordering::Release);
+    }
+
+    /// Charge `pages` to this inode, given back by `release` when it goes
+    /// (`shmem_acct_size` / `shmem_unacct_size`).
+    pub fn set_accounted(&self, pages: u64, release: Box<dyn FnOnce(u64) + Send>) {
+        *self.acct.lock() = Some((pages, release));
+    }
+
+    /// The pages charged to this inode.
+    pub fn accounted_pages(&self) -> u64 {
+        self.acct.lock().as_ref().map_or(0, |(p, _)| *p)
     }
 
     /// Whether the inode's bytes may be written (a host file may not).
@@ -272,6 +291,9 @@ impl Drop for Inode {
         let mem = self.mem.clone();
         // Freed from no CPU: straight to the buddy lists.
         self.i_mapping.remove_all(&mem, mem.vmstat.no_cpu(), |_| ());
+        if let Some((pages, release)) = self.acct.get_mut().take() {
+            release(pages);
+        }
     }
 }
 

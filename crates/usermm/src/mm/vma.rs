@@ -81,8 +81,11 @@ pub const VM_ACCESS_FLAGS: VmFlags = VM_READ | VM_WRITE | VM_EXEC;
 /// read-only entries; the write fault makes them writable (COW).
 pub fn vm_get_page_prot(flags: VmFlags) -> Pgprot {
     let exec = flags & VM_EXEC != 0;
+    if flags & VM_ACCESS_FLAGS == 0 {
+        // PROT_NONE, shared or not.
+        return Pgprot::NONE;
+    }
     match (flags & (VM_READ | VM_WRITE | VM_EXEC | VM_SHARED), exec) {
-        (0, _) => Pgprot::NONE,
         (f, true) if f & VM_SHARED != 0 && f & VM_WRITE != 0 => Pgprot::SHARED_EXEC,
         (f, false) if f & VM_SHARED != 0 && f & VM_WRITE != 0 => Pgprot::SHARED,
         (_, true) => Pgprot::READONLY_EXEC,
