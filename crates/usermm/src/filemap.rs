@@ -226,7 +226,7 @@ pub fn filemap_write_and_wait_range(oncpu: &OnCpu, inode: &Inode, first: u64, la
 /// `folio_clear_dirty_for_io` (with `folio_mkclean`), `writepage`, and
 /// the end of the I/O at once (`nr_writeback` goes up and down, and
 /// `nr_written` counts it).
-fn folio_writeback(oncpu: &OnCpu, inode: &Inode, c: CachedFolio) -> u64 {
+pub(crate) fn folio_writeback(oncpu: &OnCpu, inode: &Inode, c: CachedFolio) -> u64 {
     let mem = oncpu.mem();
     let nr = c.folio.nr_pages(mem);
     crate::rmap_walk::folio_mkclean(oncpu, &inode.i_mapping, c.folio, c.index);

@@ -597,7 +597,8 @@ enum FolioReferences {
 /// activated if it was referenced before too, or through several PTEs.
 fn folio_check_references(oncpu: &OnCpu, folio: Folio) -> FolioReferences {
     let head = folio.head(oncpu.mem());
-    let referenced_ptes = folio_referenced(oncpu, folio);
+    // The caller holds the folio's lock.
+    let referenced_ptes = folio_referenced_locked(oncpu, folio, true);
     let referenced_folio = head.test_and_clear(pg::REFERENCED);
     if referenced_ptes > 0 {
         head.set(pg::REFERENCED);
@@ -614,8 +615,37 @@ fn folio_check_references(oncpu: &OnCpu, folio: Folio) -> FolioReferences {
 /// CPU that keeps the translation cached is not seen using it, as on
 /// hardware).
 pub fn folio_referenced(oncpu: &OnCpu, folio: Folio) -> u64 {
-    use crate::pgtable::entry::_PAGE_ACCESSED;
+    folio_referenced_locked(oncpu, folio, false)
+}
+
+/// [`folio_referenced`], the folio locked by the caller or not. A
+/// page-cache folio's rmap walk needs its lock (which keeps its address
+/// space alive): taken if the caller does not hold it, and a folio whose
+/// lock is taken counts as referenced, as the kernel counts it.
+fn folio_referenced_locked(oncpu: &OnCpu, folio: Folio, locked: bool) -> u64 {
     let mem = oncpu.mem();
+    if !folio.test_anon(mem) {
+        if !folio.mapped(mem) {
+            return 0;
+        }
+        if !locked && !folio.trylock(mem) {
+            return 1;
+        }
+        let mut referenced = 0;
+        // SAFETY: the folio is locked: if still cached, its address space
+        // lives (eviction takes each folio's lock first).
+        if let Some(mapping) = unsafe { crate::fs::address_space::folio_mapping(mem, folio) } {
+            let index = folio.head(mem).index.load(crate::sync::Ordering::Relaxed);
+            crate::rmap_walk::rmap_walk_file(oncpu, mapping, folio, index, |mm, vma| {
+                referenced += referenced_one(oncpu, mm, vma, folio) as u64;
+                true
+            });
+        }
+        if !locked {
+            folio.unlock(mem);
+        }
+        return referenced;
+    }
     let Some(anon_vma) = crate::rmap::folio_get_anon_vma(mem, folio) else {
         return 0;
     };
@@ -623,46 +653,56 @@ pub fn folio_referenced(oncpu: &OnCpu, folio: Folio) -> u64 {
     // counts a VMA once, however many of its PTEs map the folio).
     let mut referenced = 0;
     rmap_walk_anon(oncpu, folio, &anon_vma, |mm, vma| {
-        let young = std::cell::Cell::new(false);
-        let at_pmd = |slot, run: PteRun| {
-            if !mm.pmd_get(slot).trans_huge() {
-                return AtPmd::Ptes;
-            }
-            let mut ptl = mm.pmd_lock(slot);
-            let pmd = ptl.get();
-            // pmdp_clear_flush_young: x86 flushes a PMD's.
-            if pmd.trans_huge()
-                && pmd.pfn() == folio.pfn()
-                && run.i == 0
-                && ptl.test_and_clear_young()
-            {
-                young.set(true);
-                drop(ptl);
-                oncpu.flush_tlb_range(
-                    mm,
-                    run.addr,
-                    run.addr + crate::pgtable::PMD_SIZE,
-                    crate::pgtable::PMD_SHIFT,
-                );
-            }
-            AtPmd::Done
-        };
-        page_vma_mapped_walk(mem, mm, vma, folio, at_pmd, |pt, i, addr| {
-            let idx = crate::pgtable::pte_index(addr);
-            let pte = pt.pte(idx);
-            if pte.present()
-                && !pte.special()
-                && pte.pfn() == folio.pfn() + i
-                && pt.clear_bits(idx, _PAGE_ACCESSED).young()
-            {
-                young.set(true);
-            }
-            true
-        });
-        referenced += young.get() as u64;
+        referenced += referenced_one(oncpu, mm, vma, folio) as u64;
         true
     });
     referenced
+}
+
+/// `folio_referenced_one`: whether some entry of `vma` mapping the folio
+/// was young, clearing each one's accessed bit.
+fn referenced_one(
+    oncpu: &OnCpu,
+    mm: &crate::sync::Arc<crate::mm::Mm>,
+    vma: &crate::mm::Vma,
+    folio: Folio,
+) -> bool {
+    use crate::pgtable::entry::_PAGE_ACCESSED;
+    let mem = oncpu.mem();
+    let young = std::cell::Cell::new(false);
+    let at_pmd = |slot, run: PteRun| {
+        if !mm.pmd_get(slot).trans_huge() {
+            return AtPmd::Ptes;
+        }
+        let mut ptl = mm.pmd_lock(slot);
+        let pmd = ptl.get();
+        // pmdp_clear_flush_young: x86 flushes a PMD's.
+        if pmd.trans_huge() && pmd.pfn() == folio.pfn() && run.i == 0 && ptl.test_and_clear_young()
+        {
+            young.set(true);
+            drop(ptl);
+            oncpu.flush_tlb_range(
+                mm,
+                run.addr,
+                run.addr + crate::pgtable::PMD_SIZE,
+                crate::pgtable::PMD_SHIFT,
+            );
+        }
+        AtPmd::Done
+    };
+    page_vma_mapped_walk(mem, mm, vma, folio, at_pmd, |pt, i, addr| {
+        let idx = crate::pgtable::pte_index(addr);
+        let pte = pt.pte(idx);
+        if pte.present()
+            && !pte.special()
+            && pte.pfn() == folio.pfn() + i
+            && pt.clear_bits(idx, _PAGE_ACCESSED).young()
+        {
+            young.set(true);
+        }
+        true
+    });
+    young.get()
 }
 
 /// `shrink_folio_list`: for each isolated folio, keep, activate or
@@ -679,7 +719,10 @@ fn shrink_folio_list(
     sc: &mut ScanControl,
 ) -> (u64, Vec<Folio>) {
     let mem = oncpu.mem();
-    let mut list = ShrinkList::default();
+    let mut list = ShrinkList {
+        kswapd: sc.kswapd,
+        ..ShrinkList::default()
+    };
     list.ubc
         .set_ro_uncounted(oncpu.mem().migrc.weakened() == crate::migrc::Weakened::LufNoMmFlush);
     let demotion_target = next_demotion_node(oncpu, nid);
@@ -715,6 +758,13 @@ fn shrink_folio_list(
         // The isolation's reference is the last.
         folio.put(mem, oncpu.id());
     }
+    for folio in std::mem::take(&mut list.freed_file) {
+        folio.unlock(mem);
+        list.reclaimed += folio.nr_pages(mem);
+        // `remove_mapping`'s reference, then the isolation's, the last.
+        folio.put(mem, oncpu.id());
+        folio.put(mem, oncpu.id());
+    }
     oncpu
         .vmstat()
         .count(oncpu.id(), Event::PGACTIVATE, list.activated);
@@ -744,6 +794,11 @@ struct ShrinkList {
     demote: Vec<Folio>,
     /// Unmapped lazyfree folios, locked, freed once the flush is done.
     discard: Vec<Folio>,
+    /// Page-cache folios out of the cache, locked, with one reference
+    /// more than the isolation's, freed once the flush is done.
+    freed_file: Vec<Folio>,
+    /// kswapd's reclaim, which writes dirty file folios back.
+    kswapd: bool,
     ubc: TlbflushUnmapBatch,
     /// LUF: the discarded folios whose flush is deferred, the CPUs that
     /// may cache them, and the address spaces they were mapped in.
@@ -790,6 +845,14 @@ fn shrink_one(oncpu: &OnCpu, folio: Folio, demote: bool, list: &mut ShrinkList) 
             // Written again, or held elsewhere: back, active.
             FolioReferences::Activate
         }
+        // A page-cache folio (shmem's excepted, which would need swap).
+        FolioReferences::Reclaim if !anon && !head.test(pg::SWAPBACKED) => {
+            match reclaim_file_folio(oncpu, folio, list) {
+                Some(fate) => fate,
+                // Out of the cache: freed after the flush.
+                None => return,
+            }
+        }
         // A swap-backed folio with nowhere to go (no swap).
         FolioReferences::Reclaim => FolioReferences::Activate,
         other => other,
@@ -800,6 +863,118 @@ fn shrink_one(oncpu: &OnCpu, folio: Folio, demote: bool, list: &mut ShrinkList) 
     }
     folio.unlock(mem);
     list.keep.push(folio);
+}
+
+/// `shrink_folio_list`'s steps for a locked page-cache folio to reclaim:
+/// unmap it everywhere (`try_to_unmap`), then a clean one leaves the
+/// page cache (`__remove_mapping`) and is queued to be freed after the
+/// flush (None); a dirty one is written back if kswapd reclaims (the
+/// model's write completes at once; the kernel's folio under writeback
+/// waits for a later pass, as the model's, clean now, does too), or is
+/// left for the flusher, marked `PG_reclaim`, and activated. The kernel
+/// also remembers a reclaimed folio's eviction in its slot (a shadow
+/// entry, for `workingset_refault_file`), which the model does not.
+fn reclaim_file_folio(
+    oncpu: &OnCpu,
+    folio: Folio,
+    list: &mut ShrinkList,
+) -> Option<FolioReferences> {
+    let mem = oncpu.mem();
+    let head = folio.head(mem);
+    // SAFETY: the folio is locked: if still cached, its address space
+    // lives (eviction takes each folio's lock first).
+    let Some(mapping) = (unsafe { crate::fs::address_space::folio_mapping(mem, folio) }) else {
+        // Truncated meanwhile: its last references free it.
+        return Some(FolioReferences::Keep);
+    };
+    let index = head.index.load(crate::sync::Ordering::Relaxed);
+    if folio.mapped(mem) && !try_to_unmap_file(oncpu, folio, mapping, index, &mut list.ubc) {
+        return Some(FolioReferences::Activate);
+    }
+    if head.test(pg::DIRTY) {
+        if !list.kswapd {
+            head.set(pg::READAHEAD);
+            return Some(FolioReferences::Activate);
+        }
+        // pageout(): no CPU may write the folio through a stale entry
+        // while it is written (`try_to_unmap_flush_dirty`).
+        list.ubc.flush(oncpu);
+        if let Some(inode) = mapping.host() {
+            let c = crate::fs::CachedFolio { folio, index };
+            crate::filemap::folio_writeback(oncpu, &inode, c);
+        }
+        return Some(FolioReferences::Keep);
+    }
+    if crate::vmscan::remove_mapping(oncpu, folio, 1) {
+        list.freed_file.push(folio);
+        return None;
+    }
+    Some(FolioReferences::Keep)
+}
+
+/// `try_to_unmap` of a locked page-cache folio, cached at `index` of
+/// `mapping`: every PTE that maps it is cleared (its dirty bit to the
+/// folio; its flush batched on `ubc`), a PMD that maps it zapped
+/// (`TTU_SPLIT_HUGE_PMD` on a file PMD). True if no mapping is left.
+fn try_to_unmap_file(
+    oncpu: &OnCpu,
+    folio: Folio,
+    mapping: &crate::fs::AddressSpace,
+    index: u64,
+    ubc: &mut TlbflushUnmapBatch,
+) -> bool {
+    let mem = oncpu.mem();
+    let flags = TtuFlags {
+        batch_flush: true,
+        split_huge_pmd: true,
+    };
+    crate::rmap_walk::rmap_walk_file(oncpu, mapping, folio, index, |mm, vma| {
+        let at_pmd = |slot, run: PteRun| {
+            let pmd = mm.pmd_get(slot);
+            if pmd.trans_huge() && pmd.pfn() == folio.pfn() {
+                crate::huge_memory::split_huge_pmd(oncpu, mm, slot, run.addr);
+                return AtPmd::Done;
+            }
+            AtPmd::Ptes
+        };
+        let mut ttu = Ttu {
+            flags,
+            ubc: &mut *ubc,
+        };
+        page_vma_mapped_walk(mem, mm, vma, folio, at_pmd, |pt, i, addr| {
+            unmap_file_pte(oncpu, mm, pt, folio, (i, addr), &mut ttu);
+            true
+        });
+        true
+    });
+    !folio.mapped(mem)
+}
+
+/// One PTE of [`try_to_unmap_file`], in the locked table `pt`: cleared if
+/// it maps page `i` of the folio.
+fn unmap_file_pte(
+    oncpu: &OnCpu,
+    mm: &crate::sync::Arc<crate::mm::Mm>,
+    pt: &mut PteLocked<'_>,
+    folio: Folio,
+    (i, addr): (u64, u64),
+    ttu: &mut Ttu<'_>,
+) {
+    let mem = oncpu.mem();
+    let idx = crate::pgtable::pte_index(addr);
+    let pte = pt.pte(idx);
+    if !pte.present() || pte.special() || pte.pfn() != folio.pfn() + i {
+        return;
+    }
+    let pteval = pt.get_and_clear(idx);
+    ttu.flush_cleared_pte(oncpu, mm, pteval, addr);
+    if pteval.dirty() {
+        crate::filemap::folio_mark_dirty(mem, folio);
+    }
+    mm.update_hiwater_rss();
+    mm.add_rss(crate::mm::mm_counter_file(mem, folio), -1);
+    rmap::folio_remove_rmap_ptes(mem, folio, folio.pfn() + i, 1, mm.id, oncpu.id());
+    folio.put(mem, oncpu.id());
 }
 
 /// `demote_folio_list`: migrate the folios to `target` (`MR_DEMOTION`,

@@ -47,13 +47,15 @@ pub struct AddressSpace {
     /// `mapping_large_folio_support`: the largest folio order the cache
     /// may hold (0: small folios only).
     max_order: u32,
-    /// `shmem_mapping`: a tmpfs file's (its folios swap-backed and always
-    /// dirty, counted in `nr_shmem`, never written back).
+    /// `shmem_mapping`: a tmpfs file's (its folios swap-backed, counted
+    /// in `nr_shmem`, never written back).
     shmem: bool,
+    /// `host`: the inode whose page cache this is.
+    host: Weak<super::Inode>,
 }
 
 impl AddressSpace {
-    pub(super) fn new(large_folios: bool, shmem: bool) -> AddressSpace {
+    pub(super) fn new(large_folios: bool, shmem: bool, host: Weak<super::Inode>) -> AddressSpace {
         AddressSpace {
             i_pages: Mutex::new(BTreeMap::new()),
             nrpages: AtomicU64::new(0),
@@ -65,7 +67,13 @@ impl AddressSpace {
                 0
             },
             shmem,
+            host,
         }
+    }
+
+    /// `mapping->host`: the inode, while it lives.
+    pub fn host(&self) -> Option<Arc<super::Inode>> {
+        self.host.upgrade()
     }
 
     /// `shmem_mapping`.

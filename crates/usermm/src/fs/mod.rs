@@ -142,11 +142,11 @@ impl Inode {
         backing: Backing,
         host_path: Option<std::path::PathBuf>,
     ) -> Arc<Inode> {
-        Arc::new(Inode {
+        Arc::new_cyclic(|me| Inode {
             ino: NEXT_INO.fetch_add(1, Ordering::Relaxed),
             kind,
             i_size: AtomicU64::new(size),
-            i_mapping: AddressSpace::new(kind.large_folios(), kind.shmem()),
+            i_mapping: AddressSpace::new(kind.large_folios(), kind.shmem(), me.clone()),
             backing,
             mem: mem.clone(),
             host_path,
