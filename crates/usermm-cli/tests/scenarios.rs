@@ -283,19 +283,22 @@ fn random_scenario(seed: u64) -> String {
     // pages, its size a few pages past a size that folios fill.
     let file_size = (r.below(2) == 0).then(|| lens[r.below(4) as usize] + r.below(3) * 4096);
     if let Some(size) = file_size {
-        let chunk = r.pick(&["", " chunk=4K"]);
-        s += &format!("file F {size} seed={}{chunk}\n", 1 + r.below(9));
+        // An ext4 file, a tmpfs one or a memfd (both shmem).
+        let seed = 1 + r.below(9);
+        s += &match r.below(4) {
+            0 => format!("file F {size} seed={seed} fs=tmpfs\n"),
+            1 => format!("memfd F {size} seed={seed}\n"),
+            _ => format!("file F {size} seed={seed}{}\n", r.pick(&["", " chunk=4K"])),
+        };
     }
     let regions = 1 + r.below(3);
     let mut len = vec![0u64; regions as usize];
-    let mut file_backed = vec![false; regions as usize];
     for i in 0..regions {
         len[i as usize] = lens[r.below(4) as usize];
         let prot = r.pick(&["rw", "rw", "rw", "r", "none"]);
         if file_size.is_some() && r.below(2) == 0 {
             // A mapping of the file, shared or private, from its start or
             // a few pages in.
-            file_backed[i as usize] = true;
             let flags = r.pick(&["private", "shared", "private,populate"]);
             let off = r.pick(&["0", "0", "16K"]);
             s += &format!(
@@ -312,6 +315,7 @@ fn random_scenario(seed: u64) -> String {
             "",
             " flags=private,anonymous,populate",
             " flags=private,anonymous,noreserve",
+            " flags=shared,anonymous",
         ]);
         s += &format!(
             "map R{i} {}K {prot} at={:#x}{flags}\n",
@@ -351,12 +355,6 @@ fn random_scenario(seed: u64) -> String {
             13 if file_size.is_some() && r.below(8) == 0 => {
                 format!("truncate F {}\n", r.below(4) * (64 << 10))
             }
-            // MADV_PAGEOUT of file pages is not modelled yet: a file
-            // region gets the rest.
-            11..=13 if file_backed[i] => format!(
-                "madvise {at} {bytes} {}\n",
-                r.pick(&["dontneed", "free", "hugepage", "nohugepage"])
-            ),
             11..=13 => format!(
                 "madvise {at} {bytes} {}\n",
                 r.pick(&["dontneed", "free", "pageout", "hugepage", "nohugepage"])
@@ -389,11 +387,25 @@ fn random_scenario(seed: u64) -> String {
             }
             _ => format!(
                 "expect {} since m == 0\n",
-                r.pick(&["RssAnon", "RssFile", "VmPTE", "AnonHugePages", "VMAs"])
+                r.pick(&[
+                    "RssAnon",
+                    "RssFile",
+                    "RssShmem",
+                    "VmPTE",
+                    "AnonHugePages",
+                    "VMAs"
+                ])
             ),
         };
     }
-    for f in ["RssAnon", "RssFile", "VmPTE", "AnonHugePages", "VMAs"] {
+    for f in [
+        "RssAnon",
+        "RssFile",
+        "RssShmem",
+        "VmPTE",
+        "AnonHugePages",
+        "VMAs",
+    ] {
         s += &format!("expect {f} since m == 0\n");
     }
     for v in VMSTAT_COMPARED {

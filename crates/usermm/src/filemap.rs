@@ -660,6 +660,15 @@ fn truncate_inode_pages_range(oncpu: &OnCpu, inode: &Inode, first: u64) {
                     piece.folio.put(mem, oncpu.id());
                 }
             } else {
+                // try_folio_split_or_unmap: unmapped whole, for faults to
+                // map it again by PTEs.
+                crate::memory::unmap_mapping_range(
+                    oncpu,
+                    mapping,
+                    c.index,
+                    c.index + nr - 1,
+                    false,
+                );
                 for i in first - c.index..nr {
                     mem.clear_page(c.folio.pfn() + i);
                 }
@@ -671,16 +680,21 @@ fn truncate_inode_pages_range(oncpu: &OnCpu, inode: &Inode, first: u64) {
 }
 
 /// `split_folio` of a locked page-cache folio `c` that the caller holds a
-/// reference to: it is unmapped from every mapping first (the kernel's
+/// reference to: a dirty one of a disk filesystem is not split (its
+/// buffers cannot be released, `filemap_release_folio`), and stays
+/// mapped; any other is unmapped from every mapping first (the kernel's
 /// `unmap_folio`; a split file folio is not mapped again, its pieces are
 /// left to faults), then split into small folios if nothing else holds
 /// it (a CPU's LRU batch, another lookup); the caller keeps the first
-/// piece's lock. False: not split, but unmapped all the same.
+/// piece's lock. False: not split (unmapped, unless it was dirty).
 pub fn split_file_folio(oncpu: &OnCpu, mapping: &AddressSpace, c: CachedFolio) -> bool {
     let mem = oncpu.mem();
     let nr = c.folio.nr_pages(mem);
     if nr == 1 {
         return true;
+    }
+    if !mapping.is_shmem() && c.folio.head(mem).test(pg::DIRTY) {
+        return false;
     }
     crate::memory::unmap_mapping_range(oncpu, mapping, c.index, c.index + nr - 1, false);
     crate::swap::lru_add_drain(mem, oncpu.id());

@@ -354,8 +354,9 @@ enum FilePageout {
     /// Done with these bytes of the range.
     Passed(u64),
     /// A large folio covered in part, locked and held: split it (which
-    /// unmaps it everywhere), then go on from the same address.
-    Split(crate::fs::CachedFolio),
+    /// unmaps it everywhere), then go on from the same address; if it
+    /// cannot be split, past these bytes of its entries.
+    Split(crate::fs::CachedFolio, u64),
     /// Leave the rest of this table (a folio another process may map).
     Stop,
 }
@@ -393,7 +394,10 @@ fn pageout_file_ptes(
                 .page(folio.pfn())
                 .index
                 .load(crate::sync::Ordering::Relaxed);
-            return FilePageout::Split(crate::fs::CachedFolio { folio, index });
+            return FilePageout::Split(
+                crate::fs::CachedFolio { folio, index },
+                nr as u64 * PAGE_SIZE,
+            );
         }
     }
     if !folio.head(mem).test(pg::LRU) || folio.mapcount(mem) != folio.nr_pages(mem) as i32 {
@@ -471,8 +475,8 @@ fn madvise_pageout_pte_range(
             if !folio.test_anon(mem) {
                 match pageout_file_ptes(oncpu, tlb, &mut pt, folio, pte, idx, a, end, &mut full) {
                     FilePageout::Passed(bytes) => a += bytes,
-                    FilePageout::Split(c) => {
-                        split = Some(c);
+                    FilePageout::Split(c, bytes) => {
+                        split = Some((c, bytes));
                         break;
                     }
                     FilePageout::Stop => {
@@ -542,13 +546,15 @@ fn madvise_pageout_pte_range(
         if full {
             tlb.flush_mmu(oncpu);
         }
-        if let Some(c) = split {
+        if let Some((c, bytes)) = split {
             // SAFETY: the folio is locked and held: cached, its address
             // space alive.
-            if let Some(mapping) = unsafe { crate::fs::address_space::folio_mapping(mem, c.folio) }
-            {
-                // Split or not, it is unmapped now: the walk goes on past it.
-                crate::filemap::split_file_folio(oncpu, mapping, c);
+            let mapping = unsafe { crate::fs::address_space::folio_mapping(mem, c.folio) };
+            // Split, it is unmapped: the walk goes on from here over the
+            // empty entries. Not split (dirty), it is left mapped, and the
+            // walk goes on past its entries.
+            if !mapping.is_some_and(|m| crate::filemap::split_file_folio(oncpu, m, c)) {
+                a += bytes;
             }
             c.folio.unlock(mem);
             c.folio.put(mem, oncpu.id());
