@@ -4,9 +4,11 @@
 //! MAP_NORESERVE or MAP_POPULATE), munmap, mprotect, madvise, fork, exit,
 //! context switches between the processes, `move_pages` and `mbind`
 //! between the nodes, THP knob, NUMA-balancing, tunable and overcommit
-//! changes, and loads and stores of its own. Every other CPU is a thread of
-//! the first process and loads and stores at random in its window all the
-//! while. Every access goes through the shadow memory, which checks each
+//! changes, and loads and stores of its own; and, in a window of their
+//! own, mappings of four files (ext4 with PMD-sized and with small folios,
+//! tmpfs, a memfd), shared and private, with msync, ftruncate, writes and
+//! MADV_PAGEOUT among them. Every other CPU is a thread of the first
+//! process and loads and stores at random in both windows all the while. Every access goes through the shadow memory, which checks each
 //! loaded value against the history of stores and zaps; at quiescent points
 //! (the accessors parked, page tables freed after their grace period) the
 //! invariant checker runs over the whole machine. A watchdog ends the run if
@@ -58,6 +60,14 @@ pub struct StressArgs {
 /// and accesses meet.
 const WINDOW: u64 = 0x6000_0000_0000;
 const WINDOW_LEN: u64 = 32 << 20;
+/// Where file, shmem and memfd mappings are made: beside the anonymous
+/// window, which the shadow memory checks. Accesses here are made without
+/// it (a shared mapping's words are the file's, not the address space's):
+/// the invariant checker and the leak check are their oracles.
+const FILE_WINDOW: u64 = 0x6100_0000_0000;
+const FILE_WINDOW_LEN: u64 = 16 << 20;
+/// The size of each of the stress's files.
+const FILE_SIZE: u64 = 4 << 20;
 const PAGE: u64 = 4096;
 /// Children alive at once, besides the first process.
 const MAX_CHILDREN: usize = 3;
@@ -135,6 +145,7 @@ pub fn run(a: StressArgs) -> anyhow::Result<i32> {
     };
     let c0 = m.bind(0).map_err(|e| anyhow::anyhow!("bind: {e}"))?;
     let main = c0.new_mm().map_err(|e| anyhow::anyhow!("mm: {e}"))?;
+    let files = make_files(&c0)?;
     let watchdog_stop = AtomicBool::new(false);
     std::thread::scope(|s| {
         let accessors: Vec<_> = (1..=nr_accessors)
@@ -156,6 +167,7 @@ pub fn run(a: StressArgs) -> anyhow::Result<i32> {
             seq: 0,
             sum: &mut sum,
             recent: Default::default(),
+            files,
         };
         let deadline = Duration::from_secs(a.seconds);
         let result = op.run(deadline, nr_accessors);
@@ -336,6 +348,13 @@ fn accessor(m: &Machine, id: usize, main: &Arc<Mm>, ctl: &Control, shadow: &Shad
             ctl.accessor_progress[id].fetch_add(1, Ordering::Relaxed);
             continue;
         }
+        if rng.gen_bool(0.125) {
+            if let Err(e) = file_window_access(&c, &mut rng, ((id as u64) << 56) | seq) {
+                *ctl.failure.lock().unwrap() = Some(format!("CPU {id}: {e}"));
+                ctl.stop.store(true, Ordering::Relaxed);
+            }
+            continue;
+        }
         let addr = WINDOW + rng.gen_range(0..WINDOW_LEN / 65536) * 65536 + rng.gen_range(0..4) * 8;
         let r = if rng.gen_bool(0.5) {
             seq += 1;
@@ -357,6 +376,56 @@ fn accessor(m: &Machine, id: usize, main: &Arc<Mm>, ctl: &Control, shadow: &Shad
         }
     }
     c.exit_thread();
+}
+
+/// A load or a store at a random word of the file window, unchecked: the
+/// answers a mapping there may give (EFAULT where nothing or no access
+/// is mapped, SIGBUS past a truncated file's end, ENOMEM) are allowed.
+fn file_window_access(c: &OnCpu, rng: &mut SmallRng, v: u64) -> Result<(), String> {
+    let addr =
+        FILE_WINDOW + rng.gen_range(0..FILE_WINDOW_LEN / PAGE) * PAGE + rng.gen_range(0..4) * 8;
+    let r = if rng.gen_bool(0.5) {
+        c.store_u64(addr, v)
+    } else {
+        c.load_u64(addr).map(|_| ())
+    };
+    match r {
+        Ok(()) | Err(Errno::EFAULT) | Err(Errno::ENOMEM) | Err(Errno::SIGBUS) => Ok(()),
+        Err(e) => Err(format!("access at {addr:#x} of the file window: {e}")),
+    }
+}
+
+/// The stress's files: an ext4 file written in one write (PMD-sized
+/// folios), one written in 4K writes (small folios), a tmpfs file and a
+/// memfd (shmem), each [`FILE_SIZE`] bytes.
+fn make_files(c: &OnCpu) -> anyhow::Result<Vec<Arc<usermm::fs::File>>> {
+    use usermm::fs::{FMode, File, FsKind};
+    let rw = FMode {
+        read: true,
+        write: true,
+    };
+    let mut files = vec![];
+    for (kind, chunk) in [
+        (FsKind::Ext4, FILE_SIZE),
+        (FsKind::Ext4, PAGE),
+        (FsKind::Tmpfs, FILE_SIZE),
+    ] {
+        let inode = c.m.create_file(kind, 0);
+        let f = File::open(&inode, rw).map_err(|e| anyhow::anyhow!("open: {e}"))?;
+        let buf = vec![0x5au8; chunk as usize];
+        for pos in (0..FILE_SIZE).step_by(chunk as usize) {
+            c.pwrite(&f, pos, &buf)
+                .map_err(|e| anyhow::anyhow!("write: {e}"))?;
+        }
+        files.push(f);
+    }
+    let memfd = c
+        .memfd_create()
+        .map_err(|e| anyhow::anyhow!("memfd: {e}"))?;
+    c.ftruncate(&memfd, FILE_SIZE)
+        .map_err(|e| anyhow::anyhow!("ftruncate: {e}"))?;
+    files.push(memfd);
+    Ok(files)
 }
 
 /// Sets the flag when dropped, also while unwinding.
@@ -432,6 +501,8 @@ struct Operator<'a, 'm> {
     /// The latest operations with their span on the shadow memory's clock,
     /// shown when a violation is found.
     recent: std::collections::VecDeque<(u64, u64, String)>,
+    /// The files the file window maps.
+    files: Vec<Arc<usermm::fs::File>>,
 }
 
 /// Operations kept in [`Operator::recent`].
@@ -542,8 +613,106 @@ impl Operator<'_, '_> {
         }
     }
 
+    /// One operation on the file window: a mapping of one of the files
+    /// (shared or private, at a 2M-aligned offset), munmap, mprotect, an
+    /// madvise, msync, a truncate or a write of a file, or accesses.
+    fn file_step(&mut self) -> Result<&'static str, String> {
+        let c = self.c;
+        let mm = self.cur.id;
+        const LENS: [u64; 5] = [PAGE, 16 * PAGE, 512 * PAGE, 1 << 20, 4 << 20];
+        let len = LENS[self.rng.gen_range(0..LENS.len())];
+        let start = FILE_WINDOW
+            + self.rng.gen_range(0..FILE_WINDOW_LEN / (2 << 20)) * (2 << 20)
+            + if self.rng.gen_bool(0.3) {
+                self.rng.gen_range(0..512) * PAGE
+            } else {
+                0
+            };
+        let len = len.min(FILE_WINDOW + FILE_WINDOW_LEN - start);
+        let fi = self.rng.gen_range(0..self.files.len());
+        let file = self.files[fi].clone();
+        let kind = match self.rng.gen_range(0..10) {
+            0..=2 => {
+                let off = self.rng.gen_range(0..2) * (2 << 20);
+                let prot = [PROT_READ | PROT_WRITE, PROT_READ][self.rng.gen_range(0..2)];
+                let mut flags = [MAP_SHARED, MAP_PRIVATE][self.rng.gen_range(0..2)] | MAP_FIXED;
+                if self.rng.gen_bool(0.1) {
+                    flags |= MAP_POPULATE;
+                }
+                self.set_last_op(format!(
+                    "mm {mm}: mmap {start:#x} {len:#x} prot {prot} flags {flags:#x} file {fi} off {off:#x}"
+                ));
+                let r = c.mmap_file(start, len, prot, flags, Some(&file), off);
+                self.note(r.map(|_| ()));
+                "file mmap"
+            }
+            3 => {
+                self.set_last_op(format!("mm {mm}: munmap {start:#x} {len:#x} (file window)"));
+                let r = c.munmap(start, len);
+                self.note(r);
+                "file munmap"
+            }
+            4 => {
+                let prot = [PROT_READ | PROT_WRITE, PROT_READ, PROT_NONE][self.rng.gen_range(0..3)];
+                self.set_last_op(format!(
+                    "mm {mm}: mprotect {start:#x} {len:#x} {prot} (file window)"
+                ));
+                let r = c.mprotect(start, len, prot);
+                self.note(r);
+                "file mprotect"
+            }
+            5 => {
+                use usermm::madvise::MADV_PAGEOUT;
+                let advice = [MADV_DONTNEED, MADV_PAGEOUT, MADV_FREE, MADV_NOHUGEPAGE]
+                    [self.rng.gen_range(0..4)];
+                self.set_last_op(format!(
+                    "mm {mm}: madvise {start:#x} {len:#x} {advice} (file window)"
+                ));
+                let r = c.madvise(start, len, advice);
+                self.note(r);
+                "file madvise"
+            }
+            6 => {
+                use usermm::msync::{MS_ASYNC, MS_SYNC};
+                let flags = [MS_SYNC, MS_ASYNC][self.rng.gen_range(0..2)];
+                self.set_last_op(format!("mm {mm}: msync {start:#x} {len:#x} {flags}"));
+                let r = c.msync(start, len, flags);
+                self.note(r);
+                "msync"
+            }
+            7 => {
+                let size = [0, 1 << 20, (2 << 20) + PAGE, FILE_SIZE][self.rng.gen_range(0..4)];
+                self.set_last_op(format!("ftruncate file {fi} to {size:#x}"));
+                let r = c.ftruncate(&file, size);
+                self.note(r);
+                "ftruncate"
+            }
+            8 => {
+                let pos = self.rng.gen_range(0..FILE_SIZE / PAGE) * PAGE;
+                let n = [8, PAGE, 64 * PAGE][self.rng.gen_range(0..3)] as usize;
+                self.set_last_op(format!("pwrite file {fi} at {pos:#x}, {n} bytes"));
+                let r = c.pwrite(&file, pos, &vec![0xa5; n]);
+                self.note(r.map(|_| ()));
+                "pwrite"
+            }
+            _ => {
+                self.set_last_op(format!("mm {mm}: loads and stores (file window)"));
+                for _ in 0..32 {
+                    self.seq += 1;
+                    file_window_access(c, &mut self.rng, self.seq)
+                        .map_err(|e| format!("mm {mm}: {e}"))?;
+                }
+                "file access"
+            }
+        };
+        Ok(kind)
+    }
+
     /// One random operation; returns its kind.
     fn step(&mut self) -> Result<&'static str, String> {
+        if self.rng.gen_bool(0.15) {
+            return self.file_step();
+        }
         let (c, shadow) = (self.c, self.shadow);
         let mm = self.cur.id;
         let pick = self.rng.gen_range(0..100);

@@ -108,24 +108,25 @@ pub fn filemap_get_or_create(
         if index & ((1 << order) - 1) != 0 {
             order = index.trailing_zeros();
         }
-        // A folio must not start past the end of the file's last page
-        // range it was asked for: the caller chose `order` from its
-        // length, which never reaches past what it writes or reads.
-        let folio = loop {
-            if let Some(f) = filemap_alloc_folio(oncpu, order) {
-                break Some(f);
+        // From that order down: a folio that cannot be had, or whose range
+        // holds a cached page already (EEXIST), is tried one order lower.
+        let mut allocated = false;
+        loop {
+            if let Some(folio) = filemap_alloc_folio(oncpu, order) {
+                allocated = true;
+                if let Some(c) = add_new_folio(oncpu, inode, folio, index) {
+                    return Ok(c);
+                }
             }
             if order == 0 {
-                break None;
+                break;
             }
             order -= 1;
-        };
-        let folio = folio.ok_or(Errno::ENOMEM)?;
-        let start = index & !((1 << order) - 1);
-        if let Some(c) = add_new_folio(oncpu, inode, folio, start) {
-            return Ok(c);
         }
-        // Raced with another CPU's insertion: look again.
+        if !allocated {
+            return Err(Errno::ENOMEM);
+        }
+        // Another CPU cached the page itself meanwhile: look again.
     }
 }
 
