@@ -357,7 +357,14 @@ fn random_scenario(seed: u64) -> String {
             }
             11..=13 => format!(
                 "madvise {at} {bytes} {}\n",
-                r.pick(&["dontneed", "free", "pageout", "hugepage", "nohugepage"])
+                r.pick(&[
+                    "dontneed",
+                    "free",
+                    "pageout",
+                    "willneed",
+                    "hugepage",
+                    "nohugepage"
+                ])
             ),
             14 => format!(
                 "map R{i} {}K {} at={:#x} flags=private,anonymous,fixed\n",

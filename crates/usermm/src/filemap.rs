@@ -30,7 +30,7 @@
 //! truncation has passed.
 
 use crate::errno::{Errno, KResult};
-use crate::fs::{AddressSpace, CachedFolio, File, Inode};
+use crate::fs::{AddressSpace, CachedFolio, File, FileRaState, Inode};
 use crate::machine::OnCpu;
 use crate::mm::vma::VM_HUGEPAGE;
 use crate::mm::Vma;
@@ -403,6 +403,44 @@ fn do_async_mmap_readahead(oncpu: &OnCpu, file: &File, c: CachedFolio) {
     let ra_now = *ra;
     drop(ra);
     page_cache_ra_order(oncpu, &file.inode, &ra_now);
+}
+
+/// `force_page_cache_ra` (`POSIX_FADV_WILLNEED`): read `nr` pages of the
+/// file from page `index`, at most the readahead window's worth
+/// (`max(io_pages, ra_pages)`; the model's device has `io_pages` equal
+/// to `ra_pages`), in 2 MiB chunks of small folios that skip what is
+/// cached, never past the end of the file.
+pub fn force_page_cache_readahead(oncpu: &OnCpu, file: &File, index: u64, nr: u64) {
+    let max_pages = file.f_ra.lock().ra_pages;
+    let nr = nr.min(max_pages);
+    let chunk = (2 << 20) >> PAGE_SHIFT;
+    let mut at = index;
+    while at < index + nr {
+        let n = chunk.min(index + nr - at);
+        let ra = crate::fs::FileRaState {
+            start: at,
+            size: n,
+            async_size: 0,
+            order: 0,
+            ..FileRaState::new()
+        };
+        page_cache_ra_unbounded(oncpu, &file.inode, &ra);
+        at += n;
+    }
+}
+
+/// `page_cache_ra_unbounded`: the window's missing pages read in small
+/// folios, to the end of the file.
+fn page_cache_ra_unbounded(oncpu: &OnCpu, inode: &Inode, ra: &FileRaState) {
+    let mem = oncpu.mem();
+    let end = (ra.start + ra.size).min(inode.size_pages());
+    for index in ra.start..end {
+        if inode.i_mapping.lookup(mem, index).is_none()
+            && !ra_alloc_folio(oncpu, inode, index, u64::MAX, 0)
+        {
+            return;
+        }
+    }
 }
 
 /// `get_next_ra_size`: the window after one of `cur` pages.

@@ -25,6 +25,7 @@ use crate::tunable::PtReclaim;
 use crate::vmscan::{self, shrink_lazyfree_ptes, Discard, FolioPtes};
 
 pub const MADV_NORMAL: i32 = 0;
+pub const MADV_WILLNEED: i32 = 3;
 pub const MADV_DONTNEED: i32 = 4;
 pub const MADV_FREE: i32 = 8;
 pub const MADV_HUGEPAGE: i32 = 14;
@@ -41,6 +42,7 @@ pub fn do_madvise(
 ) -> KResult<()> {
     if ![
         MADV_NORMAL,
+        MADV_WILLNEED,
         MADV_DONTNEED,
         MADV_FREE,
         MADV_HUGEPAGE,
@@ -66,6 +68,22 @@ pub fn do_madvise(
         return Ok(());
     }
     match advice {
+        MADV_WILLNEED => {
+            let vmas: Vec<Arc<Vma>> = {
+                let _g = mm.mmap_lock.read();
+                let guard = crate::sync::epoch::pin();
+                mm.vma_tree(&guard).range(start, end).cloned().collect()
+            };
+            let unmapped = has_hole(&vmas, start, end);
+            for vma in &vmas {
+                madvise_willneed(oncpu, vma, start.max(vma.start()), end);
+            }
+            if unmapped {
+                Err(Errno::ENOMEM)
+            } else {
+                Ok(())
+            }
+        }
         MADV_DONTNEED | MADV_FREE | MADV_PAGEOUT => {
             let _g = mm.mmap_lock.read();
             let vmas: Vec<Arc<Vma>> = {
@@ -412,6 +430,24 @@ fn pageout_file_ptes(
     };
     *full = vmscan::shrink_file_ptes(oncpu, tlb, pt, ptes) == Discard::FreedGatherFull;
     FilePageout::Passed(nr as u64 * PAGE_SIZE)
+}
+
+/// `madvise_willneed`: for a file mapping (shmem's excepted, whose pages
+/// would come from swap), readahead of the file from the range's offset
+/// (`vfs_fadvise(POSIX_FADV_WILLNEED)`); anonymous memory has nothing to
+/// read without swap. The kernel passes the range's end *address* less
+/// the file offset as the length, which the readahead's cap
+/// (`force_page_cache_ra`) then bounds; so does the model.
+fn madvise_willneed(oncpu: &OnCpu, vma: &Vma, start: u64, end: u64) {
+    let Some(file) = vma.file() else { return };
+    if file.mapping().is_shmem() {
+        return;
+    }
+    let offset = (start - vma.start()) + (vma.pgoff() << crate::phys::PAGE_SHIFT);
+    let len = end.saturating_sub(offset).max(1);
+    let first = offset >> crate::phys::PAGE_SHIFT;
+    let last = (offset + len - 1) >> crate::phys::PAGE_SHIFT;
+    crate::filemap::force_page_cache_readahead(oncpu, file, first, last - first + 1);
 }
 
 /// `cold_walk_ops` with `pageout` set: all the work is in `pmd_entry`.

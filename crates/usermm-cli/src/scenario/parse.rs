@@ -536,6 +536,7 @@ fn parse_flags(w: &str) -> Option<u32> {
 fn parse_advice(w: &str) -> Option<i32> {
     Some(match w {
         "normal" => 0,
+        "willneed" => 3,
         "dontneed" => 4,
         "free" => 8,
         "hugepage" => 14,
@@ -767,7 +768,8 @@ fn parse_mprotect(w: &mut Words) -> Result<Op, ParseError> {
 fn parse_madvise(w: &mut Words) -> Result<Op, ParseError> {
     let addr = w.addr()?;
     let len = w.number("a length")?;
-    let (col, a) = w.next("an advice (dontneed, free, hugepage, nohugepage)")?;
+    let (col, a) =
+        w.next("an advice (dontneed, free, pageout, willneed, hugepage, nohugepage, normal)")?;
     let advice = parse_advice(a).ok_or_else(|| w.err(col, format!("unknown advice {a:?}")))?;
     Ok(Op::Madvise { addr, len, advice })
 }
