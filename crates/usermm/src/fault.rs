@@ -77,17 +77,25 @@ impl OnCpu<'_> {
 
     /// The lockless path of the selected mode, then mmap_lock if it gave up.
     fn handle_user_fault(&self, mm: &Arc<Mm>, addr: u64, flags: FaultFlags) -> VmFaultResult {
+        let mut tried = false;
         let first = match self.m.tunables.fault_lock() {
             FaultLock::MmapLock => None,
-            FaultLock::VmaLock => self.fault_under_vma_lock(mm, addr, flags),
+            FaultLock::VmaLock => self.fault_under_vma_lock(mm, addr, flags, &mut tried),
             FaultLock::Spf => self.fault_speculative(mm, addr, flags),
         };
         if let Some(r) = first {
             return r;
         }
         loop {
+            // A fault given up once is taken again as such
+            // (`FAULT_FLAG_TRIED`): it does not give up again.
+            let flags = if tried {
+                flags | FaultFlags::TRIED
+            } else {
+                flags
+            };
             match self.fault_under_mmap_lock(mm, addr, flags) {
-                VmFaultResult::Retry => continue,
+                VmFaultResult::Retry => tried = true,
                 r => return r,
             }
         }
@@ -99,6 +107,7 @@ impl OnCpu<'_> {
         mm: &Arc<Mm>,
         addr: u64,
         flags: FaultFlags,
+        tried: &mut bool,
     ) -> Option<VmFaultResult> {
         let vmstat = self.vmstat();
         let guard = epoch::pin();
@@ -116,6 +125,7 @@ impl OnCpu<'_> {
         drop(locked);
         if r == VmFaultResult::Retry {
             vmstat.count(self.id(), Event::VMA_LOCK_RETRY, 1);
+            *tried = true;
             return None;
         }
         vmstat.count(self.id(), Event::VMA_LOCK_SUCCESS, 1);

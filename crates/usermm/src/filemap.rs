@@ -154,6 +154,12 @@ pub fn generic_perform_write(oncpu: &OnCpu, file: &File, pos: u64, buf: &[u8]) -
         // write_begin: the folio covering the start of the step.
         let c = filemap_get_or_create(oncpu, inode, at >> PAGE_SHIFT, fgf_order(bytes))?;
         folio_lock(mem, c.folio);
+        if !folio_still_cached(mem, c.folio, &inode.i_mapping, c.index) {
+            // Truncated (or split) meanwhile: look again.
+            c.folio.unlock(mem);
+            c.folio.put(mem, oncpu.id());
+            continue;
+        }
         let folio_end = (c.index + c.folio.nr_pages(mem)) << PAGE_SHIFT;
         let n = bytes.min(folio_end - at) as usize;
         let mut copied = 0;
@@ -191,7 +197,8 @@ pub fn folio_mark_dirty(mem: &PhysMem, folio: Folio) -> bool {
     }
     // Anon folios and shmem's (swap-backed; `noop_dirty_folio`) are not
     // counted.
-    if !folio.test_anon(mem) && !head.test(pg::SWAPBACKED) {
+    let cached = head.mapping.load(crate::sync::Ordering::Relaxed) != 0;
+    if cached && !folio.test_anon(mem) && !head.test(pg::SWAPBACKED) {
         mem.mod_node_state(NodeStat::NR_FILE_DIRTY, folio.nr_pages(mem) as i64);
     }
     true
@@ -694,7 +701,11 @@ fn truncate_inode_pages_range(oncpu: &OnCpu, inode: &Inode, first: u64) {
                     };
                     piece.folio.get(mem);
                     folio_lock(mem, piece.folio);
-                    mapping.remove_folio(mem, piece, oncpu.id());
+                    if folio_still_cached(mem, piece.folio, mapping, piece.index)
+                        && !piece.folio.mapped(mem)
+                    {
+                        mapping.remove_folio(mem, piece, oncpu.id());
+                    }
                     piece.folio.unlock(mem);
                     piece.folio.put(mem, oncpu.id());
                 }

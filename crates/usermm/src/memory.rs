@@ -1388,12 +1388,12 @@ pub fn unmap_mapping_range(
     last: u64,
     even_cows: bool,
 ) {
-    for vma in mapping.vmas_in(first, last) {
-        if vma.is_detached() {
-            continue;
-        }
+    // Under `i_mmap_lock_read` throughout: a VMA it finds may be out of
+    // its tree already (munmap detaches, then zaps), but cannot be
+    // unlinked, nor have its tables freed, until the zap is done.
+    mapping.for_each_vma_in(first, last, |vma| {
         let Some(mm) = oncpu.m.mm_by_id(vma.mm_id) else {
-            continue;
+            return true;
         };
         let s = vma
             .address_of(first.max(vma.pgoff()))
@@ -1404,7 +1404,7 @@ pub fn unmap_mapping_range(
             vma.address_of(last + 1).unwrap_or(vma.end())
         };
         if s >= e {
-            continue;
+            return true;
         }
         let details = ZapDetails {
             drop_markers: false,
@@ -1415,7 +1415,8 @@ pub fn unmap_mapping_range(
         let mut tlb = MmuGather::new(&mm);
         unmap_page_range(oncpu, &mut tlb, s, e, &details);
         tlb.finish(oncpu);
-    }
+        true
+    });
 }
 
 // ---------------------------------------------------------------------------
@@ -1681,6 +1682,13 @@ impl ZapPteTable<'_, '_> {
     /// non-present PTE, so nothing is flushed.
     fn zap_nonpresent_pte(&mut self, idx: usize, pte: Pte) {
         match pte.swp_entry().kind() {
+            // should_zap_folio: without even_cows, an anon folio's entry
+            // (a COW copy under migration) stays. (Only anon folios
+            // migrate in the model.)
+            SwpKind::Migration { .. } if self.details.mapping.is_some() => {
+                self.any_skipped = true;
+                return;
+            }
             SwpKind::Migration { .. } => {
                 // mm_counter of an anon folio: the model has no other kind.
                 self.rss[MmCounter::AnonPages as usize] -= 1;

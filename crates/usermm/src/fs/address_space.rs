@@ -245,9 +245,18 @@ impl AddressSpace {
         let pages = std::mem::take(&mut *self.i_pages.lock());
         for (_, folio) in pages {
             let nr = folio.nr_pages(mem);
+            // Taken out under its lock, which reclaim holds while it
+            // reads the folio's mapping (`truncate_inode_pages_final`):
+            // held here, for the duration, by one more reference.
+            folio.get(mem);
+            while !folio.trylock(mem) {
+                std::thread::yield_now();
+            }
             self.nrpages.fetch_sub(nr, Ordering::Relaxed);
             each(folio);
             Self::forget_folio(mem, folio, nr, cpu, self.shmem);
+            folio.unlock(mem);
+            folio.put(mem, cpu);
         }
     }
 
