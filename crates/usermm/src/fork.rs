@@ -12,7 +12,7 @@
 use crate::errno::{Errno, KResult};
 use crate::machine::OnCpu;
 use crate::memory;
-use crate::mm::vma::{VM_ACCOUNT, VM_DONTCOPY};
+use crate::mm::vma::{VM_ACCOUNT, VM_DONTCOPY, VM_WIPEONFORK};
 use crate::mm::{Mm, Vma, VmaTree};
 use crate::rmap;
 use crate::sync::{Arc, Ordering};
@@ -69,11 +69,16 @@ fn dup_mmap(oncpu: &OnCpu, mm: &Arc<Mm>, oldmm: &Arc<Mm>) -> KResult<()> {
                 .with_policy(mpnt.policy().cloned())
                 .with_file(mpnt.file().cloned()),
         );
-        rmap::anon_vma_fork(&tmp, mpnt);
+        // A wipe-on-fork range starts empty in the child: no anon_vma
+        // until its first fault, nothing copied.
+        let wipe = mpnt.flags() & VM_WIPEONFORK != 0;
+        if !wipe {
+            rmap::anon_vma_fork(&tmp, mpnt);
+        }
         crate::fs::vma_link_file(&tmp);
         vmas.push(tmp.clone());
         total_vm += mpnt.pages();
-        if memory::vma_needs_copy(mpnt) {
+        if !wipe && memory::vma_needs_copy(mpnt) {
             result = memory::copy_page_range(oncpu, mm, oldmm, &tmp, mpnt);
             if result.is_err() {
                 break;

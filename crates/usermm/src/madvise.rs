@@ -28,8 +28,12 @@ pub const MADV_NORMAL: i32 = 0;
 pub const MADV_WILLNEED: i32 = 3;
 pub const MADV_DONTNEED: i32 = 4;
 pub const MADV_FREE: i32 = 8;
+pub const MADV_DONTFORK: i32 = 10;
+pub const MADV_DOFORK: i32 = 11;
 pub const MADV_HUGEPAGE: i32 = 14;
 pub const MADV_NOHUGEPAGE: i32 = 15;
+pub const MADV_WIPEONFORK: i32 = 18;
+pub const MADV_KEEPONFORK: i32 = 19;
 pub const MADV_PAGEOUT: i32 = 21;
 
 /// `madvise(2)`.
@@ -48,6 +52,10 @@ pub fn do_madvise(
         MADV_HUGEPAGE,
         MADV_NOHUGEPAGE,
         MADV_PAGEOUT,
+        MADV_DONTFORK,
+        MADV_DOFORK,
+        MADV_WIPEONFORK,
+        MADV_KEEPONFORK,
     ]
     .contains(&advice)
     {
@@ -140,6 +148,16 @@ pub fn do_madvise(
                 let flags = match advice {
                     MADV_HUGEPAGE => (vma.flags() & !VM_NOHUGEPAGE) | VM_HUGEPAGE,
                     MADV_NOHUGEPAGE => (vma.flags() & !VM_HUGEPAGE) | VM_NOHUGEPAGE,
+                    MADV_DONTFORK => vma.flags() | VM_DONTCOPY,
+                    MADV_DOFORK => vma.flags() & !VM_DONTCOPY,
+                    // Anonymous private memory only; the VMAs before this
+                    // one keep their change.
+                    MADV_WIPEONFORK if vma.file().is_some() || vma.flags() & VM_SHARED != 0 => {
+                        result = Err(Errno::EINVAL);
+                        break;
+                    }
+                    MADV_WIPEONFORK => vma.flags() | VM_WIPEONFORK,
+                    MADV_KEEPONFORK => vma.flags() & !VM_WIPEONFORK,
                     _ => vma.flags(),
                 };
                 if flags != vma.flags() {
@@ -435,16 +453,15 @@ fn pageout_file_ptes(
 /// `madvise_willneed`: for a file mapping (shmem's excepted, whose pages
 /// would come from swap), readahead of the file from the range's offset
 /// (`vfs_fadvise(POSIX_FADV_WILLNEED)`); anonymous memory has nothing to
-/// read without swap. The kernel passes the range's end *address* less
-/// the file offset as the length, which the readahead's cap
-/// (`force_page_cache_ra`) then bounds; so does the model.
+/// read without swap. The readahead's cap (`force_page_cache_ra`) bounds
+/// a long range.
 fn madvise_willneed(oncpu: &OnCpu, vma: &Vma, start: u64, end: u64) {
     let Some(file) = vma.file() else { return };
     if file.mapping().is_shmem() {
         return;
     }
     let offset = (start - vma.start()) + (vma.pgoff() << crate::phys::PAGE_SHIFT);
-    let len = end.saturating_sub(offset).max(1);
+    let len = (end - start).max(1);
     let first = offset >> crate::phys::PAGE_SHIFT;
     let last = (offset + len - 1) >> crate::phys::PAGE_SHIFT;
     crate::filemap::force_page_cache_readahead(oncpu, file, first, last - first + 1);

@@ -73,6 +73,8 @@ pub const VM_LOCKED: VmFlags = 0x2000;
 pub const VM_DONTCOPY: VmFlags = 0x20000;
 pub const VM_ACCOUNT: VmFlags = 0x100000;
 pub const VM_NORESERVE: VmFlags = 0x200000;
+/// `VM_WIPEONFORK`: the child of a fork gets this range empty.
+pub const VM_WIPEONFORK: VmFlags = 0x02000000;
 pub const VM_HUGEPAGE: VmFlags = 0x20000000;
 pub const VM_NOHUGEPAGE: VmFlags = 0x40000000;
 pub const VM_ACCESS_FLAGS: VmFlags = VM_READ | VM_WRITE | VM_EXEC;
