@@ -12,7 +12,7 @@
 use crate::errno::{Errno, KResult};
 use crate::machine::OnCpu;
 use crate::memory;
-use crate::mm::vma::{VM_ACCOUNT, VM_DONTCOPY, VM_WIPEONFORK};
+use crate::mm::vma::{VM_ACCOUNT, VM_DONTCOPY, VM_LOCKED_MASK, VM_WIPEONFORK};
 use crate::mm::{Mm, Vma, VmaTree};
 use crate::rmap;
 use crate::sync::{Arc, Ordering};
@@ -26,6 +26,12 @@ pub fn dup_mm(oncpu: &OnCpu, oldmm: &Arc<Mm>) -> KResult<Arc<Mm>> {
     let mm = Mm::new(oncpu.mem().clone(), oncpu.cpu.node, oncpu.id())?;
     // The child's task policy is a copy of the parent's (`mpol_dup`).
     mm.mempolicy.set(oldmm.mempolicy.get());
+    // The task's limits and capabilities are inherited; `mlockall`'s
+    // future locking is not (`def_flags & VM_INIT_DEF_MASK`).
+    mm.set_memlock_limit(oldmm.memlock_limit());
+    mm.set_cap_ipc_lock(oldmm.cap_ipc_lock());
+    let def = oldmm.def_flags.load(Ordering::Relaxed) & crate::mm::vma::VM_NOHUGEPAGE;
+    mm.def_flags.store(def, Ordering::Relaxed);
     // Known before its VMAs join the parent's anon_vmas: an rmap walk
     // (migration's) that finds one must reach its page tables, or a
     // migration entry copied into them would never be replaced.
@@ -64,8 +70,11 @@ fn dup_mmap(oncpu: &OnCpu, mm: &Arc<Mm>, oldmm: &Arc<Mm>) -> KResult<()> {
                 break;
             }
         }
+        // Memory locks are not inherited (`vm_flags_clear(tmp,
+        // VM_LOCKED_MASK)`).
+        let flags = mpnt.flags() & !VM_LOCKED_MASK;
         let tmp = Arc::new(
-            Vma::new(mm.id, mpnt.start(), mpnt.end(), mpnt.flags(), mpnt.pgoff())
+            Vma::new(mm.id, mpnt.start(), mpnt.end(), flags, mpnt.pgoff())
                 .with_policy(mpnt.policy().cloned())
                 .with_file(mpnt.file().cloned()),
         );

@@ -359,6 +359,7 @@ pub fn zap_huge_pmd(oncpu: &OnCpu, tlb: &mut MmuGather, mm: &Mm, slot: PmdSlot, 
             crate::swap::folio_mark_accessed(mem, folio);
         }
         rmap::folio_remove_rmap_pmd(mem, folio, mm.id, oncpu.id());
+        crate::mlock::munlock_vma_folio(mem, folio, tlb.vm_flags, oncpu.id());
         mm.add_rss(
             crate::mm::mm_counter_file(mem, folio),
             -(HPAGE_PMD_NR as i64),
@@ -387,6 +388,7 @@ pub fn zap_huge_pmd(oncpu: &OnCpu, tlb: &mut MmuGather, mm: &Mm, slot: PmdSlot, 
     }
     let folio = Folio(pmd.pfn());
     rmap::folio_remove_rmap_pmd(mem, folio, mm.id, oncpu.id());
+    crate::mlock::munlock_vma_folio(mem, folio, tlb.vm_flags, oncpu.id());
     mm.add_rss(MmCounter::AnonPages, -(HPAGE_PMD_NR as i64));
     drop(ptl);
     if tlb.remove_folio_pages(folio.pfn(), 1, false) {
@@ -582,6 +584,12 @@ fn split_huge_pmd_file(oncpu: &OnCpu, mm: &Arc<Mm>, ptl: &mut PmdLocked<'_>, had
         folio.head(mem).set(pg::REFERENCED);
     }
     rmap::folio_remove_rmap_pmd(mem, folio, mm.id, oncpu.id());
+    // The VMA the PMD lies in (callers hold its lock, or mmap_lock).
+    let vm_flags = mm
+        .vma_tree(&crate::sync::epoch::pin())
+        .vma_lookup(haddr)
+        .map_or(0, |v| v.flags());
+    crate::mlock::munlock_vma_folio(mem, folio, vm_flags, oncpu.id());
     folio.put(mem, oncpu.id());
     mm.add_rss(
         crate::mm::mm_counter_file(mem, folio),
@@ -624,6 +632,7 @@ pub fn do_set_pmd(vmf: &mut VmFault<'_>, folio: Folio) -> VmFaultResult {
     }
     mm.add_rss(crate::mm::mm_counter_file(mem, folio), HPAGE_PMD_NR as i64);
     rmap::folio_add_file_rmap_pmd(mem, folio, mm.id);
+    crate::mlock::mlock_vma_folio(mem, folio, vma.flags(), oncpu.id());
     ptl.set(pmd);
     drop(ptl);
     oncpu.vmstat().count(oncpu.id(), Event::THP_FILE_MAPPED, 1);
@@ -709,6 +718,7 @@ fn split_huge_pmd_migration(oncpu: &OnCpu, ptl: &mut PmdLocked<'_>) {
 pub fn set_pmd_migration_entry(
     oncpu: &OnCpu,
     mm: &Arc<Mm>,
+    vma: &Vma,
     slot: PmdSlot,
     addr: u64,
     folio: Folio,
@@ -739,6 +749,7 @@ pub fn set_pmd_migration_entry(
     }
     ptl.set(swp);
     rmap::folio_remove_rmap_pmd(mem, folio, mm.id, oncpu.id());
+    crate::mlock::munlock_vma_folio(mem, folio, vma.flags(), oncpu.id());
     drop(ptl);
     // The mapping's reference; the isolation's keeps the folio.
     folio.put(mem, oncpu.id());
@@ -795,6 +806,7 @@ pub fn remove_migration_pmd(
         RmapFlags::EXCLUSIVE
     };
     rmap::folio_add_anon_rmap_pmd(mem, new, vma.mm_id, flags);
+    crate::mlock::mlock_vma_folio(mem, new, vma.flags(), oncpu.id());
     ptl.set(pmde);
     true
 }
@@ -1058,6 +1070,8 @@ fn __split_folio(oncpu: &OnCpu, folio: Folio, refs: impl Fn(usize, i32) -> i32) 
             | pg::LRU
             | pg::ACTIVE
             | pg::REFERENCED
+            | pg::MLOCKED
+            | pg::UNEVICTABLE
             | pg::LOCKED);
     let mapping = head.mapping.load(Ordering::Relaxed);
     let index = head.index.load(Ordering::Relaxed);
@@ -1133,7 +1147,10 @@ fn remap_zero_pages_to_zeropage(
     let mut remapped = 0;
     for (idx, page, old) in cleared {
         let vma = tree.vma_lookup(addr(idx));
-        let (Some(vma), true) = (vma, mem.page_is_zero(page)) else {
+        // Not in a locked VMA, nor a page of an mlocked folio: those stay.
+        let vma = vma.filter(|v| v.flags() & crate::mm::vma::VM_LOCKED == 0);
+        let mlocked = mem.page(page).test(pg::MLOCKED);
+        let (Some(vma), true) = (vma, !mlocked && mem.page_is_zero(page)) else {
             at.pt.set(idx, old);
             continue;
         };

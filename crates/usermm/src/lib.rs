@@ -26,8 +26,8 @@
 //!    copy), [`filemap`] (the page cache: reads, readahead, fault-around,
 //!    writeback, truncation), [`shmem`] (tmpfs, shared anonymous memory,
 //!    memfds), [`huge_memory`], [`mmu_gather`], [`mmap`], [`fork`],
-//!    [`mprotect`], [`msync`], [`madvise`], [`swap`] (the LRU batches, lazyfree,
-//!    isolation), [`migrate`] (page migration, `move_pages`) with
+//!    [`mprotect`], [`msync`], [`madvise`], [`mlock`], [`gup`] (populating
+//!    a range), [`swap`] (the LRU batches, lazyfree, isolation), [`migrate`] (page migration, `move_pages`) with
 //!    [`rmap_walk`] and [`tlbbatch`] (the batched unmap flush),
 //!    [`mempolicy`] (`mbind`, `set_mempolicy`), [`numa_balancing`],
 //!    [`pt_reclaim`], [`migrc`], [`vmscan`] (reclaim: kswapd, direct
@@ -62,6 +62,7 @@ pub mod check;
 pub mod fault;
 pub mod filemap;
 pub mod fork;
+pub mod gup;
 pub mod huge_memory;
 pub mod init;
 pub mod inspect;
@@ -70,6 +71,7 @@ pub mod memory;
 pub mod mempolicy;
 pub mod migrate;
 pub mod migrc;
+pub mod mlock;
 pub mod mmap;
 pub mod mmu_gather;
 pub mod mprotect;

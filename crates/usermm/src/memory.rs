@@ -1008,6 +1008,7 @@ fn wp_page_copy(vmf: &mut VmFault<'_>, old: Option<Pfn>) -> VmFaultResult {
                 mm.add_rss(MmCounter::AnonPages, 1);
             }
             rmap::folio_remove_rmap_ptes(mem, f, old, 1, mm.id, oncpu.id());
+            crate::mlock::munlock_vma_folio(mem, f, vma.flags(), oncpu.id());
             drop(pt);
             f.put(mem, oncpu.id());
         }
@@ -1261,6 +1262,10 @@ fn set_pte_range(
         crate::swap::folio_add_lru_vma(mem, folio, vma, oncpu.id());
     } else {
         rmap::folio_add_file_rmap_ptes(mem, folio, page, nr as u64, vmf.mm.id);
+        // Mapped whole: mlocked if the VMA is locked.
+        if nr as u64 == folio.nr_pages(mem) {
+            crate::mlock::mlock_vma_folio(mem, folio, vma.flags(), oncpu.id());
+        }
     }
     pt.set_ptes(pgtable::pte_index(addr), entry, nr);
 }
@@ -1413,6 +1418,7 @@ pub fn unmap_mapping_range(
         };
         crate::swap::lru_add_drain(oncpu.mem(), oncpu.id());
         let mut tlb = MmuGather::new(&mm);
+        tlb.vm_flags = vma.flags();
         unmap_page_range(oncpu, &mut tlb, s, e, &details);
         tlb.finish(oncpu);
         true
@@ -1464,6 +1470,7 @@ pub fn unmap_vmas(oncpu: &OnCpu, tlb: &mut MmuGather, vmas: &[Arc<Vma>], start: 
         let s = start.max(vma.start());
         let e = end.min(vma.end());
         if s < e {
+            tlb.vm_flags = vma.flags();
             unmap_page_range(oncpu, tlb, s, e, &details);
         }
     }
@@ -1779,6 +1786,7 @@ impl ZapPteTable<'_, '_> {
         self.tlb.remove_tlb_entries(addr, nr as u64);
         if !delay_rmap {
             rmap::folio_remove_rmap_ptes(mem, folio, page, nr as u64, self.tlb.mm.id, oncpu.id());
+            crate::mlock::munlock_vma_folio(mem, folio, self.tlb.vm_flags, oncpu.id());
         }
         if self.tlb.remove_folio_pages(page, nr as u64, delay_rmap) {
             self.force_flush = true;

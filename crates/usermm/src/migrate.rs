@@ -751,7 +751,9 @@ fn try_to_migrate(oncpu: &OnCpu, iso: &Isolated, flags: TtuFlags, ubc: &mut Tlbf
             if pmd.trans_huge() && pmd.pfn() == folio.pfn() {
                 if flags.split_huge_pmd {
                     huge_memory::split_huge_pmd(oncpu, mm, slot, run.addr);
-                } else if huge_memory::set_pmd_migration_entry(oncpu, mm, slot, run.addr, folio) {
+                } else if huge_memory::set_pmd_migration_entry(
+                    oncpu, mm, vma, slot, run.addr, folio,
+                ) {
                     return AtPmd::Done;
                 }
             }
@@ -762,7 +764,7 @@ fn try_to_migrate(oncpu: &OnCpu, iso: &Isolated, flags: TtuFlags, ubc: &mut Tlbf
             ubc: &mut *ubc,
         };
         page_vma_mapped_walk(mem, mm, vma, folio, at_pmd, |pt, i, addr| {
-            try_to_migrate_one(oncpu, mm, pt, folio, (i, addr), &mut ttu);
+            try_to_migrate_one(oncpu, (mm, vma), pt, folio, (i, addr), &mut ttu);
             true
         });
         folio.mapped(mem)
@@ -773,7 +775,7 @@ fn try_to_migrate(oncpu: &OnCpu, iso: &Isolated, flags: TtuFlags, ubc: &mut Tlbf
 /// `pt` of `mm` may map at `addr`.
 fn try_to_migrate_one(
     oncpu: &OnCpu,
-    mm: &Arc<Mm>,
+    (mm, vma): (&Arc<Mm>, &Vma),
     pt: &mut PteLocked<'_>,
     folio: Folio,
     (i, addr): (u64, u64),
@@ -806,6 +808,7 @@ fn try_to_migrate_one(
     }
     pt.set(idx, swp);
     rmap::folio_remove_rmap_ptes(mem, folio, page, 1, mm.id, oncpu.id());
+    crate::mlock::munlock_vma_folio(mem, folio, vma.flags(), oncpu.id());
     // The mapping's reference; the isolation's keeps the folio.
     folio.put(mem, oncpu.id());
 }
@@ -883,6 +886,9 @@ fn remove_migration_pte(
         RmapFlags::EXCLUSIVE
     };
     rmap::folio_add_anon_rmap_ptes(mem, folio, new, 1, vma.mm_id, flags);
+    if !folio.is_large(mem) {
+        crate::mlock::mlock_vma_folio(mem, folio, vma.flags(), oncpu.id());
+    }
     // No flush: the entry was not present.
     pt.set(idx, pte);
 }

@@ -6,7 +6,7 @@
 
 use crate::errno::{Errno, KResult};
 use crate::machine::OnCpu;
-use crate::memory::{self, FaultFlags, VmFaultResult};
+use crate::memory;
 use crate::mm::vma::*;
 use crate::mm::{Mm, Vma, VmaTree, MAX_MAP_COUNT, MMAP_BASE, MMAP_MIN_ADDR, TASK_SIZE};
 use crate::mmu_gather::MmuGather;
@@ -25,8 +25,10 @@ pub const MAP_SHARED_VALIDATE: u32 = 0x03;
 pub const MAP_TYPE: u32 = 0x0f;
 pub const MAP_FIXED: u32 = 0x10;
 pub const MAP_ANONYMOUS: u32 = 0x20;
+pub const MAP_LOCKED: u32 = 0x2000;
 pub const MAP_NORESERVE: u32 = 0x4000;
 pub const MAP_POPULATE: u32 = 0x8000;
+pub const MAP_NONBLOCK: u32 = 0x10000;
 pub const MAP_FIXED_NOREPLACE: u32 = 0x100000;
 
 #[inline]
@@ -611,7 +613,21 @@ pub fn do_mmap(
     if flags & MAP_FIXED_NOREPLACE != 0 && overlaps {
         return Err(Errno::EEXIST);
     }
-    let mut vm_flags = calc_vm_prot_bits(prot) | VM_MAYREAD | VM_MAYWRITE | VM_MAYEXEC;
+    let mut vm_flags = calc_vm_prot_bits(prot)
+        | mm.def_flags.load(Ordering::Relaxed)
+        | VM_MAYREAD
+        | VM_MAYWRITE
+        | VM_MAYEXEC;
+    if flags & MAP_LOCKED != 0 {
+        // calc_vm_flag_bits; then can_do_mlock.
+        vm_flags |= VM_LOCKED;
+        if mm.memlock_limit() == 0 && !mm.cap_ipc_lock() {
+            return Err(Errno::EPERM);
+        }
+    }
+    if !crate::mlock::mlock_future_ok(mm, vm_flags, len) {
+        return Err(Errno::EAGAIN);
+    }
     match file {
         Some(f) => vm_flags = mmap_file_flags(f, prot, flags, vm_flags)?,
         // The mapping type of anonymous memory, after the collision check
@@ -697,12 +713,14 @@ pub fn do_mmap(
     }
     mm.vma_tree_publish(&mut tree, &crate::sync::epoch::pin());
     mm.total_vm.fetch_add(len >> PAGE_SHIFT, Ordering::Relaxed);
+    if vm_flags & VM_LOCKED != 0 {
+        mm.locked_vm.fetch_add(len >> PAGE_SHIFT, Ordering::Relaxed);
+    }
     drop(guard);
-    if flags & MAP_POPULATE != 0 {
-        // mm_populate: fault everything in; write faults for a private
-        // writable mapping only (a shared one is populated by reads).
-        let write = vm_flags & (VM_WRITE | VM_SHARED) == VM_WRITE;
-        let _ = populate_range(oncpu, mm, addr, addr + len, write);
+    // mm_populate: fault everything in (a VM_LOCKONFAULT VMA has nothing
+    // to do), errors ignored; MAP_NONBLOCK turns MAP_POPULATE off.
+    if vm_flags & VM_LOCKED != 0 || flags & (MAP_POPULATE | MAP_NONBLOCK) == MAP_POPULATE {
+        let _ = crate::gup::mm_populate(oncpu, mm, addr, len, true);
     }
     Ok(addr)
 }
@@ -730,7 +748,7 @@ fn mmap_file_flags(
         | 0x2000 // MAP_LOCKED
         | MAP_NORESERVE
         | MAP_POPULATE
-        | 0x10000 // MAP_NONBLOCK
+        | MAP_NONBLOCK
         | 0x20000 // MAP_STACK
         | 0x40000; // MAP_HUGETLB
     let shared = match flags & MAP_TYPE {
@@ -839,45 +857,6 @@ fn nr_accounted(tree: &VmaTree, start: u64, end: u64) -> u64 {
         .sum()
 }
 
-/// `populate_vma_page_range` without GUP: fault each page that is not
-/// mapped yet.
-pub fn populate_range(
-    oncpu: &OnCpu,
-    mm: &Arc<Mm>,
-    start: u64,
-    end: u64,
-    write: bool,
-) -> KResult<()> {
-    let _g = mm.mmap_lock.read();
-    let guard = crate::sync::epoch::pin();
-    let mut addr = start;
-    while addr < end {
-        let Some(vma) = mm.vma_tree(&guard).vma_lookup(addr).cloned() else {
-            return Err(Errno::ENOMEM);
-        };
-        // GUP refuses a VMA with no access before it walks or allocates
-        // anything (`check_vma_flags`); MAP_POPULATE ignores the error.
-        if vma.flags() & (VM_READ | VM_WRITE | VM_EXEC) == 0 {
-            addr = vma.end();
-            continue;
-        }
-        let flags = if write {
-            FaultFlags::WRITE
-        } else {
-            FaultFlags::empty()
-        };
-        match memory::handle_mm_fault(oncpu, mm, &vma, addr, flags) {
-            VmFaultResult::Oom => return Err(Errno::ENOMEM),
-            VmFaultResult::Sigsegv | VmFaultResult::Sigbus => return Err(Errno::EFAULT),
-            // A race: fault the same page again.
-            VmFaultResult::Raced => continue,
-            _ => {}
-        }
-        addr += PAGE_SIZE;
-    }
-    Ok(())
-}
-
 /// `do_vmi_munmap` on a tree being edited, with mmap_lock held for writing
 /// throughout (a MAP_FIXED mapping replacing them): detach the VMAs, then
 /// zap and free their tables. Returns the pages of the detached
@@ -925,6 +904,12 @@ fn vms_gather_munmap_vmas(
     mm.vma_tree_publish(tree, &crate::sync::epoch::pin());
     let pages: u64 = vmas.iter().map(|v| v.pages()).sum();
     mm.total_vm.fetch_sub(pages, Ordering::Relaxed);
+    let locked: u64 = vmas
+        .iter()
+        .filter(|v| v.flags() & VM_LOCKED != 0)
+        .map(|v| v.pages())
+        .sum();
+    mm.locked_vm.fetch_sub(locked, Ordering::Relaxed);
     Ok(Some(DetachedVmas {
         vmas,
         floor,
@@ -942,9 +927,9 @@ impl DetachedVmas {
     }
 }
 
-/// `unmap_region`.
+/// `unmap_region`. (It drains no LRU batch: 6.18 does not; what the
+/// batches hold stays there, references and all, until a drain.)
 fn unmap_region(oncpu: &OnCpu, mm: &Arc<Mm>, vmas: &[Arc<Vma>], floor: u64, ceiling: u64) {
-    crate::swap::lru_add_drain(oncpu.mem(), oncpu.id());
     let mut tlb = MmuGather::new(mm);
     let (start, end) = (vmas[0].start(), vmas[vmas.len() - 1].end());
     memory::unmap_vmas(oncpu, &mut tlb, vmas, start, end);
@@ -985,7 +970,6 @@ pub fn exit_mmap(oncpu: &OnCpu, mm: &Arc<Mm>) {
     tree.remove_all();
     mm.dead.store(true, Ordering::Relaxed);
     if !vmas.is_empty() {
-        crate::swap::lru_add_drain(oncpu.mem(), oncpu.id());
         let mut tlb = MmuGather::new_fullmm(mm);
         memory::unmap_vmas(oncpu, &mut tlb, &vmas, 0, u64::MAX);
         memory::free_pgtables(oncpu, &mut tlb, &vmas, 0, 0);

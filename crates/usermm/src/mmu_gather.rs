@@ -63,6 +63,9 @@ pub struct MmuGather<'a> {
     pub cleared_ptes: bool,
     pub cleared_pmds: bool,
     pub delayed_rmap: bool,
+    /// The flags of the VMA being zapped (`tlb_start_vma`): the rmap
+    /// removals of a `VM_LOCKED` VMA's pages munlock them.
+    pub vm_flags: crate::mm::vma::VmFlags,
     pub start: u64,
     pub end: u64,
     /// `local` is batches[0]; `active` indexes the batch being filled.
@@ -104,6 +107,7 @@ impl<'a> MmuGather<'a> {
             cleared_ptes: false,
             cleared_pmds: false,
             delayed_rmap: false,
+            vm_flags: 0,
             start: TLB_FLUSH_ALL,
             end: 0,
             batches: vec![Batch::new(MMU_GATHER_BUNDLE)],
@@ -248,14 +252,16 @@ impl<'a> MmuGather<'a> {
                 let e = b.entries[i];
                 let (page, nr, step) = decode(&b.entries, i);
                 if e & ENCODED_PAGE_BIT_DELAY_RMAP != 0 {
+                    let folio = mem.page_folio(page);
                     crate::rmap::folio_remove_rmap_ptes(
                         mem,
-                        mem.page_folio(page),
+                        folio,
                         page,
                         nr,
                         self.mm.id,
                         oncpu.id(),
                     );
+                    crate::mlock::munlock_vma_folio(mem, folio, self.vm_flags, oncpu.id());
                     b.entries[i] &= !ENCODED_PAGE_BIT_DELAY_RMAP;
                 }
                 i += step;

@@ -49,11 +49,23 @@ pub fn do_mprotect(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, len: u64, prot: u32)
     let _g = mm.mmap_lock.write();
     let mut tree = mm.vma_tree_draft();
     let first = tree.find_vma(start).cloned();
+    let mut populate = Vec::new();
     let result = match first {
-        Some(v) if v.start() <= start => mprotect_walk(oncpu, mm, &mut tree, start, end, prot),
+        Some(v) if v.start() <= start => {
+            mprotect_walk(oncpu, mm, &mut tree, (start, end), prot, &mut populate)
+        }
         _ => Err(Errno::ENOMEM),
     };
     mm.vma_tree_publish(&mut tree, &crate::sync::epoch::pin());
+    // A private locked VMA made writable has its COW broken at once, to
+    // spare a fault later (`populate_vma_page_range`, errors ignored); done
+    // once its new flags are published, mmap_lock still held.
+    let guard = crate::sync::epoch::pin();
+    for (s, e) in populate {
+        if let Some(vma) = mm.vma_tree(&guard).vma_lookup(s).cloned() {
+            let _ = crate::gup::populate_vma_page_range(oncpu, mm, &vma, s, e);
+        }
+    }
     result
 }
 
@@ -61,9 +73,9 @@ fn mprotect_walk(
     oncpu: &OnCpu,
     mm: &Arc<Mm>,
     tree: &mut crate::mm::VmaTree,
-    start: u64,
-    end: u64,
+    (start, end): (u64, u64),
     prot: u32,
+    populate: &mut Vec<(u64, u64)>,
 ) -> KResult<()> {
     let mut addr = start;
     while addr < end {
@@ -73,7 +85,13 @@ fn mprotect_walk(
         let tmp = vma.end().min(end);
         let newflags = (vma.flags() & !VM_ACCESS_FLAGS) | calc_vm_prot_bits(prot);
         if newflags != vma.flags() {
+            let oldflags = vma.flags();
             mprotect_fixup(oncpu, mm, tree, &vma, addr, tmp, newflags)?;
+            if oldflags & (VM_WRITE | VM_SHARED | VM_LOCKED) == VM_LOCKED
+                && newflags & VM_WRITE != 0
+            {
+                populate.push((addr, tmp));
+            }
         }
         addr = tmp;
     }

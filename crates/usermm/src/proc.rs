@@ -31,6 +31,8 @@ pub struct Status {
     pub rss_file: u64,
     pub rss_shmem: u64,
     pub vm_pte: u64,
+    /// `VmLck`: the size of the locked VMAs (`locked_vm`).
+    pub vm_lck: u64,
 }
 
 /// `task_mem`.
@@ -45,6 +47,7 @@ pub fn status(mm: &Mm) -> Status {
         rss_file: kb(mm.get_rss(MmCounter::FilePages)),
         rss_shmem: kb(mm.get_rss(MmCounter::ShmemPages)),
         vm_pte: (mm.pgtables_bytes.load(Ordering::Relaxed).max(0) as u64) >> 10,
+        vm_lck: kb(mm.locked_vm.load(Ordering::Relaxed) as i64),
     }
 }
 
@@ -52,6 +55,7 @@ impl std::fmt::Display for Status {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         for (name, v) in [
             ("VmSize", self.vm_size),
+            ("VmLck", self.vm_lck),
             ("VmHWM", self.vm_hwm),
             ("VmRSS", self.vm_rss),
             ("RssAnon", self.rss_anon),
@@ -83,6 +87,8 @@ pub struct Smaps {
     pub anonymous: u64,
     pub lazy_free: u64,
     pub anon_huge_pages: u64,
+    /// `Locked`: the PSS of a locked VMA.
+    pub locked: u64,
 }
 
 /// `struct mem_size_stats`, in bytes; PSS carries [`PSS_SHIFT`] more bits.
@@ -195,6 +201,7 @@ pub fn smaps_rollup(mm: &Mm) -> Smaps {
         r.anonymous += s.anonymous;
         r.lazy_free += s.lazy_free;
         r.anon_huge_pages += s.anon_huge_pages;
+        r.locked += s.locked;
     }
     r
 }
@@ -288,6 +295,11 @@ fn smap_vma(mm: &Mm, vma: &Vma) -> Smaps {
         anonymous: kb(mss.anonymous),
         lazy_free: kb(mss.lazyfree),
         anon_huge_pages: kb(mss.anonymous_thp),
+        locked: if vma.flags() & crate::mm::vma::VM_LOCKED != 0 {
+            kb(mss.pss >> PSS_SHIFT)
+        } else {
+            0
+        },
     }
 }
 
@@ -306,6 +318,7 @@ impl std::fmt::Display for Smaps {
             ("Anonymous", self.anonymous),
             ("LazyFree", self.lazy_free),
             ("AnonHugePages", self.anon_huge_pages),
+            ("Locked", self.locked),
         ] {
             writeln!(f, "{:<16}{:>8} kB", format!("{name}:"), v)?;
         }

@@ -20,7 +20,7 @@
 
 use crate::mm::vma::Vma;
 use crate::phys::memmap::pg;
-use crate::phys::mm_inline::{CpuFbatches, FolioBatch, LruvecGuard};
+use crate::phys::mm_inline::{folio_evictable, CpuFbatches, FolioBatch, LruvecGuard};
 use crate::phys::{Folio, PhysMem};
 use crate::sync::Ordering;
 use crate::vmstat::Event;
@@ -45,16 +45,33 @@ impl LruMove {
 
     fn apply(self, mem: &PhysMem, cpu: usize, lruvec: &mut LruvecGuard<'_>, folio: Folio) {
         match self {
-            LruMove::Add => lru_add(lruvec, folio),
+            LruMove::Add => lru_add(mem, cpu, lruvec, folio),
             LruMove::Lazyfree => lru_lazyfree(mem, cpu, lruvec, folio),
         }
     }
 }
 
-/// `lru_add`: a new folio onto its list (the model has no mlock, so every
-/// folio is evictable).
-fn lru_add(lruvec: &mut LruvecGuard<'_>, folio: Folio) {
-    lruvec.add_folio(folio);
+/// `lru_add`: a folio onto the list its flags say, or, if it is mlocked,
+/// onto the unevictable list (with no mlock count: the mlocks made while
+/// it was off the LRU were not counted).
+pub(crate) fn lru_add(mem: &PhysMem, cpu: usize, lruvec: &mut LruvecGuard<'_>, folio: Folio) {
+    let head = folio.head(mem);
+    let was_unevictable = head.test_and_clear(pg::UNEVICTABLE);
+    let nr = folio.nr_pages(mem);
+    if folio_evictable(mem, folio) {
+        if was_unevictable {
+            mem.vmstat.count(cpu, Event::UNEVICTABLE_PGRESCUED, nr);
+        }
+        lruvec.add_folio(folio);
+    } else {
+        head.clear(pg::ACTIVE);
+        head.set(pg::UNEVICTABLE);
+        lruvec.add_folio(folio);
+        lruvec.set_mlock_count(folio, 0);
+        if !was_unevictable {
+            mem.vmstat.count(cpu, Event::UNEVICTABLE_PGCULLED, nr);
+        }
+    }
 }
 
 /// `lru_lazyfree`: a swap-backed anon folio becomes lazyfree: off its
@@ -118,10 +135,14 @@ pub fn folio_add_lru(mem: &PhysMem, folio: Folio, cpu: usize) {
     folio_batch_add_and_move(mem, cpu, folio, LruMove::Add);
 }
 
-/// `folio_add_lru_vma`: a new folio of a fault, for `vma` (an mlocked
-/// VMA's would go to the unevictable list; the model has no mlock).
-pub fn folio_add_lru_vma(mem: &PhysMem, folio: Folio, _vma: &Vma, cpu: usize) {
-    folio_add_lru(mem, folio, cpu);
+/// `folio_add_lru_vma`: a new folio of a fault, for `vma`; a locked
+/// VMA's goes to the unevictable list ([`crate::mlock`]).
+pub fn folio_add_lru_vma(mem: &PhysMem, folio: Folio, vma: &Vma, cpu: usize) {
+    if vma.flags() & crate::mm::vma::VM_LOCKED != 0 {
+        crate::mlock::mlock_new_folio(mem, folio, cpu);
+    } else {
+        folio_add_lru(mem, folio, cpu);
+    }
 }
 
 /// `folio_mark_accessed`: a folio seen used (a young entry zapped, a
@@ -154,6 +175,11 @@ fn lru_add_drain_cpu(mem: &PhysMem, target: usize, cpu: usize) {
             folio_batch_move_lru(mem, cpu, &batch, op);
         }
     }
+    // mlock_drain_local / mlock_drain_remote.
+    let batch = fb.mlock.take();
+    if !batch.folios.is_empty() {
+        crate::mlock::mlock_folio_batch(mem, cpu, &batch);
+    }
 }
 
 /// `lru_add_drain`: drain this CPU's batches.
@@ -169,7 +195,7 @@ pub fn lru_add_drain_all(mem: &PhysMem, cpu: usize) {
 }
 
 /// `lru_cache_disabled`.
-fn lru_cache_disabled(mem: &PhysMem) -> bool {
+pub(crate) fn lru_cache_disabled(mem: &PhysMem) -> bool {
     mem.lru_disable_count.load(Ordering::Relaxed) > 0
 }
 

@@ -71,6 +71,37 @@ impl OnCpu<'_> {
         Ok(())
     }
 
+    /// `mlock(2)`.
+    pub fn mlock(&self, addr: u64, len: u64) -> KResult<()> {
+        self.kernel_enter();
+        crate::mlock::do_mlock(self, &self.mm()?, addr, len, crate::mm::vma::VM_LOCKED)
+    }
+
+    /// `mlock2(2)`: `MLOCK_ONFAULT` locks pages as they are faulted in.
+    pub fn mlock2(&self, addr: u64, len: u64, flags: u32) -> KResult<()> {
+        self.kernel_enter();
+        let vm_flags = crate::mlock::mlock2_flags(flags)?;
+        crate::mlock::do_mlock(self, &self.mm()?, addr, len, vm_flags)
+    }
+
+    /// `munlock(2)`.
+    pub fn munlock(&self, addr: u64, len: u64) -> KResult<()> {
+        self.kernel_enter();
+        crate::mlock::do_munlock(self, &self.mm()?, addr, len)
+    }
+
+    /// `mlockall(2)`.
+    pub fn mlockall(&self, flags: u32) -> KResult<()> {
+        self.kernel_enter();
+        crate::mlock::do_mlockall(self, &self.mm()?, flags)
+    }
+
+    /// `munlockall(2)`.
+    pub fn munlockall(&self) -> KResult<()> {
+        self.kernel_enter();
+        crate::mlock::do_munlockall(self, &self.mm()?)
+    }
+
     /// `madvise(2)`.
     pub fn madvise(&self, addr: u64, len: u64, advice: i32) -> KResult<()> {
         self.kernel_enter();

@@ -26,6 +26,7 @@
 pub(crate) mod kswapd;
 
 use crate::machine::OnCpu;
+use crate::mm::vma::VM_LOCKED;
 use crate::mm::MmCounter;
 use crate::mmu_gather::MmuGather;
 use crate::pgtable::PteLocked;
@@ -534,7 +535,7 @@ fn move_folios_to_lru(oncpu: &OnCpu, folios: Vec<Folio>) {
     let mut held = None;
     for &f in &folios {
         let l = mem.folio_lruvec_relock(&mut held, f);
-        l.add_folio(f);
+        crate::swap::lru_add(mem, oncpu.id(), l, f);
         f.head(mem).set(pg::LRU);
     }
     drop(held);
@@ -598,8 +599,12 @@ enum FolioReferences {
 fn folio_check_references(oncpu: &OnCpu, folio: Folio) -> FolioReferences {
     let head = folio.head(oncpu.mem());
     // The caller holds the folio's lock.
-    let referenced_ptes = folio_referenced_locked(oncpu, folio, true);
+    let (referenced_ptes, locked) = folio_referenced_locked(oncpu, folio, true);
     let referenced_folio = head.test_and_clear(pg::REFERENCED);
+    // Found in a locked VMA, and mlocked now: off to the unevictable list.
+    if locked {
+        return FolioReferences::Activate;
+    }
     if referenced_ptes > 0 {
         head.set(pg::REFERENCED);
         if referenced_folio || referenced_ptes > 1 {
@@ -615,48 +620,89 @@ fn folio_check_references(oncpu: &OnCpu, folio: Folio) -> FolioReferences {
 /// CPU that keeps the translation cached is not seen using it, as on
 /// hardware).
 pub fn folio_referenced(oncpu: &OnCpu, folio: Folio) -> u64 {
-    folio_referenced_locked(oncpu, folio, false)
+    folio_referenced_locked(oncpu, folio, false).0
 }
 
 /// [`folio_referenced`], the folio locked by the caller or not. A
 /// page-cache folio's rmap walk needs its lock (which keeps its address
 /// space alive): taken if the caller does not hold it, and a folio whose
-/// lock is taken counts as referenced, as the kernel counts it.
-fn folio_referenced_locked(oncpu: &OnCpu, folio: Folio, locked: bool) -> u64 {
+/// lock is taken counts as referenced, as the kernel counts it. Also
+/// returns whether a locked VMA maps the whole folio, which is mlocked
+/// then (the walk stops there, `pra->vm_flags` gaining `VM_LOCKED`).
+fn folio_referenced_locked(oncpu: &OnCpu, folio: Folio, locked: bool) -> (u64, bool) {
     let mem = oncpu.mem();
+    let mut referenced = 0;
+    let mut mlocked = false;
+    let mut one = |mm: &crate::sync::Arc<crate::mm::Mm>, vma: &crate::mm::Vma| {
+        if vma.flags() & VM_LOCKED != 0 {
+            // Its entries are not looked at for young bits.
+            mlocked = mlock_if_mapped_whole(oncpu, mm, vma, folio);
+            return !mlocked;
+        }
+        referenced += referenced_one(oncpu, mm, vma, folio) as u64;
+        true
+    };
     if !folio.test_anon(mem) {
         if !folio.mapped(mem) {
-            return 0;
+            return (0, false);
         }
         if !locked && !folio.trylock(mem) {
-            return 1;
+            return (1, false);
         }
-        let mut referenced = 0;
         // SAFETY: the folio is locked: if still cached, its address space
         // lives (eviction takes each folio's lock first).
         if let Some(mapping) = unsafe { crate::fs::address_space::folio_mapping(mem, folio) } {
             let index = folio.head(mem).index.load(crate::sync::Ordering::Relaxed);
-            crate::rmap_walk::rmap_walk_file(oncpu, mapping, folio, index, |mm, vma| {
-                referenced += referenced_one(oncpu, mm, vma, folio) as u64;
-                true
-            });
+            crate::rmap_walk::rmap_walk_file(oncpu, mapping, folio, index, &mut one);
         }
         if !locked {
             folio.unlock(mem);
         }
-        return referenced;
+        return (referenced, mlocked);
     }
     let Some(anon_vma) = crate::rmap::folio_get_anon_vma(mem, folio) else {
-        return 0;
+        return (0, false);
     };
     // One per VMA in which some entry was young (`folio_referenced_one`
     // counts a VMA once, however many of its PTEs map the folio).
-    let mut referenced = 0;
-    rmap_walk_anon(oncpu, folio, &anon_vma, |mm, vma| {
-        referenced += referenced_one(oncpu, mm, vma, folio) as u64;
+    rmap_walk_anon(oncpu, folio, &anon_vma, &mut one);
+    (referenced, mlocked)
+}
+
+/// `folio_referenced_one` in a locked VMA: "restore the mlock which got
+/// missed" if the VMA maps the whole folio (by a PMD, or by a PTE for
+/// each page); returns whether it did.
+fn mlock_if_mapped_whole(
+    oncpu: &OnCpu,
+    mm: &crate::sync::Arc<crate::mm::Mm>,
+    vma: &crate::mm::Vma,
+    folio: Folio,
+) -> bool {
+    let mem = oncpu.mem();
+    let by_pmd = std::cell::Cell::new(false);
+    let mut ptes = 0;
+    let at_pmd = |slot, _run: PteRun| {
+        if !mm.pmd_get(slot).trans_huge() {
+            return AtPmd::Ptes;
+        }
+        let pmd = mm.pmd_lock(slot).get();
+        if pmd.trans_huge() && pmd.pfn() == folio.pfn() {
+            by_pmd.set(true);
+        }
+        AtPmd::Done
+    };
+    page_vma_mapped_walk(mem, mm, vma, folio, at_pmd, |pt, i, addr| {
+        let pte = pt.pte(crate::pgtable::pte_index(addr));
+        if pte.present() && !pte.special() && pte.pfn() == folio.pfn() + i {
+            ptes += 1;
+        }
         true
     });
-    referenced
+    let whole = by_pmd.get() || ptes == folio.nr_pages(mem);
+    if whole {
+        crate::mlock::mlock_vma_folio(mem, folio, vma.flags(), oncpu.id());
+    }
+    whole
 }
 
 /// `folio_referenced_one`: whether some entry of `vma` mapping the folio
@@ -929,6 +975,11 @@ fn try_to_unmap_file(
         split_huge_pmd: true,
     };
     crate::rmap_walk::rmap_walk_file(oncpu, mapping, folio, index, |mm, vma| {
+        // try_to_unmap_one: a locked VMA's pages stay (the mlock of a
+        // folio it maps whole was restored by folio_referenced).
+        if vma.flags() & VM_LOCKED != 0 {
+            return false;
+        }
         let at_pmd = |slot, run: PteRun| {
             let pmd = mm.pmd_get(slot);
             if pmd.trans_huge() && pmd.pfn() == folio.pfn() {
@@ -1024,6 +1075,10 @@ fn try_to_unmap_lazyfree(oncpu: &OnCpu, folio: Folio, ubc: &mut TlbflushUnmapBat
     };
     let mut ok = true;
     rmap_walk_anon(oncpu, folio, &anon_vma, |mm, vma| {
+        if vma.flags() & VM_LOCKED != 0 {
+            ok = false;
+            return false;
+        }
         // A PMD-mapped lazyfree THP is split first by the kernel; the
         // model leaves it mapped.
         let at_pmd = |slot, _| {

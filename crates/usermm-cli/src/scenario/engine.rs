@@ -10,6 +10,7 @@ use usermm::mm::Mm;
 use usermm::vmstat::Event;
 use usermm::{Errno, Machine, MachineConfig, ThpMode};
 
+use super::parse::MlockCall;
 use super::Backend;
 
 pub struct EngineBackend {
@@ -197,6 +198,22 @@ impl Backend for EngineBackend {
     fn madvise(&mut self, addr: u64, len: u64, advice: i32) -> Result<(), Errno> {
         self.on(|c| c.madvise(addr, len, advice))
     }
+    fn mlock(&mut self, call: &MlockCall<u64>) -> Result<(), Errno> {
+        self.on(|c| match *call {
+            MlockCall::Mlock { addr, len, flags } => c.mlock2(addr, len, flags),
+            MlockCall::Munlock { addr, len } => c.munlock(addr, len),
+            MlockCall::Mlockall { flags } => c.mlockall(flags),
+            MlockCall::Munlockall => c.munlockall(),
+        })
+    }
+    fn setrlimit_memlock(&mut self, bytes: u64) -> Result<(), Errno> {
+        self.procs[&self.cur].set_memlock_limit(bytes);
+        Ok(())
+    }
+    fn capdrop_ipc_lock(&mut self) -> Result<(), Errno> {
+        self.procs[&self.cur].set_cap_ipc_lock(false);
+        Ok(())
+    }
     fn store(&mut self, addr: u64, v: u64) -> Result<(), Errno> {
         self.on(|c| c.store_u64(addr, v))
     }
@@ -245,6 +262,8 @@ impl Backend for EngineBackend {
             mm.map_count() as i64,
             s.rss_file as i64,
             s.rss_shmem as i64,
+            s.vm_lck as i64,
+            r.locked as i64,
         ])
     }
     fn vmstat(&mut self, name: &str) -> Result<i64, String> {

@@ -36,6 +36,7 @@ use std::path::PathBuf;
 
 use usermm::Errno;
 
+use super::parse::MlockCall;
 use super::Backend;
 
 const THP: &str = "/sys/kernel/mm/transparent_hugepage";
@@ -466,6 +467,22 @@ impl Backend for HostBackend {
         self.call_errno(&format!("madvise {addr} {len} {advice}"))
             .map(|_| ())
     }
+    fn mlock(&mut self, call: &MlockCall<u64>) -> Result<(), Errno> {
+        let req = match *call {
+            MlockCall::Mlock { addr, len, flags } => format!("mlock2 {addr} {len} {flags}"),
+            MlockCall::Munlock { addr, len } => format!("munlock {addr} {len}"),
+            MlockCall::Mlockall { flags } => format!("mlockall {flags}"),
+            MlockCall::Munlockall => "munlockall".to_string(),
+        };
+        self.call_errno(&req).map(|_| ())
+    }
+    fn setrlimit_memlock(&mut self, bytes: u64) -> Result<(), Errno> {
+        self.call_errno(&format!("setrlimit_memlock {bytes}"))
+            .map(|_| ())
+    }
+    fn capdrop_ipc_lock(&mut self) -> Result<(), Errno> {
+        self.call_errno("capdrop_ipc_lock").map(|_| ())
+    }
     fn store(&mut self, addr: u64, v: u64) -> Result<(), Errno> {
         self.call_errno(&format!("store {addr} {v}")).map(|_| ())
     }
@@ -538,6 +555,13 @@ impl Backend for HostBackend {
             Some((size, stat)) => std::fs::read_to_string(format!("{THP}/{size}/stats/{stat}"))
                 .map_err(|e| format!("{THP}/{size}/stats/{stat}: {e}"))?,
             None => {
+                // A node or zone statistic keeps per-CPU differences below
+                // a threshold out of /proc/vmstat until they are folded;
+                // fold them all first (root only; an event counter is
+                // summed over the CPUs when read).
+                if name.starts_with("nr_") {
+                    let _ = std::fs::write("/proc/sys/vm/stat_refresh", "1");
+                }
                 let all = std::fs::read_to_string("/proc/vmstat")
                     .map_err(|e| format!("/proc/vmstat: {e}"))?;
                 all.lines()
@@ -998,6 +1022,32 @@ fn serve(requests: File, mut w: File) -> ! {
                 // SAFETY: as for munmap.
                 rc(unsafe { libc::madvise(n(1) as *mut _, n(2) as usize, n(3) as i32) })
             }
+            Some("mlock2") => {
+                // SAFETY: mlock2 changes no memory contents; the kernel
+                // checks the arguments.
+                rc(unsafe { libc::mlock2(n(1) as *const _, n(2) as usize, n(3) as u32) })
+            }
+            Some("munlock") => {
+                // SAFETY: as for mlock2.
+                rc(unsafe { libc::munlock(n(1) as *const _, n(2) as usize) })
+            }
+            Some("mlockall") => {
+                // SAFETY: as for mlock2.
+                rc(unsafe { libc::mlockall(n(1) as i32) })
+            }
+            Some("munlockall") => {
+                // SAFETY: as for mlock2.
+                rc(unsafe { libc::munlockall() })
+            }
+            Some("setrlimit_memlock") => {
+                let lim = libc::rlimit {
+                    rlim_cur: n(1),
+                    rlim_max: n(1),
+                };
+                // SAFETY: a valid rlimit, read by the call only.
+                rc(unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) })
+            }
+            Some("capdrop_ipc_lock") => capdrop_ipc_lock_here(),
             Some("mbind") => {
                 let mask = [n(4)];
                 // SAFETY: mbind on this process's own range, with a mask of
@@ -1083,12 +1133,11 @@ fn serve(requests: File, mut w: File) -> ! {
                 let st = read_proc("/proc/self/status", &mut proc_buf);
                 let (a, b, c) = (f(st, "VmRSS"), f(st, "RssAnon"), f(st, "VmPTE"));
                 let (rf, rs) = (f(st, "RssFile"), f(st, "RssShmem"));
-                let d = f(
-                    read_proc("/proc/self/smaps_rollup", &mut proc_buf),
-                    "AnonHugePages",
-                );
+                let lck = f(st, "VmLck");
+                let rollup = read_proc("/proc/self/smaps_rollup", &mut proc_buf);
+                let (d, locked) = (f(rollup, "AnonHugePages"), f(rollup, "Locked"));
                 let e = read_proc("/proc/self/maps", &mut proc_buf).lines().count();
-                format!("ok {a} {b} {c} {d} {e} {rf} {rs}")
+                format!("ok {a} {b} {c} {d} {e} {rf} {rs} {lck} {locked}")
             }
             Some("dump") => {
                 let st = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -1502,6 +1551,39 @@ fn await_numa_hint_here(addr: u64, buf: &mut String) -> String {
             return format!("err {}", Errno::ETIMEDOUT.0);
         }
     }
+}
+
+/// Drop `CAP_IPC_LOCK` from this process's effective set (`capset`), so
+/// that `RLIMIT_MEMLOCK` binds it; its children inherit the drop.
+fn capdrop_ipc_lock_here() -> String {
+    const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+    const CAP_IPC_LOCK: u32 = 14;
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let mut hdr = Header {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let mut data = [Data::default(); 2];
+    // SAFETY: capget writes two `Data` words, as version 3 says, into the
+    // array it is given.
+    let r = unsafe { libc::syscall(libc::SYS_capget, &mut hdr, data.as_mut_ptr()) };
+    if r != 0 {
+        return rc(-1);
+    }
+    data[0].effective &= !(1 << CAP_IPC_LOCK);
+    // SAFETY: as above; capset reads them.
+    rc(unsafe { libc::syscall(libc::SYS_capset, &mut hdr, data.as_ptr()) } as i32)
 }
 
 fn rc(r: i32) -> String {

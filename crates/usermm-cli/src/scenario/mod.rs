@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 use usermm::Errno;
 
-use parse::{Addr, Figure, Op, Pattern, Stmt, NR_FIGURES};
+use parse::{Addr, Figure, MlockCall, Op, Pattern, Stmt, NR_FIGURES};
 
 /// How long `await_numa_hint` waits for a scan: the host's first comes
 /// after a second of the process's run time (`scan_delay_ms`), the next a
@@ -80,6 +80,12 @@ pub trait Backend {
     fn munmap(&mut self, addr: u64, len: u64) -> Result<(), Errno>;
     fn mprotect(&mut self, addr: u64, len: u64, prot: u32) -> Result<(), Errno>;
     fn madvise(&mut self, addr: u64, len: u64, advice: i32) -> Result<(), Errno>;
+    /// One call of the mlock family.
+    fn mlock(&mut self, call: &MlockCall<u64>) -> Result<(), Errno>;
+    /// `setrlimit(RLIMIT_MEMLOCK)` of the current process (soft and hard).
+    fn setrlimit_memlock(&mut self, bytes: u64) -> Result<(), Errno>;
+    /// The current process drops `CAP_IPC_LOCK`.
+    fn capdrop_ipc_lock(&mut self) -> Result<(), Errno>;
     fn store(&mut self, addr: u64, v: u64) -> Result<(), Errno>;
     fn load(&mut self, addr: u64) -> Result<u64, Errno>;
     /// Fork the current process into a new one called `child`: the
@@ -92,8 +98,8 @@ pub trait Backend {
     /// The process `name` exits.
     fn exit(&mut self, name: &str) -> Result<(), String>;
     /// VmRSS, RssAnon, VmPTE, AnonHugePages (kB), the number of VMAs,
-    /// RssFile and RssShmem (kB) of the current process, in the order of
-    /// [`Figure::ALL`].
+    /// RssFile, RssShmem, VmLck and Locked (kB) of the current process, in
+    /// the order of [`Figure::ALL`].
     fn figures(&mut self) -> Result<[i64; NR_FIGURES], String>;
     /// Set a THP knob; Err says why it cannot be (the scenario is skipped).
     fn knob(&mut self, size_kb: Option<u64>, mode: &str) -> Result<(), String>;
@@ -391,6 +397,24 @@ impl Interp<'_> {
                 let (a, _) = self.addr(addr)?;
                 Ok(Self::done(self.b.madvise(a, *len, *advice)))
             }
+            Op::Mlock(call) => {
+                let call = match call {
+                    MlockCall::Mlock { addr, len, flags } => MlockCall::Mlock {
+                        addr: self.addr(addr)?.0,
+                        len: *len,
+                        flags: *flags,
+                    },
+                    MlockCall::Munlock { addr, len } => MlockCall::Munlock {
+                        addr: self.addr(addr)?.0,
+                        len: *len,
+                    },
+                    MlockCall::Mlockall { flags } => MlockCall::Mlockall { flags: *flags },
+                    MlockCall::Munlockall => MlockCall::Munlockall,
+                };
+                Ok(Self::done(self.b.mlock(&call)))
+            }
+            Op::SetrlimitMemlock { bytes } => Ok(Self::done(self.b.setrlimit_memlock(*bytes))),
+            Op::CapdropIpcLock => Ok(Self::done(self.b.capdrop_ipc_lock())),
             Op::Fill {
                 addr,
                 len,

@@ -25,6 +25,25 @@ pub enum Addr {
     Region { name: String, off: i64 },
 }
 
+/// One of the mlock family of calls, on addresses of type `A`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MlockCall<A> {
+    /// `mlock2(ADDR, LEN, FLAGS)` (`mlock` when FLAGS is 0).
+    Mlock {
+        addr: A,
+        len: u64,
+        flags: u32,
+    },
+    Munlock {
+        addr: A,
+        len: u64,
+    },
+    Mlockall {
+        flags: u32,
+    },
+    Munlockall,
+}
+
 /// A figure of `/proc/<pid>/status` or `smaps_rollup`, in kB.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Figure {
@@ -36,10 +55,14 @@ pub enum Figure {
     Vmas,
     RssFile,
     RssShmem,
+    /// `VmLck` of status: the size of the locked VMAs.
+    VmLck,
+    /// `Locked` of smaps_rollup: the PSS of the locked VMAs.
+    Locked,
 }
 
 /// How many figures a backend reports.
-pub const NR_FIGURES: usize = 7;
+pub const NR_FIGURES: usize = 9;
 
 impl Figure {
     pub const ALL: [Figure; NR_FIGURES] = [
@@ -50,6 +73,8 @@ impl Figure {
         Figure::Vmas,
         Figure::RssFile,
         Figure::RssShmem,
+        Figure::VmLck,
+        Figure::Locked,
     ];
     pub fn name(self) -> &'static str {
         match self {
@@ -60,6 +85,8 @@ impl Figure {
             Figure::Vmas => "VMAs",
             Figure::RssFile => "RssFile",
             Figure::RssShmem => "RssShmem",
+            Figure::VmLck => "VmLck",
+            Figure::Locked => "Locked",
         }
     }
     fn parse(s: &str) -> Option<Figure> {
@@ -138,6 +165,15 @@ pub enum Op {
         len: u64,
         advice: i32,
     },
+    /// `mlock ADDR LEN [onfault]` (`mlock2(MLOCK_ONFAULT)`), `munlock ADDR
+    /// LEN`, `mlockall current,future,onfault`, `munlockall`.
+    Mlock(MlockCall<Addr>),
+    /// `setrlimit memlock SIZE|unlimited`.
+    SetrlimitMemlock {
+        bytes: u64,
+    },
+    /// `capdrop ipc_lock`: the process loses `CAP_IPC_LOCK`.
+    CapdropIpcLock,
     /// `fill ADDR LEN SEED [every=SIZE]`: the first word of every page
     /// (or of one page every SIZE) gets the pattern.
     Fill {
@@ -527,6 +563,8 @@ fn parse_flags(w: &str) -> Option<u32> {
             "noreplace" => MAP_FIXED_NOREPLACE,
             "noreserve" => MAP_NORESERVE,
             "populate" => MAP_POPULATE,
+            "locked" => usermm::mmap::MAP_LOCKED,
+            "nonblock" => usermm::mmap::MAP_NONBLOCK,
             _ => return None,
         };
     }
@@ -596,6 +634,12 @@ const STATEMENTS: &[(&str, ParseStatement)] = &[
     ("memfd", parse_memfd),
     ("truncate", parse_truncate),
     ("msync", parse_msync),
+    ("mlock", parse_mlock),
+    ("munlock", parse_munlock),
+    ("mlockall", parse_mlockall),
+    ("munlockall", parse_munlockall),
+    ("setrlimit", parse_setrlimit),
+    ("capdrop", parse_capdrop),
 ];
 
 /// One statement: its verb, then what [`STATEMENTS`] parses for it, then
@@ -776,6 +820,78 @@ fn parse_madvise(w: &mut Words) -> Result<Op, ParseError> {
         w.next("an advice (dontneed, free, pageout, willneed, hugepage, nohugepage, normal)")?;
     let advice = parse_advice(a).ok_or_else(|| w.err(col, format!("unknown advice {a:?}")))?;
     Ok(Op::Madvise { addr, len, advice })
+}
+
+/// The statement `mlock`.
+fn parse_mlock(w: &mut Words) -> Result<Op, ParseError> {
+    let addr = w.addr()?;
+    let len = w.number("a length")?;
+    let mut flags = 0;
+    if w.peek().is_some() {
+        let (col, f) = w.next("onfault")?;
+        if f != "onfault" {
+            return Err(w.err(col, format!("unknown mlock flag {f:?} (onfault)")));
+        }
+        flags = usermm::mlock::MLOCK_ONFAULT;
+    }
+    Ok(Op::Mlock(MlockCall::Mlock { addr, len, flags }))
+}
+
+/// The statement `munlock`.
+fn parse_munlock(w: &mut Words) -> Result<Op, ParseError> {
+    let addr = w.addr()?;
+    let len = w.number("a length")?;
+    Ok(Op::Mlock(MlockCall::Munlock { addr, len }))
+}
+
+/// The statement `mlockall`: flags joined by commas, or a number.
+fn parse_mlockall(w: &mut Words) -> Result<Op, ParseError> {
+    use usermm::mlock::{MCL_CURRENT, MCL_FUTURE, MCL_ONFAULT};
+    let (col, list) = w.next("flags (current, future, onfault)")?;
+    let mut flags = 0;
+    for part in list.split(',') {
+        flags |= match part {
+            "current" => MCL_CURRENT,
+            "future" => MCL_FUTURE,
+            "onfault" => MCL_ONFAULT,
+            n => n.parse::<u32>().map_err(|_| {
+                w.err(
+                    col,
+                    format!("unknown mlockall flag {n:?} (current, future, onfault)"),
+                )
+            })?,
+        };
+    }
+    Ok(Op::Mlock(MlockCall::Mlockall { flags }))
+}
+
+/// The statement `munlockall`.
+fn parse_munlockall(_w: &mut Words) -> Result<Op, ParseError> {
+    Ok(Op::Mlock(MlockCall::Munlockall))
+}
+
+/// The statement `setrlimit memlock SIZE|unlimited`.
+fn parse_setrlimit(w: &mut Words) -> Result<Op, ParseError> {
+    let (col, r) = w.next("a resource (memlock)")?;
+    if r != "memlock" {
+        return Err(w.err(col, format!("unknown resource {r:?} (memlock)")));
+    }
+    let bytes = if w.peek() == Some("unlimited") {
+        w.next("unlimited")?;
+        u64::MAX
+    } else {
+        w.number("a size or unlimited")?
+    };
+    Ok(Op::SetrlimitMemlock { bytes })
+}
+
+/// The statement `capdrop ipc_lock`.
+fn parse_capdrop(w: &mut Words) -> Result<Op, ParseError> {
+    let (col, c) = w.next("a capability (ipc_lock)")?;
+    if c != "ipc_lock" {
+        return Err(w.err(col, format!("unknown capability {c:?} (ipc_lock)")));
+    }
+    Ok(Op::CapdropIpcLock)
 }
 
 /// The statement `fill`.

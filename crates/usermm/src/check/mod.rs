@@ -300,6 +300,30 @@ fn check_lru(m: &Machine, ex: &Expect, free: &HashSet<Pfn>) -> Result<(), String
     if let Some(e) = bad {
         return Err(e);
     }
+    // The unevictable list links nothing: its folios are the mapped and
+    // cached ones flagged so; the mlocked ones are what nr_mlock counts.
+    let mut mlocked = 0;
+    let mut seen = HashSet::new();
+    for &head in ex.refs.keys().chain(ex.cached.iter()) {
+        if !seen.insert(head) {
+            continue;
+        }
+        let f = Folio(head);
+        let flags = f.head(mem).flags.load(Ordering::Relaxed);
+        let unevictable = crate::phys::pg::LRU | crate::phys::pg::UNEVICTABLE;
+        if flags & unevictable == unevictable && on_lru.insert(head) {
+            sizes[LruList::Unevictable as usize] += f.nr_pages(mem);
+        }
+        if flags & crate::phys::pg::MLOCKED != 0 {
+            mlocked += f.nr_pages(mem) as i64;
+        }
+    }
+    let nr_mlock = mem.vmstat.node(crate::vmstat::NodeStat::NR_MLOCK);
+    if nr_mlock != mlocked {
+        return Err(format!(
+            "{mlocked} pages of folios are mlocked, nr_mlock says {nr_mlock}"
+        ));
+    }
     let counted = mem.lru_sizes();
     for lru in LruList::ALL {
         let (want, listed) = (sizes[lru as usize], counted[lru as usize]);

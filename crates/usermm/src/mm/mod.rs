@@ -38,6 +38,10 @@ use crate::sync::{Arc, AtomicI32, AtomicI64, AtomicU64, CachePadded, Ordering, S
 
 /// `TASK_SIZE` for 47-bit user addresses (the top page is never mapped).
 pub const TASK_SIZE: u64 = (1 << 47) - PAGE_SIZE;
+
+/// The default `RLIMIT_MEMLOCK` (`MLOCK_LIMIT`, 8 MiB since 5.16). A
+/// task starts with `CAP_IPC_LOCK`, as a root one does, which lifts it.
+pub const DEFAULT_MEMLOCK_LIMIT: u64 = 8 << 20;
 /// `vm.mmap_min_addr`'s usual value.
 pub const MMAP_MIN_ADDR: u64 = 65536;
 /// Where top-down placement starts: below the stack and its guard gap (the
@@ -176,6 +180,15 @@ pub struct Mm {
     pub luf_batch: crate::sync::Mutex<crate::phys::luf::LufBatch>,
     /// `mm->total_vm`, in pages.
     pub total_vm: AtomicU64,
+    /// `mm->locked_vm`: pages of `VM_LOCKED` VMAs.
+    pub locked_vm: AtomicU64,
+    /// `mm->def_flags`: flags every new VMA gets (`VM_LOCKED` after
+    /// `mlockall(MCL_FUTURE)`).
+    pub def_flags: AtomicU64,
+    /// The task's `RLIMIT_MEMLOCK`, in bytes (`u64::MAX`: unlimited).
+    memlock_limit: AtomicU64,
+    /// Whether the task has `CAP_IPC_LOCK`, which lifts that limit.
+    cap_ipc_lock: crate::sync::AtomicBool,
     /// Set by exit_mmap; no new faults.
     pub dead: crate::sync::AtomicBool,
 }
@@ -259,8 +272,32 @@ impl Mm {
             mempolicy: Default::default(),
             numa_scan: Default::default(),
             total_vm: AtomicU64::new(0),
+            locked_vm: AtomicU64::new(0),
+            def_flags: AtomicU64::new(0),
+            memlock_limit: AtomicU64::new(DEFAULT_MEMLOCK_LIMIT),
+            cap_ipc_lock: crate::sync::AtomicBool::new(true),
             dead: crate::sync::AtomicBool::new(false),
         }))
+    }
+
+    /// `rlimit(RLIMIT_MEMLOCK)`, in bytes.
+    pub fn memlock_limit(&self) -> u64 {
+        self.memlock_limit.load(Ordering::Relaxed)
+    }
+
+    /// `capable(CAP_IPC_LOCK)`.
+    pub fn cap_ipc_lock(&self) -> bool {
+        self.cap_ipc_lock.load(Ordering::Relaxed)
+    }
+
+    /// `setrlimit(RLIMIT_MEMLOCK)`.
+    pub fn set_memlock_limit(&self, bytes: u64) {
+        self.memlock_limit.store(bytes, Ordering::Relaxed);
+    }
+
+    /// Give the task `CAP_IPC_LOCK`, or drop it.
+    pub fn set_cap_ipc_lock(&self, on: bool) {
+        self.cap_ipc_lock.store(on, Ordering::Relaxed);
     }
 
     /// The current VMA tree, for a reader that holds mmap_lock or an epoch

@@ -70,6 +70,9 @@ pub const VM_MAYEXEC: VmFlags = 0x40;
 pub const VM_MAYSHARE: VmFlags = 0x80;
 pub const VM_GROWSDOWN: VmFlags = 0x100;
 pub const VM_LOCKED: VmFlags = 0x2000;
+/// Lock pages as they are faulted in (`mlock2(MLOCK_ONFAULT)`), not at once.
+pub const VM_LOCKONFAULT: VmFlags = 0x80000;
+pub const VM_LOCKED_MASK: VmFlags = VM_LOCKED | VM_LOCKONFAULT;
 pub const VM_DONTCOPY: VmFlags = 0x20000;
 pub const VM_ACCOUNT: VmFlags = 0x100000;
 pub const VM_NORESERVE: VmFlags = 0x200000;

@@ -231,6 +231,14 @@ impl Folio {
             "folio {:#x} freed while on an LRU list",
             self.0
         );
+        // free_pages_prepare: an mlock the munlocks missed (a race the
+        // kernel tolerates) ends here.
+        if head.test_and_clear(pg::MLOCKED) {
+            let nr = self.nr_pages(mem);
+            mem.mod_node_state(crate::vmstat::NodeStat::NR_MLOCK, -(nr as i64));
+            mem.vmstat
+                .count(cpu, crate::vmstat::Event::UNEVICTABLE_PGCLEARED, nr);
+        }
         if self.test_anon(mem) && order > 1 {
             mem.vmstat.mod_mthp(order, MthpStat::NR_ANON, -1);
             if head.test(pg::PARTIALLY_MAPPED) {

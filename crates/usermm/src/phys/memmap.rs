@@ -29,6 +29,9 @@ pub mod pg {
     pub const SWAPBACKED: u64 = 1 << 19;
     /// `PG_anon_exclusive` (aliases `PG_mappedtodisk` in the kernel).
     pub const ANON_EXCLUSIVE: u64 = 1 << 20;
+    /// Mapped by a `VM_LOCKED` VMA (`PG_mlocked`): kept off the evictable
+    /// lists, counted in `nr_mlock`.
+    pub const MLOCKED: u64 = 1 << 21;
     /// The frame is free in the buddy allocator (`PageBuddy`, a page type).
     pub const BUDDY: u64 = 1 << 40;
     /// The frame holds a page table (`PageTable`, a page type).

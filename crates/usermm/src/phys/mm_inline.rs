@@ -8,6 +8,11 @@
 //! an LRU list at once. PG_lru says that a folio is on a list; PG_active
 //! and PG_swapbacked say which ([`folio_lru_list`]).
 //!
+//! The unevictable "list" is a count, as in the kernel since 5.18: reclaim
+//! never scans it, so its folios are not linked, and `lru_prev` holds
+//! the folio's `mlock_count` instead (how many `VM_LOCKED` VMAs mlocked
+//! it, which may undercount; see [`crate::mlock`]).
+//!
 //! The per-CPU folio batches of mm/swap.c (`cpu_fbatches`) are kept here
 //! too, beside the lists they feed, so that the invariant checker sees the
 //! references they hold; [`crate::swap`] fills and drains them.
@@ -86,6 +91,14 @@ pub fn folio_lru_list(mem: &PhysMem, folio: Folio) -> LruList {
         (false, false) => LruList::InactiveFile,
         (false, true) => LruList::ActiveFile,
     }
+}
+
+/// `folio_evictable`: not mlocked. (The kernel also keeps the pages of an
+/// unevictable mapping, ramfs or SHM_LOCK, off the evictable lists; the
+/// model has neither.)
+#[inline]
+pub fn folio_evictable(mem: &PhysMem, folio: Folio) -> bool {
+    !folio.head(mem).test(pg::MLOCKED)
 }
 
 /// One lruvec's lists: heads and tails as node offsets, and their sizes
@@ -227,9 +240,15 @@ impl<'a> LruvecGuard<'a> {
         self.mem.mod_node_state(lru.stat(), nr);
     }
 
-    /// `lruvec_add_folio`: at the head of its list (the youngest end).
+    /// `lruvec_add_folio`: at the head of its list (the youngest end); an
+    /// unevictable folio is only counted, its `mlock_count` left to the
+    /// caller.
     pub fn add_folio(&mut self, folio: Folio) {
         let lru = folio_lru_list(self.mem, folio);
+        if lru == LruList::Unevictable {
+            self.update_lru_size(lru, folio.nr_pages(self.mem) as i64);
+            return;
+        }
         let off = self.off(folio);
         let head = folio.head(self.mem);
         let old = self.lists.head[lru as usize];
@@ -253,6 +272,15 @@ impl<'a> LruvecGuard<'a> {
     /// split keeps the pages on the list they were on.
     pub fn add_folio_before(&mut self, folio: Folio, new: Folio) {
         let lru = folio_lru_list(self.mem, folio);
+        if lru == LruList::Unevictable {
+            // `lru_add_split_folio`: a piece of an unevictable folio starts
+            // with no mlock count (reclaim puts it right if need be).
+            self.mem
+                .page(new.pfn())
+                .lru_prev
+                .store(0, Ordering::Relaxed);
+            return;
+        }
         let prev = folio.head(self.mem).lru_prev.load(Ordering::Relaxed);
         let n = self.off(new);
         self.link_after(lru, prev, n);
@@ -293,6 +321,12 @@ impl<'a> LruvecGuard<'a> {
     pub fn del_folio(&mut self, folio: Folio) {
         let lru = folio_lru_list(self.mem, folio);
         let head = folio.head(self.mem);
+        if lru == LruList::Unevictable {
+            // Its `mlock_count` goes: the fields are links again.
+            head.lru_prev.store(LIST_NONE, Ordering::Relaxed);
+            self.update_lru_size(lru, -(folio.nr_pages(self.mem) as i64));
+            return;
+        }
         let next = head.lru_next.load(Ordering::Relaxed);
         let prev = head.lru_prev.load(Ordering::Relaxed);
         if prev == LIST_NONE {
@@ -316,6 +350,21 @@ impl<'a> LruvecGuard<'a> {
         head.lru_next.store(LIST_NONE, Ordering::Relaxed);
         head.lru_prev.store(LIST_NONE, Ordering::Relaxed);
         self.update_lru_size(lru, -(folio.nr_pages(self.mem) as i64));
+    }
+
+    /// `folio->mlock_count` of a folio on the unevictable list.
+    pub fn mlock_count(&self, folio: Folio) -> u32 {
+        debug_assert_eq!(folio_lru_list(self.mem, folio), LruList::Unevictable);
+        folio.head(self.mem).lru_prev.load(Ordering::Relaxed)
+    }
+
+    /// Set `folio->mlock_count` of a folio on the unevictable list.
+    pub fn set_mlock_count(&mut self, folio: Folio, count: u32) {
+        debug_assert_eq!(folio_lru_list(self.mem, folio), LruList::Unevictable);
+        folio
+            .head(self.mem)
+            .lru_prev
+            .store(count, Ordering::Relaxed);
     }
 
     /// The size of one list, in pages.
@@ -419,6 +468,45 @@ impl FolioBatch {
     }
 }
 
+/// What the mlock batch does to a folio when it drains (the low bits the
+/// kernel keeps in each `mlock_fbatch` pointer).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MlockOp {
+    /// `LRU_FOLIO`: mlock a folio on (or for now off) the LRU.
+    #[default]
+    Lru,
+    /// `NEW_FOLIO`: a new folio, onto the unevictable list.
+    New,
+    /// Neither bit: munlock.
+    Munlock,
+}
+
+/// `mlock_fbatch`: one CPU's folios waiting to be mlocked or munlocked
+/// (see [`crate::mlock`]).
+#[derive(Clone, Copy, Default)]
+pub struct MlockFbatch {
+    pub folios: FolioBatch,
+    ops: [MlockOp; FOLIO_BATCH_SIZE],
+}
+
+impl MlockFbatch {
+    /// `folio_batch_add` of a folio with its op: returns the room left.
+    pub fn add(&mut self, folio: Folio, op: MlockOp) -> usize {
+        self.ops[self.folios.len()] = op;
+        self.folios.add(folio)
+    }
+
+    /// The folios with their ops.
+    pub fn iter(&self) -> impl Iterator<Item = (Folio, MlockOp)> + '_ {
+        self.folios.iter().zip(self.ops.iter().copied())
+    }
+
+    /// Take the entries out, leaving the batch empty.
+    pub fn take(&mut self) -> MlockFbatch {
+        std::mem::take(self)
+    }
+}
+
 /// `struct cpu_fbatches`: one CPU's batches of folios on their way to or
 /// between LRU lists. Each folio in a batch holds a reference.
 #[derive(Default)]
@@ -428,11 +516,17 @@ pub struct CpuFbatches {
     /// Folios to move to the inactive file list as lazyfree
     /// (`lru_lazyfree`).
     pub lru_lazyfree: FolioBatch,
+    /// `mlock_fbatch`, a per-CPU variable of its own in the kernel, with
+    /// its own local lock; kept here under the same lock.
+    pub mlock: MlockFbatch,
 }
 
 impl CpuFbatches {
     /// Every folio the batches hold.
     pub fn iter(&self) -> impl Iterator<Item = Folio> + '_ {
-        self.lru_add.iter().chain(self.lru_lazyfree.iter())
+        self.lru_add
+            .iter()
+            .chain(self.lru_lazyfree.iter())
+            .chain(self.mlock.folios.iter())
     }
 }

@@ -1,0 +1,121 @@
+//! Populating a range (the part of mm/gup.c that `mlock`, `mlockall`,
+//! `MAP_POPULATE` and `MAP_LOCKED` use): `__mm_populate` and
+//! `populate_vma_page_range`, which fault in each page that is not yet
+//! mapped as the VMA needs it.
+//!
+//! The kernel reaches the pages through `__get_user_pages`, which looks
+//! each one up (`follow_page_mask`) and faults only those missing, or
+//! mapped read-only where a write is wanted; the model does the same
+//! look-up on the page tables and calls the fault handler for the rest.
+//! It takes no page references: nothing here pins pages (`FOLL_PIN`).
+//!
+//! # Locking
+//!
+//! mmap_lock is held for reading across the walk, and each look-up reads
+//! the entry under its table's lock; the fault handler is entered as from
+//! the mmap_lock path (the fault then sees the VMA it was given).
+
+use crate::errno::{Errno, KResult};
+use crate::machine::OnCpu;
+use crate::memory::{self, FaultFlags, VmFaultResult};
+use crate::mm::vma::{Vma, VM_EXEC, VM_LOCKONFAULT, VM_READ, VM_SHARED, VM_WRITE};
+use crate::mm::Mm;
+use crate::pgtable::PteRead;
+use crate::phys::{PAGE_SHIFT, PAGE_SIZE};
+use crate::sync::Arc;
+
+/// `follow_page_mask`'s answer, in short: is the page at `addr` mapped,
+/// and writable if `write`? (A huge PMD answers for its whole range.)
+fn page_mapped_for(mm: &Mm, addr: u64, write: bool) -> bool {
+    let Some(slot) = mm.pmd_lookup(addr) else {
+        return false;
+    };
+    let pmd = mm.pmd_lock(slot).get();
+    if crate::huge_memory::pmd_is_huge(pmd) {
+        return pmd.present() && (!write || pmd.write());
+    }
+    if pmd.none() {
+        return false;
+    }
+    let Some(pt) = mm.pte_offset_map_lock(slot) else {
+        return false;
+    };
+    let pte = pt.pte(crate::pgtable::pte_index(addr));
+    pte.present() && (!write || pte.write())
+}
+
+/// `populate_vma_page_range`: fault in `[start, end)` of `vma`, with write
+/// faults for a private writable VMA (breaking COW) and read faults
+/// otherwise. A `VM_LOCKONFAULT` VMA has nothing to do; an inaccessible one
+/// is EFAULT. Returns the pages done.
+pub fn populate_vma_page_range(
+    oncpu: &OnCpu,
+    mm: &Arc<Mm>,
+    vma: &Arc<Vma>,
+    start: u64,
+    end: u64,
+) -> KResult<u64> {
+    let nr_pages = (end - start) >> PAGE_SHIFT;
+    if vma.flags() & VM_LOCKONFAULT != 0 {
+        return Ok(nr_pages);
+    }
+    if vma.flags() & (VM_READ | VM_WRITE | VM_EXEC) == 0 {
+        return Err(Errno::EFAULT);
+    }
+    let write = vma.flags() & (VM_WRITE | VM_SHARED) == VM_WRITE;
+    let flags = if write {
+        FaultFlags::WRITE
+    } else {
+        FaultFlags::empty()
+    };
+    let mut addr = start;
+    while addr < end {
+        if page_mapped_for(mm, addr, write) {
+            addr += PAGE_SIZE;
+            continue;
+        }
+        match memory::handle_mm_fault(oncpu, mm, vma, addr, flags) {
+            VmFaultResult::Oom => return Err(Errno::ENOMEM),
+            VmFaultResult::Sigsegv | VmFaultResult::Sigbus => return Err(Errno::EFAULT),
+            // Look again, and fault again if need be.
+            VmFaultResult::Raced => continue,
+            _ => addr += PAGE_SIZE,
+        }
+    }
+    crate::swap::lru_add_drain(oncpu.mem(), oncpu.id());
+    Ok(nr_pages)
+}
+
+/// `__mm_populate`: populate every VMA of `[start, start + len)`. An
+/// error ends the walk unless `ignore_errors` (`mm_populate`, of
+/// `MAP_POPULATE` and `mlockall`), which goes on with the next VMA.
+pub fn mm_populate(
+    oncpu: &OnCpu,
+    mm: &Arc<Mm>,
+    start: u64,
+    len: u64,
+    ignore_errors: bool,
+) -> KResult<()> {
+    let end = start.saturating_add(len);
+    let _g = mm.mmap_lock.read();
+    let guard = crate::sync::epoch::pin();
+    let mut nstart = start;
+    while nstart < end {
+        let Some(vma) = mm
+            .vma_tree(&guard)
+            .find_vma_intersection(nstart, end)
+            .cloned()
+        else {
+            break;
+        };
+        let nend = end.min(vma.end());
+        let s = nstart.max(vma.start());
+        match populate_vma_page_range(oncpu, mm, &vma, s, nend) {
+            Ok(_) => {}
+            Err(_) if ignore_errors => {}
+            Err(e) => return Err(e),
+        }
+        nstart = nend;
+    }
+    Ok(())
+}
