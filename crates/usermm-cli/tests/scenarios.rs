@@ -316,6 +316,7 @@ fn random_scenario(seed: u64) -> String {
             " flags=private,anonymous,populate",
             " flags=private,anonymous,noreserve",
             " flags=shared,anonymous",
+            " flags=private,anonymous,locked",
         ]);
         s += &format!(
             "map R{i} {}K {prot} at={:#x}{flags}\n",
@@ -338,7 +339,7 @@ fn random_scenario(seed: u64) -> String {
         }
         let at = format!("R{i}+{off:#x}");
         let bytes = format!("{}K", n << 2);
-        s += &match r.below(20) {
+        s += &match r.below(22) {
             0..=3 => format!("fill {at} {bytes} {}\n", 1 + r.below(9)),
             4 => format!("check {at} {bytes} {}\n", 1 + r.below(9)),
             5 => format!("check {at} {bytes} zero\n"),
@@ -363,9 +364,15 @@ fn random_scenario(seed: u64) -> String {
                     "pageout",
                     "willneed",
                     "hugepage",
-                    "nohugepage"
+                    "nohugepage",
+                    "dontfork",
+                    "dofork",
+                    "wipeonfork",
+                    "keeponfork"
                 ])
             ),
+            19 => format!("mlock {at} {bytes}{}\n", r.pick(&["", "", " onfault"])),
+            20 => format!("munlock {at} {bytes}\n"),
             14 => format!(
                 "map R{i} {}K {} at={:#x} flags=private,anonymous,fixed\n",
                 len[i] >> 10,
@@ -400,7 +407,9 @@ fn random_scenario(seed: u64) -> String {
                     "RssShmem",
                     "VmPTE",
                     "AnonHugePages",
-                    "VMAs"
+                    "VMAs",
+                    "VmLck",
+                    "Locked"
                 ])
             ),
         };
@@ -412,6 +421,8 @@ fn random_scenario(seed: u64) -> String {
         "VmPTE",
         "AnonHugePages",
         "VMAs",
+        "VmLck",
+        "Locked",
     ] {
         s += &format!("expect {f} since m == 0\n");
     }
@@ -424,7 +435,7 @@ fn random_scenario(seed: u64) -> String {
 /// The /proc/vmstat counters the random scenarios compare. Not the mTHP
 /// sizes' fault counters: with a size set to `always`, every process of
 /// the host that faults (the test harness too) counts there.
-const VMSTAT_COMPARED: [&str; 2] = ["thp_fault_alloc", "thp_split_pmd"];
+const VMSTAT_COMPARED: [&str; 3] = ["thp_fault_alloc", "thp_split_pmd", "nr_mlock"];
 
 /// Random scenarios run in usermm and natively must see the same thing at
 /// every statement: errno, values read, placement, and the changes of

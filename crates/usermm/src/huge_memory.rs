@@ -562,6 +562,15 @@ pub fn split_huge_pmd(oncpu: &OnCpu, mm: &Arc<Mm>, slot: PmdSlot, addr: u64) {
     // Each PTE holds a reference: the PMD's one plus 511 more.
     folio.ref_add(mem, (HPAGE_PMD_NR - 1) as i32);
     rmap::folio_split_pmd_mapping(mem, folio, mm.id, oncpu.id());
+    // The PTE mappings' rmap mlocks a locked VMA's folio, the PMD's going
+    // munlocks it: the count is as it was, but each step drains the CPU's
+    // mlock batch (a large folio is never left in it).
+    let vm_flags = mm
+        .vma_tree(&crate::sync::epoch::pin())
+        .vma_lookup(haddr)
+        .map_or(0, |v| v.flags());
+    crate::mlock::mlock_vma_folio(mem, folio, vm_flags, oncpu.id());
+    crate::mlock::munlock_vma_folio(mem, folio, vm_flags, oncpu.id());
     ptl.populate(table);
     drop(ptl);
     oncpu.vmstat().count(oncpu.id(), Event::THP_SPLIT_PMD, 1);

@@ -453,13 +453,19 @@ fn pageout_file_ptes(
 /// `madvise_willneed`: for a file mapping (shmem's excepted, whose pages
 /// would come from swap), readahead of the file from the range's offset
 /// (`vfs_fadvise(POSIX_FADV_WILLNEED)`); anonymous memory has nothing to
-/// read without swap. The readahead's cap (`force_page_cache_ra`) bounds
+/// read without swap, but drains this CPU's LRU batches as the kernel's
+/// swap-in path does. The readahead's cap (`force_page_cache_ra`) bounds
 /// a long range.
 fn madvise_willneed(oncpu: &OnCpu, vma: &Vma, start: u64, end: u64) {
-    let Some(file) = vma.file() else { return };
-    if file.mapping().is_shmem() {
-        return;
-    }
+    // Anonymous and shmem memory: the swap-in walk, which finds nothing
+    // swapped, then "push any new pages onto the LRU now".
+    let file = match vma.file() {
+        Some(f) if !f.mapping().is_shmem() => f,
+        _ => {
+            crate::swap::lru_add_drain(oncpu.mem(), oncpu.id());
+            return;
+        }
+    };
     let offset = (start - vma.start()) + (vma.pgoff() << crate::phys::PAGE_SHIFT);
     let len = (end - start).max(1);
     let first = offset >> crate::phys::PAGE_SHIFT;

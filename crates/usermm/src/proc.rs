@@ -89,6 +89,10 @@ pub struct Smaps {
     pub anon_huge_pages: u64,
     /// `Locked`: the PSS of a locked VMA.
     pub locked: u64,
+    /// The PSS and locked PSS in bytes with [`PSS_SHIFT`] more bits, which
+    /// smaps_rollup sums before it rounds down to kB.
+    #[serde(skip)]
+    pss_raw: (u64, u64),
 }
 
 /// `struct mem_size_stats`, in bytes; PSS carries [`PSS_SHIFT`] more bits.
@@ -192,7 +196,8 @@ pub fn smaps_rollup(mm: &Mm) -> Smaps {
         r.end = r.end.max(s.end);
         r.size += s.size;
         r.rss += s.rss;
-        r.pss += s.pss;
+        r.pss_raw.0 += s.pss_raw.0;
+        r.pss_raw.1 += s.pss_raw.1;
         r.shared_clean += s.shared_clean;
         r.shared_dirty += s.shared_dirty;
         r.private_clean += s.private_clean;
@@ -201,8 +206,9 @@ pub fn smaps_rollup(mm: &Mm) -> Smaps {
         r.anonymous += s.anonymous;
         r.lazy_free += s.lazy_free;
         r.anon_huge_pages += s.anon_huge_pages;
-        r.locked += s.locked;
     }
+    r.pss = (r.pss_raw.0 >> PSS_SHIFT) >> 10;
+    r.locked = (r.pss_raw.1 >> PSS_SHIFT) >> 10;
     r
 }
 
@@ -280,6 +286,7 @@ fn smap_vma(mm: &Mm, vma: &Vma) -> Smaps {
     debug_assert!(flow.is_continue());
     let mss = walk.mss;
     let kb = |b: u64| b >> 10;
+    let locked = vma.flags() & crate::mm::vma::VM_LOCKED != 0;
     Smaps {
         start,
         end,
@@ -295,11 +302,8 @@ fn smap_vma(mm: &Mm, vma: &Vma) -> Smaps {
         anonymous: kb(mss.anonymous),
         lazy_free: kb(mss.lazyfree),
         anon_huge_pages: kb(mss.anonymous_thp),
-        locked: if vma.flags() & crate::mm::vma::VM_LOCKED != 0 {
-            kb(mss.pss >> PSS_SHIFT)
-        } else {
-            0
-        },
+        locked: if locked { kb(mss.pss >> PSS_SHIFT) } else { 0 },
+        pss_raw: (mss.pss, if locked { mss.pss } else { 0 }),
     }
 }
 

@@ -220,8 +220,15 @@ impl Backend for EngineBackend {
     fn load(&mut self, addr: u64) -> Result<u64, Errno> {
         self.on(|c| c.load_u64(addr))
     }
+    /// The fork, then a drain of the CPU's LRU and mlock batches, as the
+    /// native servers drain theirs after fork (see `host.rs`).
     fn fork(&mut self, child: &str) -> Result<Result<(), Errno>, String> {
-        Ok(self.on(|c| c.fork()).map(|mm| {
+        let r = self.on(|c| {
+            let r = c.fork();
+            usermm::swap::lru_add_drain(c.mem(), c.id());
+            r
+        });
+        Ok(r.map(|mm| {
             self.procs.insert(child.to_string(), mm);
         }))
     }

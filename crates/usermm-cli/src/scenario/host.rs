@@ -1111,6 +1111,12 @@ fn serve(requests: File, mut w: File) -> ! {
                 // parked for good and holds no lock (see
                 // `start_numa_helper_thread`); the child has this one only.
                 let pid = unsafe { libc::fork() };
+                // Both drain the CPU's LRU and mlock batches now, before
+                // either answers: a server's own copy-on-write faults on
+                // its memory would drain them at unforeseeable moments
+                // (`wp_can_reuse_anon_folio` drains for a folio in a
+                // batch). The engine's `fork` drains as well.
+                drain_lru_batches();
                 if pid == 0 {
                     drop(r);
                     drop(w);
