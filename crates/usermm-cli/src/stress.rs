@@ -639,6 +639,9 @@ impl Operator<'_, '_> {
                 if self.rng.gen_bool(0.1) {
                     flags |= MAP_POPULATE;
                 }
+                if self.rng.gen_bool(0.05) {
+                    flags |= usermm::mmap::MAP_LOCKED;
+                }
                 self.set_last_op(format!(
                     "mm {mm}: mmap {start:#x} {len:#x} prot {prot} flags {flags:#x} file {fi} off {off:#x}"
                 ));
@@ -756,7 +759,35 @@ impl Operator<'_, '_> {
                 self.note(r);
                 "mprotect"
             }
-            30..=41 => {
+            39..=41 => {
+                let (start, len) = self.range();
+                let call = self.rng.gen_range(0..8);
+                let r = match call {
+                    0..=2 => {
+                        let flags = self.rng.gen_range(0..2) * usermm::mlock::MLOCK_ONFAULT;
+                        self.set_last_op(format!("mm {mm}: mlock2 {start:#x} {len:#x} {flags}"));
+                        c.mlock2(start, len, flags)
+                    }
+                    3..=5 => {
+                        self.set_last_op(format!("mm {mm}: munlock {start:#x} {len:#x}"));
+                        c.munlock(start, len)
+                    }
+                    6 => {
+                        use usermm::mlock::{MCL_CURRENT, MCL_FUTURE, MCL_ONFAULT};
+                        let flags = [MCL_FUTURE, MCL_CURRENT | MCL_ONFAULT, MCL_CURRENT]
+                            [self.rng.gen_range(0..3)];
+                        self.set_last_op(format!("mm {mm}: mlockall {flags}"));
+                        c.mlockall(flags)
+                    }
+                    _ => {
+                        self.set_last_op(format!("mm {mm}: munlockall"));
+                        c.munlockall()
+                    }
+                };
+                self.note(r);
+                "mlock"
+            }
+            30..=38 => {
                 let (start, len) = self.range();
                 let advice = [
                     MADV_DONTNEED,
@@ -769,8 +800,9 @@ impl Operator<'_, '_> {
                 // MADV_DONTNEED zaps what is mapped even when a hole makes it
                 // return ENOMEM. MADV_FREE keeps the contents: the model has
                 // no reclaim to discard lazily freed pages.
-                let r = if advice == MADV_DONTNEED {
-                    shadow.zap(c, mm, start, start + len, || c.madvise(start, len, advice))
+                let zap_end = self.dontneed_end(start, start + len);
+                let r = if advice == MADV_DONTNEED && zap_end > start {
+                    shadow.zap(c, mm, start, zap_end, || c.madvise(start, len, advice))
                 } else {
                     c.madvise(start, len, advice)
                 };
@@ -915,6 +947,21 @@ impl Operator<'_, '_> {
             }
         };
         Ok(kind)
+    }
+
+    /// Where MADV_DONTNEED of `[start, end)` stops: at the first locked
+    /// VMA, which it refuses (EINVAL) after zapping the VMAs before it.
+    /// (Only this thread changes the address space, so the VMAs read now
+    /// are those the call will see.)
+    fn dontneed_end(&self, start: u64, end: u64) -> u64 {
+        let guard = usermm::sync::epoch::pin();
+        let stop = self
+            .cur
+            .vma_tree(&guard)
+            .range(start, end)
+            .find(|v| v.flags() & usermm::mm::vma::VM_LOCKED != 0)
+            .map_or(end, |v| v.start().max(start));
+        stop
     }
 
     /// Exit `child` from CPU 0 and come back to the current process.

@@ -21,27 +21,33 @@ use crate::memory::{self, FaultFlags, VmFaultResult};
 use crate::mm::vma::{Vma, VM_EXEC, VM_LOCKONFAULT, VM_READ, VM_SHARED, VM_WRITE};
 use crate::mm::Mm;
 use crate::pgtable::PteRead;
-use crate::phys::{PAGE_SHIFT, PAGE_SIZE};
+use crate::phys::{Pfn, PAGE_SHIFT, PAGE_SIZE};
 use crate::sync::Arc;
 
-/// `follow_page_mask`'s answer, in short: is the page at `addr` mapped,
-/// and writable if `write`? (A huge PMD answers for its whole range.)
-fn page_mapped_for(mm: &Mm, addr: u64, write: bool) -> bool {
-    let Some(slot) = mm.pmd_lookup(addr) else {
-        return false;
+/// `follow_page_mask`, in short: the page mapped at `addr` (writable if
+/// `write`), if any; with `FOLL_TOUCH`, its folio is marked accessed. (A
+/// huge PMD answers for its whole range.)
+fn follow_page(mm: &Mm, addr: u64, write: bool) -> Option<Pfn> {
+    let slot = mm.pmd_lookup(addr)?;
+    let ptl = mm.pmd_lock(slot);
+    let pmd = ptl.get();
+    let pfn = if crate::huge_memory::pmd_is_huge(pmd) {
+        (pmd.present() && (!write || pmd.write())).then(|| pmd.pfn())?
+    } else {
+        drop(ptl);
+        if pmd.none() {
+            return None;
+        }
+        let pt = mm.pte_offset_map_lock(slot)?;
+        let pte = pt.pte(crate::pgtable::pte_index(addr));
+        (pte.present() && (!write || pte.write())).then(|| pte.pfn())?
     };
-    let pmd = mm.pmd_lock(slot).get();
-    if crate::huge_memory::pmd_is_huge(pmd) {
-        return pmd.present() && (!write || pmd.write());
+    // The zero pages are no folios to mark.
+    let mem = &mm.mem;
+    if !mem.page(pfn).test(crate::phys::memmap::pg::ZERO) {
+        crate::swap::folio_mark_accessed(mem, mem.page_folio(pfn));
     }
-    if pmd.none() {
-        return false;
-    }
-    let Some(pt) = mm.pte_offset_map_lock(slot) else {
-        return false;
-    };
-    let pte = pt.pte(crate::pgtable::pte_index(addr));
-    pte.present() && (!write || pte.write())
+    Some(pfn)
 }
 
 /// `populate_vma_page_range`: fault in `[start, end)` of `vma`, with write
@@ -69,17 +75,20 @@ pub fn populate_vma_page_range(
         FaultFlags::empty()
     };
     let mut addr = start;
+    // Faults taken for this page: after one, the page is looked up again
+    // (`goto retry`); a fault that leaves it unmapped twice is given up.
+    let mut tries = 0;
     while addr < end {
-        if page_mapped_for(mm, addr, write) {
+        if follow_page(mm, addr, write).is_some() || tries > 2 {
             addr += PAGE_SIZE;
+            tries = 0;
             continue;
         }
+        tries += 1;
         match memory::handle_mm_fault(oncpu, mm, vma, addr, flags) {
             VmFaultResult::Oom => return Err(Errno::ENOMEM),
             VmFaultResult::Sigsegv | VmFaultResult::Sigbus => return Err(Errno::EFAULT),
-            // Look again, and fault again if need be.
-            VmFaultResult::Raced => continue,
-            _ => addr += PAGE_SIZE,
+            _ => {}
         }
     }
     crate::swap::lru_add_drain(oncpu.mem(), oncpu.id());

@@ -187,6 +187,8 @@ struct Unmapped {
     src: Isolated,
     dst: Folio,
     was_mapped: bool,
+    /// `PAGE_WAS_MLOCKED`: the source was mlocked before it was unmapped.
+    was_mlocked: bool,
     /// MIGRC and LUF: whether the flush of its PTEs is owed, and what
     /// becomes of the source once it has moved.
     deferred: Deferred,
@@ -571,6 +573,7 @@ fn migrate_folio_unmap(
             std::thread::yield_now();
         }
     }
+    let was_mlocked = src.head(mem).test(pg::MLOCKED);
     let was_mapped = src.mapped(mem);
     if was_mapped {
         try_to_migrate(oncpu, &iso, flags, ubc);
@@ -580,6 +583,7 @@ fn migrate_folio_unmap(
             src: iso,
             dst,
             was_mapped,
+            was_mlocked,
             deferred: Deferred::No,
         });
     }
@@ -606,6 +610,11 @@ fn migrate_folio_move(oncpu: &OnCpu, u: Unmapped) -> Result<Option<Folio>, Unmap
         return Err(u);
     }
     crate::swap::folio_add_lru(mem, dst, oncpu.id());
+    // The destination on the LRU now, so that the mlocks of its mappings
+    // (remove_migration_pte) count up its mlock_count again.
+    if u.was_mlocked {
+        crate::swap::lru_add_drain(mem, oncpu.id());
+    }
     if u.was_mapped {
         remove_migration_ptes(oncpu, &u.src, dst);
     }
@@ -730,6 +739,9 @@ fn move_to_new_folio(mem: &PhysMem, dst: Folio, src: Folio) -> KResult<()> {
     d.set(kept);
     if s.test_and_clear(pg::ACTIVE) {
         d.set(pg::ACTIVE);
+    } else if s.test_and_clear(pg::UNEVICTABLE) {
+        // lru_add rescues it (it is not mlocked until remapped).
+        d.set(pg::UNEVICTABLE);
     }
     if src.test_anon(mem) && src.order(mem) > 1 {
         mem.vmstat.mod_mthp(src.order(mem), MthpStat::NR_ANON, 1);
@@ -809,6 +821,11 @@ fn try_to_migrate_one(
     pt.set(idx, swp);
     rmap::folio_remove_rmap_ptes(mem, folio, page, 1, mm.id, oncpu.id());
     crate::mlock::munlock_vma_folio(mem, folio, vma.flags(), oncpu.id());
+    // The munlock must not leave the batch a reference that would fail
+    // the migration's count.
+    if vma.flags() & crate::mm::vma::VM_LOCKED != 0 {
+        crate::mlock::mlock_drain_local(mem, oncpu.id());
+    }
     // The mapping's reference; the isolation's keeps the folio.
     folio.put(mem, oncpu.id());
 }
@@ -888,6 +905,9 @@ fn remove_migration_pte(
     rmap::folio_add_anon_rmap_ptes(mem, folio, new, 1, vma.mm_id, flags);
     if !folio.is_large(mem) {
         crate::mlock::mlock_vma_folio(mem, folio, vma.flags(), oncpu.id());
+    }
+    if vma.flags() & crate::mm::vma::VM_LOCKED != 0 {
+        crate::mlock::mlock_drain_local(mem, oncpu.id());
     }
     // No flush: the entry was not present.
     pt.set(idx, pte);

@@ -117,6 +117,15 @@ fn mlock_fbatch_add(mem: &PhysMem, cpu: usize, folio: Folio, op: MlockOp) {
     }
 }
 
+/// `mlock_drain_local`: drain this CPU's mlock batch.
+pub fn mlock_drain_local(mem: &PhysMem, cpu: usize) {
+    let mut fb = mem.cpu_fbatches[cpu].lock();
+    let batch = fb.mlock.take();
+    if !batch.folios.is_empty() {
+        mlock_folio_batch(mem, cpu, &batch);
+    }
+}
+
 /// `mlock_folio_batch`: apply each queued op under the lruvec lock (taken
 /// once per run of one node's folios), then drop the batch's references.
 pub(crate) fn mlock_folio_batch(mem: &PhysMem, cpu: usize, batch: &MlockFbatch) {

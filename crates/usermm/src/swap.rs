@@ -79,7 +79,7 @@ pub(crate) fn lru_add(mem: &PhysMem, cpu: usize, lruvec: &mut LruvecGuard<'_>, f
 /// inactive file list, where reclaim may discard it while it is clean.
 fn lru_lazyfree(mem: &PhysMem, cpu: usize, lruvec: &mut LruvecGuard<'_>, folio: Folio) {
     let head = folio.head(mem);
-    if !folio.test_anon(mem) || !head.test(pg::SWAPBACKED) {
+    if !folio.test_anon(mem) || !head.test(pg::SWAPBACKED) || head.test(pg::UNEVICTABLE) {
         return;
     }
     lruvec.del_folio(folio);
@@ -160,7 +160,12 @@ pub fn folio_mark_accessed(mem: &PhysMem, folio: Folio) {
 /// to the lazyfree list through this CPU's batch; `pglazyfree` counts it
 /// when the batch drains.
 pub fn folio_mark_lazyfree(mem: &PhysMem, folio: Folio, cpu: usize) {
-    if folio.test_anon(mem) && folio.head(mem).test(pg::SWAPBACKED) {
+    let head = folio.head(mem);
+    if folio.test_anon(mem)
+        && head.test(pg::SWAPBACKED)
+        && head.test(pg::LRU)
+        && !head.test(pg::UNEVICTABLE)
+    {
         folio_batch_add_and_move(mem, cpu, folio, LruMove::Lazyfree);
     }
 }

@@ -503,9 +503,16 @@ fn shrink_active_list(oncpu: &OnCpu, nid: usize, lru: LruList, nr: u64, sc: &mut
     oncpu.vmstat().count(oncpu.id(), Event::PGREFILL, scanned);
     let mut deactivated = 0;
     for &f in &taken {
+        // An mlocked folio goes back as it is, to the unevictable list.
+        if !crate::phys::mm_inline::folio_evictable(mem, f) {
+            continue;
+        }
         folio_referenced(oncpu, f);
         f.head(mem).clear(pg::ACTIVE);
-        deactivated += f.nr_pages(mem);
+        // Mlocked by the walk (a locked VMA maps it whole): not counted.
+        if crate::phys::mm_inline::folio_evictable(mem, f) {
+            deactivated += f.nr_pages(mem);
+        }
     }
     oncpu
         .vmstat()
@@ -600,11 +607,12 @@ fn folio_check_references(oncpu: &OnCpu, folio: Folio) -> FolioReferences {
     let head = folio.head(oncpu.mem());
     // The caller holds the folio's lock.
     let (referenced_ptes, locked) = folio_referenced_locked(oncpu, folio, true);
-    let referenced_folio = head.test_and_clear(pg::REFERENCED);
-    // Found in a locked VMA, and mlocked now: off to the unevictable list.
+    // Found in a locked VMA, and mlocked now: off to the unevictable list
+    // (PG_referenced left as it is).
     if locked {
         return FolioReferences::Activate;
     }
+    let referenced_folio = head.test_and_clear(pg::REFERENCED);
     if referenced_ptes > 0 {
         head.set(pg::REFERENCED);
         if referenced_folio || referenced_ptes > 1 {
@@ -863,7 +871,14 @@ fn shrink_one(oncpu: &OnCpu, folio: Folio, demote: bool, list: &mut ShrinkList) 
         return;
     }
     let head = folio.head(mem);
-    let refs = folio_check_references(oncpu, folio);
+    // `if (unlikely(!folio_evictable(folio))) goto activate_locked`: an
+    // mlocked folio (its move to the unevictable list still in a batch)
+    // is put back without a look at its references.
+    let refs = if crate::phys::mm_inline::folio_evictable(mem, folio) {
+        folio_check_references(oncpu, folio)
+    } else {
+        FolioReferences::Activate
+    };
     let anon = folio.test_anon(mem);
     let fate = match refs {
         FolioReferences::Reclaim if anon && demote => {
@@ -903,7 +918,8 @@ fn shrink_one(oncpu: &OnCpu, folio: Folio, demote: bool, list: &mut ShrinkList) 
         FolioReferences::Reclaim => FolioReferences::Activate,
         other => other,
     };
-    if fate == FolioReferences::Activate {
+    // activate_locked: not a folio that is mlocked (now).
+    if fate == FolioReferences::Activate && !head.test(pg::MLOCKED) {
         head.set(pg::ACTIVE);
         list.activated += folio.nr_pages(mem);
     }

@@ -300,11 +300,18 @@ fn check_lru(m: &Machine, ex: &Expect, free: &HashSet<Pfn>) -> Result<(), String
     if let Some(e) = bad {
         return Err(e);
     }
-    // The unevictable list links nothing: its folios are the mapped and
-    // cached ones flagged so; the mlocked ones are what nr_mlock counts.
+    // The unevictable list links nothing: its folios are the mapped,
+    // cached and batched ones flagged so (a munlock waiting in a batch
+    // holds a folio nothing maps any more); the mlocked ones are what
+    // nr_mlock counts.
     let mut mlocked = 0;
     let mut seen = HashSet::new();
-    for &head in ex.refs.keys().chain(ex.cached.iter()) {
+    for &head in ex
+        .refs
+        .keys()
+        .chain(ex.cached.iter())
+        .chain(ex.batched.keys())
+    {
         if !seen.insert(head) {
             continue;
         }
