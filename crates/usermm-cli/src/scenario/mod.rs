@@ -1018,7 +1018,7 @@ mod tests {
             Just("pageout")
         ];
         let name = prop_oneof![Just("A"), Just("B"), Just("main"), Just("c")];
-        (0..16u8, addr, len, prot, adv, name).prop_map(|(k, a, l, p, v, n)| match k {
+        (0..20u8, addr, len, prot, adv, name).prop_map(|(k, a, l, p, v, n)| match k {
             0 => format!("map {n} {l} {p}"),
             1 => format!("map {n} {l} {p} at={a} flags=private,anonymous,fixed"),
             2 => format!("munmap {a} {l}"),
@@ -1034,6 +1034,10 @@ mod tests {
             12 => "mark m\nexpect VmRSS since m == 0".to_string(),
             13 => "tunable zap_batch off".to_string(),
             14 => "tunable fork_batch off".to_string(),
+            15 => format!("mlock {a} {l}"),
+            16 => format!("mlock {a} {l} onfault"),
+            17 => format!("munlock {a} {l}"),
+            18 => "mlockall current,future\nmunlockall".to_string(),
             _ => format!("fails EINVAL: munmap {a} {l}"),
         })
     }
