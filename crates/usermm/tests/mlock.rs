@@ -3,8 +3,6 @@
 //! after each case. The host-comparable cases are the scenarios
 //! tests/scenarios/mlock*.scn.
 
-use std::sync::Arc;
-
 use usermm::check::check_invariants;
 use usermm::errno::Errno;
 use usermm::fs::{FMode, File, FsKind};
