@@ -29,7 +29,10 @@ use std::time::{Duration, Instant};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use usermm::check::shadow::Shadow;
-use usermm::madvise::{MADV_DONTNEED, MADV_FREE, MADV_HUGEPAGE, MADV_NOHUGEPAGE, MADV_NORMAL};
+use usermm::madvise::{
+    MADV_DONTNEED, MADV_FREE, MADV_HUGEPAGE, MADV_NOHUGEPAGE, MADV_NORMAL, MADV_POPULATE_READ,
+    MADV_POPULATE_WRITE,
+};
 use usermm::mm::Mm;
 use usermm::mmap::*;
 use usermm::{Errno, Machine, MachineConfig, OnCpu, ThpMode};
@@ -795,7 +798,9 @@ impl Operator<'_, '_> {
                     MADV_HUGEPAGE,
                     MADV_NOHUGEPAGE,
                     MADV_NORMAL,
-                ][self.rng.gen_range(0..5)];
+                    MADV_POPULATE_READ,
+                    MADV_POPULATE_WRITE,
+                ][self.rng.gen_range(0..7)];
                 self.set_last_op(format!("mm {mm}: madvise {start:#x} {len:#x} {advice}"));
                 // MADV_DONTNEED zaps what is mapped even when a hole makes it
                 // return ENOMEM. MADV_FREE keeps the contents: the model has

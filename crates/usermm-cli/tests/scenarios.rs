@@ -368,11 +368,14 @@ fn random_scenario(seed: u64) -> String {
                     "dontfork",
                     "dofork",
                     "wipeonfork",
-                    "keeponfork"
+                    "keeponfork",
+                    "populate_read",
+                    "populate_write"
                 ])
             ),
             19 => format!("mlock {at} {bytes}{}\n", r.pick(&["", "", " onfault"])),
-            20 => format!("munlock {at} {bytes}\n"),
+            20 if r.below(2) == 0 => format!("munlock {at} {bytes}\n"),
+            20 => format!("mincore {at} {bytes}\n"),
             14 => format!(
                 "map R{i} {}K {} at={:#x} flags=private,anonymous,fixed\n",
                 len[i] >> 10,

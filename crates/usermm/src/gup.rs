@@ -95,6 +95,67 @@ pub fn populate_vma_page_range(
     Ok(nr_pages)
 }
 
+/// `faultin_page_range` (`MADV_POPULATE_READ` and `_WRITE`): fault in
+/// `[start, end)` for reading or writing, without `FOLL_FORCE`. A hole is
+/// ENOMEM, a VMA that does not allow the access EINVAL, a fault that
+/// would signal EFAULT; the pages before stay populated.
+pub fn faultin_page_range(
+    oncpu: &OnCpu,
+    mm: &Arc<Mm>,
+    start: u64,
+    end: u64,
+    write: bool,
+) -> KResult<()> {
+    let result = {
+        let _g = mm.mmap_lock.read();
+        let guard = crate::sync::epoch::pin();
+        let flags = if write {
+            FaultFlags::WRITE
+        } else {
+            FaultFlags::empty()
+        };
+        let mut addr = start;
+        let mut vma: Option<Arc<Vma>> = None;
+        let mut tries = 0;
+        let mut result = Ok(());
+        while addr < end {
+            if vma.as_ref().is_none_or(|v| addr >= v.end()) {
+                let Some(v) = mm.vma_tree(&guard).vma_lookup(addr).cloned() else {
+                    result = Err(Errno::ENOMEM);
+                    break;
+                };
+                let needed = if write { VM_WRITE } else { VM_READ };
+                if v.flags() & needed == 0 {
+                    result = Err(Errno::EINVAL);
+                    break;
+                }
+                vma = Some(v);
+            }
+            let v = vma.as_ref().expect("looked up above");
+            if follow_page(mm, addr, write).is_some() || tries > 2 {
+                addr += PAGE_SIZE;
+                tries = 0;
+                continue;
+            }
+            tries += 1;
+            match memory::handle_mm_fault(oncpu, mm, v, addr, flags) {
+                VmFaultResult::Oom => {
+                    result = Err(Errno::ENOMEM);
+                    break;
+                }
+                VmFaultResult::Sigsegv | VmFaultResult::Sigbus => {
+                    result = Err(Errno::EFAULT);
+                    break;
+                }
+                _ => {}
+            }
+        }
+        result
+    };
+    crate::swap::lru_add_drain(oncpu.mem(), oncpu.id());
+    result
+}
+
 /// `__mm_populate`: populate every VMA of `[start, start + len)`. An
 /// error ends the walk unless `ignore_errors` (`mm_populate`, of
 /// `MAP_POPULATE` and `mlockall`), which goes on with the next VMA.

@@ -25,6 +25,7 @@
 use crate::errno::{Errno, KResult};
 use crate::machine::OnCpu;
 use crate::memory::{VmFault, VmFaultResult};
+use crate::mm::vma::VM_LOCKED;
 use crate::mm::{Mm, MmCounter, Vma};
 use crate::mmu_gather::MmuGather;
 use crate::pgtable::swapops::{Migration, MigrationBits, SwpEntry, SwpKind};
@@ -997,16 +998,51 @@ pub fn split_folio_in_table(
         }
         return Err(Errno::EAGAIN);
     }
+    // The pages a locked VMA maps: the kernel's unmap munlocks the large
+    // folio there (draining the CPU's mlock batch, as for any large
+    // folio), its remap mlocks each small folio (`remove_migration_pte`).
+    let first = at.idx as i64 - (at.page - folio.pfn()) as i64;
+    let locked = locked_ptes_of(oncpu, folio, where_, first);
+    if !locked.is_empty() {
+        crate::mlock::mlock_drain_local(mem, oncpu.id());
+    }
     let unmapped = split_folio_pages(oncpu, folio);
+    for &pfn in &locked {
+        crate::mlock::mlock_vma_folio(mem, Folio(pfn), VM_LOCKED, oncpu.id());
+    }
+    if !locked.is_empty() {
+        crate::mlock::mlock_drain_local(mem, oncpu.id());
+    }
     // Pages no PTE maps go (`folio_put` of each: off the LRU, freed).
     for pfn in unmapped {
         mem.page(pfn).mapping.store(0, Ordering::Relaxed);
         mem.page(pfn).refcount.store(1, Ordering::Relaxed);
         Folio(pfn).put(mem, oncpu.id());
     }
-    let first = at.idx as i64 - (at.page - folio.pfn()) as i64;
     remap_zero_pages_to_zeropage(oncpu, where_, folio.pfn(), nr, first);
     Ok(())
+}
+
+/// The pages of `folio` that `where_`'s table maps in a `VM_LOCKED` VMA
+/// (`first`: the table index of its first page, which may lie outside).
+fn locked_ptes_of(oncpu: &OnCpu, folio: Folio, where_: &SplitAt<'_, '_>, first: i64) -> Vec<Pfn> {
+    let mem = oncpu.mem();
+    let guard = crate::sync::epoch::pin();
+    let tree = where_.mm.vma_tree(&guard);
+    (0..folio.nr_pages(mem))
+        .filter_map(|i| {
+            let idx = usize::try_from(first + i as i64)
+                .ok()
+                .filter(|&x| x < PTRS_PER_TABLE)?;
+            let pte = where_.pt.pte(idx);
+            let mapped = pte.present() && !pte.special() && pte.pfn() == folio.pfn() + i;
+            let addr = where_.table_addr + (idx as u64) * crate::phys::PAGE_SIZE;
+            let locked = tree
+                .vma_lookup(addr)
+                .is_some_and(|v| v.flags() & VM_LOCKED != 0);
+            (mapped && locked).then_some(folio.pfn() + i)
+        })
+        .collect()
 }
 
 /// `__split_folio_to_order` to order 0: every page of `folio` becomes a
@@ -1157,7 +1193,7 @@ fn remap_zero_pages_to_zeropage(
     for (idx, page, old) in cleared {
         let vma = tree.vma_lookup(addr(idx));
         // Not in a locked VMA, nor a page of an mlocked folio: those stay.
-        let vma = vma.filter(|v| v.flags() & crate::mm::vma::VM_LOCKED == 0);
+        let vma = vma.filter(|v| v.flags() & VM_LOCKED == 0);
         let mlocked = mem.page(page).test(pg::MLOCKED);
         let (Some(vma), true) = (vma, !mlocked && mem.page_is_zero(page)) else {
             at.pt.set(idx, old);

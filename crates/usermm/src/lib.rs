@@ -27,7 +27,7 @@
 //!    writeback, truncation), [`shmem`] (tmpfs, shared anonymous memory,
 //!    memfds), [`huge_memory`], [`mmu_gather`], [`mmap`], [`fork`],
 //!    [`mprotect`], [`msync`], [`madvise`], [`mlock`], [`gup`] (populating
-//!    a range), [`swap`] (the LRU batches, lazyfree, isolation), [`migrate`] (page migration, `move_pages`) with
+//!    a range), [`mincore`], [`swap`] (the LRU batches, lazyfree, isolation), [`migrate`] (page migration, `move_pages`) with
 //!    [`rmap_walk`] and [`tlbbatch`] (the batched unmap flush),
 //!    [`mempolicy`] (`mbind`, `set_mempolicy`), [`numa_balancing`],
 //!    [`pt_reclaim`], [`migrc`], [`vmscan`] (reclaim: kswapd, direct
@@ -71,6 +71,7 @@ pub mod memory;
 pub mod mempolicy;
 pub mod migrate;
 pub mod migrc;
+pub mod mincore;
 pub mod mlock;
 pub mod mmap;
 pub mod mmu_gather;

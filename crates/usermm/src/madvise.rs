@@ -35,6 +35,8 @@ pub const MADV_NOHUGEPAGE: i32 = 15;
 pub const MADV_WIPEONFORK: i32 = 18;
 pub const MADV_KEEPONFORK: i32 = 19;
 pub const MADV_PAGEOUT: i32 = 21;
+pub const MADV_POPULATE_READ: i32 = 22;
+pub const MADV_POPULATE_WRITE: i32 = 23;
 
 /// `madvise(2)`.
 pub fn do_madvise(
@@ -56,6 +58,8 @@ pub fn do_madvise(
         MADV_DOFORK,
         MADV_WIPEONFORK,
         MADV_KEEPONFORK,
+        MADV_POPULATE_READ,
+        MADV_POPULATE_WRITE,
     ]
     .contains(&advice)
     {
@@ -76,6 +80,11 @@ pub fn do_madvise(
         return Ok(());
     }
     match advice {
+        // madvise_populate: not a walk of the VMAs; the fault-in looks
+        // each up and reports what it finds.
+        MADV_POPULATE_READ | MADV_POPULATE_WRITE => {
+            crate::gup::faultin_page_range(oncpu, mm, start, end, advice == MADV_POPULATE_WRITE)
+        }
         MADV_WILLNEED => {
             let vmas: Vec<Arc<Vma>> = {
                 let _g = mm.mmap_lock.read();

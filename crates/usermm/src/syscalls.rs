@@ -71,6 +71,12 @@ impl OnCpu<'_> {
         Ok(())
     }
 
+    /// `mincore(2)`: one byte per page, 1 where the page is resident.
+    pub fn mincore(&self, addr: u64, len: u64) -> KResult<Vec<u8>> {
+        self.kernel_enter();
+        crate::mincore::sys_mincore(self, &self.mm()?, addr, len)
+    }
+
     /// `mlock(2)`.
     pub fn mlock(&self, addr: u64, len: u64) -> KResult<()> {
         self.kernel_enter();

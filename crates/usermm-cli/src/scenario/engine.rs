@@ -206,6 +206,9 @@ impl Backend for EngineBackend {
             MlockCall::Munlockall => c.munlockall(),
         })
     }
+    fn mincore(&mut self, addr: u64, len: u64) -> Result<Vec<u8>, Errno> {
+        self.on(|c| c.mincore(addr, len))
+    }
     fn setrlimit_memlock(&mut self, bytes: u64) -> Result<(), Errno> {
         self.procs[&self.cur].set_memlock_limit(bytes);
         Ok(())

@@ -476,6 +476,17 @@ impl Backend for HostBackend {
         };
         self.call_errno(&req).map(|_| ())
     }
+    fn mincore(&mut self, addr: u64, len: u64) -> Result<Vec<u8>, Errno> {
+        let r = self
+            .call(&format!("mincore {addr} {len}"))
+            .map_err(|_| Errno::EIO)?;
+        let mut w = r.split_whitespace();
+        match (w.next(), w.next()) {
+            (Some("ok"), bits) => Ok(bits.unwrap_or("").bytes().map(|b| b - b'0').collect()),
+            (Some("err"), Some(e)) => Err(Errno(e.parse().unwrap_or(0))),
+            _ => Err(Errno::EIO),
+        }
+    }
     fn setrlimit_memlock(&mut self, bytes: u64) -> Result<(), Errno> {
         self.call_errno(&format!("setrlimit_memlock {bytes}"))
             .map(|_| ())
@@ -1048,6 +1059,35 @@ fn serve(requests: File, mut w: File) -> ! {
                 rc(unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) })
             }
             Some("capdrop_ipc_lock") => capdrop_ipc_lock_here(),
+            Some("mincore") => {
+                let len = n(2);
+                let pages = (len / 4096 + u64::from(len % 4096 != 0)) as usize;
+                if pages > 1 << 20 {
+                    // Past 4 GiB of range: no vector here could hold the
+                    // answer; the kernel's own check says whether the
+                    // range is one at all (ENOMEM past the address space).
+                    if n(1).checked_add(len).is_none_or(|e| e > (1 << 47) - 4096) {
+                        "err 12".to_string()
+                    } else {
+                        "err 7".to_string()
+                    }
+                } else {
+                    let mut vec = vec![0u8; pages];
+                    // SAFETY: the kernel writes at most one byte per page
+                    // of the range into `vec`, which has room for them all.
+                    let r =
+                        unsafe { libc::mincore(n(1) as *mut _, len as usize, vec.as_mut_ptr()) };
+                    if r == 0 {
+                        let bits: String = vec
+                            .iter()
+                            .map(|&b| if b & 1 != 0 { '1' } else { '0' })
+                            .collect();
+                        format!("ok {bits}")
+                    } else {
+                        rc(r)
+                    }
+                }
+            }
             Some("mbind") => {
                 let mask = [n(4)];
                 // SAFETY: mbind on this process's own range, with a mask of

@@ -80,6 +80,8 @@ pub trait Backend {
     fn munmap(&mut self, addr: u64, len: u64) -> Result<(), Errno>;
     fn mprotect(&mut self, addr: u64, len: u64, prot: u32) -> Result<(), Errno>;
     fn madvise(&mut self, addr: u64, len: u64, advice: i32) -> Result<(), Errno>;
+    /// `mincore(2)`: one byte per page.
+    fn mincore(&mut self, addr: u64, len: u64) -> Result<Vec<u8>, Errno>;
     /// One call of the mlock family.
     fn mlock(&mut self, call: &MlockCall<u64>) -> Result<(), Errno>;
     /// `setrlimit(RLIMIT_MEMLOCK)` of the current process (soft and hard).
@@ -412,6 +414,24 @@ impl Interp<'_> {
                     MlockCall::Munlockall => MlockCall::Munlockall,
                 };
                 Ok(Self::done(self.b.mlock(&call)))
+            }
+            Op::Mincore { addr, len, expect } => {
+                let (a, _) = self.addr(addr)?;
+                Ok(match self.b.mincore(a, *len) {
+                    Ok(v) => {
+                        let bits: String = v
+                            .iter()
+                            .map(|&b| if b & 1 != 0 { '1' } else { '0' })
+                            .collect();
+                        match expect {
+                            Some(want) if *want != bits => {
+                                Res::Fail(format!("expected {want}, got {bits}"), Some(bits))
+                            }
+                            _ => ok(bits),
+                        }
+                    }
+                    Err(e) => Self::errno_res(e),
+                })
             }
             Op::SetrlimitMemlock { bytes } => Ok(Self::done(self.b.setrlimit_memlock(*bytes))),
             Op::CapdropIpcLock => Ok(Self::done(self.b.capdrop_ipc_lock())),

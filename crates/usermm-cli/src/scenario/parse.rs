@@ -168,6 +168,13 @@ pub enum Op {
     /// `mlock ADDR LEN [onfault]` (`mlock2(MLOCK_ONFAULT)`), `munlock ADDR
     /// LEN`, `mlockall current,future,onfault`, `munlockall`.
     Mlock(MlockCall<Addr>),
+    /// `mincore ADDR LEN [== BITS]`: the residency of each page, as a
+    /// string of 0 and 1 (expected to be BITS if given).
+    Mincore {
+        addr: Addr,
+        len: u64,
+        expect: Option<String>,
+    },
     /// `setrlimit memlock SIZE|unlimited`.
     SetrlimitMemlock {
         bytes: u64,
@@ -584,6 +591,8 @@ fn parse_advice(w: &str) -> Option<i32> {
         "hugepage" => 14,
         "nohugepage" => 15,
         "pageout" => 21,
+        "populate_read" => 22,
+        "populate_write" => 23,
         _ => return None,
     })
 }
@@ -635,6 +644,7 @@ const STATEMENTS: &[(&str, ParseStatement)] = &[
     ("truncate", parse_truncate),
     ("msync", parse_msync),
     ("mlock", parse_mlock),
+    ("mincore", parse_mincore),
     ("munlock", parse_munlock),
     ("mlockall", parse_mlockall),
     ("munlockall", parse_munlockall),
@@ -820,6 +830,23 @@ fn parse_madvise(w: &mut Words) -> Result<Op, ParseError> {
         w.next("an advice (dontneed, free, pageout, willneed, hugepage, nohugepage, normal)")?;
     let advice = parse_advice(a).ok_or_else(|| w.err(col, format!("unknown advice {a:?}")))?;
     Ok(Op::Madvise { addr, len, advice })
+}
+
+/// The statement `mincore`.
+fn parse_mincore(w: &mut Words) -> Result<Op, ParseError> {
+    let addr = w.addr()?;
+    let len = w.number("a length")?;
+    let expect = if w.peek() == Some("==") {
+        w.next("==")?;
+        let (col, bits) = w.next("a string of 0 and 1")?;
+        if bits.is_empty() || !bits.chars().all(|c| c == '0' || c == '1') {
+            return Err(w.err(col, format!("expected a string of 0 and 1, found {bits:?}")));
+        }
+        Some(bits.to_string())
+    } else {
+        None
+    };
+    Ok(Op::Mincore { addr, len, expect })
 }
 
 /// The statement `mlock`.
