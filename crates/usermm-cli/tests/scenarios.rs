@@ -264,8 +264,9 @@ fn slot(i: u64) -> u64 {
 }
 
 /// A random scenario: a THP size, up to three regions at fixed addresses
-/// (now and then populated, or without reserve), then operations on
-/// page-aligned (now and then unaligned) parts of them, forks, switches
+/// (now and then populated, without reserve, locked, or stacks that grow
+/// down), then operations on page-aligned (now and then unaligned) parts
+/// of them and accesses below them, forks, switches
 /// and exits, THP knob changes, and marks with every figure but VmRSS and
 /// the PMD-sized THP counters of /proc/vmstat compared. Every statement's outcome is comparable: the expectations
 /// are arbitrary (they may fail on both sides alike); what must agree is
@@ -317,6 +318,8 @@ fn random_scenario(seed: u64) -> String {
             " flags=private,anonymous,noreserve",
             " flags=shared,anonymous",
             " flags=private,anonymous,locked",
+            " flags=private,anonymous,growsdown",
+            " flags=private,anonymous,stack",
         ]);
         s += &format!(
             "map R{i} {}K {prot} at={:#x}{flags}\n",
@@ -399,6 +402,15 @@ fn random_scenario(seed: u64) -> String {
             }
             18 if r.below(3) == 0 => format!("knob only {}\n", r.pick(&sizes)),
             18 => "mark m\n".to_string(),
+            // Below a region: a stack grows down there (as far as
+            // RLIMIT_STACK lets it), anything else is a SIGSEGV.
+            21 if r.below(2) == 0 => {
+                let below = (1 + r.below(2560)) << 12;
+                match r.below(2) {
+                    0 => format!("write R{i}-{below:#x} {}\n", r.below(1000)),
+                    _ => format!("read R{i}-{below:#x}\n"),
+                }
+            }
             _ if r.below(3) == 0 => {
                 format!("expect vmstat {} since m == 0\n", r.pick(&VMSTAT_COMPARED))
             }

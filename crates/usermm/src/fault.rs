@@ -34,7 +34,7 @@ use crate::errno::{Errno, KResult};
 use crate::machine::OnCpu;
 use crate::memory::{handle_mm_fault, handle_mm_fault_speculative, FaultFlags, VmFaultResult};
 use crate::mm::mmap_lock::lock_vma_under_rcu;
-use crate::mm::vma::{VM_EXEC, VM_READ, VM_WRITE};
+use crate::mm::vma::{VM_EXEC, VM_GROWSDOWN, VM_READ, VM_WRITE};
 use crate::mm::{Mm, Vma};
 use crate::sync::{epoch, Arc};
 use crate::tunable::FaultLock;
@@ -181,11 +181,47 @@ impl OnCpu<'_> {
 
     /// `lock_mm_and_find_vma`, the access check, and the fault.
     fn fault_under_mmap_lock(&self, mm: &Arc<Mm>, addr: u64, flags: FaultFlags) -> VmFaultResult {
-        let _g = mm.mmap_lock.read();
+        let Some(_g) = self.lock_mm_and_find_vma(mm, addr) else {
+            return VmFaultResult::Sigsegv;
+        };
         let guard = epoch::pin();
         match mm.vma_tree(&guard).vma_lookup(addr) {
             Some(vma) if !access_error(vma, flags) => handle_mm_fault(self, mm, vma, addr, flags),
             _ => VmFaultResult::Sigsegv,
         }
+    }
+
+    /// `lock_mm_and_find_vma`: mmap_lock held for reading over a VMA that
+    /// contains `addr`, or None (SIGSEGV). An address below a stack that
+    /// grows down grows it (`expand_stack_locked`), under the lock taken
+    /// again for writing (x86 cannot upgrade it: it is dropped, and the
+    /// VMA looked up again), then downgraded.
+    fn lock_mm_and_find_vma<'m>(
+        &self,
+        mm: &'m Arc<Mm>,
+        addr: u64,
+    ) -> Option<crate::mm::mmap_lock::MmapReadGuard<'m>> {
+        let g = mm.mmap_lock.read();
+        let below_stack = {
+            let guard = epoch::pin();
+            match mm.vma_tree(&guard).find_vma(addr) {
+                Some(v) if v.start() <= addr => return Some(g),
+                Some(v) => v.flags() & VM_GROWSDOWN != 0,
+                None => false,
+            }
+        };
+        drop(g);
+        if !below_stack {
+            return None;
+        }
+        let w = mm.mmap_lock.write();
+        let vma = {
+            let guard = epoch::pin();
+            mm.vma_tree(&guard).find_vma(addr).cloned()?
+        };
+        if vma.start() > addr {
+            crate::mmap::expand_downwards(self, mm, &vma, addr).ok()?;
+        }
+        Some(w.downgrade())
     }
 }

@@ -675,7 +675,13 @@ pub fn truncate_pagecache(oncpu: &OnCpu, inode: &Inode, newsize: u64) {
 fn truncate_inode_pages_range(oncpu: &OnCpu, inode: &Inode, first: u64) {
     let mem = oncpu.mem();
     let mapping = &inode.i_mapping;
-    for c in mapping.get_folios(mem, first, u64::MAX >> PAGE_SHIFT) {
+    let folios = mapping.get_folios(mem, first, u64::MAX >> PAGE_SHIFT);
+    // folio_batch_release drains this CPU's LRU batches once a batch of
+    // folios was found.
+    if !folios.is_empty() {
+        crate::swap::lru_add_drain(mem, oncpu.id());
+    }
+    for c in folios {
         folio_lock(mem, c.folio);
         if c.index >= first && folio_still_cached(mem, c.folio, mapping, c.index) {
             if c.folio.mapped(mem) {

@@ -54,6 +54,10 @@ impl Reclaimer for Machine {
         }
     }
 
+    fn lru_add_drain(&self, cpu: usize) {
+        crate::swap::lru_add_drain(&self.mem, cpu);
+    }
+
     fn luf_flush(&self, cpu: usize, cpumask: u64) {
         // The thread that plays `cpu` flushes as it; any other (a kernel
         // thread: kswapd's slot is shared by the nodes' threads) sends as

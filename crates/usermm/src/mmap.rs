@@ -25,10 +25,12 @@ pub const MAP_SHARED_VALIDATE: u32 = 0x03;
 pub const MAP_TYPE: u32 = 0x0f;
 pub const MAP_FIXED: u32 = 0x10;
 pub const MAP_ANONYMOUS: u32 = 0x20;
+pub const MAP_GROWSDOWN: u32 = 0x100;
 pub const MAP_LOCKED: u32 = 0x2000;
 pub const MAP_NORESERVE: u32 = 0x4000;
 pub const MAP_POPULATE: u32 = 0x8000;
 pub const MAP_NONBLOCK: u32 = 0x10000;
+pub const MAP_STACK: u32 = 0x20000;
 pub const MAP_FIXED_NOREPLACE: u32 = 0x100000;
 
 #[inline]
@@ -51,6 +53,30 @@ pub fn calc_vm_prot_bits(prot: u32) -> VmFlags {
     f
 }
 
+/// `calc_vm_flag_bits`: the VMA flags some mmap flags ask for. MAP_STACK
+/// keeps THPs out of a stack (v6.7+): most of one would never be touched.
+fn calc_vm_flag_bits(flags: u32) -> VmFlags {
+    let mut f = 0;
+    if flags & MAP_GROWSDOWN != 0 {
+        f |= VM_GROWSDOWN;
+    }
+    if flags & MAP_LOCKED != 0 {
+        f |= VM_LOCKED;
+    }
+    if flags & MAP_STACK != 0 {
+        f |= VM_NOHUGEPAGE;
+    }
+    f
+}
+
+/// A hint's range is free: no VMA in it, nor in the guard gap of a stack
+/// just above it (`vm_start_gap`; x86 stacks do not grow up, so the VMA
+/// below keeps no gap).
+fn hint_is_free(tree: &VmaTree, a: u64, len: u64) -> bool {
+    tree.find_vma(a)
+        .is_none_or(|v| v.start() >= a + len && a + len <= v.start_gap())
+}
+
 /// `get_unmapped_area` for an anonymous private mapping.
 fn get_unmapped_area(tree: &VmaTree, addr: u64, len: u64, flags: u32) -> KResult<u64> {
     if len > TASK_SIZE {
@@ -71,10 +97,7 @@ fn get_unmapped_area(tree: &VmaTree, addr: u64, len: u64, flags: u32) -> KResult
     // A free, page-aligned hint is taken as it is.
     if addr != 0 {
         let a = addr & PAGE_MASK;
-        if a <= TASK_SIZE - len
-            && a >= MMAP_MIN_ADDR
-            && tree.find_vma_intersection(a, a + len).is_none()
-        {
+        if a <= TASK_SIZE - len && a >= MMAP_MIN_ADDR && hint_is_free(tree, a, len) {
             return Ok(a);
         }
     }
@@ -614,13 +637,13 @@ pub fn do_mmap(
         return Err(Errno::EEXIST);
     }
     let mut vm_flags = calc_vm_prot_bits(prot)
+        | calc_vm_flag_bits(flags)
         | mm.def_flags.load(Ordering::Relaxed)
         | VM_MAYREAD
         | VM_MAYWRITE
         | VM_MAYEXEC;
     if flags & MAP_LOCKED != 0 {
-        // calc_vm_flag_bits; then can_do_mlock.
-        vm_flags |= VM_LOCKED;
+        // can_do_mlock.
         if mm.memlock_limit() == 0 && !mm.cap_ipc_lock() {
             return Err(Errno::EPERM);
         }
@@ -635,6 +658,8 @@ pub fn do_mmap(
         // there too.
         None => match flags & MAP_TYPE {
             MAP_PRIVATE => {}
+            // Shared memory cannot grow as a stack.
+            MAP_SHARED if vm_flags & VM_GROWSDOWN != 0 => return Err(Errno::EINVAL),
             MAP_SHARED => vm_flags |= VM_SHARED | VM_MAYSHARE,
             _ => return Err(Errno::EINVAL),
         },
@@ -744,12 +769,12 @@ fn mmap_file_flags(
         | MAP_ANONYMOUS
         | 0x0800 // MAP_DENYWRITE
         | 0x1000 // MAP_EXECUTABLE
-        | 0x0100 // MAP_GROWSDOWN
-        | 0x2000 // MAP_LOCKED
+        | MAP_GROWSDOWN
+        | MAP_LOCKED
         | MAP_NORESERVE
         | MAP_POPULATE
         | MAP_NONBLOCK
-        | 0x20000 // MAP_STACK
+        | MAP_STACK
         | 0x40000; // MAP_HUGETLB
     let shared = match flags & MAP_TYPE {
         MAP_SHARED => true,
@@ -773,6 +798,10 @@ fn mmap_file_flags(
     }
     if !file.f_mode.read {
         return Err(Errno::EACCES);
+    }
+    // A file mapping cannot grow as a stack.
+    if vm_flags & VM_GROWSDOWN != 0 {
+        return Err(Errno::EINVAL);
     }
     Ok(vm_flags)
 }
@@ -823,10 +852,7 @@ fn get_unmapped_area_plain(tree: &VmaTree, addr: u64, len: u64, flags: u32) -> K
     }
     if addr != 0 {
         let a = addr & PAGE_MASK;
-        if a <= TASK_SIZE - len
-            && a >= MMAP_MIN_ADDR
-            && tree.find_vma_intersection(a, a + len).is_none()
-        {
+        if a <= TASK_SIZE - len && a >= MMAP_MIN_ADDR && hint_is_free(tree, a, len) {
             return Ok(a);
         }
     }
@@ -935,6 +961,72 @@ fn unmap_region(oncpu: &OnCpu, mm: &Arc<Mm>, vmas: &[Arc<Vma>], floor: u64, ceil
     memory::unmap_vmas(oncpu, &mut tlb, vmas, start, end);
     memory::free_pgtables(oncpu, &mut tlb, vmas, floor, ceiling);
     tlb.finish(oncpu);
+}
+
+/// `expand_downwards`: the stack `vma` grows down to take in `addr`, which
+/// lies below it, under mmap_lock held for writing. Refused where the
+/// VMA does not grow down (EFAULT), below `mmap_min_addr` (EPERM), within
+/// the guard gap of an accessible VMA below that is not a stack itself,
+/// past `RLIMIT_STACK`, the mlock limit or the commit limit (ENOMEM).
+/// The grown VMA's page offset moves down with its start, so that the
+/// folios it maps keep their index. Returns the grown VMA, published.
+///
+/// The kernel charges the growth to `vm_committed_as` whatever the VMA's
+/// `VM_ACCOUNT` (`acct_stack_growth`), and munmap gives back only what
+/// `VM_ACCOUNT` VMAs hold: the model charges `VM_ACCOUNT` stacks alone,
+/// so that the commitment stays the size of the accounted VMAs.
+pub(crate) fn expand_downwards(
+    oncpu: &OnCpu,
+    mm: &Arc<Mm>,
+    vma: &Arc<Vma>,
+    addr: u64,
+) -> KResult<Arc<Vma>> {
+    if vma.flags() & VM_GROWSDOWN == 0 {
+        return Err(Errno::EFAULT);
+    }
+    let addr = addr & PAGE_MASK;
+    if addr < MMAP_MIN_ADDR {
+        return Err(Errno::EPERM);
+    }
+    debug_assert!(addr < vma.start());
+    let mut tree = mm.vma_tree_draft();
+    if let Some(prev) = tree.prev_vma(vma.start()) {
+        if prev.flags() & VM_GROWSDOWN == 0
+            && prev.flags() & VM_ACCESS_FLAGS != 0
+            && addr - prev.end() < STACK_GUARD_GAP
+        {
+            return Err(Errno::ENOMEM);
+        }
+    }
+    // The folios the grown range will map attach to the stack's anon_vma,
+    // made now (the kernel makes it before it write-locks the VMA).
+    crate::rmap::anon_vma_prepare(mm, vma);
+    let size = vma.end() - addr;
+    let grow = (vma.start() - addr) >> PAGE_SHIFT;
+    if grow > vma.pgoff() {
+        return Err(Errno::ENOMEM);
+    }
+    // acct_stack_growth.
+    if size > mm.stack_limit()
+        || !crate::mlock::mlock_future_ok(mm, vma.flags(), grow << PAGE_SHIFT)
+    {
+        return Err(Errno::ENOMEM);
+    }
+    if vma.flags() & VM_ACCOUNT != 0 {
+        oncpu
+            .m
+            .overcommit
+            .vm_enough_memory(Some(mm.total_vm.load(Ordering::Relaxed)), grow)?;
+    }
+    if vma.flags() & VM_LOCKED != 0 {
+        mm.locked_vm.fetch_add(grow, Ordering::Relaxed);
+    }
+    mm.total_vm.fetch_add(grow, Ordering::Relaxed);
+    let grown = vma_dup(vma, addr, vma.end(), vma.flags());
+    tree.replace(std::slice::from_ref(vma), vec![grown.clone()]);
+    vma_retire(vma);
+    mm.vma_tree_publish(&mut tree, &crate::sync::epoch::pin());
+    Ok(grown)
 }
 
 /// `munmap(2)`.

@@ -10,7 +10,7 @@ use usermm::mm::Mm;
 use usermm::vmstat::Event;
 use usermm::{Errno, Machine, MachineConfig, ThpMode};
 
-use super::parse::MlockCall;
+use super::parse::{MlockCall, Rlimit};
 use super::Backend;
 
 pub struct EngineBackend {
@@ -209,8 +209,12 @@ impl Backend for EngineBackend {
     fn mincore(&mut self, addr: u64, len: u64) -> Result<Vec<u8>, Errno> {
         self.on(|c| c.mincore(addr, len))
     }
-    fn setrlimit_memlock(&mut self, bytes: u64) -> Result<(), Errno> {
-        self.procs[&self.cur].set_memlock_limit(bytes);
+    fn setrlimit(&mut self, resource: Rlimit, bytes: u64) -> Result<(), Errno> {
+        let mm = &self.procs[&self.cur];
+        match resource {
+            Rlimit::Memlock => mm.set_memlock_limit(bytes),
+            Rlimit::Stack => mm.set_stack_limit(bytes),
+        }
         Ok(())
     }
     fn capdrop_ipc_lock(&mut self) -> Result<(), Errno> {
@@ -284,12 +288,21 @@ impl Backend for EngineBackend {
         snap.get(name)
             .ok_or_else(|| format!("usermm keeps no counter {name}"))
     }
+    /// A THP knob. The model has no khugepaged: on the host, the knob
+    /// that enables PMD-sized THPs starts it (`start_stop_khugepaged`),
+    /// and its first scan drains every CPU's LRU and mlock batches
+    /// (`khugepaged_do_scan`'s `lru_add_drain_all`), which this does then.
     fn knob(&mut self, size_kb: Option<u64>, mode: &str) -> Result<(), String> {
         let mode = ThpMode::parse(mode).ok_or(format!("bad mode {mode}"))?;
+        let was_running = self.m.thp.hugepage_pmd_enabled();
         let r = match size_kb {
             None => self.m.thp.set_enabled(mode),
             Some(kb) => self.m.thp.set_order((kb / 4).trailing_zeros(), mode),
         };
+        if !was_running && self.m.thp.hugepage_pmd_enabled() {
+            let c = self.m.bind(0).map_err(|e| e.to_string())?;
+            usermm::swap::lru_add_drain_all(c.mem(), c.id());
+        }
         r.map_err(|e| format!("knob: {e}"))
     }
     fn tunable(&mut self, name: &str, value: &str) -> Result<(), String> {

@@ -36,7 +36,7 @@ use std::path::PathBuf;
 
 use usermm::Errno;
 
-use super::parse::MlockCall;
+use super::parse::{MlockCall, Rlimit};
 use super::Backend;
 
 const THP: &str = "/sys/kernel/mm/transparent_hugepage";
@@ -243,6 +243,7 @@ impl HostBackend {
             _lock: lock,
             _lifeline: life_w,
         };
+        b.hold_khugepaged_asleep();
         let (inp, out) = b.fifos()?;
         // SAFETY: getpid has no preconditions.
         let caller = unsafe { libc::getpid() };
@@ -335,6 +336,32 @@ impl HostBackend {
         Ok(())
     }
 
+    /// khugepaged, once a scenario has enabled PMD-sized THPs, scans every
+    /// `scan_sleep_millisecs` (10 s): each scan drains every CPU's LRU and
+    /// mlock batches (`lru_add_drain_all`) and may collapse a server's
+    /// small folios into a THP, at moments no scenario can foresee (usermm
+    /// runs no khugepaged). Held asleep for the run (where the knob can be
+    /// set); the write wakes it for one scan now, before the server starts,
+    /// which the short wait lets finish. It still wakes at once when it
+    /// starts (PMD THPs enabled again) or when an mm joins its empty list:
+    /// [`khugepaged_decoy`] keeps those scans away from the servers.
+    fn hold_khugepaged_asleep(&mut self) {
+        khugepaged_decoy();
+        const ASLEEP_MS: &str = "3600000";
+        let path = format!("{THP}/khugepaged/scan_sleep_millisecs");
+        let Ok(old) = std::fs::read_to_string(&path) else {
+            return;
+        };
+        let old = old.trim().to_string();
+        if old == ASLEEP_MS {
+            return;
+        }
+        self.remember(path.clone(), old);
+        if std::fs::write(&path, ASLEEP_MS).is_ok() {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     /// Keep a setting's value from before the run's first change to it; the
     /// settings are restored in reverse order when the run ends.
     fn remember(&mut self, path: String, old: String) {
@@ -345,6 +372,79 @@ impl HostBackend {
             self.saved_knobs.push((path, old));
         }
     }
+}
+
+/// Register, once for this process, an mm with khugepaged ahead of every
+/// server, whose scans it then absorbs. khugepaged scans the mms on its
+/// list in order, `pages_to_scan` (4096) a pass, each PMD-sized range of an
+/// eligible VMA costing 512 whether or not anything is mapped there
+/// (`khugepaged_scan_mm_slot`), and stays on one mm until it has scanned
+/// all of it. A 64 GiB eligible reservation that is never touched lasts
+/// 4096 passes, far more than a test run's knob flips wake; and with an mm
+/// on its list, a server that joins it does not wake it
+/// (`__khugepaged_enter` wakes only an empty list). The reservation is
+/// MADV_DONTFORK, so servers forked from this process do not inherit it
+/// (they join the list behind it, by `khugepaged_fork`). It joins the list
+/// only while PMD-sized THPs are enabled (`khugepaged_enter_vma`), so this
+/// is called again after each knob a scenario sets, until it has joined (a
+/// server cannot join before PMD THPs are enabled either); it needs an
+/// `anon_vma` too (`__thp_vma_allowable_orders` refuses khugepaged a VMA
+/// without one), so the last byte is written and its PMD-sized range
+/// emptied again first: nothing stays there to collapse, and khugepaged
+/// would reach that range last.
+fn khugepaged_decoy() {
+    const LEN: usize = 64 << 30;
+    /// The reservation's address (0: not made yet, or it could not be),
+    /// and whether it has joined khugepaged's list.
+    static DECOY: std::sync::Mutex<(usize, bool)> = std::sync::Mutex::new((0, false));
+    let mut decoy = DECOY.lock().unwrap_or_else(|e| e.into_inner());
+    if decoy.1 || !pmd_thp_enabled() {
+        return;
+    }
+    if decoy.0 == 0 {
+        // SAFETY: a fresh anonymous mapping at an address the kernel picks.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                LEN,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return;
+        }
+        let end = p as usize + LEN;
+        let last_pmd = (end - 1) & !((2 << 20) - 1);
+        // SAFETY: the mapping just made, which is this function's own
+        // (leaked for the process's life on purpose): a write to its last
+        // byte, then advice on ranges inside it.
+        let made = unsafe {
+            ((end - 1) as *mut u8).write_volatile(1);
+            libc::madvise(
+                last_pmd as *mut libc::c_void,
+                end - last_pmd,
+                libc::MADV_DONTNEED,
+            ) == 0
+                && libc::madvise(p, LEN, libc::MADV_DONTFORK) == 0
+        };
+        if !made {
+            return;
+        }
+        decoy.0 = p as usize;
+    }
+    // SAFETY: advice on the reservation made above, this function's own.
+    decoy.1 = unsafe { libc::madvise(decoy.0 as *mut libc::c_void, LEN, libc::MADV_HUGEPAGE) } == 0;
+}
+
+/// `hugepage_pmd_enabled` for anonymous memory, as the knobs say now.
+fn pmd_thp_enabled() -> bool {
+    let read = |p: String| std::fs::read_to_string(p).unwrap_or_default();
+    let pmd = read(format!("{THP}/hugepages-2048kB/enabled"));
+    let on = |s: &str| s.contains("[always]") || s.contains("[madvise]");
+    on(&pmd) || (pmd.contains("[inherit]") && on(&read(format!("{THP}/enabled"))))
 }
 
 impl Backend for HostBackend {
@@ -487,8 +587,12 @@ impl Backend for HostBackend {
             _ => Err(Errno::EIO),
         }
     }
-    fn setrlimit_memlock(&mut self, bytes: u64) -> Result<(), Errno> {
-        self.call_errno(&format!("setrlimit_memlock {bytes}"))
+    fn setrlimit(&mut self, resource: Rlimit, bytes: u64) -> Result<(), Errno> {
+        let r = match resource {
+            Rlimit::Memlock => libc::RLIMIT_MEMLOCK,
+            Rlimit::Stack => libc::RLIMIT_STACK,
+        };
+        self.call_errno(&format!("setrlimit {r} {bytes}"))
             .map(|_| ())
     }
     fn capdrop_ipc_lock(&mut self) -> Result<(), Errno> {
@@ -589,7 +693,9 @@ impl Backend for HostBackend {
             None => format!("{THP}/enabled"),
             Some(kb) => format!("{THP}/hugepages-{kb}kB/enabled"),
         };
-        self.set_knob_file(path, mode)
+        self.set_knob_file(path, mode)?;
+        khugepaged_decoy();
+        Ok(())
     }
     /// The host kernel runs one algorithm of each tunable: its own value
     /// is a no-op, any other cannot be had here.
@@ -921,7 +1027,7 @@ fn prefault_file_mappings(buf: &mut String) {
             // nothing of the server's own is unmapped since); a page past
             // the end of its file raises SIGBUS, which the probe turns
             // into an error.
-            let _ = unsafe { sigbus::load_u64(p) };
+            let _ = unsafe { probe::load_u64(p) };
             p += 4096;
         }
     }
@@ -949,6 +1055,23 @@ fn own_file_mappings(buf: &mut String) -> Vec<(u64, u64)> {
     v
 }
 
+/// `RLIMIT_STACK` as a process that never set it has it (`_STK_LIM`, 8
+/// MiB), as usermm's processes do, whatever the shell that started the run
+/// set: a stack that grows down grows as far as that.
+fn default_stack_limit() {
+    const STK_LIM: u64 = 8 << 20;
+    // SAFETY: getrlimit fills the zeroed struct it is given; setrlimit
+    // reads a valid one.
+    unsafe {
+        let mut lim: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_STACK, &mut lim) == 0 {
+            lim.rlim_cur = STK_LIM;
+            lim.rlim_max = lim.rlim_max.max(STK_LIM);
+            libc::setrlimit(libc::RLIMIT_STACK, &lim);
+        }
+    }
+}
+
 /// Touch `kb` KiB of stack, so that later requests use pages already
 /// counted in RssAnon.
 #[inline(never)]
@@ -971,7 +1094,8 @@ fn serve(requests: File, mut w: File) -> ! {
     // zombies; the scenario's side waits for them to be gone).
     // SAFETY: setting a signal disposition; the server is single-threaded.
     unsafe { libc::signal(libc::SIGCHLD, libc::SIG_IGN) };
-    sigbus::install();
+    probe::install();
+    default_stack_limit();
     pin_to_this_cpu();
     drain_lru_batches();
     // Settle the server's own footprint before the scenario measures it.
@@ -1050,13 +1174,13 @@ fn serve(requests: File, mut w: File) -> ! {
                 // SAFETY: as for mlock2.
                 rc(unsafe { libc::munlockall() })
             }
-            Some("setrlimit_memlock") => {
+            Some("setrlimit") => {
                 let lim = libc::rlimit {
-                    rlim_cur: n(1),
-                    rlim_max: n(1),
+                    rlim_cur: n(2),
+                    rlim_max: n(2),
                 };
                 // SAFETY: a valid rlimit, read by the call only.
-                rc(unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) })
+                rc(unsafe { libc::setrlimit(n(1) as _, &lim) })
             }
             Some("capdrop_ipc_lock") => capdrop_ipc_lock_here(),
             Some("mincore") => {
@@ -1112,29 +1236,30 @@ fn serve(requests: File, mut w: File) -> ! {
                 move_pages_here(n(1), n(2), node)
             }
             Some("store") => {
-                if accessible(n(1), true, &mut proc_buf) {
-                    // SAFETY: /proc/self/maps says writable VMAs cover both
-                    // ends of the word (which may be unaligned); a page past
-                    // the end of a mapped file raises SIGBUS, which the probe
-                    // turns into an error.
-                    match unsafe { sigbus::store_u64(n(1), n(2)) } {
-                        Ok(()) => "ok".to_string(),
-                        Err(()) => format!("err {}", Errno::SIGBUS.0),
-                    }
-                } else {
+                if access_check(n(1), true, &mut proc_buf) == Access::Refused {
                     format!("err {}", Errno::EFAULT.0)
+                } else {
+                    // SAFETY: /proc/self/maps says writable VMAs cover the
+                    // word's ends (which may be unaligned), or holes do (a
+                    // stack may grow into them; otherwise SIGSEGV); a page
+                    // past the end of a mapped file raises SIGBUS; the probe
+                    // turns either signal into an error.
+                    match unsafe { probe::store_u64(n(1), n(2)) } {
+                        Ok(()) => "ok".to_string(),
+                        Err(sig) => format!("err {}", probe::errno(sig).0),
+                    }
                 }
             }
             Some("load") => {
-                if accessible(n(1), false, &mut proc_buf) {
-                    // SAFETY: readable VMAs cover both ends of the word; SIGBUS
-                    // as for a store.
-                    match unsafe { sigbus::load_u64(n(1)) } {
-                        Ok(v) => format!("ok {v}"),
-                        Err(()) => format!("err {}", Errno::SIGBUS.0),
-                    }
-                } else {
+                if access_check(n(1), false, &mut proc_buf) == Access::Refused {
                     format!("err {}", Errno::EFAULT.0)
+                } else {
+                    // SAFETY: readable VMAs or holes cover the word's ends;
+                    // signals as for a store.
+                    match unsafe { probe::load_u64(n(1)) } {
+                        Ok(v) => format!("ok {v}"),
+                        Err(sig) => format!("err {}", probe::errno(sig).0),
+                    }
                 }
             }
             Some("await_numa_hint") => await_numa_hint_here(n(1), &mut proc_buf),
@@ -1377,61 +1502,91 @@ fn fs_type_of(dir: &std::path::Path) -> Result<String, String> {
         .ok_or_else(|| format!("no mount holds {}", dir.display()))
 }
 
-/// The server's loads and stores, which survive a SIGBUS: a page of a
-/// file mapping past the end of its file is the kernel's SIGBUS, which
-/// the scenario expects as an outcome (`fails SIGBUS:`), not as the end
-/// of the process. Each access is one instruction whose recovery point
-/// is in a register; the handler, while an access is under way, resumes
-/// there with a flag set, and otherwise restores the default action.
-mod sigbus {
+/// The server's loads and stores, which survive a SIGBUS or a SIGSEGV: a
+/// page of a file mapping past the end of its file is the kernel's SIGBUS,
+/// which the scenario expects as an outcome (`fails SIGBUS:`), not as the
+/// end of the process; an access to a hole in the address space is tried
+/// (it may grow a stack down into it) and its SIGSEGV reported as EFAULT.
+/// Each access is one instruction whose recovery point is in a register;
+/// the handler, while an access is under way, resumes there with the
+/// signal's number in another, and otherwise restores the default action.
+mod probe {
     use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 
     /// An access is under way (the server is single-threaded).
     static PROBING: AtomicBool = AtomicBool::new(false);
 
-    extern "C" fn on_sigbus(_sig: i32, _info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    extern "C" fn on_signal(sig: i32, _info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
         if !PROBING.load(SeqCst) {
             // SAFETY: restoring the default action and re-raising: the
-            // process dies of the SIGBUS, as it would have without us.
+            // process dies of the signal, as it would have without us.
             unsafe {
-                libc::signal(libc::SIGBUS, libc::SIG_DFL);
-                libc::raise(libc::SIGBUS);
+                libc::signal(sig, libc::SIG_DFL);
+                libc::raise(sig);
             }
             return;
         }
         // SAFETY: `ctx` is the ucontext the kernel passed to this
         // SA_SIGINFO handler; the access's asm put its recovery address in
-        // rcx, and rdx is its flag.
+        // rcx, and rdx is where it finds the signal.
         unsafe {
             let uc = ctx as *mut libc::ucontext_t;
             let g = &mut (*uc).uc_mcontext.gregs;
             g[libc::REG_RIP as usize] = g[libc::REG_RCX as usize];
-            g[libc::REG_RDX as usize] = 1;
+            g[libc::REG_RDX as usize] = i64::from(sig);
         }
     }
 
-    /// Install the handler (once per server; a forked server inherits it).
+    /// Signals are delivered on a stack of their own, written through once
+    /// here: a signal frame pushed below the server's stack pointer could
+    /// touch a page of stack never touched before and add 4K to RssAnon
+    /// between a mark and an expect.
+    fn alternate_stack() {
+        const SIZE: usize = 64 << 10;
+        let stack: &'static mut [u8] = Box::leak(vec![0u8; SIZE].into_boxed_slice());
+        for b in stack.iter_mut().step_by(4096) {
+            // SAFETY: a byte of the buffer just made.
+            unsafe { std::ptr::write_volatile(b, 1) };
+        }
+        let ss = libc::stack_t {
+            ss_sp: stack.as_mut_ptr().cast(),
+            ss_flags: 0,
+            ss_size: SIZE,
+        };
+        // SAFETY: the stack lives for the process's life (leaked), and this
+        // thread is the server's only one taking signals.
+        unsafe { libc::sigaltstack(&ss, std::ptr::null_mut()) };
+    }
+
+    /// Install the handler (once per server; a forked server inherits it
+    /// and the alternate stack).
     pub fn install() {
+        alternate_stack();
         // SAFETY: a zeroed sigaction with a handler of the SA_SIGINFO
         // signature; the handler touches only the atomic and the context.
+        // SA_ONSTACK: a SIGSEGV of the server's own stack overflow runs
+        // on the alternate stack Rust's runtime set up, if any.
         unsafe {
             let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = on_sigbus as *const () as usize;
-            sa.sa_flags = libc::SA_SIGINFO;
+            sa.sa_sigaction = on_signal as *const () as usize;
+            sa.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
             libc::sigemptyset(&mut sa.sa_mask);
             libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut());
+            libc::sigaction(libc::SIGSEGV, &sa, std::ptr::null_mut());
         }
     }
 
-    /// Load 8 bytes at `addr`; Err if it raised SIGBUS.
+    /// Load 8 bytes at `addr`; Err(the signal) if it raised SIGBUS or
+    /// SIGSEGV.
     ///
     /// # Safety
     ///
-    /// A readable mapping covers `addr..addr + 8`.
-    pub unsafe fn load_u64(addr: u64) -> Result<u64, ()> {
-        let (v, bus): (u64, u64);
+    /// Nothing of this process's own lies at `addr..addr + 8` that a load
+    /// could disturb (a scenario's mapping, or a hole).
+    pub unsafe fn load_u64(addr: u64) -> Result<u64, i32> {
+        let (v, sig): (u64, u64);
         PROBING.store(true, SeqCst);
-        // SAFETY: the caller's promise; a SIGBUS resumes at label 2.
+        // SAFETY: the caller's promise; a signal resumes at label 2.
         unsafe {
             std::arch::asm!(
                 "lea rcx, [rip + 2f]",
@@ -1441,27 +1596,28 @@ mod sigbus {
                 in("rdi") addr,
                 out("rax") v,
                 out("rcx") _,
-                out("rdx") bus,
+                out("rdx") sig,
                 options(nostack, readonly),
             );
         }
         PROBING.store(false, SeqCst);
-        if bus != 0 {
-            Err(())
+        if sig != 0 {
+            Err(sig as i32)
         } else {
             Ok(v)
         }
     }
 
-    /// Store `v` at `addr`; Err if it raised SIGBUS.
+    /// Store `v` at `addr`; Err(the signal) if it raised SIGBUS or SIGSEGV.
     ///
     /// # Safety
     ///
-    /// A writable mapping covers `addr..addr + 8`.
-    pub unsafe fn store_u64(addr: u64, v: u64) -> Result<(), ()> {
-        let bus: u64;
+    /// Nothing of this process's own lies at `addr..addr + 8` (a
+    /// scenario's mapping, or a hole).
+    pub unsafe fn store_u64(addr: u64, v: u64) -> Result<(), i32> {
+        let sig: u64;
         PROBING.store(true, SeqCst);
-        // SAFETY: the caller's promise; a SIGBUS resumes at label 2.
+        // SAFETY: the caller's promise; a signal resumes at label 2.
         unsafe {
             std::arch::asm!(
                 "lea rcx, [rip + 2f]",
@@ -1471,15 +1627,24 @@ mod sigbus {
                 in("rdi") addr,
                 in("rsi") v,
                 out("rcx") _,
-                out("rdx") bus,
+                out("rdx") sig,
                 options(nostack),
             );
         }
         PROBING.store(false, SeqCst);
-        if bus != 0 {
-            Err(())
+        if sig != 0 {
+            Err(sig as i32)
         } else {
             Ok(())
+        }
+    }
+
+    /// The errno a scenario sees for an access that raised `sig`.
+    pub fn errno(sig: i32) -> usermm::Errno {
+        if sig == libc::SIGBUS {
+            usermm::Errno::SIGBUS
+        } else {
+            usermm::Errno::EFAULT
         }
     }
 }
@@ -1641,6 +1806,51 @@ fn rc(r: i32) -> String {
 }
 
 /// Would the MMU let this process load (or store) the word at `addr`?
+/// What the MMU would make of an access, as far as /proc/self/maps tells.
+#[derive(PartialEq, Eq)]
+enum Access {
+    /// VMAs cover the word and allow the access.
+    Allowed,
+    /// A VMA covers a byte of it and does not allow the access: SIGSEGV.
+    Refused,
+    /// Part of it lies in a hole, which the access itself must try: a
+    /// stack that grows down may take the hole in, or it is a SIGSEGV.
+    Hole,
+}
+
+/// [`Access`] for the 8-byte word at `addr`.
+fn access_check(addr: u64, write: bool, buf: &mut String) -> Access {
+    if accessible(addr, write, buf) {
+        return Access::Allowed;
+    }
+    let Some(last) = addr.checked_add(7) else {
+        return Access::Refused;
+    };
+    let maps = read_proc("/proc/self/maps", buf);
+    let refused = |a: u64| maps_covers(maps, a) && !maps_allow(maps, a, write);
+    if refused(addr) || refused(last) {
+        Access::Refused
+    } else {
+        Access::Hole
+    }
+}
+
+/// Whether a line of `maps` covers byte `a`, whatever its protection.
+fn maps_covers(maps: &str, a: u64) -> bool {
+    maps.lines().any(|l| {
+        l.split_whitespace()
+            .next()
+            .and_then(|r| r.split_once('-'))
+            .and_then(|(lo, hi)| {
+                Some((
+                    u64::from_str_radix(lo, 16).ok()?,
+                    u64::from_str_radix(hi, 16).ok()?,
+                ))
+            })
+            .is_some_and(|(lo, hi)| lo <= a && a < hi)
+    })
+}
+
 fn accessible(addr: u64, write: bool, buf: &mut String) -> bool {
     // The word's first and last bytes: a word spans at most two pages, so at
     // most two VMAs, and each must allow the access, as the MMU checks each

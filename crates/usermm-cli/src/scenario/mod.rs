@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 use usermm::Errno;
 
-use parse::{Addr, Figure, MlockCall, Op, Pattern, Stmt, NR_FIGURES};
+use parse::{Addr, Figure, MlockCall, Op, Pattern, Rlimit, Stmt, NR_FIGURES};
 
 /// How long `await_numa_hint` waits for a scan: the host's first comes
 /// after a second of the process's run time (`scan_delay_ms`), the next a
@@ -84,8 +84,8 @@ pub trait Backend {
     fn mincore(&mut self, addr: u64, len: u64) -> Result<Vec<u8>, Errno>;
     /// One call of the mlock family.
     fn mlock(&mut self, call: &MlockCall<u64>) -> Result<(), Errno>;
-    /// `setrlimit(RLIMIT_MEMLOCK)` of the current process (soft and hard).
-    fn setrlimit_memlock(&mut self, bytes: u64) -> Result<(), Errno>;
+    /// `setrlimit` of the current process (soft and hard).
+    fn setrlimit(&mut self, resource: Rlimit, bytes: u64) -> Result<(), Errno>;
     /// The current process drops `CAP_IPC_LOCK`.
     fn capdrop_ipc_lock(&mut self) -> Result<(), Errno>;
     fn store(&mut self, addr: u64, v: u64) -> Result<(), Errno>;
@@ -433,7 +433,9 @@ impl Interp<'_> {
                     Err(e) => Self::errno_res(e),
                 })
             }
-            Op::SetrlimitMemlock { bytes } => Ok(Self::done(self.b.setrlimit_memlock(*bytes))),
+            Op::Setrlimit { resource, bytes } => {
+                Ok(Self::done(self.b.setrlimit(*resource, *bytes)))
+            }
             Op::CapdropIpcLock => Ok(Self::done(self.b.capdrop_ipc_lock())),
             Op::Fill {
                 addr,

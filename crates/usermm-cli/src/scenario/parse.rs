@@ -175,8 +175,9 @@ pub enum Op {
         len: u64,
         expect: Option<String>,
     },
-    /// `setrlimit memlock SIZE|unlimited`.
-    SetrlimitMemlock {
+    /// `setrlimit memlock|stack SIZE|unlimited`.
+    Setrlimit {
+        resource: Rlimit,
         bytes: u64,
     },
     /// `capdrop ipc_lock`: the process loses `CAP_IPC_LOCK`.
@@ -572,6 +573,8 @@ fn parse_flags(w: &str) -> Option<u32> {
             "populate" => MAP_POPULATE,
             "locked" => usermm::mmap::MAP_LOCKED,
             "nonblock" => usermm::mmap::MAP_NONBLOCK,
+            "growsdown" => usermm::mmap::MAP_GROWSDOWN,
+            "stack" => usermm::mmap::MAP_STACK,
             _ => return None,
         };
     }
@@ -897,19 +900,30 @@ fn parse_munlockall(_w: &mut Words) -> Result<Op, ParseError> {
     Ok(Op::Mlock(MlockCall::Munlockall))
 }
 
-/// The statement `setrlimit memlock SIZE|unlimited`.
+/// A resource limit a scenario may set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rlimit {
+    /// `RLIMIT_MEMLOCK`: how much a process may lock.
+    Memlock,
+    /// `RLIMIT_STACK`: how far a stack may grow down.
+    Stack,
+}
+
+/// The statement `setrlimit memlock|stack SIZE|unlimited`.
 fn parse_setrlimit(w: &mut Words) -> Result<Op, ParseError> {
-    let (col, r) = w.next("a resource (memlock)")?;
-    if r != "memlock" {
-        return Err(w.err(col, format!("unknown resource {r:?} (memlock)")));
-    }
+    let (col, r) = w.next("a resource (memlock, stack)")?;
+    let resource = match r {
+        "memlock" => Rlimit::Memlock,
+        "stack" => Rlimit::Stack,
+        _ => return Err(w.err(col, format!("unknown resource {r:?} (memlock, stack)"))),
+    };
     let bytes = if w.peek() == Some("unlimited") {
         w.next("unlimited")?;
         u64::MAX
     } else {
         w.number("a size or unlimited")?
     };
-    Ok(Op::SetrlimitMemlock { bytes })
+    Ok(Op::Setrlimit { resource, bytes })
 }
 
 /// The statement `capdrop ipc_lock`.

@@ -289,6 +289,12 @@ impl Drop for Inode {
     /// folio lock, which the removal takes first).
     fn drop(&mut self) {
         let mem = self.mem.clone();
+        // truncate_inode_pages_range's folio_batch_release drains the LRU
+        // batches of the CPU that evicts (the one whose last fput this
+        // is), once it has found a folio.
+        if self.i_mapping.nrpages() > 0 {
+            mem.lru_add_drain_here();
+        }
         // Freed from no CPU: straight to the buddy lists.
         self.i_mapping.remove_all(&mem, mem.vmstat.no_cpu(), |_| ());
         if let Some((pages, release)) = self.acct.get_mut().take() {

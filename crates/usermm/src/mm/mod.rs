@@ -42,6 +42,9 @@ pub const TASK_SIZE: u64 = (1 << 47) - PAGE_SIZE;
 /// The default `RLIMIT_MEMLOCK` (`MLOCK_LIMIT`, 8 MiB since 5.16). A
 /// task starts with `CAP_IPC_LOCK`, as a root one does, which lifts it.
 pub const DEFAULT_MEMLOCK_LIMIT: u64 = 8 << 20;
+/// `RLIMIT_STACK` of a task that never set it (`_STK_LIM`, 8 MiB): how far
+/// a `VM_GROWSDOWN` VMA may grow (`acct_stack_growth`).
+pub const DEFAULT_STACK_LIMIT: u64 = 8 << 20;
 /// `vm.mmap_min_addr`'s usual value.
 pub const MMAP_MIN_ADDR: u64 = 65536;
 /// Where top-down placement starts: below the stack and its guard gap (the
@@ -187,6 +190,8 @@ pub struct Mm {
     pub def_flags: AtomicU64,
     /// The task's `RLIMIT_MEMLOCK`, in bytes (`u64::MAX`: unlimited).
     memlock_limit: AtomicU64,
+    /// The task's `RLIMIT_STACK`, in bytes (`u64::MAX`: unlimited).
+    stack_limit: AtomicU64,
     /// Whether the task has `CAP_IPC_LOCK`, which lifts that limit.
     cap_ipc_lock: crate::sync::AtomicBool,
     /// Set by exit_mmap; no new faults.
@@ -275,6 +280,7 @@ impl Mm {
             locked_vm: AtomicU64::new(0),
             def_flags: AtomicU64::new(0),
             memlock_limit: AtomicU64::new(DEFAULT_MEMLOCK_LIMIT),
+            stack_limit: AtomicU64::new(DEFAULT_STACK_LIMIT),
             cap_ipc_lock: crate::sync::AtomicBool::new(true),
             dead: crate::sync::AtomicBool::new(false),
         }))
@@ -293,6 +299,16 @@ impl Mm {
     /// `setrlimit(RLIMIT_MEMLOCK)`.
     pub fn set_memlock_limit(&self, bytes: u64) {
         self.memlock_limit.store(bytes, Ordering::Relaxed);
+    }
+
+    /// `rlimit(RLIMIT_STACK)`, in bytes.
+    pub fn stack_limit(&self) -> u64 {
+        self.stack_limit.load(Ordering::Relaxed)
+    }
+
+    /// `setrlimit(RLIMIT_STACK)`.
+    pub fn set_stack_limit(&self, bytes: u64) {
+        self.stack_limit.store(bytes, Ordering::Relaxed);
     }
 
     /// Give the task `CAP_IPC_LOCK`, or drop it.

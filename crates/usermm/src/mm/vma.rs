@@ -69,6 +69,10 @@ pub const VM_MAYWRITE: VmFlags = 0x20;
 pub const VM_MAYEXEC: VmFlags = 0x40;
 pub const VM_MAYSHARE: VmFlags = 0x80;
 pub const VM_GROWSDOWN: VmFlags = 0x100;
+/// `stack_guard_gap`: the room kept free below a `VM_GROWSDOWN` VMA, into
+/// which no other mapping is placed and past which it does not grow (256
+/// pages, the kernel's default).
+pub const STACK_GUARD_GAP: u64 = 256 << PAGE_SHIFT;
 pub const VM_LOCKED: VmFlags = 0x2000;
 /// Lock pages as they are faulted in (`mlock2(MLOCK_ONFAULT)`), not at once.
 pub const VM_LOCKONFAULT: VmFlags = 0x80000;
@@ -199,6 +203,16 @@ impl Vma {
     #[inline]
     pub fn pgoff(&self) -> u64 {
         self.vm_pgoff
+    }
+    /// `vm_start_gap`: where the room this VMA keeps below it starts (its
+    /// start, less the guard gap for a stack that grows down; 0 where that
+    /// would wrap).
+    pub fn start_gap(&self) -> u64 {
+        if self.flags() & VM_GROWSDOWN != 0 {
+            self.vm_start.saturating_sub(STACK_GUARD_GAP)
+        } else {
+            self.vm_start
+        }
     }
     /// `vma_last_pgoff`: the page offset of the VMA's last page.
     #[inline]
@@ -629,8 +643,17 @@ impl VmaTree {
     /// `unmapped_area_topdown`: the highest `len` bytes in a gap between
     /// VMAs, inside `[low, high)`. O(log n): subtrees whose largest gap is
     /// too small are skipped, as the maple tree's gap search does.
-    pub fn unmapped_area_topdown(&self, len: u64, low: u64, high: u64) -> Option<u64> {
-        gap_topdown(self.tree.root(), 0, u64::MAX, &GapWanted { len, low, high })
+    /// The room a stack keeps below it counts as taken: where the highest
+    /// gap ends in it, the search is made again below it, as the kernel's
+    /// does (`vm_start_gap` of the VMA above the gap).
+    pub fn unmapped_area_topdown(&self, len: u64, low: u64, mut high: u64) -> Option<u64> {
+        loop {
+            let a = gap_topdown(self.tree.root(), 0, u64::MAX, &GapWanted { len, low, high })?;
+            match self.next_vma(a + len) {
+                Some(next) if next.start_gap() < a + len => high = next.start_gap(),
+                _ => return Some(a),
+            }
+        }
     }
 
     /// The tree's invariants: VMAs non-empty, sorted, disjoint, attached,

@@ -318,6 +318,18 @@ impl PhysMem {
         self.rcu_pending.load(crate::sync::Ordering::Acquire)
     }
 
+    /// `__folio_batch_release`'s drain: the calling thread's CPU drains its
+    /// LRU and mlock batches (nothing on a thread that plays no CPU).
+    pub fn lru_add_drain_here(&self) {
+        let cpu = crate::sync::this_cpu(self.machine_id());
+        if cpu == crate::sync::NO_CPU {
+            return;
+        }
+        if let Some(r) = self.reclaimer.get().and_then(|w| w.upgrade()) {
+            r.lru_add_drain(cpu);
+        }
+    }
+
     /// Register reclaim (once, by the machine).
     pub fn set_reclaimer(&self, r: std::sync::Weak<dyn page_alloc::Reclaimer>) {
         let _ = self.reclaimer.set(r);

@@ -438,6 +438,10 @@ pub trait Reclaimer: Send + Sync {
     /// LUF: flush the TLBs of `cpumask` in full, from the calling thread,
     /// CPU `cpu` (a block about to be handed out needs it).
     fn luf_flush(&self, cpu: usize, cpumask: u64);
+    /// `lru_add_drain` of CPU `cpu`'s folio batches, from the thread that
+    /// plays it (where code below the LRU releases a batch of folios:
+    /// `__folio_batch_release`).
+    fn lru_add_drain(&self, _cpu: usize) {}
 }
 
 std::thread_local! {
