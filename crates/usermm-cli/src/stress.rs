@@ -1,7 +1,9 @@
 //! `usermm stress`: a long randomized run with every oracle on.
 //!
 //! CPU 0 is the operator: it runs random mmap (MAP_FIXED, some with
-//! MAP_NORESERVE or MAP_POPULATE), munmap, mprotect, madvise, fork, exit,
+//! MAP_NORESERVE, MAP_POPULATE, MAP_GROWSDOWN or MAP_STACK), munmap,
+//! mprotect, madvise, the mlock family, mremap (moves within the window,
+//! some leaving the old range empty, and shrinks), fork, exit,
 //! context switches between the processes, `move_pages` and `mbind`
 //! between the nodes, THP knob, NUMA-balancing, tunable and overcommit
 //! changes, and loads and stores of its own; and, in a window of their
@@ -737,6 +739,13 @@ impl Operator<'_, '_> {
                 if self.rng.gen_bool(0.1) {
                     flags |= MAP_POPULATE;
                 }
+                // Stacks: one that grows down when an access falls below
+                // it, one that gets no THPs.
+                if self.rng.gen_bool(0.05) {
+                    flags |= MAP_GROWSDOWN;
+                } else if self.rng.gen_bool(0.05) {
+                    flags |= MAP_STACK;
+                }
                 self.set_last_op(format!(
                     "mm {mm}: mmap {start:#x} {len:#x} prot {prot} flags {flags:#x}"
                 ));
@@ -852,7 +861,49 @@ impl Operator<'_, '_> {
                 self.note(r);
                 "mbind"
             }
-            47..=79 => {
+            78..=79 => {
+                use usermm::mremap::{MREMAP_DONTUNMAP, MREMAP_FIXED, MREMAP_MAYMOVE};
+                let (start, len) = self.range();
+                // A move is shadowed exactly only from within one VMA (a
+                // move of several leaves the destination between them as
+                // it was); there is no hole in it for a stack to grow into
+                // meanwhile.
+                let in_one_vma = {
+                    let guard = usermm::sync::epoch::pin();
+                    self.cur
+                        .vma_tree(&guard)
+                        .vma_lookup(start)
+                        .is_some_and(|v| v.end() >= start + len)
+                };
+                let r = if !in_one_vma || self.rng.gen_bool(0.25) {
+                    // Shrunk in place: the tail goes.
+                    let new_len = (len / 2).max(PAGE) & !(PAGE - 1);
+                    self.set_last_op(format!("mm {mm}: mremap {start:#x} {len:#x} {new_len:#x}"));
+                    shadow.zap_if_ok(c, mm, start + new_len, start + len, || {
+                        c.mremap(start, len, new_len, 0, 0).map(|_| ())
+                    })
+                } else {
+                    // Moved within the window, the old range unmapped or
+                    // left empty; a target overlapping it is EINVAL.
+                    let target =
+                        WINDOW + self.rng.gen_range(0..(WINDOW_LEN - len) / PAGE + 1) * PAGE;
+                    let mut flags = MREMAP_MAYMOVE | MREMAP_FIXED;
+                    if self.rng.gen_bool(0.25) {
+                        flags |= MREMAP_DONTUNMAP;
+                    }
+                    self.set_last_op(format!(
+                        "mm {mm}: mremap {start:#x} {len:#x} to {target:#x} flags {flags}"
+                    ));
+                    shadow
+                        .remap(c, mm, start, target, len, || {
+                            c.mremap(start, len, len, flags, target)
+                        })
+                        .map(|_| ())
+                };
+                self.note(r);
+                "mremap"
+            }
+            47..=77 => {
                 self.set_last_op(format!("mm {mm}: loads and stores"));
                 for _ in 0..32 {
                     let addr = WINDOW

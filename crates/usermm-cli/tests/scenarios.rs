@@ -266,7 +266,7 @@ fn slot(i: u64) -> u64 {
 /// A random scenario: a THP size, up to three regions at fixed addresses
 /// (now and then populated, without reserve, locked, or stacks that grow
 /// down), then operations on page-aligned (now and then unaligned) parts
-/// of them and accesses below them, forks, switches
+/// of them, mremaps, accesses below them, forks, switches
 /// and exits, THP knob changes, and marks with every figure but VmRSS and
 /// the PMD-sized THP counters of /proc/vmstat compared. Every statement's outcome is comparable: the expectations
 /// are arbitrary (they may fail on both sides alike); what must agree is
@@ -342,7 +342,7 @@ fn random_scenario(seed: u64) -> String {
         }
         let at = format!("R{i}+{off:#x}");
         let bytes = format!("{}K", n << 2);
-        s += &match r.below(22) {
+        s += &match r.below(23) {
             0..=3 => format!("fill {at} {bytes} {}\n", 1 + r.below(9)),
             4 => format!("check {at} {bytes} {}\n", 1 + r.below(9)),
             5 => format!("check {at} {bytes} zero\n"),
@@ -402,6 +402,20 @@ fn random_scenario(seed: u64) -> String {
             }
             18 if r.below(3) == 0 => format!("knob only {}\n", r.pick(&sizes)),
             18 => "mark m\n".to_string(),
+            // mremap: in place (shrinking, or growing where there is room),
+            // or moved to one of two areas of their own, whole PMDs apart
+            // or not, the old range unmapped or left empty.
+            22 => {
+                let new_len = lens[r.below(4) as usize] >> 10;
+                let target = slot(3 + r.below(2)) + [0, 0x1000, 0x20_0000][r.below(3) as usize];
+                match r.below(4) {
+                    0 | 1 => format!("mremap {at} {bytes} {new_len}K\n"),
+                    2 => format!("mremap {at} {bytes} {new_len}K maymove fixed={target:#x}\n"),
+                    _ => {
+                        format!("mremap {at} {bytes} {bytes} maymove dontunmap fixed={target:#x}\n")
+                    }
+                }
+            }
             // Below a region: a stack grows down there (as far as
             // RLIMIT_STACK lets it), anything else is a SIGSEGV.
             21 if r.below(2) == 0 => {

@@ -26,7 +26,7 @@
 //!    copy), [`filemap`] (the page cache: reads, readahead, fault-around,
 //!    writeback, truncation), [`shmem`] (tmpfs, shared anonymous memory,
 //!    memfds), [`huge_memory`], [`mmu_gather`], [`mmap`], [`fork`],
-//!    [`mprotect`], [`msync`], [`madvise`], [`mlock`], [`gup`] (populating
+//!    [`mprotect`], [`mremap`], [`msync`], [`madvise`], [`mlock`], [`gup`] (populating
 //!    a range), [`mincore`], [`swap`] (the LRU batches, lazyfree, isolation), [`migrate`] (page migration, `move_pages`) with
 //!    [`rmap_walk`] and [`tlbbatch`] (the batched unmap flush),
 //!    [`mempolicy`] (`mbind`, `set_mempolicy`), [`numa_balancing`],
@@ -76,6 +76,7 @@ pub mod mlock;
 pub mod mmap;
 pub mod mmu_gather;
 pub mod mprotect;
+pub mod mremap;
 pub mod msync;
 pub mod numa_balancing;
 pub mod proc;

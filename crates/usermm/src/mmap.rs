@@ -78,7 +78,7 @@ fn hint_is_free(tree: &VmaTree, a: u64, len: u64) -> bool {
 }
 
 /// `get_unmapped_area` for an anonymous private mapping.
-fn get_unmapped_area(tree: &VmaTree, addr: u64, len: u64, flags: u32) -> KResult<u64> {
+pub(crate) fn get_unmapped_area(tree: &VmaTree, addr: u64, len: u64, flags: u32) -> KResult<u64> {
     if len > TASK_SIZE {
         return Err(Errno::ENOMEM);
     }
@@ -117,17 +117,20 @@ fn get_unmapped_area(tree: &VmaTree, addr: u64, len: u64, flags: u32) -> KResult
 /// bounds, page offset, flags, policy and anon_vma. `middle` is the VMA the
 /// range is carved from (a change of flags or policy), or None (a new
 /// mapping).
-struct VmaMergeStruct<'a> {
-    prev: Option<&'a Arc<Vma>>,
-    middle: Option<&'a Arc<Vma>>,
-    next: Option<&'a Arc<Vma>>,
-    start: u64,
-    end: u64,
-    pgoff: u64,
-    flags: VmFlags,
-    policy: Option<&'a Arc<crate::mempolicy::Mempolicy>>,
-    anon_vma: Option<&'a Arc<AnonVma>>,
-    file: Option<&'a Arc<crate::fs::File>>,
+pub(crate) struct VmaMergeStruct<'a> {
+    pub(crate) prev: Option<&'a Arc<Vma>>,
+    pub(crate) middle: Option<&'a Arc<Vma>>,
+    pub(crate) next: Option<&'a Arc<Vma>>,
+    pub(crate) start: u64,
+    pub(crate) end: u64,
+    pub(crate) pgoff: u64,
+    pub(crate) flags: VmFlags,
+    pub(crate) policy: Option<&'a Arc<crate::mempolicy::Mempolicy>>,
+    pub(crate) anon_vma: Option<&'a Arc<AnonVma>>,
+    /// The VMA a range is a copy of (`copy_vma`, for mremap): its anon_vma
+    /// goes to the VMA that takes the range in.
+    pub(crate) copied_from: Option<&'a Arc<Vma>>,
+    pub(crate) file: Option<&'a Arc<crate::fs::File>>,
 }
 
 impl VmaMergeStruct<'_> {
@@ -157,7 +160,9 @@ fn is_mergeable_vma(vmg: &VmaMergeStruct<'_>, tgt: &Vma) -> bool {
 /// other's, `dup_anon_vma`), or both have the same one.
 fn is_mergeable_anon_vma(vmg: &VmaMergeStruct<'_>, tgt: &Arc<Vma>) -> bool {
     match (tgt.anon_vma(), vmg.anon_vma) {
-        (None, Some(_)) => !vma_had_uncowed_parents(vmg.middle),
+        (None, Some(_)) => {
+            !vma_had_uncowed_parents(vmg.middle) && !vma_had_uncowed_parents(vmg.copied_from)
+        }
         (Some(_), None) => !vma_had_uncowed_parents(Some(tgt)),
         (t, s) => t.map(Arc::as_ptr) == s.map(Arc::as_ptr),
     }
@@ -267,7 +272,10 @@ fn commit_merge(
 /// it, before any VMA is made for it. Left first: when both could take it
 /// but their anon_vmas differ, only `prev` does. Returns the merged VMA,
 /// now in the tree, or None: the caller inserts a VMA of its own.
-fn vma_merge_new_range(tree: &mut VmaTree, vmg: &VmaMergeStruct<'_>) -> Option<Arc<Vma>> {
+pub(crate) fn vma_merge_new_range(
+    tree: &mut VmaTree,
+    vmg: &VmaMergeStruct<'_>,
+) -> Option<Arc<Vma>> {
     debug_assert!(vmg.middle.is_none());
     let merge_left = can_vma_merge_left(vmg);
     let merge_right = can_vma_merge_right(vmg, merge_left);
@@ -281,10 +289,24 @@ fn vma_merge_new_range(tree: &mut VmaTree, vmg: &VmaMergeStruct<'_>) -> Option<A
         (Some(p), next) => {
             let end = next.map_or(vmg.end, |n| n.end());
             let gone: Vec<_> = next.into_iter().collect();
-            Some(commit_merge(tree, p, p.start()..end, &gone, &[next], None))
+            Some(commit_merge(
+                tree,
+                p,
+                p.start()..end,
+                &gone,
+                &[next, vmg.copied_from],
+                None,
+            ))
         }
         // next grows down over the new range.
-        (None, Some(n)) => Some(commit_merge(tree, n, vmg.start..n.end(), &[], &[], None)),
+        (None, Some(n)) => Some(commit_merge(
+            tree,
+            n,
+            vmg.start..n.end(),
+            &[],
+            &[vmg.copied_from],
+            None,
+        )),
     }
 }
 
@@ -355,6 +377,114 @@ fn vma_merge_existing_range(
         }
         (None, None) => unreachable!(),
     }
+}
+
+/// `copy_vma`: a VMA over `[addr, addr + len)` with `vma`'s flags, file,
+/// policy and anon_vma and the page offset `pgoff`, for mremap to move
+/// `vma`'s pages into: a neighbour there grows over the range where it
+/// can (`vma_merge_copied_range`), otherwise a new VMA is inserted. An
+/// anonymous VMA never faulted takes the offset of its new address, which
+/// may let it merge with `vma` itself (which then leaves the tree). Returns
+/// the VMA that covers the range and the VMA that now covers `vma`'s old
+/// start (`vma`, or the merged one); None if the range is not free.
+pub(crate) fn copy_vma(
+    tree: &mut VmaTree,
+    vma: &Arc<Vma>,
+    addr: u64,
+    len: u64,
+    pgoff: u64,
+) -> Option<(Arc<Vma>, Arc<Vma>)> {
+    let pgoff = if vma.is_anonymous() && vma.anon_vma().is_none() {
+        addr >> PAGE_SHIFT
+    } else {
+        pgoff
+    };
+    let (found, prev) = tree.find_vma_prev(addr);
+    if found.is_some_and(|v| v.start() < addr + len) {
+        return None;
+    }
+    let (next, prev) = (found.cloned(), prev.cloned());
+    let vmg = VmaMergeStruct {
+        prev: prev.as_ref(),
+        middle: None,
+        next: next.as_ref(),
+        start: addr,
+        end: addr + len,
+        pgoff,
+        flags: vma.flags(),
+        policy: vma.policy(),
+        anon_vma: vma.anon_vma(),
+        copied_from: Some(vma),
+        file: vma.file(),
+    };
+    if let Some(merged) = vma_merge_new_range(tree, &vmg) {
+        let source = if (merged.start()..merged.end()).contains(&vma.start()) {
+            debug_assert!(
+                vma.anon_vma().is_none(),
+                "a faulted VMA merged with its copy"
+            );
+            merged.clone()
+        } else {
+            vma.clone()
+        };
+        return Some((merged, source));
+    }
+    let new = Arc::new(
+        Vma::new(vma.mm_id, addr, addr + len, vma.flags(), pgoff)
+            .with_policy(vma.policy().cloned())
+            .with_file(vma.file().cloned()),
+    );
+    crate::rmap::anon_vma_clone(&new, vma);
+    crate::fs::vma_link_file(&new);
+    tree.insert(new.clone());
+    Some((new, vma.clone()))
+}
+
+/// `vma_merge_extend`: `vma` grows by `delta` at its end, over free
+/// space, merging with the next VMA where that becomes adjacent and
+/// compatible. Returns the grown VMA.
+pub(crate) fn vma_merge_extend(tree: &mut VmaTree, vma: &Arc<Vma>, delta: u64) -> Arc<Vma> {
+    let next = tree.next_vma(vma.end()).cloned();
+    let vmg = VmaMergeStruct {
+        prev: Some(vma),
+        middle: None,
+        next: next.as_ref(),
+        start: vma.end(),
+        end: vma.end() + delta,
+        pgoff: vma.pgoff() + vma.pages(),
+        flags: vma.flags(),
+        policy: vma.policy(),
+        anon_vma: vma.anon_vma(),
+        copied_from: None,
+        file: vma.file(),
+    };
+    vma_merge_new_range(tree, &vmg).expect("a VMA merges with its own extension")
+}
+
+/// A VMA's flags change in place (`vm_flags_clear`, where the kernel
+/// neither splits nor merges): the tree gets a copy with `flags`. With
+/// `unlink_anon`, the copy has no anon_vma (`unlink_anon_vmas` of a VMA
+/// whose pages have all moved away).
+pub(crate) fn vma_set_flags(
+    tree: &mut VmaTree,
+    vma: &Arc<Vma>,
+    flags: VmFlags,
+    unlink_anon: bool,
+) -> Arc<Vma> {
+    let new = if unlink_anon {
+        let v = Arc::new(
+            Vma::new(vma.mm_id, vma.start(), vma.end(), flags, vma.pgoff())
+                .with_policy(vma.policy().cloned())
+                .with_file(vma.file().cloned()),
+        );
+        crate::fs::vma_link_file(&v);
+        v
+    } else {
+        vma_dup(vma, vma.start(), vma.end(), flags)
+    };
+    tree.replace(std::slice::from_ref(vma), vec![new.clone()]);
+    vma_retire(vma);
+    new
 }
 
 /// `split_vma`: [`__split_vma`], refused (ENOMEM, changing nothing) when
@@ -539,6 +669,7 @@ fn vma_modify(
         flags,
         policy: pol.as_ref(),
         anon_vma: vma.anon_vma(),
+        copied_from: None,
         file: vma.file(),
     };
     if let Some(merged) = vma_merge_existing_range(oncpu, mm, tree, &vmg) {
@@ -728,6 +859,7 @@ pub fn do_mmap(
         flags: vm_flags,
         policy: None,
         anon_vma: None,
+        copied_from: None,
         file,
     };
     if vma_merge_new_range(&mut tree, &vmg).is_none() {
@@ -812,7 +944,7 @@ fn mmap_file_flags(
 /// length plus a PMD and moving up into that room
 /// (`__thp_get_unmapped_area`); otherwise, or where no such room is, as
 /// any mapping.
-fn thp_get_unmapped_area(
+pub(crate) fn thp_get_unmapped_area(
     tree: &VmaTree,
     addr: u64,
     len: u64,
@@ -843,7 +975,12 @@ fn thp_get_unmapped_area(
 }
 
 /// `mm_get_unmapped_area` without the anonymous THP alignment.
-fn get_unmapped_area_plain(tree: &VmaTree, addr: u64, len: u64, flags: u32) -> KResult<u64> {
+pub(crate) fn get_unmapped_area_plain(
+    tree: &VmaTree,
+    addr: u64,
+    len: u64,
+    flags: u32,
+) -> KResult<u64> {
     if len > TASK_SIZE {
         return Err(Errno::ENOMEM);
     }
@@ -888,7 +1025,7 @@ fn nr_accounted(tree: &VmaTree, start: u64, end: u64) -> u64 {
 /// zap and free their tables. Returns the pages of the detached
 /// `VM_ACCOUNT` VMAs, for the caller to uncharge or to hand on to the
 /// mapping that replaces them.
-fn do_vmi_munmap(
+pub(crate) fn do_vmi_munmap(
     oncpu: &OnCpu,
     mm: &Arc<Mm>,
     tree: &mut VmaTree,
@@ -961,6 +1098,24 @@ fn unmap_region(oncpu: &OnCpu, mm: &Arc<Mm>, vmas: &[Arc<Vma>], floor: u64, ceil
     memory::unmap_vmas(oncpu, &mut tlb, vmas, start, end);
     memory::free_pgtables(oncpu, &mut tlb, vmas, floor, ceiling);
     tlb.finish(oncpu);
+    fput_shared_anon(oncpu, vmas);
+}
+
+/// The `fput` of VMAs that have left for good, as far as it shows: the
+/// file of shared anonymous memory that no VMA maps any more is evicted
+/// on this CPU (the task's `fput` runs at its return to user), and the
+/// truncation of its pages drains this CPU's LRU batches
+/// (`folio_batch_release`), which hold the folios the unmap just
+/// munlocked or deactivated. (The model frees the inode itself later, when
+/// the last version of the tree that names the VMAs goes.)
+pub(crate) fn fput_shared_anon(oncpu: &OnCpu, vmas: &[Arc<Vma>]) {
+    let evicted = vmas.iter().filter_map(|v| v.file()).any(|f| {
+        let mapping = f.mapping();
+        f.shared_anon && !mapping.mapped() && mapping.nrpages() > 0
+    });
+    if evicted {
+        crate::swap::lru_add_drain(oncpu.mem(), oncpu.id());
+    }
 }
 
 /// `expand_downwards`: the stack `vma` grows down to take in `addr`, which
@@ -1066,6 +1221,7 @@ pub fn exit_mmap(oncpu: &OnCpu, mm: &Arc<Mm>) {
         memory::unmap_vmas(oncpu, &mut tlb, &vmas, 0, u64::MAX);
         memory::free_pgtables(oncpu, &mut tlb, &vmas, 0, 0);
         tlb.finish(oncpu);
+        fput_shared_anon(oncpu, &vmas);
     }
     // free_pgtables unlinked their anon_vmas.
     for v in &vmas {

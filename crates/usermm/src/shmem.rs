@@ -80,13 +80,7 @@ pub fn shmem_zero_setup(
             }),
         );
     }
-    File::open(
-        &inode,
-        FMode {
-            read: true,
-            write: true,
-        },
-    )
+    Ok(File::open_shared_anon(&inode))
 }
 
 /// `memfd_create(2)`: a new, empty shmem file, open for reading and

@@ -39,6 +39,19 @@ impl OnCpu<'_> {
         crate::mprotect::do_mprotect(self, &self.mm()?, addr, len, prot)
     }
 
+    /// `mremap(2)`: returns the mapping's address.
+    pub fn mremap(
+        &self,
+        addr: u64,
+        old_len: u64,
+        new_len: u64,
+        flags: u32,
+        new_addr: u64,
+    ) -> KResult<u64> {
+        self.kernel_enter();
+        crate::mremap::do_mremap(self, &self.mm()?, addr, old_len, new_len, flags, new_addr)
+    }
+
     /// `memfd_create(2)`: a new, empty shmem file.
     pub fn memfd_create(&self) -> KResult<crate::sync::Arc<crate::fs::File>> {
         self.kernel_enter();

@@ -192,6 +192,16 @@ impl Backend for EngineBackend {
     fn munmap(&mut self, addr: u64, len: u64) -> Result<(), Errno> {
         self.on(|c| c.munmap(addr, len))
     }
+    fn mremap(
+        &mut self,
+        addr: u64,
+        old_len: u64,
+        new_len: u64,
+        flags: u32,
+        new_addr: u64,
+    ) -> Result<u64, Errno> {
+        self.on(|c| c.mremap(addr, old_len, new_len, flags, new_addr))
+    }
     fn mprotect(&mut self, addr: u64, len: u64, prot: u32) -> Result<(), Errno> {
         self.on(|c| c.mprotect(addr, len, prot))
     }

@@ -559,6 +559,18 @@ impl Backend for HostBackend {
     fn munmap(&mut self, addr: u64, len: u64) -> Result<(), Errno> {
         self.call_errno(&format!("munmap {addr} {len}")).map(|_| ())
     }
+    fn mremap(
+        &mut self,
+        addr: u64,
+        old_len: u64,
+        new_len: u64,
+        flags: u32,
+        new_addr: u64,
+    ) -> Result<u64, Errno> {
+        self.call_errno(&format!(
+            "mremap {addr} {old_len} {new_len} {flags} {new_addr}"
+        ))
+    }
     fn mprotect(&mut self, addr: u64, len: u64, prot: u32) -> Result<(), Errno> {
         self.call_errno(&format!("mprotect {addr} {len} {prot}"))
             .map(|_| ())
@@ -1148,6 +1160,27 @@ fn serve(requests: File, mut w: File) -> ! {
                 // SAFETY: a system call on this process's own address space;
                 // the kernel checks the scenario's arguments.
                 rc(unsafe { libc::munmap(n(1) as *mut _, n(2) as usize) })
+            }
+            Some("mremap") => {
+                // SAFETY: as for munmap: the scenario's own mappings, or
+                // addresses the kernel checks.
+                let p = unsafe {
+                    libc::mremap(
+                        n(1) as *mut _,
+                        n(2) as usize,
+                        n(3) as usize,
+                        n(4) as i32,
+                        n(5) as usize,
+                    )
+                };
+                if p == libc::MAP_FAILED {
+                    format!(
+                        "err {}",
+                        std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+                    )
+                } else {
+                    format!("ok {}", p as u64)
+                }
             }
             Some("mprotect") => {
                 // SAFETY: as for munmap.

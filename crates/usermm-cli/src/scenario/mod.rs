@@ -79,6 +79,15 @@ pub trait Backend {
     fn msync(&mut self, addr: u64, len: u64, flags: u32) -> Result<(), Errno>;
     fn munmap(&mut self, addr: u64, len: u64) -> Result<(), Errno>;
     fn mprotect(&mut self, addr: u64, len: u64, prot: u32) -> Result<(), Errno>;
+    /// `mremap(2)`: the mapping's address.
+    fn mremap(
+        &mut self,
+        addr: u64,
+        old_len: u64,
+        new_len: u64,
+        flags: u32,
+        new_addr: u64,
+    ) -> Result<u64, Errno>;
     fn madvise(&mut self, addr: u64, len: u64, advice: i32) -> Result<(), Errno>;
     /// `mincore(2)`: one byte per page.
     fn mincore(&mut self, addr: u64, len: u64) -> Result<Vec<u8>, Errno>;
@@ -395,6 +404,21 @@ impl Interp<'_> {
                 let (a, _) = self.addr(addr)?;
                 Ok(Self::done(self.b.mprotect(a, *len, *prot)))
             }
+            Op::Mremap {
+                addr,
+                old_len,
+                new_len,
+                flags,
+                new_addr,
+                name,
+            } => self.mremap(
+                addr,
+                *old_len,
+                *new_len,
+                *flags,
+                new_addr.as_ref(),
+                name.as_deref(),
+            ),
             Op::Madvise { addr, len, advice } => {
                 let (a, _) = self.addr(addr)?;
                 Ok(Self::done(self.b.madvise(a, *len, *advice)))
@@ -613,6 +637,52 @@ impl Interp<'_> {
             }
         });
         Ok(Res::Ok(cmp.or(Some("ok".into())), shown))
+    }
+
+    /// `mremap`: the outcome compared is where the mapping went, in the
+    /// terms both sides share (in place, at the address asked for, or
+    /// elsewhere), never the address the kernel chose.
+    fn mremap(
+        &mut self,
+        addr: &Addr,
+        old_len: u64,
+        new_len: u64,
+        flags: u32,
+        new_addr: Option<&Addr>,
+        name: Option<&str>,
+    ) -> Result<Res, String> {
+        let (a, start) = self.addr(addr)?;
+        let target = match new_addr {
+            Some(t) => self.addr(t)?.0,
+            None => 0,
+        };
+        let got = match self.b.mremap(a, old_len, new_len, flags, target) {
+            Ok(got) => got,
+            Err(e) => return Ok(Self::errno_res(e)),
+        };
+        // The result names a region: the one asked for, or the one whose
+        // start was remapped.
+        let renamed = match (name, addr) {
+            (Some(n), _) => Some(n.to_string()),
+            (None, Addr::Region { name, off: 0 }) if a == start => Some(name.clone()),
+            _ => None,
+        };
+        let len = (new_len + 4095) & !4095;
+        if let Some(n) = &renamed {
+            self.st().regions.insert(n.clone(), (got, len));
+        }
+        let cmp = if got == a {
+            "in place"
+        } else if new_addr.is_some() && got == target {
+            "at target"
+        } else {
+            "moved"
+        };
+        let shown = match &renamed {
+            Some(n) => format!("{n} at {got:#x}"),
+            None => format!("at {got:#x}"),
+        };
+        Ok(Res::Ok(Some(cmp.into()), shown))
     }
 
     /// `munmap ADDR [LEN]` (a region's whole length when omitted).
@@ -951,6 +1021,7 @@ mod tests {
             Just("map"),
             Just("munmap"),
             Just("mprotect"),
+            Just("mremap"),
             Just("madvise"),
             Just("fill"),
             Just("check"),

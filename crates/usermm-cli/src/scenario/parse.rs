@@ -160,6 +160,17 @@ pub enum Op {
         len: u64,
         prot: u32,
     },
+    /// `mremap ADDR OLD_LEN NEW_LEN [maymove] [fixed=ADDR] [dontunmap]
+    /// [hint=ADDR] [as=NAME]`: the region `NAME` (or the region `ADDR`
+    /// names, if it is a region's start) is the result.
+    Mremap {
+        addr: Addr,
+        old_len: u64,
+        new_len: u64,
+        flags: u32,
+        new_addr: Option<Addr>,
+        name: Option<String>,
+    },
     Madvise {
         addr: Addr,
         len: u64,
@@ -619,6 +630,7 @@ const STATEMENTS: &[(&str, ParseStatement)] = &[
     ("map", parse_map),
     ("munmap", parse_munmap),
     ("mprotect", parse_mprotect),
+    ("mremap", parse_mremap),
     ("madvise", parse_madvise),
     ("fill", parse_fill),
     ("check", parse_check),
@@ -822,6 +834,43 @@ fn parse_mprotect(w: &mut Words) -> Result<Op, ParseError> {
         addr: w.addr()?,
         len: w.number("a length")?,
         prot: w.prot()?,
+    })
+}
+
+/// The statement `mremap`.
+fn parse_mremap(w: &mut Words) -> Result<Op, ParseError> {
+    use usermm::mremap::{MREMAP_DONTUNMAP, MREMAP_FIXED, MREMAP_MAYMOVE};
+    let addr = w.addr()?;
+    let old_len = w.number("the old length")?;
+    let new_len = w.number("the new length")?;
+    let (mut flags, mut new_addr, mut name) = (0, None, None);
+    while w.peek().is_some() {
+        let (col, word) = w.next("an option")?;
+        if word == "maymove" {
+            flags |= MREMAP_MAYMOVE;
+        } else if word == "dontunmap" {
+            flags |= MREMAP_DONTUNMAP;
+        } else if let Some(v) = word.strip_prefix("fixed=") {
+            flags |= MREMAP_FIXED;
+            new_addr = Some(parse_addr(v).ok_or_else(|| w.err(col, format!("bad address {v:?}")))?);
+        } else if let Some(v) = word.strip_prefix("hint=") {
+            new_addr = Some(parse_addr(v).ok_or_else(|| w.err(col, format!("bad address {v:?}")))?);
+        } else if let Some(v) = word.strip_prefix("as=") {
+            name = Some(v.to_string());
+        } else {
+            return Err(w.err(
+                col,
+                format!("unknown option {word:?} (maymove, dontunmap, fixed=, hint=, as=)"),
+            ));
+        }
+    }
+    Ok(Op::Mremap {
+        addr,
+        old_len,
+        new_len,
+        flags,
+        new_addr,
+        name,
     })
 }
 

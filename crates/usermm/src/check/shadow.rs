@@ -59,6 +59,10 @@ pub enum Origin {
     Fork {
         parent_mm: u64,
     },
+    /// Moved from another range of the space by mremap.
+    Remap {
+        cpu: usize,
+    },
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -119,6 +123,8 @@ struct Inner {
     spaces: HashMap<u64, BTreeMap<u64, Vec<ShadowEvent>>>,
     /// Zaps in progress: (mm, start, end, t0, cpu).
     zaps: Vec<(u64, u64, u64, u64, usize)>,
+    /// Moves in progress: (mm, old, new, len).
+    remaps: Vec<(u64, u64, u64, u64)>,
     violations: Vec<Violation>,
     loads_checked: u64,
 }
@@ -199,6 +205,23 @@ impl Shadow {
                 value: v,
                 origin: Origin::Store { cpu: c.id() },
             });
+            // A store into a range being moved may land before its page
+            // moves, and show at the new address at once: there it stays in
+            // flight for good (it may as well have missed the move).
+            let moving: Vec<u64> = g
+                .remaps
+                .iter()
+                .filter(|r| r.0 == mm && r.1 <= addr && addr < r.1 + r.3)
+                .map(|r| r.2 + (addr - r.1))
+                .collect();
+            for to in moving {
+                g.word(mm, to).push(ShadowEvent {
+                    t0,
+                    t1: IN_FLIGHT,
+                    value: v,
+                    origin: Origin::Remap { cpu: c.id() },
+                });
+            }
             t0
         };
         let r = c.store_u64(addr, v);
@@ -370,6 +393,91 @@ impl Shadow {
             .unwrap_or_default();
         g.spaces.insert(child, copy);
         Ok(t)
+    }
+
+    /// Run `op`, an mremap of `mm` that moves what `[old, old + len)` holds
+    /// to `[new, new + len)` (what was there goes) and leaves the old range
+    /// reading as zero or unmapped. The old range must lie in one VMA: a
+    /// move of several VMAs leaves the destination's part between them as
+    /// it was, which this does not know. While it runs, a word of the new
+    /// range may read as what it held, as zero, or as any value its old
+    /// word's history holds as the move begins; once it returns, as one of
+    /// the latter. A store to the old range while the move runs may land
+    /// before its page moves and show at the new address at once, or miss
+    /// the move: in the new range it stays in flight for good
+    /// ([`Shadow::store_u64`] puts it there). If `op` fails, its events stay
+    /// in flight, either outcome allowed.
+    pub fn remap(
+        &self,
+        c: &OnCpu,
+        mm: u64,
+        old: u64,
+        new: u64,
+        len: u64,
+        op: impl FnOnce() -> KResult<u64>,
+    ) -> KResult<u64> {
+        let cpu = c.id();
+        let ours = |e: &ShadowEvent, t0| {
+            e.t0 == t0 && matches!(e.origin, Origin::Zap { .. } | Origin::Remap { .. })
+        };
+        let t0 = {
+            let mut g = self.inner.lock();
+            let t0 = g.tick();
+            // Words first met while the move runs start with a zero in
+            // flight (`Inner::word`).
+            g.zaps.push((mm, old, old + len, t0, cpu));
+            g.zaps.push((mm, new, new + len, t0, cpu));
+            g.remaps.push((mm, old, new, len));
+            let space = g.spaces.entry(mm).or_default();
+            let mut moved: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+            for (&a, h) in space.range_mut(old..old + len) {
+                let mut values: Vec<u64> = h.iter().map(|e| e.value).collect();
+                values.sort_unstable();
+                values.dedup();
+                moved.insert(a - old, values);
+                h.push(ShadowEvent {
+                    t0,
+                    t1: IN_FLIGHT,
+                    value: 0,
+                    origin: Origin::Zap { cpu },
+                });
+            }
+            let targets: Vec<u64> = space.range(new..new + len).map(|(&a, _)| a - new).collect();
+            for off in targets.into_iter().chain(moved.keys().copied()) {
+                let values = moved.get(&off).cloned().unwrap_or_else(|| vec![0]);
+                let h = space.entry(new + off).or_insert_with(initial);
+                if h.iter().any(|e| e.t0 == t0) {
+                    continue;
+                }
+                for value in values {
+                    h.push(ShadowEvent {
+                        t0,
+                        t1: IN_FLIGHT,
+                        value,
+                        origin: Origin::Remap { cpu },
+                    });
+                }
+            }
+            t0
+        };
+        let r = op();
+        let mut g = self.inner.lock();
+        let t1 = g.tick();
+        g.zaps.retain(|z| z.3 != t0);
+        g.remaps.retain(|r| *r != (mm, old, new, len));
+        let min_ls = self.min_load_start(t1);
+        let space = g.spaces.entry(mm).or_default();
+        for start in [old, new] {
+            for h in space.range_mut(start..start + len).map(|(_, h)| h) {
+                if r.is_ok() {
+                    for e in h.iter_mut().filter(|e| ours(e, t0)) {
+                        e.t1 = t1;
+                    }
+                }
+                prune(h, min_ls);
+            }
+        }
+        r
     }
 
     /// Forget a space (its process exited).

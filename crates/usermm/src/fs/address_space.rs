@@ -36,6 +36,9 @@ use crate::phys::{Folio, PhysMem};
 use crate::sync::{Arc, AtomicU64, Mutex, Ordering, RwLock, Weak};
 use crate::vmstat::NodeStat;
 
+/// The `i_mmap` rwsem of an address space, held for writing.
+pub type IMmapWriteGuard<'a> = crate::sync::RwLockWriteGuard<'a, BTreeMap<(u64, usize), Weak<Vma>>>;
+
 /// `struct address_space`.
 pub struct AddressSpace {
     /// `i_pages`: folios by the index of their first page.
@@ -263,6 +266,12 @@ impl AddressSpace {
     /// Every cached folio, in order (for the checker and statistics).
     pub fn folios(&self) -> Vec<(u64, Folio)> {
         self.i_pages.lock().iter().map(|(&i, &f)| (i, f)).collect()
+    }
+
+    /// `i_mmap_lock_write`: rmap walks of the file wait until the guard
+    /// goes (mremap moves entries under it).
+    pub fn i_mmap_lock_write(&self) -> IMmapWriteGuard<'_> {
+        self.i_mmap.write()
     }
 
     /// `vma_interval_tree_insert` (`vma_link_file`).

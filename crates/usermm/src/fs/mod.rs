@@ -34,7 +34,7 @@ use crate::errno::{Errno, KResult};
 use crate::phys::{Folio, PhysMem, PAGE_SHIFT, PAGE_SIZE};
 use crate::sync::{Arc, AtomicU64, Mutex, Ordering};
 
-pub use address_space::AddressSpace;
+pub use address_space::{AddressSpace, IMmapWriteGuard};
 
 /// The kind of filesystem a file lives on, which decides what its page
 /// cache may hold and how its shared mappings are written.
@@ -316,6 +316,10 @@ pub struct File {
     pub f_mode: FMode,
     /// `f_ra`: the readahead state of this open file.
     pub f_ra: Mutex<FileRaState>,
+    /// The file behind shared anonymous memory (`shmem_zero_setup`): no
+    /// descriptor holds it, so the last VMA that maps it going is its
+    /// last `fput`, which evicts its inode.
+    pub shared_anon: bool,
 }
 
 impl std::fmt::Debug for File {
@@ -334,7 +338,22 @@ impl File {
             inode: inode.clone(),
             f_mode,
             f_ra: Mutex::new(FileRaState::new()),
+            shared_anon: false,
         }))
+    }
+
+    /// The file of shared anonymous memory (`shmem_zero_setup`), open for
+    /// reading and writing.
+    pub fn open_shared_anon(inode: &Arc<Inode>) -> Arc<File> {
+        Arc::new(File {
+            inode: inode.clone(),
+            f_mode: FMode {
+                read: true,
+                write: true,
+            },
+            f_ra: Mutex::new(FileRaState::new()),
+            shared_anon: true,
+        })
     }
 
     #[inline]

@@ -705,24 +705,115 @@ impl PmdLocked<'_> {
     /// PMD table's descriptor (`pmd_huge_pte`), linked through the deposited
     /// tables' `private`.
     pub fn deposit(&mut self, table: Ptdesc) {
-        let head = &self.mem.page(self.slot.table).private;
-        self.mem
-            .page(table.0)
-            .private
-            .store(head.load(Ordering::Relaxed), Ordering::Relaxed);
-        head.store(table.0 + 1, Ordering::Relaxed);
+        deposit_table(self.mem, self.slot.table, table)
     }
 
     /// `pgtable_trans_huge_withdraw`.
     pub fn withdraw(&mut self) -> Ptdesc {
-        let head = &self.mem.page(self.slot.table).private;
-        let t = head.load(Ordering::Relaxed);
-        assert!(t != 0, "huge PMD without a deposited table");
-        let table = t - 1;
-        let next = self.mem.page(table).private.load(Ordering::Relaxed);
-        head.store(next, Ordering::Relaxed);
-        self.mem.page(table).private.store(0, Ordering::Relaxed);
-        Ptdesc(table)
+        withdraw_table(self.mem, self.slot.table)
+    }
+}
+
+/// [`PmdLocked::deposit`] on the PMD table `pmd_table`, its lock held.
+fn deposit_table(mem: &PhysMem, pmd_table: Pfn, table: Ptdesc) {
+    let head = &mem.page(pmd_table).private;
+    mem.page(table.0)
+        .private
+        .store(head.load(Ordering::Relaxed), Ordering::Relaxed);
+    head.store(table.0 + 1, Ordering::Relaxed);
+}
+
+/// [`PmdLocked::withdraw`] from the PMD table `pmd_table`, its lock held.
+fn withdraw_table(mem: &PhysMem, pmd_table: Pfn) -> Ptdesc {
+    let head = &mem.page(pmd_table).private;
+    let t = head.load(Ordering::Relaxed);
+    assert!(t != 0, "huge PMD without a deposited table");
+    let table = t - 1;
+    let next = mem.page(table).private.load(Ordering::Relaxed);
+    head.store(next, Ordering::Relaxed);
+    mem.page(table).private.store(0, Ordering::Relaxed);
+    Ptdesc(table)
+}
+
+/// Two PMD entries with their tables' split locks held, one lock where
+/// they share a table: what mremap moves a huge PMD or a whole PTE table
+/// between (`move_huge_pmd`, `move_normal_pmd`). Taken with mmap_lock
+/// held for writing: no other path holds two PMD locks, so the order of
+/// the two cannot deadlock.
+#[must_use = "the PMD locks are released as soon as the guard is dropped"]
+pub struct PmdPairLocked<'a> {
+    mem: &'a PhysMem,
+    old: PmdSlot,
+    new: PmdSlot,
+    _old_ptl: PtlGuard<'a>,
+    _new_ptl: Option<PtlGuard<'a>>,
+}
+
+impl PmdSlot {
+    /// Lock this entry's table and `new`'s (`pmd_lock`, then
+    /// `spin_lock_nested` of the other where it differs).
+    pub fn lock_pair(self, new: PmdSlot, mem: &PhysMem) -> PmdPairLocked<'_> {
+        let old_ptl = ptl_lock(mem, self.table);
+        let new_ptl = (new.table != self.table).then(|| ptl_lock(mem, new.table));
+        PmdPairLocked {
+            mem,
+            old: self,
+            new,
+            _old_ptl: old_ptl,
+            _new_ptl: new_ptl,
+        }
+    }
+}
+
+impl PmdPairLocked<'_> {
+    /// The entry moved from.
+    pub fn old_entry(&self) -> Pmd {
+        self.old.get(self.mem)
+    }
+
+    /// The entry moved to.
+    pub fn new_entry(&self) -> Pmd {
+        self.new.get(self.mem)
+    }
+
+    /// `pmdp_huge_get_and_clear` (or `pmd_clear` of a table) of the entry
+    /// moved from: one atomic exchange, keeping the MMU's A/D bits.
+    pub fn take_old(&mut self) -> Pmd {
+        Pmd(entry_get_and_clear(self.mem, self.old.table, self.old.idx))
+    }
+
+    /// `set_pmd_at` (or `pmd_populate`) of the entry moved to.
+    pub fn set_new(&mut self, pmd: Pmd) {
+        entry_set(self.mem, self.new.table, self.new.idx, pmd.0)
+    }
+
+    /// `move_normal_pmd` under the locks: the old entry's PTE table hangs
+    /// from the new entry instead, the old one cleared. Refused (false)
+    /// where the old entry holds no table (made huge by a collapse, or
+    /// emptied, meanwhile), the new one is not empty, or the table keeps a
+    /// `pte_ref` count (that design frees a table by its count alone; its
+    /// entries are moved one by one instead).
+    pub fn move_table(&mut self) -> bool {
+        let old = self.old_entry();
+        if !pmd_is_table(old) || !self.new_entry().none() {
+            return false;
+        }
+        if pte_ref_of(self.mem, old.table_pfn()).is_some() {
+            return false;
+        }
+        let pmd = self.take_old();
+        self.set_new(pmd);
+        true
+    }
+
+    /// The PTE table deposited under the old huge PMD goes with it where
+    /// the two entries are in different PMD tables (x86's
+    /// `pmd_move_must_withdraw`: the deposit lists are per table).
+    pub fn move_deposit(&mut self) {
+        if self.old.table != self.new.table {
+            let t = withdraw_table(self.mem, self.old.table);
+            deposit_table(self.mem, self.new.table, t);
+        }
     }
 }
 

@@ -19,8 +19,8 @@ pub mod walk;
 
 pub use entry::{Pgprot, Pmd, Pte};
 pub use generic::{
-    pmd_is_table, Pgd, PmdLocked, PmdSlot, Ptdesc, PteLocked, PteMapped, PteRead, PteRefHeld,
-    TrylockFail,
+    pmd_is_table, Pgd, PmdLocked, PmdPairLocked, PmdSlot, Ptdesc, PteLocked, PteMapped, PteRead,
+    PteRefHeld, TrylockFail,
 };
 
 use crate::phys::{pg, Pfn, PhysMem};
