@@ -102,10 +102,20 @@ pub(crate) fn get_unmapped_area(tree: &VmaTree, addr: u64, len: u64, flags: u32)
         }
     }
     // Since v6.7 (limited to PMD-multiple lengths in v6.12), anonymous
-    // mappings that can hold whole PMDs are placed PMD-aligned.
-    if len.is_multiple_of(PMD_SIZE) {
+    // mappings asked for with no hint that can hold whole PMDs are placed
+    // PMD-aligned: room for a PMD more is found, and the mapping put as
+    // high in it as alignment allows (`__thp_get_unmapped_area` with a
+    // page offset of 0, top-down: room that starts aligned gives its top
+    // PMD-worth, so that the mapping ends where the room does, as an
+    // unaligned search would have put it). A hint that was not free gets a
+    // plain search.
+    if addr == 0 && len.is_multiple_of(PMD_SIZE) {
         if let Some(a) = tree.unmapped_area_topdown(len + PMD_SIZE, MMAP_MIN_ADDR, MMAP_BASE) {
-            return Ok((a + PMD_SIZE - 1) & PMD_MASK);
+            return Ok(if a.is_multiple_of(PMD_SIZE) {
+                a + PMD_SIZE
+            } else {
+                (a + PMD_SIZE - 1) & PMD_MASK
+            });
         }
     }
     tree.unmapped_area_topdown(len, MMAP_MIN_ADDR, MMAP_BASE)
@@ -757,8 +767,14 @@ pub fn do_mmap(
     if tree.len() > MAX_MAP_COUNT {
         return Err(Errno::ENOMEM);
     }
+    // Shared memory, anonymous or a tmpfs file, is placed by shmem's own
+    // rule (`shmem_get_unmapped_area`), which aligns nothing while shmem
+    // THPs are off (the model has none); other files by the THP rule of
+    // ext4's.
     let addr = match file {
+        Some(f) if f.mapping().is_shmem() => get_unmapped_area_plain(&tree, addr, len, flags)?,
         Some(_) => thp_get_unmapped_area(&tree, addr, len, src.off, flags)?,
+        None if flags & MAP_SHARED != 0 => get_unmapped_area_plain(&tree, addr, len, flags)?,
         None => get_unmapped_area(&tree, addr, len, flags)?,
     };
     let (found, prev) = tree.find_vma_prev(addr);

@@ -345,9 +345,10 @@ fn vma_expandable(tree: &VmaTree, vma: &Vma, delta: u64) -> bool {
 
 /// `vrm_set_new_addr`: where the mapping goes, found as mmap finds room:
 /// at the address asked for (MREMAP_FIXED), or near the hint
-/// (MREMAP_DONTUNMAP), or anywhere; a file mapping, or an anonymous one
-/// whose length is whole PMDs, placed so that its offsets keep their
-/// alignment to PMDs (its page offset is its first address's).
+/// (MREMAP_DONTUNMAP), or anywhere; an anonymous one whose length is whole
+/// PMDs and that has no hint PMD-aligned (its page offset taken as 0, as
+/// `__get_unmapped_area` takes it), a file mapping so that its file
+/// offsets keep their alignment to PMDs.
 fn set_new_addr(tree: &VmaTree, vrm: &mut VmaRemap) -> KResult<()> {
     let vma = vrm.vma()?;
     let pgoff = vma.linear_page_index(vrm.addr);
@@ -366,12 +367,7 @@ fn set_new_addr(tree: &VmaTree, vrm: &mut VmaRemap) -> KResult<()> {
     let len = vrm.new_len;
     let off = pgoff << PAGE_SHIFT;
     vrm.new_addr = if vma.is_anonymous() {
-        // __get_unmapped_area: THP alignment only without a hint.
-        if hint == 0 && len.is_multiple_of(PMD_SIZE) && map_flags & MAP_FIXED == 0 {
-            thp_get_unmapped_area(tree, 0, len, off, map_flags)?
-        } else {
-            get_unmapped_area_plain(tree, hint, len, map_flags)?
-        }
+        get_unmapped_area(tree, hint, len, map_flags)?
     } else if vma.file().is_some_and(|f| f.mapping().is_shmem()) {
         // Shared memory: shmem's own placement, which aligns nothing
         // while shmem THPs are off.
