@@ -78,6 +78,7 @@ pub fn populate_vma_page_range(
     // Faults taken for this page: after one, the page is looked up again
     // (`goto retry`); a fault that leaves it unmapped twice is given up.
     let mut tries = 0;
+    let mut result = Ok(nr_pages);
     while addr < end {
         if follow_page(mm, addr, write).is_some() || tries > 2 {
             addr += PAGE_SIZE;
@@ -86,13 +87,17 @@ pub fn populate_vma_page_range(
         }
         tries += 1;
         match memory::handle_mm_fault(oncpu, mm, vma, addr, flags) {
-            VmFaultResult::Oom => return Err(Errno::ENOMEM),
-            VmFaultResult::Sigsegv | VmFaultResult::Sigbus => return Err(Errno::EFAULT),
-            _ => {}
+            VmFaultResult::Oom => result = Err(Errno::ENOMEM),
+            VmFaultResult::Sigsegv | VmFaultResult::Sigbus => result = Err(Errno::EFAULT),
+            _ => continue,
         }
+        break;
     }
+    // Drained whether the walk got through or not (the kernel drains
+    // after `__get_user_pages` returns, error or not): the folios it
+    // faulted in, and whatever the batches held, go to their lists.
     crate::swap::lru_add_drain(oncpu.mem(), oncpu.id());
-    Ok(nr_pages)
+    result
 }
 
 /// `faultin_page_range` (`MADV_POPULATE_READ` and `_WRITE`): fault in
