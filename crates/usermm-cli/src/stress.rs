@@ -76,6 +76,8 @@ const FILE_SIZE: u64 = 4 << 20;
 const PAGE: u64 = 4096;
 /// Children alive at once, besides the first process.
 const MAX_CHILDREN: usize = 3;
+/// An accessor with no access under way ([`Control::accessor_at`]).
+const IDLE: u64 = u64::MAX;
 /// Operations between invariant checks.
 const CHECK_EVERY: u64 = 256;
 /// How long a check waits for kswapd to finish its run.
@@ -93,6 +95,9 @@ struct Control {
     /// Bumped by each accessor (by CPU) every 1,024 accesses and while it
     /// is parked: the watchdog wants every thread alive, not only some.
     accessor_progress: Vec<AtomicU64>,
+    /// The address each accessor (by CPU) has a load or store of under
+    /// way, or `IDLE`: where a stalled run's threads were.
+    accessor_at: Vec<AtomicU64>,
     stores: AtomicU64,
     /// An accessor's unexpected error, which fails the run.
     failure: Mutex<Option<String>>,
@@ -138,6 +143,7 @@ pub fn run(a: StressArgs) -> anyhow::Result<i32> {
     let held0 = held_frames(&m);
     let ctl = Control {
         accessor_progress: (0..m.cpus.len()).map(|_| AtomicU64::new(0)).collect(),
+        accessor_at: (0..m.cpus.len()).map(|_| AtomicU64::new(IDLE)).collect(),
         ..Default::default()
     };
     let shadow = Shadow::new();
@@ -361,6 +367,7 @@ fn accessor(m: &Machine, id: usize, main: &Arc<Mm>, ctl: &Control, shadow: &Shad
             continue;
         }
         let addr = WINDOW + rng.gen_range(0..WINDOW_LEN / 65536) * 65536 + rng.gen_range(0..4) * 8;
+        ctl.accessor_at[id].store(addr, Ordering::Relaxed);
         let r = if rng.gen_bool(0.5) {
             seq += 1;
             ctl.stores.fetch_add(1, Ordering::Relaxed);
@@ -368,6 +375,7 @@ fn accessor(m: &Machine, id: usize, main: &Arc<Mm>, ctl: &Control, shadow: &Shad
         } else {
             shadow.load_u64(&c, addr).map(|_| ())
         };
+        ctl.accessor_at[id].store(IDLE, Ordering::Relaxed);
         match r {
             Ok(()) | Err(Errno::EFAULT) | Err(Errno::ENOMEM) => {}
             Err(e) => {
@@ -482,8 +490,19 @@ fn watchdog(ctl: &Control, done: &AtomicBool, stall: u64) {
                 } else {
                     format!("the accessor on CPU {who}")
                 };
+                let at: Vec<String> = ctl
+                    .accessor_at
+                    .iter()
+                    .enumerate()
+                    .skip(1)
+                    .map(|(cpu, a)| match a.load(Ordering::Relaxed) {
+                        IDLE => format!("CPU {cpu} between accesses"),
+                        a => format!("CPU {cpu} in an access at {a:#x}"),
+                    })
+                    .collect();
                 eprintln!(
-                    "stress: stalled: no progress by {thread} for {stall} s; the operator's last operation: {op}"
+                    "stress: stalled: no progress by {thread} for {stall} s; the operator's last operation: {op}; {}",
+                    at.join(", ")
                 );
                 std::process::exit(3);
             }
