@@ -50,6 +50,41 @@ fn follow_page(mm: &Mm, addr: u64, write: bool) -> Option<Pfn> {
     Some(pfn)
 }
 
+/// The loop of `__get_user_pages` over `[start, end)` of one VMA: each
+/// page looked up, faulted in where it is not mapped as asked, and looked
+/// up again (`goto retry`); a page a fault leaves unmapped twice more is
+/// passed over. The first fault that fails ends it: ENOMEM for OOM,
+/// EFAULT for a signal.
+fn get_user_pages_vma(
+    oncpu: &OnCpu,
+    mm: &Arc<Mm>,
+    vma: &Arc<Vma>,
+    (start, end): (u64, u64),
+    write: bool,
+) -> KResult<()> {
+    let flags = if write {
+        FaultFlags::WRITE
+    } else {
+        FaultFlags::empty()
+    };
+    let mut addr = start;
+    let mut tries = 0;
+    while addr < end {
+        if follow_page(mm, addr, write).is_some() || tries > 2 {
+            addr += PAGE_SIZE;
+            tries = 0;
+            continue;
+        }
+        tries += 1;
+        match memory::handle_mm_fault(oncpu, mm, vma, addr, flags) {
+            VmFaultResult::Oom => return Err(Errno::ENOMEM),
+            VmFaultResult::Sigsegv | VmFaultResult::Sigbus => return Err(Errno::EFAULT),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// `populate_vma_page_range`: fault in `[start, end)` of `vma`, with write
 /// faults for a private writable VMA (breaking COW) and read faults
 /// otherwise. A `VM_LOCKONFAULT` VMA has nothing to do; an inaccessible one
@@ -69,30 +104,7 @@ pub fn populate_vma_page_range(
         return Err(Errno::EFAULT);
     }
     let write = vma.flags() & (VM_WRITE | VM_SHARED) == VM_WRITE;
-    let flags = if write {
-        FaultFlags::WRITE
-    } else {
-        FaultFlags::empty()
-    };
-    let mut addr = start;
-    // Faults taken for this page: after one, the page is looked up again
-    // (`goto retry`); a fault that leaves it unmapped twice is given up.
-    let mut tries = 0;
-    let mut result = Ok(nr_pages);
-    while addr < end {
-        if follow_page(mm, addr, write).is_some() || tries > 2 {
-            addr += PAGE_SIZE;
-            tries = 0;
-            continue;
-        }
-        tries += 1;
-        match memory::handle_mm_fault(oncpu, mm, vma, addr, flags) {
-            VmFaultResult::Oom => result = Err(Errno::ENOMEM),
-            VmFaultResult::Sigsegv | VmFaultResult::Sigbus => result = Err(Errno::EFAULT),
-            _ => continue,
-        }
-        break;
-    }
+    let result = get_user_pages_vma(oncpu, mm, vma, (start, end), write).map(|()| nr_pages);
     // Drained whether the walk got through or not (the kernel drains
     // after `__get_user_pages` returns, error or not): the folios it
     // faulted in, and whatever the batches held, go to their lists.
@@ -111,52 +123,24 @@ pub fn faultin_page_range(
     end: u64,
     write: bool,
 ) -> KResult<()> {
-    let result = {
+    let result = (|| {
         let _g = mm.mmap_lock.read();
         let guard = crate::sync::epoch::pin();
-        let flags = if write {
-            FaultFlags::WRITE
-        } else {
-            FaultFlags::empty()
-        };
+        let needed = if write { VM_WRITE } else { VM_READ };
         let mut addr = start;
-        let mut vma: Option<Arc<Vma>> = None;
-        let mut tries = 0;
-        let mut result = Ok(());
         while addr < end {
-            if vma.as_ref().is_none_or(|v| addr >= v.end()) {
-                let Some(v) = mm.vma_tree(&guard).vma_lookup(addr).cloned() else {
-                    result = Err(Errno::ENOMEM);
-                    break;
-                };
-                let needed = if write { VM_WRITE } else { VM_READ };
-                if v.flags() & needed == 0 {
-                    result = Err(Errno::EINVAL);
-                    break;
-                }
-                vma = Some(v);
+            let Some(vma) = mm.vma_tree(&guard).vma_lookup(addr).cloned() else {
+                return Err(Errno::ENOMEM);
+            };
+            if vma.flags() & needed == 0 {
+                return Err(Errno::EINVAL);
             }
-            let v = vma.as_ref().expect("looked up above");
-            if follow_page(mm, addr, write).is_some() || tries > 2 {
-                addr += PAGE_SIZE;
-                tries = 0;
-                continue;
-            }
-            tries += 1;
-            match memory::handle_mm_fault(oncpu, mm, v, addr, flags) {
-                VmFaultResult::Oom => {
-                    result = Err(Errno::ENOMEM);
-                    break;
-                }
-                VmFaultResult::Sigsegv | VmFaultResult::Sigbus => {
-                    result = Err(Errno::EFAULT);
-                    break;
-                }
-                _ => {}
-            }
+            let to = vma.end().min(end);
+            get_user_pages_vma(oncpu, mm, &vma, (addr, to), write)?;
+            addr = to;
         }
-        result
-    };
+        Ok(())
+    })();
     crate::swap::lru_add_drain(oncpu.mem(), oncpu.id());
     result
 }

@@ -231,12 +231,27 @@ fn vma_dup_policy(
         debug_assert!(below <= old.pgoff(), "{old:?} grown below page offset 0");
         old.pgoff() - below
     };
+    vma_like(old, (start, end, pgoff), flags, pol, true)
+}
+
+/// A new VMA over `[start, end)` at page offset `pgoff`, with `flags` and
+/// policy `pol`, mapping `old`'s file (linked into its `i_mmap`) and, with
+/// `anon`, chained to `old`'s anon_vmas (`anon_vma_clone`).
+fn vma_like(
+    old: &Arc<Vma>,
+    (start, end, pgoff): (u64, u64, u64),
+    flags: VmFlags,
+    pol: Option<Arc<crate::mempolicy::Mempolicy>>,
+    anon: bool,
+) -> Arc<Vma> {
     let vma = Arc::new(
         Vma::new(old.mm_id, start, end, flags, pgoff)
             .with_policy(pol)
             .with_file(old.file().cloned()),
     );
-    crate::rmap::anon_vma_clone(&vma, old);
+    if anon {
+        crate::rmap::anon_vma_clone(&vma, old);
+    }
     crate::fs::vma_link_file(&vma);
     vma
 }
@@ -439,13 +454,8 @@ pub(crate) fn copy_vma(
         };
         return Some((merged, source));
     }
-    let new = Arc::new(
-        Vma::new(vma.mm_id, addr, addr + len, vma.flags(), pgoff)
-            .with_policy(vma.policy().cloned())
-            .with_file(vma.file().cloned()),
-    );
-    crate::rmap::anon_vma_clone(&new, vma);
-    crate::fs::vma_link_file(&new);
+    let range = (addr, addr + len, pgoff);
+    let new = vma_like(vma, range, vma.flags(), vma.policy().cloned(), true);
     tree.insert(new.clone());
     Some((new, vma.clone()))
 }
@@ -481,17 +491,8 @@ pub(crate) fn vma_set_flags(
     flags: VmFlags,
     unlink_anon: bool,
 ) -> Arc<Vma> {
-    let new = if unlink_anon {
-        let v = Arc::new(
-            Vma::new(vma.mm_id, vma.start(), vma.end(), flags, vma.pgoff())
-                .with_policy(vma.policy().cloned())
-                .with_file(vma.file().cloned()),
-        );
-        crate::fs::vma_link_file(&v);
-        v
-    } else {
-        vma_dup(vma, vma.start(), vma.end(), flags)
-    };
+    let range = (vma.start(), vma.end(), vma.pgoff());
+    let new = vma_like(vma, range, flags, vma.policy().cloned(), !unlink_anon);
     tree.replace(std::slice::from_ref(vma), vec![new.clone()]);
     vma_retire(vma);
     new

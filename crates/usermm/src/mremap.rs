@@ -493,22 +493,19 @@ struct PagetableMove<'a> {
 }
 
 impl PagetableMove<'_> {
-    /// `get_extent` at the PMD level: to the next PMD boundary of either
-    /// address, or the end.
-    fn pmd_extent(&self) -> u64 {
-        let to_boundary = |a: u64| ((a + PMD_SIZE) & PMD_MASK).wrapping_sub(a);
+    /// `get_extent` for tables of `size` bytes (a PMD's or a PUD's): to the
+    /// next such boundary of either address, or the end.
+    fn extent(&self, size: u64) -> u64 {
+        let to_boundary = |a: u64| ((a + size) & !(size - 1)).wrapping_sub(a);
         to_boundary(self.old_addr)
             .min(self.old_end - self.old_addr)
             .min(to_boundary(self.new_addr))
     }
 
-    /// `get_extent` at the PUD level.
-    fn pud_extent(&self) -> u64 {
-        const PUD_SIZE: u64 = 1 << 30;
-        let to_boundary = |a: u64| ((a + PUD_SIZE) & !(PUD_SIZE - 1)).wrapping_sub(a);
-        to_boundary(self.old_addr)
-            .min(self.old_end - self.old_addr)
-            .min(to_boundary(self.new_addr))
+    /// `pmc_next`.
+    fn advance(&mut self, extent: u64) {
+        self.old_addr += extent;
+        self.new_addr += extent;
     }
 
     /// `pmc_progress`: how much of the range asked for has moved.
@@ -525,37 +522,31 @@ fn move_page_tables(oncpu: &OnCpu, mm: &Arc<Mm>, tree: &VmaTree, pmc: &mut Paget
         return 0;
     }
     try_realign_addr(tree, pmc);
+    const PUD_SIZE: u64 = 1 << 30;
     let cpu = oncpu.id();
     while pmc.old_addr < pmc.old_end {
         // The PUD level: nothing mapped under this PUD entry, nothing to
         // move (the destination's PUD table is made first, as the
         // kernel's `alloc_new_pud` makes it).
-        let mut extent = pmc.pud_extent();
-        if mm.pmd_lookup(pmc.old_addr).is_none() {
-            pmc.old_addr += extent;
-            pmc.new_addr += extent;
+        let Some(old_slot) = mm.pmd_lookup(pmc.old_addr) else {
+            pmc.advance(pmc.extent(PUD_SIZE));
             continue;
-        }
+        };
         if mm.pud_alloc(pmc.new_addr, cpu).is_err() {
             break;
         }
-        extent = pmc.pmd_extent();
-        let old_slot = match mm.pmd_lookup(pmc.old_addr) {
-            Some(s) if !mm.pmd_get(s).none() => s,
-            _ => {
-                pmc.old_addr += extent;
-                pmc.new_addr += extent;
-                continue;
-            }
-        };
+        let extent = pmc.extent(PMD_SIZE);
+        if mm.pmd_get(old_slot).none() {
+            pmc.advance(extent);
+            continue;
+        }
         let Ok(new_slot) = mm.pmd_alloc(pmc.new_addr, cpu) else {
             break;
         };
         if !move_pmd_range(oncpu, mm, pmc, extent, old_slot, new_slot) {
             break;
         }
-        pmc.old_addr += extent;
-        pmc.new_addr += extent;
+        pmc.advance(extent);
     }
     pmc.progress()
 }

@@ -1851,26 +1851,30 @@ enum Access {
     Hole,
 }
 
-/// [`Access`] for the 8-byte word at `addr`.
+/// [`Access`] for the 8-byte word at `addr`: its first and last bytes
+/// (a word spans at most two pages, so at most two VMAs, and the MMU
+/// checks each page). A word that would wrap past the top is never mapped.
 fn access_check(addr: u64, write: bool, buf: &mut String) -> Access {
-    if accessible(addr, write, buf) {
-        return Access::Allowed;
-    }
     let Some(last) = addr.checked_add(7) else {
         return Access::Refused;
     };
     let maps = read_proc("/proc/self/maps", buf);
-    let refused = |a: u64| maps_covers(maps, a) && !maps_allow(maps, a, write);
-    if refused(addr) || refused(last) {
+    let ends = [maps_line(maps, addr), maps_line(maps, last)];
+    if ends
+        .iter()
+        .all(|l| l.is_some_and(|l| line_allows(l, write)))
+    {
+        Access::Allowed
+    } else if ends.iter().flatten().any(|l| !line_allows(l, write)) {
         Access::Refused
     } else {
         Access::Hole
     }
 }
 
-/// Whether a line of `maps` covers byte `a`, whatever its protection.
-fn maps_covers(maps: &str, a: u64) -> bool {
-    maps.lines().any(|l| {
+/// The line of `maps` (`/proc/self/maps`) whose range covers byte `a`.
+fn maps_line(maps: &str, a: u64) -> Option<&str> {
+    maps.lines().find(|l| {
         l.split_whitespace()
             .next()
             .and_then(|r| r.split_once('-'))
@@ -1884,44 +1888,29 @@ fn maps_covers(maps: &str, a: u64) -> bool {
     })
 }
 
-fn accessible(addr: u64, write: bool, buf: &mut String) -> bool {
-    // The word's first and last bytes: a word spans at most two pages, so at
-    // most two VMAs, and each must allow the access, as the MMU checks each
-    // page. A word that would wrap past the top is never mapped.
-    let Some(last) = addr.checked_add(7) else {
-        return false;
-    };
-    let maps = read_proc("/proc/self/maps", buf);
-    maps_allow(maps, addr, write) && maps_allow(maps, last, write)
+/// Whether a line of `maps` covers byte `a` with a protection that lets
+/// the MMU load it (or store to it).
+fn maps_allow(maps: &str, a: u64, write: bool) -> bool {
+    maps_line(maps, a).is_some_and(|l| line_allows(l, write))
 }
 
-/// Whether a line of `maps` (`/proc/self/maps`) covers byte `a` with a
-/// protection that lets the MMU load it (or store to it).
-fn maps_allow(maps: &str, a: u64, write: bool) -> bool {
-    maps.lines().any(|l| {
-        let mut w = l.split_whitespace();
-        let (Some(range), Some(perms)) = (w.next(), w.next()) else {
-            return false;
-        };
-        let Some((lo, hi)) = range.split_once('-') else {
-            return false;
-        };
-        let (Ok(lo), Ok(hi)) = (u64::from_str_radix(lo, 16), u64::from_str_radix(hi, 16)) else {
-            return false;
-        };
-        let p = perms.as_bytes();
-        // The vsyscall page is execute-only unless the kernel was booted
-        // with vsyscall=emulate: a load from it faults.
-        let xonly_vsyscall = l.ends_with("[vsyscall]") && !vsyscall_emulated();
-        lo <= a
-            && a < hi
-            && if write {
-                p[1] == b'w'
-            } else {
-                // On x86 a writable or executable page is also readable.
-                p[0] == b'r' || p[1] == b'w' || (p[2] == b'x' && !xonly_vsyscall)
-            }
-    })
+/// Whether the protection of a `maps` line lets the MMU load (or store).
+fn line_allows(line: &str, write: bool) -> bool {
+    let Some(p) = line.split_whitespace().nth(1).map(str::as_bytes) else {
+        return false;
+    };
+    if p.len() < 3 {
+        return false;
+    }
+    if write {
+        p[1] == b'w'
+    } else {
+        // On x86 a writable or executable page is also readable. The
+        // vsyscall page is execute-only unless the kernel was booted with
+        // vsyscall=emulate: a load from it faults.
+        let xonly_vsyscall = line.ends_with("[vsyscall]") && !vsyscall_emulated();
+        p[0] == b'r' || p[1] == b'w' || (p[2] == b'x' && !xonly_vsyscall)
+    }
 }
 
 /// Whether the host maps the vsyscall page readable (`vsyscall=emulate`).
