@@ -29,6 +29,8 @@ pub fn dup_mm(oncpu: &OnCpu, oldmm: &Arc<Mm>) -> KResult<Arc<Mm>> {
     // The task's limits and capabilities are inherited; `mlockall`'s
     // future locking is not (`def_flags & VM_INIT_DEF_MASK`).
     mm.set_memlock_limit(oldmm.memlock_limit());
+    mm.set_stack_limit(oldmm.stack_limit());
+    mm.copy_layout_from(oldmm);
     mm.set_cap_ipc_lock(oldmm.cap_ipc_lock());
     let def = oldmm.def_flags.load(Ordering::Relaxed) & crate::mm::vma::VM_NOHUGEPAGE;
     mm.def_flags.store(def, Ordering::Relaxed);
@@ -76,7 +78,8 @@ fn dup_mmap(oncpu: &OnCpu, mm: &Arc<Mm>, oldmm: &Arc<Mm>) -> KResult<()> {
         let tmp = Arc::new(
             Vma::new(mm.id, mpnt.start(), mpnt.end(), flags, mpnt.pgoff())
                 .with_policy(mpnt.policy().cloned())
-                .with_file(mpnt.file().cloned()),
+                .with_file(mpnt.file().cloned())
+                .with_special(mpnt.special()),
         );
         // A wipe-on-fork range starts empty in the child: no anon_vma
         // until its first fault, nothing copied.

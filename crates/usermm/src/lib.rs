@@ -27,7 +27,8 @@
 //!    writeback, truncation), [`shmem`] (tmpfs, shared anonymous memory,
 //!    memfds), [`huge_memory`], [`mmu_gather`], [`mmap`], [`fork`],
 //!    [`mprotect`], [`mremap`], [`msync`], [`madvise`], [`mlock`], [`gup`] (populating
-//!    a range), [`mincore`], [`swap`] (the LRU batches, lazyfree, isolation), [`migrate`] (page migration, `move_pages`) with
+//!    a range), [`exec`] with [`binfmt_elf`] and [`vdso`] (a program's
+//!    new address space), [`mincore`], [`swap`] (the LRU batches, lazyfree, isolation), [`migrate`] (page migration, `move_pages`) with
 //!    [`rmap_walk`] and [`tlbbatch`] (the batched unmap flush),
 //!    [`mempolicy`] (`mbind`, `set_mempolicy`), [`numa_balancing`],
 //!    [`pt_reclaim`], [`migrc`], [`vmscan`] (reclaim: kswapd, direct
@@ -58,7 +59,9 @@ pub mod rmap;
 pub mod rmap_walk;
 pub mod sched;
 pub use machine::{Machine, MachineConfig, OnCpu, ThpMode};
+pub mod binfmt_elf;
 pub mod check;
+pub mod exec;
 pub mod fault;
 pub mod filemap;
 pub mod fork;
@@ -87,4 +90,5 @@ pub mod syscalls;
 pub mod tlbbatch;
 pub mod uaccess;
 pub mod util;
+pub mod vdso;
 pub mod vmscan;

@@ -362,6 +362,12 @@ pub fn handle_mm_fault<'a>(
     addr: u64,
     flags: FaultFlags,
 ) -> VmFaultResult {
+    if vma.special().is_some() {
+        // The model keeps no vDSO image: an access to a special mapping
+        // is SIGBUS, where the kernel maps the vDSO's pages (and the vvar
+        // pages' frames).
+        return mm_account_fault(oncpu, VmFaultResult::Sigbus);
+    }
     let pmd = match mm.pmd_alloc(addr, oncpu.id()) {
         Ok(slot) => slot,
         Err(e) => return mm_account_fault(oncpu, e.into()),

@@ -8,7 +8,7 @@ use crate::errno::{Errno, KResult};
 use crate::machine::OnCpu;
 use crate::memory;
 use crate::mm::vma::*;
-use crate::mm::{Mm, Vma, VmaTree, MAX_MAP_COUNT, MMAP_BASE, MMAP_MIN_ADDR, TASK_SIZE};
+use crate::mm::{Mm, Vma, VmaTree, MAX_MAP_COUNT, MMAP_MIN_ADDR, TASK_SIZE};
 use crate::mmu_gather::MmuGather;
 use crate::pgtable::{PMD_MASK, PMD_SIZE};
 use crate::phys::{PAGE_MASK, PAGE_SHIFT, PAGE_SIZE};
@@ -78,7 +78,13 @@ fn hint_is_free(tree: &VmaTree, a: u64, len: u64) -> bool {
 }
 
 /// `get_unmapped_area` for an anonymous private mapping.
-pub(crate) fn get_unmapped_area(tree: &VmaTree, addr: u64, len: u64, flags: u32) -> KResult<u64> {
+pub(crate) fn get_unmapped_area(
+    tree: &VmaTree,
+    mmap_base: u64,
+    addr: u64,
+    len: u64,
+    flags: u32,
+) -> KResult<u64> {
     if len > TASK_SIZE {
         return Err(Errno::ENOMEM);
     }
@@ -110,7 +116,7 @@ pub(crate) fn get_unmapped_area(tree: &VmaTree, addr: u64, len: u64, flags: u32)
     // unaligned search would have put it). A hint that was not free gets a
     // plain search.
     if addr == 0 && len.is_multiple_of(PMD_SIZE) {
-        if let Some(a) = tree.unmapped_area_topdown(len + PMD_SIZE, MMAP_MIN_ADDR, MMAP_BASE) {
+        if let Some(a) = tree.unmapped_area_topdown(len + PMD_SIZE, MMAP_MIN_ADDR, mmap_base) {
             return Ok(if a.is_multiple_of(PMD_SIZE) {
                 a + PMD_SIZE
             } else {
@@ -118,7 +124,7 @@ pub(crate) fn get_unmapped_area(tree: &VmaTree, addr: u64, len: u64, flags: u32)
             });
         }
     }
-    tree.unmapped_area_topdown(len, MMAP_MIN_ADDR, MMAP_BASE)
+    tree.unmapped_area_topdown(len, MMAP_MIN_ADDR, mmap_base)
         .ok_or(Errno::ENOMEM)
 }
 
@@ -158,9 +164,11 @@ fn vma_had_uncowed_parents(vma: Option<&Arc<Vma>>) -> bool {
 }
 
 /// `is_mergeable_vma`: the same flags, the same file and the same NUMA
-/// policy.
+/// policy, and not a special mapping (whose `vm_ops` have a `close`).
 fn is_mergeable_vma(vmg: &VmaMergeStruct<'_>, tgt: &Vma) -> bool {
     tgt.flags() == vmg.flags
+        && tgt.special().is_none()
+        && vmg.flags & VM_SPECIAL == 0
         && tgt.file().map(Arc::as_ptr) == vmg.file.map(Arc::as_ptr)
         && tgt.policy().map(|p| &**p) == vmg.policy.map(|p| &**p)
 }
@@ -247,7 +255,8 @@ fn vma_like(
     let vma = Arc::new(
         Vma::new(old.mm_id, start, end, flags, pgoff)
             .with_policy(pol)
-            .with_file(old.file().cloned()),
+            .with_file(old.file().cloned())
+            .with_special(old.special()),
     );
     if anon {
         crate::rmap::anon_vma_clone(&vma, old);
@@ -772,11 +781,14 @@ pub fn do_mmap(
     // rule (`shmem_get_unmapped_area`), which aligns nothing while shmem
     // THPs are off (the model has none); other files by the THP rule of
     // ext4's.
+    let base = mm.mmap_base();
     let addr = match file {
-        Some(f) if f.mapping().is_shmem() => get_unmapped_area_plain(&tree, addr, len, flags)?,
-        Some(_) => thp_get_unmapped_area(&tree, addr, len, src.off, flags)?,
-        None if flags & MAP_SHARED != 0 => get_unmapped_area_plain(&tree, addr, len, flags)?,
-        None => get_unmapped_area(&tree, addr, len, flags)?,
+        Some(f) if f.mapping().is_shmem() => {
+            get_unmapped_area_plain(&tree, base, addr, len, flags)?
+        }
+        Some(_) => thp_get_unmapped_area(&tree, base, addr, len, src.off, flags)?,
+        None if flags & MAP_SHARED != 0 => get_unmapped_area_plain(&tree, base, addr, len, flags)?,
+        None => get_unmapped_area(&tree, base, addr, len, flags)?,
     };
     let (found, prev) = tree.find_vma_prev(addr);
     let overlaps = found.is_some_and(|v| v.start() < addr + len);
@@ -963,6 +975,7 @@ fn mmap_file_flags(
 /// any mapping.
 pub(crate) fn thp_get_unmapped_area(
     tree: &VmaTree,
+    mmap_base: u64,
     addr: u64,
     len: u64,
     off: u64,
@@ -973,7 +986,7 @@ pub(crate) fn thp_get_unmapped_area(
         let off_align = off.next_multiple_of(PMD_SIZE);
         if off_end > off_align && off_end - off_align >= PMD_SIZE {
             let len_pad = len + PMD_SIZE;
-            if let Ok(ret) = get_unmapped_area_plain(tree, addr, len_pad, flags) {
+            if let Ok(ret) = get_unmapped_area_plain(tree, mmap_base, addr, len_pad, flags) {
                 // A free hint is taken as it is.
                 if ret == addr {
                     return Ok(addr);
@@ -988,12 +1001,13 @@ pub(crate) fn thp_get_unmapped_area(
             }
         }
     }
-    get_unmapped_area_plain(tree, addr, len, flags)
+    get_unmapped_area_plain(tree, mmap_base, addr, len, flags)
 }
 
 /// `mm_get_unmapped_area` without the anonymous THP alignment.
 pub(crate) fn get_unmapped_area_plain(
     tree: &VmaTree,
+    mmap_base: u64,
     addr: u64,
     len: u64,
     flags: u32,
@@ -1002,7 +1016,7 @@ pub(crate) fn get_unmapped_area_plain(
         return Err(Errno::ENOMEM);
     }
     if flags & MAP_FIXED != 0 {
-        return get_unmapped_area(tree, addr, len, flags);
+        return get_unmapped_area(tree, mmap_base, addr, len, flags);
     }
     if addr != 0 {
         let a = addr & PAGE_MASK;
@@ -1010,7 +1024,7 @@ pub(crate) fn get_unmapped_area_plain(
             return Ok(a);
         }
     }
-    tree.unmapped_area_topdown(len, MMAP_MIN_ADDR, MMAP_BASE)
+    tree.unmapped_area_topdown(len, MMAP_MIN_ADDR, mmap_base)
         .ok_or(Errno::ENOMEM)
 }
 
@@ -1221,6 +1235,232 @@ pub fn do_munmap(oncpu: &OnCpu, mm: &Arc<Mm>, start: u64, len: u64) -> KResult<(
     let _g = g.downgrade();
     let accounted = detached.complete(oncpu, mm);
     oncpu.m.overcommit.vm_unacct_memory(accounted);
+    Ok(())
+}
+
+/// `insert_vm_struct`: a new VMA where nothing is mapped, charged to the
+/// commitment if it is `VM_ACCOUNT` (exec's first stack page).
+pub(crate) fn insert_vm_struct(oncpu: &OnCpu, mm: &Arc<Mm>, vma: Vma) -> KResult<()> {
+    let _g = mm.mmap_lock.write();
+    let mut tree = mm.vma_tree_draft();
+    if tree.find_vma_intersection(vma.start(), vma.end()).is_some() {
+        return Err(Errno::ENOMEM);
+    }
+    if vma.flags() & VM_ACCOUNT != 0 {
+        oncpu
+            .m
+            .overcommit
+            .vm_enough_memory(Some(mm.total_vm.load(Ordering::Relaxed)), vma.pages())?;
+    }
+    mm.total_vm.fetch_add(vma.pages(), Ordering::Relaxed);
+    tree.insert(Arc::new(vma));
+    mm.vma_tree_publish(&mut tree, &crate::sync::epoch::pin());
+    Ok(())
+}
+
+/// `_install_special_mapping`: `[start, start + len)` as the special
+/// mapping `sm` with `flags` (and `VM_DONTEXPAND`), into `tree`, which
+/// the caller (holding mmap_lock for writing) publishes.
+pub(crate) fn install_special_mapping(
+    mm: &Arc<Mm>,
+    tree: &mut VmaTree,
+    (start, len): (u64, u64),
+    flags: VmFlags,
+    sm: &'static SpecialMapping,
+) -> KResult<()> {
+    if tree.find_vma_intersection(start, start + len).is_some() {
+        return Err(Errno::ENOMEM);
+    }
+    let flags = flags | mm.def_flags.load(Ordering::Relaxed) | VM_DONTEXPAND;
+    let vma = Vma::new(mm.id, start, start + len, flags, 0).with_special(Some(sm));
+    tree.insert(Arc::new(vma));
+    mm.total_vm.fetch_add(len >> PAGE_SHIFT, Ordering::Relaxed);
+    Ok(())
+}
+
+/// `brk(2)`: move the end of the heap to `brk`, and return where it is
+/// then (the old end when the move is refused, as the kernel answers;
+/// `brk(0)` asks). Growth extends the VMA that ends at the old brk, or
+/// makes one (`do_brk_flags`), refused where it would come within a page
+/// and the stack guard gap of the next mapping; shrinking unmaps. The
+/// model has no `RLIMIT_DATA` (`check_data_rlimit` always passes).
+pub fn sys_brk(oncpu: &OnCpu, mm: &Arc<Mm>, brk: u64) -> u64 {
+    let g = mm.mmap_lock.write();
+    let layout = mm.layout();
+    let origbrk = layout.brk;
+    if brk < layout.start_brk {
+        return origbrk;
+    }
+    let (Some(newbrk), Some(oldbrk)) = (page_align(brk), page_align(origbrk)) else {
+        return origbrk;
+    };
+    if oldbrk == newbrk {
+        mm.set_layout(&g, |l| l.brk = brk);
+        return brk;
+    }
+    if brk <= origbrk {
+        return brk_shrink(oncpu, mm, g, brk, newbrk, oldbrk);
+    }
+    let mut tree = mm.vma_tree_draft();
+    if check_brk_limits(&tree, mm, oldbrk, newbrk - oldbrk).is_err() {
+        return origbrk;
+    }
+    // The next mapping, with the page and the guard gap kept below it.
+    let limit = newbrk.saturating_add(PAGE_SIZE + STACK_GUARD_GAP);
+    if tree
+        .find_vma_intersection(oldbrk, limit)
+        .is_some_and(|next| newbrk + PAGE_SIZE > next.start_gap())
+    {
+        return origbrk;
+    }
+    // vma_prev_limit: the VMA below oldbrk, if it starts at start_brk or
+    // above.
+    let brkvma = tree
+        .find_vma_prev(oldbrk)
+        .1
+        .filter(|v| v.end() > layout.start_brk)
+        .cloned();
+    if do_brk_flags(oncpu, mm, &mut tree, brkvma, oldbrk, newbrk - oldbrk, 0).is_err() {
+        return origbrk;
+    }
+    mm.vma_tree_publish(&mut tree, &crate::sync::epoch::pin());
+    mm.set_layout(&g, |l| l.brk = brk);
+    let populate = mm.def_flags.load(Ordering::Relaxed) & VM_LOCKED != 0;
+    drop(g);
+    if populate {
+        let _ = crate::gup::mm_populate(oncpu, mm, oldbrk, newbrk - oldbrk, true);
+    }
+    brk
+}
+
+/// brk's shrinking half: unmap `[newbrk, oldbrk)`, refused (the old brk
+/// kept) where nothing is mapped there.
+fn brk_shrink(
+    oncpu: &OnCpu,
+    mm: &Arc<Mm>,
+    g: crate::mm::mmap_lock::MmapWriteGuard<'_>,
+    brk: u64,
+    newbrk: u64,
+    oldbrk: u64,
+) -> u64 {
+    let origbrk = mm.layout().brk;
+    let mut tree = mm.vma_tree_draft();
+    if tree.find_vma_intersection(newbrk, oldbrk).is_none() {
+        return origbrk;
+    }
+    mm.set_layout(&g, |l| l.brk = brk);
+    let detached = match vms_gather_munmap_vmas(oncpu, mm, &mut tree, newbrk, oldbrk) {
+        Ok(d) => d,
+        Err(_) => {
+            mm.set_layout(&g, |l| l.brk = origbrk);
+            return origbrk;
+        }
+    };
+    drop(tree);
+    let _g = g.downgrade();
+    if let Some(detached) = detached {
+        let accounted = detached.complete(oncpu, mm);
+        oncpu.m.overcommit.vm_unacct_memory(accounted);
+    }
+    brk
+}
+
+/// `check_brk_limits`: the range fits in the address space (a fixed
+/// `get_unmapped_area`), and a locked heap would not pass the mlock
+/// limit.
+fn check_brk_limits(tree: &VmaTree, mm: &Mm, addr: u64, len: u64) -> KResult<()> {
+    get_unmapped_area(tree, mm.mmap_base(), addr, len, MAP_FIXED)?;
+    if !crate::mlock::mlock_future_ok(mm, mm.def_flags.load(Ordering::Relaxed), len) {
+        return Err(Errno::EAGAIN);
+    }
+    Ok(())
+}
+
+/// `do_brk_flags`: `[addr, addr + len)` as private anonymous memory of
+/// the data's flags, charged to the commitment; it extends `vma` when
+/// that ends at `addr` and may take it (only ever that VMA: brk never
+/// merges with the mapping above), else it is a VMA of its own. The
+/// caller holds mmap_lock for writing and publishes `tree`.
+pub(crate) fn do_brk_flags(
+    oncpu: &OnCpu,
+    mm: &Mm,
+    tree: &mut VmaTree,
+    vma: Option<Arc<Vma>>,
+    addr: u64,
+    len: u64,
+    flags: VmFlags,
+) -> KResult<()> {
+    let vm_flags =
+        flags | VM_DATA_DEFAULT_FLAGS | VM_ACCOUNT | mm.def_flags.load(Ordering::Relaxed);
+    if tree.len() > MAX_MAP_COUNT {
+        return Err(Errno::ENOMEM);
+    }
+    let pages = len >> PAGE_SHIFT;
+    oncpu
+        .m
+        .overcommit
+        .vm_enough_memory(Some(mm.total_vm.load(Ordering::Relaxed)), pages)?;
+    let expanded = vma.as_ref().filter(|v| v.end() == addr).and_then(|prev| {
+        let vmg = VmaMergeStruct {
+            prev: Some(prev),
+            middle: None,
+            next: None,
+            start: addr,
+            end: addr + len,
+            pgoff: addr >> PAGE_SHIFT,
+            flags: vm_flags,
+            policy: None,
+            anon_vma: None,
+            copied_from: None,
+            file: None,
+        };
+        vma_merge_new_range(tree, &vmg)
+    });
+    if expanded.is_none() {
+        tree.insert(Arc::new(Vma::new(
+            mm.id,
+            addr,
+            addr + len,
+            vm_flags,
+            addr >> PAGE_SHIFT,
+        )));
+    }
+    mm.total_vm.fetch_add(pages, Ordering::Relaxed);
+    if vm_flags & VM_LOCKED != 0 {
+        mm.locked_vm.fetch_add(pages, Ordering::Relaxed);
+    }
+    Ok(())
+}
+
+/// `vm_brk_flags`: map `[addr, addr + request)` as brk memory, replacing
+/// whatever was there (exec's bss). `flags` may only be `VM_EXEC`.
+pub fn vm_brk_flags(
+    oncpu: &OnCpu,
+    mm: &Arc<Mm>,
+    addr: u64,
+    request: u64,
+    flags: VmFlags,
+) -> KResult<()> {
+    let len = page_align(request).ok_or(Errno::ENOMEM)?;
+    if len == 0 {
+        return Ok(());
+    }
+    if flags & !VM_EXEC != 0 {
+        return Err(Errno::EINVAL);
+    }
+    let g = mm.mmap_lock.write();
+    let mut tree = mm.vma_tree_draft();
+    check_brk_limits(&tree, mm, addr, len)?;
+    let unmapped = do_vmi_munmap(oncpu, mm, &mut tree, addr, addr + len)?;
+    oncpu.m.overcommit.vm_unacct_memory(unmapped);
+    let prev = tree.find_vma_prev(addr).1.cloned();
+    do_brk_flags(oncpu, mm, &mut tree, prev, addr, len, flags)?;
+    mm.vma_tree_publish(&mut tree, &crate::sync::epoch::pin());
+    let populate = mm.def_flags.load(Ordering::Relaxed) & VM_LOCKED != 0;
+    drop(g);
+    if populate {
+        let _ = crate::gup::mm_populate(oncpu, mm, addr, len, true);
+    }
     Ok(())
 }
 

@@ -288,7 +288,7 @@ fn mremap_to(oncpu: &OnCpu, mm: &Arc<Mm>, tree: &mut VmaTree, vrm: &mut VmaRemap
         shrink_vma(oncpu, mm, tree, vrm)?;
         vrm.old_len = vrm.new_len;
     }
-    set_new_addr(tree, vrm)?;
+    set_new_addr(tree, mm.mmap_base(), vrm)?;
     move_vma(oncpu, mm, tree, vrm)
 }
 
@@ -329,7 +329,7 @@ fn expand_vma(oncpu: &OnCpu, mm: &Arc<Mm>, tree: &mut VmaTree, vrm: &mut VmaRema
     if vrm.flags & MREMAP_MAYMOVE == 0 {
         return Err(Errno::ENOMEM);
     }
-    set_new_addr(tree, vrm)?;
+    set_new_addr(tree, mm.mmap_base(), vrm)?;
     move_vma(oncpu, mm, tree, vrm)
 }
 
@@ -340,7 +340,7 @@ fn vma_expandable(tree: &VmaTree, vma: &Vma, delta: u64) -> bool {
         return false;
     };
     tree.find_vma_intersection(vma.end(), end).is_none()
-        && get_unmapped_area(tree, vma.start(), end - vma.start(), MAP_FIXED).is_ok()
+        && get_unmapped_area(tree, 0, vma.start(), end - vma.start(), MAP_FIXED).is_ok()
 }
 
 /// `vrm_set_new_addr`: where the mapping goes, found as mmap finds room:
@@ -349,7 +349,7 @@ fn vma_expandable(tree: &VmaTree, vma: &Vma, delta: u64) -> bool {
 /// PMDs and that has no hint PMD-aligned (its page offset taken as 0, as
 /// `__get_unmapped_area` takes it), a file mapping so that its file
 /// offsets keep their alignment to PMDs.
-fn set_new_addr(tree: &VmaTree, vrm: &mut VmaRemap) -> KResult<()> {
+fn set_new_addr(tree: &VmaTree, mmap_base: u64, vrm: &mut VmaRemap) -> KResult<()> {
     let vma = vrm.vma()?;
     let pgoff = vma.linear_page_index(vrm.addr);
     let hint = if vrm.implies_new_addr() {
@@ -367,13 +367,13 @@ fn set_new_addr(tree: &VmaTree, vrm: &mut VmaRemap) -> KResult<()> {
     let len = vrm.new_len;
     let off = pgoff << PAGE_SHIFT;
     vrm.new_addr = if vma.is_anonymous() {
-        get_unmapped_area(tree, hint, len, map_flags)?
+        get_unmapped_area(tree, mmap_base, hint, len, map_flags)?
     } else if vma.file().is_some_and(|f| f.mapping().is_shmem()) {
         // Shared memory: shmem's own placement, which aligns nothing
         // while shmem THPs are off.
-        get_unmapped_area_plain(tree, hint, len, map_flags)?
+        get_unmapped_area_plain(tree, mmap_base, hint, len, map_flags)?
     } else {
-        thp_get_unmapped_area(tree, hint, len, off, map_flags)?
+        thp_get_unmapped_area(tree, mmap_base, hint, len, off, map_flags)?
     };
     Ok(())
 }

@@ -171,6 +171,71 @@ fn perms(vma: &Vma) -> String {
     .collect()
 }
 
+/// `/proc/<pid>/maps` (`show_map_vma` for each VMA, then the vsyscall
+/// page that x86-64 shows in every process): one line a mapping, its
+/// fields separated by single spaces (the kernel pads the name to a
+/// column). A host file's mapping shows the host's device, inode and
+/// path, as the host's /proc would; a file of the model's own shows
+/// device 00:00 and its model inode, with no path.
+pub fn maps(mm: &Mm) -> Vec<String> {
+    let _g = mm.mmap_lock.read();
+    let guard = crate::sync::epoch::pin();
+    let layout = mm.layout();
+    let mut lines: Vec<String> = mm
+        .vma_tree(&guard)
+        .iter()
+        .map(|vma| show_map_vma(vma, &layout))
+        .collect();
+    lines.push("ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0 [vsyscall]".into());
+    lines
+}
+
+/// One line of [`maps`].
+fn show_map_vma(vma: &Vma, layout: &crate::mm::MmLayout) -> String {
+    let (mut dev, mut ino, mut pgoff, mut name) = ((0, 0), 0, 0, String::new());
+    if let Some(file) = vma.file() {
+        let inode = &file.inode;
+        pgoff = vma.pgoff() * PAGE_SIZE;
+        ino = inode.ino;
+        if let Some(p) = &inode.host_path {
+            use std::os::unix::fs::MetadataExt;
+            if let Ok(meta) = std::fs::metadata(p) {
+                let d = meta.dev();
+                dev = (
+                    ((d >> 8) & 0xfff) | ((d >> 32) & !0xfff),
+                    (d & 0xff) | ((d >> 12) & !0xff),
+                );
+                ino = meta.ino();
+            }
+            name = std::fs::canonicalize(p)
+                .unwrap_or_else(|_| p.clone())
+                .display()
+                .to_string();
+        }
+    } else if let Some(sm) = vma.special() {
+        name = sm.name.into();
+    } else if vma.start() < layout.brk && vma.end() > layout.start_brk {
+        name = "[heap]".into();
+    } else if vma.start() <= layout.start_stack && vma.end() >= layout.start_stack {
+        name = "[stack]".into();
+    }
+    let mut line = format!(
+        "{:08x}-{:08x} {} {:08x} {:02x}:{:02x} {}",
+        vma.start(),
+        vma.end(),
+        perms(vma),
+        pgoff,
+        dev.0,
+        dev.1,
+        ino
+    );
+    if !name.is_empty() {
+        line.push(' ');
+        line.push_str(&name);
+    }
+    line
+}
+
 /// `show_smap` for every VMA of `mm`.
 pub fn smaps(mm: &Mm) -> Vec<Smaps> {
     let _g = mm.mmap_lock.read();

@@ -52,6 +52,26 @@ impl OnCpu<'_> {
         crate::mremap::do_mremap(self, &self.mm()?, addr, old_len, new_len, flags, new_addr)
     }
 
+    /// `brk(2)`: the heap's new end, or its old one if the move was
+    /// refused (`brk(0)` asks where it is).
+    pub fn brk(&self, brk: u64) -> KResult<u64> {
+        self.kernel_enter();
+        Ok(crate::mmap::sys_brk(self, &self.mm()?, brk))
+    }
+
+    /// `execve(2)` with randomisation off: the current process runs
+    /// `path` from its first instruction in a new mm, returned; the old
+    /// one is torn down.
+    pub fn execve(
+        &self,
+        path: &str,
+        argv: &[&str],
+        envp: &[&str],
+    ) -> KResult<crate::sync::Arc<crate::mm::Mm>> {
+        self.kernel_enter();
+        crate::exec::do_execve(self, path, argv, envp)
+    }
+
     /// `memfd_create(2)`: a new, empty shmem file.
     pub fn memfd_create(&self) -> KResult<crate::sync::Arc<crate::fs::File>> {
         self.kernel_enter();

@@ -249,6 +249,23 @@ impl Backend for EngineBackend {
             self.procs.insert(child.to_string(), mm);
         }))
     }
+    fn exec(&mut self, path: &str, argv: &[String]) -> Result<Result<(), Errno>, String> {
+        let args: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let r = self.on(|c| c.execve(path, &args, &[]));
+        Ok(r.map(|mm| {
+            self.procs.insert(self.cur.clone(), mm);
+        }))
+    }
+    fn maps(&mut self) -> Result<Vec<String>, String> {
+        Ok(usermm::proc::maps(&self.procs[&self.cur]))
+    }
+    fn brk(&mut self, brk: u64) -> Result<u64, String> {
+        if self.procs[&self.cur].layout().start_brk == 0 {
+            return Err(super::NO_HEAP.into());
+        }
+        self.on(|c| c.brk(brk))
+            .map_err(|e| format!("brk: {}", e.name()))
+    }
     fn switch(&mut self, name: &str) -> Result<(), String> {
         if !self.procs.contains_key(name) {
             return Err(format!("no process {name:?}"));
@@ -283,7 +300,8 @@ impl Backend for EngineBackend {
             s.rss_anon as i64,
             s.vm_pte as i64,
             r.anon_huge_pages as i64,
-            mm.map_count() as i64,
+            // The lines of /proc/PID/maps: the VMAs and the vsyscall page.
+            mm.map_count() as i64 + 1,
             s.rss_file as i64,
             s.rss_shmem as i64,
             s.vm_lck as i64,

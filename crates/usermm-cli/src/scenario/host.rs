@@ -7,7 +7,10 @@
 //! of FIFOs. Loads and stores are made by the server on its own memory,
 //! after checking /proc/self/maps as the MMU would (no VMA, or no
 //! permission, is EFAULT rather than a SIGSEGV). Figures come from the
-//! server's /proc/self/status and smaps_rollup.
+//! server's /proc/self/status and smaps_rollup. `exec` makes the server
+//! the tracer of a child that execs the program and stays stopped at its
+//! first instruction; the server then makes the scenario's calls as that
+//! process ([`traced`]), and the figures are its.
 //!
 //! THP knobs are set only when this process can write them (root), are
 //! restored when the run ends (by a guardian process when the run is
@@ -38,6 +41,8 @@ use usermm::Errno;
 
 use super::parse::{MlockCall, Rlimit};
 use super::Backend;
+
+mod traced;
 
 const THP: &str = "/sys/kernel/mm/transparent_hugepage";
 
@@ -639,6 +644,30 @@ impl Backend for HostBackend {
         self.procs.insert(child.to_string(), s);
         Ok(Ok(()))
     }
+    fn exec(&mut self, path: &str, argv: &[String]) -> Result<Result<(), Errno>, String> {
+        if argv.iter().any(|a| a.contains(char::is_whitespace)) {
+            return Err("natively an argument may not hold spaces".into());
+        }
+        Ok(self
+            .call_errno(&format!("exec {path} {}", argv[1..].join(" ")))
+            .map(|_| ()))
+    }
+    fn brk(&mut self, brk: u64) -> Result<u64, String> {
+        let r = self.call(&format!("brk {brk}"))?;
+        match r.split_once(' ') {
+            Some(("ok", v)) => v.parse().map_err(|_| format!("brk: {r}")),
+            _ if r == format!("err {}", Errno::ENOSYS.0) => Err(super::NO_HEAP.into()),
+            _ => Err(format!("brk: {r}")),
+        }
+    }
+    fn maps(&mut self) -> Result<Vec<String>, String> {
+        let r = self.call("maps")?;
+        let body = r
+            .strip_prefix("ok ")
+            .or(r.strip_prefix("ok"))
+            .ok_or(format!("maps: {r}"))?;
+        Ok(body.split('\u{1f}').map(String::from).collect())
+    }
     fn switch(&mut self, name: &str) -> Result<(), String> {
         if !self.procs.contains_key(name) {
             return Err(format!("no process {name:?}"));
@@ -1136,19 +1165,40 @@ fn serve(requests: File, mut w: File) -> ! {
     // across a page boundary).
     let mut r = BufReader::with_capacity(4096, requests);
     let mut line = String::with_capacity(4096);
+    // The program this server exec'd for the scenario's process, stopped
+    // at its first instruction (`exec`): the requests are then made for
+    // that process (see [`traced`]), the figures and maps are its own.
+    let mut traced: Option<traced::Traced> = None;
     loop {
         line.clear();
         if r.read_line(&mut line).unwrap_or(0) == 0 {
+            if let Some(t) = &traced {
+                t.kill();
+            }
             // SAFETY: as above.
             unsafe { libc::_exit(0) };
         }
         let words: Vec<&str> = line.split_whitespace().collect();
+        let proc_dir = match &traced {
+            Some(t) => format!("/proc/{}", t.pid),
+            None => "/proc/self".to_string(),
+        };
         let n = |i: usize| {
             words
                 .get(i)
                 .and_then(|s| s.parse::<u64>().ok())
                 .unwrap_or(0)
         };
+        if let Some(t) = &traced {
+            if !matches!(words.first().copied(), Some("figures" | "maps" | "exit")) {
+                let reply = t.serve(&words, n, &mut proc_buf);
+                if writeln!(w, "{reply}").is_err() {
+                    // SAFETY: as above.
+                    unsafe { libc::_exit(1) };
+                }
+                continue;
+            }
+        }
         let reply = match words.first().copied() {
             Some("mmap") => mmap_here(&words, n),
             Some("write_file") => write_file_here(&words, n),
@@ -1269,7 +1319,7 @@ fn serve(requests: File, mut w: File) -> ! {
                 move_pages_here(n(1), n(2), node)
             }
             Some("store") => {
-                if access_check(n(1), true, &mut proc_buf) == Access::Refused {
+                if access_check("/proc/self/maps", n(1), true, &mut proc_buf) == Access::Refused {
                     format!("err {}", Errno::EFAULT.0)
                 } else {
                     // SAFETY: /proc/self/maps says writable VMAs cover the
@@ -1284,7 +1334,7 @@ fn serve(requests: File, mut w: File) -> ! {
                 }
             }
             Some("load") => {
-                if access_check(n(1), false, &mut proc_buf) == Access::Refused {
+                if access_check("/proc/self/maps", n(1), false, &mut proc_buf) == Access::Refused {
                     format!("err {}", Errno::EFAULT.0)
                 } else {
                     // SAFETY: readable VMAs or holes cover the word's ends;
@@ -1334,13 +1384,15 @@ fn serve(requests: File, mut w: File) -> ! {
                         .and_then(|v| v.parse::<i64>().ok())
                         .unwrap_or(0)
                 };
-                let st = read_proc("/proc/self/status", &mut proc_buf);
+                let st = read_proc(&format!("{proc_dir}/status"), &mut proc_buf);
                 let (a, b, c) = (f(st, "VmRSS"), f(st, "RssAnon"), f(st, "VmPTE"));
                 let (rf, rs) = (f(st, "RssFile"), f(st, "RssShmem"));
                 let lck = f(st, "VmLck");
-                let rollup = read_proc("/proc/self/smaps_rollup", &mut proc_buf);
+                let rollup = read_proc(&format!("{proc_dir}/smaps_rollup"), &mut proc_buf);
                 let (d, locked) = (f(rollup, "AnonHugePages"), f(rollup, "Locked"));
-                let e = read_proc("/proc/self/maps", &mut proc_buf).lines().count();
+                let e = read_proc(&format!("{proc_dir}/maps"), &mut proc_buf)
+                    .lines()
+                    .count();
                 format!("ok {a} {b} {c} {d} {e} {rf} {rs} {lck} {locked}")
             }
             Some("dump") => {
@@ -1355,7 +1407,34 @@ fn serve(requests: File, mut w: File) -> ! {
                     .collect();
                 format!("ok {}", keep.join("\u{1f}"))
             }
+            Some("exec") => match exec_traced(words[1], &words[1..]) {
+                Ok(pid) => match traced::Traced::new(pid) {
+                    Ok(t) => {
+                        traced = Some(t);
+                        "ok".to_string()
+                    }
+                    Err(e) => {
+                        kill_traced(pid);
+                        format!("err {} cannot drive the exec'd process", e.0)
+                    }
+                },
+                Err(e) => format!("err {}", e.0),
+            },
+            // The server's own heap is its allocator's: brk is made only
+            // for an exec'd process.
+            Some("brk") => format!("err {}", Errno::ENOSYS.0),
+            Some("maps") => {
+                let maps = read_proc(&format!("{proc_dir}/maps"), &mut proc_buf);
+                let lines: Vec<String> = maps
+                    .lines()
+                    .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+                    .collect();
+                format!("ok {}", lines.join("\u{1f}"))
+            }
             Some("exit") => {
+                if let Some(t) = &traced {
+                    t.kill();
+                }
                 let _ = writeln!(w, "ok");
                 // SAFETY: as above.
                 unsafe { libc::_exit(0) }
@@ -1366,6 +1445,82 @@ fn serve(requests: File, mut w: File) -> ! {
             // SAFETY: as above.
             unsafe { libc::_exit(1) };
         }
+    }
+}
+
+/// `exec` in the server: a child that asks to be traced, turns
+/// randomisation off (`setarch -R`), and execs `path` with `argv` and no
+/// environment; the exec stops it with SIGTRAP before its first
+/// instruction, and it dies with this server (`PTRACE_O_EXITKILL`).
+/// Returns its pid, or the errno its execve failed with.
+fn exec_traced(path: &str, argv: &[&str]) -> Result<libc::pid_t, Errno> {
+    use std::ffi::CString;
+    let cpath = CString::new(path).map_err(|_| Errno::ENOENT)?;
+    let cargs: Vec<CString> = argv
+        .iter()
+        .map(|a| CString::new(*a).map_err(|_| Errno::EINVAL))
+        .collect::<Result<_, _>>()?;
+    let mut ptrs: Vec<*const libc::c_char> = cargs.iter().map(|a| a.as_ptr()).collect();
+    ptrs.push(std::ptr::null());
+    let envp: [*const libc::c_char; 1] = [std::ptr::null()];
+    let mut pipe = [0i32; 2];
+    // SAFETY: pipe2 fills the two descriptors of the array.
+    if unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(errno_now());
+    }
+    // SAFETY: the child calls only async-signal-safe functions (ptrace,
+    // personality, execve, write, _exit) on memory prepared before the
+    // fork.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: as above; the pointers are alive in the child's copy.
+        unsafe {
+            libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0);
+            libc::personality(libc::ADDR_NO_RANDOMIZE as libc::c_ulong);
+            libc::execve(cpath.as_ptr(), ptrs.as_ptr(), envp.as_ptr());
+            let e = *libc::__errno_location();
+            libc::write(pipe[1], (&e as *const i32).cast(), 4);
+            libc::_exit(127);
+        }
+    }
+    // SAFETY: closing this process's copy of the pipe's write end.
+    unsafe { libc::close(pipe[1]) };
+    let mut e = 0i32;
+    // SAFETY: reading at most 4 bytes into `e`; the read ends when the
+    // child's copy of the write end closes (at exec, or its exit).
+    let got = unsafe { libc::read(pipe[0], (&mut e as *mut i32).cast(), 4) };
+    // SAFETY: closing the read end, ours.
+    unsafe { libc::close(pipe[0]) };
+    if pid < 0 {
+        return Err(errno_now());
+    }
+    if got == 4 {
+        return Err(Errno(e));
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child's stop.
+    let r = unsafe { libc::waitpid(pid, &mut status, libc::__WALL) };
+    if r != pid || !libc::WIFSTOPPED(status) {
+        return Err(Errno::EIO);
+    }
+    // SAFETY: the child is stopped under our trace.
+    unsafe {
+        libc::ptrace(
+            libc::PTRACE_SETOPTIONS,
+            pid,
+            0,
+            libc::PTRACE_O_EXITKILL as libc::c_ulong,
+        )
+    };
+    Ok(pid)
+}
+
+/// End the exec'd process: killed, and waited for.
+fn kill_traced(pid: libc::pid_t) {
+    // SAFETY: our own traced child.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+        libc::waitpid(pid, std::ptr::null_mut(), libc::__WALL);
     }
 }
 
@@ -1851,14 +2006,15 @@ enum Access {
     Hole,
 }
 
-/// [`Access`] for the 8-byte word at `addr`: its first and last bytes
+/// [`Access`] for the 8-byte word at `addr` of the process whose maps
+/// file is `maps_path`: its first and last bytes
 /// (a word spans at most two pages, so at most two VMAs, and the MMU
 /// checks each page). A word that would wrap past the top is never mapped.
-fn access_check(addr: u64, write: bool, buf: &mut String) -> Access {
+fn access_check(maps_path: &str, addr: u64, write: bool, buf: &mut String) -> Access {
     let Some(last) = addr.checked_add(7) else {
         return Access::Refused;
     };
-    let maps = read_proc("/proc/self/maps", buf);
+    let maps = read_proc(maps_path, buf);
     let ends = [maps_line(maps, addr), maps_line(maps, last)];
     if ends
         .iter()

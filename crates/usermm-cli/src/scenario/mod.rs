@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 use usermm::Errno;
 
-use parse::{Addr, Figure, MlockCall, Op, Pattern, Rlimit, Stmt, NR_FIGURES};
+use parse::{Addr, BrkTo, Figure, MlockCall, Op, Pattern, Rlimit, Stmt, NR_FIGURES};
 
 /// How long `await_numa_hint` waits for a scan: the host's first comes
 /// after a second of the process's run time (`scan_delay_ms`), the next a
@@ -104,6 +104,15 @@ pub trait Backend {
     /// at all (the host out of file descriptors or processes), which fails
     /// the statement with that message.
     fn fork(&mut self, child: &str) -> Result<Result<(), Errno>, String>;
+    /// `execve(2)` of the current process with `argv` and no environment,
+    /// randomisation off; it stops at its first instruction.
+    fn exec(&mut self, path: &str, argv: &[String]) -> Result<Result<(), Errno>, String>;
+    /// The current process's /proc/PID/maps, a line a mapping, fields
+    /// separated by single spaces.
+    fn maps(&mut self) -> Result<Vec<String>, String>;
+    /// `brk(2)` of the current process, which must have exec'd a program
+    /// (it has no heap otherwise): the new break, or the old one.
+    fn brk(&mut self, brk: u64) -> Result<u64, String>;
     /// Run the next statements in `name`.
     fn switch(&mut self, name: &str) -> Result<(), String>;
     /// The process `name` exits.
@@ -284,6 +293,9 @@ struct Interp<'b> {
 
 const MAIN: &str = "main";
 
+/// Why `brk` fails in a process that has exec'd nothing.
+const NO_HEAP: &str = "brk needs a program's heap: exec one first";
+
 enum Res {
     /// Comparable result, shown text.
     Ok(Option<String>, String),
@@ -354,6 +366,7 @@ impl Interp<'_> {
                 | Op::Demotion { .. }
                 | Op::NumaBalancing { .. }
                 | Op::RequireNodes { .. }
+                | Op::RequireFile { .. }
                 | Op::Tunable { .. }
                 | Op::Sysctl { .. }
                 | Op::Fails { .. }
@@ -510,6 +523,13 @@ impl Interp<'_> {
             Op::ExpectVmstat { name, since, value } => self.expect_vmstat(name, since, *value),
             Op::Fails { errno, op } => self.fails(errno, op),
             Op::Dump => Ok(Res::Ok(None, format!("\n{}", self.b.dump()))),
+            Op::Exec { path, args } => self.exec_program(path, args),
+            Op::Brk { to, name } => self.brk(to, name.as_deref()),
+            Op::Maps => {
+                let lines = self.b.maps()?;
+                let text = lines.join("\n");
+                Ok(Res::Ok(Some(text.clone()), format!("\n{text}")))
+            }
             Op::Migrate { addr, len, node } => {
                 let (a, _) = self.addr(addr)?;
                 let node = i32::try_from(*node).unwrap_or(i32::MAX);
@@ -569,6 +589,11 @@ impl Interp<'_> {
                 let (a, _) = self.addr(addr)?;
                 Ok(Self::done(self.b.await_numa_hint(a)))
             }
+            Op::RequireFile { path } => Ok(if std::path::Path::new(path).exists() {
+                ok("ok")
+            } else {
+                Res::Skip(format!("needs the host file {path}"))
+            }),
             Op::RequireNodes { n } => {
                 let have = self.b.nr_nodes();
                 Ok(if (have as u64) < *n {
@@ -758,6 +783,44 @@ impl Interp<'_> {
     }
 
     /// `fork CHILD`: the child starts with the parent's regions, no marks.
+    /// `exec`: on success the process's regions are gone with its old
+    /// address space.
+    fn exec_program(&mut self, path: &str, args: &[String]) -> Result<Res, String> {
+        let mut argv = vec![path.to_string()];
+        argv.extend(args.iter().cloned());
+        Ok(match self.b.exec(path, &argv)? {
+            Ok(()) => {
+                *self.st() = ProcState::default();
+                ok("ok")
+            }
+            Err(e) => Self::errno_res(e),
+        })
+    }
+
+    /// `brk`: the outcome compared is the break it returns (with
+    /// randomisation off both kernels put the heap at the same place).
+    fn brk(&mut self, to: &BrkTo, name: Option<&str>) -> Result<Res, String> {
+        let old = self.b.brk(0)?;
+        let want = match to {
+            BrkTo::Query => 0,
+            BrkTo::By(by) => old
+                .checked_add_signed(*by)
+                .ok_or("brk: the break would wrap")?,
+            BrkTo::At(a) => self.addr(a)?.0,
+        };
+        let got = if want == 0 { old } else { self.b.brk(want)? };
+        if let Some(n) = name {
+            self.st()
+                .regions
+                .insert(n.to_string(), (old, got.saturating_sub(old)));
+        }
+        let shown = match name {
+            Some(n) => format!("{n} at {old:#x}, brk {got:#x}"),
+            None => format!("brk {got:#x}"),
+        };
+        Ok(Res::Ok(Some(format!("{got:#x}")), shown))
+    }
+
     fn fork(&mut self, child: &str) -> Result<Res, String> {
         if self.procs.contains_key(child) {
             return Err(format!("process {child:?} exists"));

@@ -44,6 +44,17 @@ pub enum MlockCall<A> {
     Munlockall,
 }
 
+/// Where `brk` asks the break to go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BrkTo {
+    /// `brk(0)`: where it is.
+    Query,
+    /// The break plus (or minus) this many bytes.
+    By(i64),
+    /// This address.
+    At(Addr),
+}
+
 /// A figure of `/proc/<pid>/status` or `smaps_rollup`, in kB.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Figure {
@@ -193,6 +204,22 @@ pub enum Op {
     },
     /// `capdrop ipc_lock`: the process loses `CAP_IPC_LOCK`.
     CapdropIpcLock,
+    /// `exec PATH [ARGS...]`: the process execs the host program `PATH`
+    /// (its arguments `PATH ARGS...`, no environment), with address-space
+    /// randomisation off, and stops at its first instruction.
+    Exec {
+        path: String,
+        args: Vec<String>,
+    },
+    /// `maps`: the process's /proc/PID/maps, compared line by line.
+    Maps,
+    /// `brk [+SIZE|-SIZE|ADDR] [as=NAME]`: brk(2) of an exec'd process,
+    /// the break moved by SIZE or set to ADDR (queried when neither); the
+    /// region NAME is from the old break to the new.
+    Brk {
+        to: BrkTo,
+        name: Option<String>,
+    },
     /// `fill ADDR LEN SEED [every=SIZE]`: the first word of every page
     /// (or of one page every SIZE) gets the pattern.
     Fill {
@@ -329,6 +356,11 @@ pub enum Op {
     /// scenario.
     RequireNodes {
         n: u64,
+    },
+    /// `require file PATH`: a host without the file skips the scenario
+    /// (both sides read the same host files).
+    RequireFile {
+        path: String,
     },
 }
 
@@ -665,6 +697,9 @@ const STATEMENTS: &[(&str, ParseStatement)] = &[
     ("munlockall", parse_munlockall),
     ("setrlimit", parse_setrlimit),
     ("capdrop", parse_capdrop),
+    ("exec", parse_exec),
+    ("maps", parse_maps),
+    ("brk", parse_brk),
 ];
 
 /// One statement: its verb, then what [`STATEMENTS`] parses for it, then
@@ -1253,6 +1288,48 @@ fn parse_fails(w: &mut Words) -> Result<Op, ParseError> {
     })
 }
 
+/// The statement `exec PATH [ARGS...]`.
+fn parse_exec(w: &mut Words) -> Result<Op, ParseError> {
+    let (col, path) = w.next("a program's path")?;
+    if !path.starts_with('/') {
+        return Err(w.err(col, format!("expected an absolute path, found {path:?}")));
+    }
+    let mut args = vec![];
+    while w.peek().is_some() {
+        args.push(w.next("an argument")?.1.to_string());
+    }
+    Ok(Op::Exec {
+        path: path.to_string(),
+        args,
+    })
+}
+
+/// The statement `maps`.
+fn parse_maps(_w: &mut Words) -> Result<Op, ParseError> {
+    Ok(Op::Maps)
+}
+
+/// The statement `brk [+SIZE|-SIZE|ADDR] [as=NAME]`.
+fn parse_brk(w: &mut Words) -> Result<Op, ParseError> {
+    let (mut to, mut name) = (BrkTo::Query, None);
+    while w.peek().is_some() {
+        let (col, word) = w.next("a size, an address or as=NAME")?;
+        if let Some(v) = word.strip_prefix("as=") {
+            name = Some(v.to_string());
+        } else if to != BrkTo::Query {
+            return Err(w.err(col, format!("unexpected {word:?} after the new break")));
+        } else if word.starts_with(['+', '-']) {
+            let by =
+                parse_signed_size(word).ok_or_else(|| w.err(col, format!("bad size {word:?}")))?;
+            to = BrkTo::By(by);
+        } else {
+            let a = parse_addr(word).ok_or_else(|| w.err(col, format!("bad address {word:?}")))?;
+            to = BrkTo::At(a);
+        }
+    }
+    Ok(Op::Brk { to, name })
+}
+
 /// The statement `dump`.
 fn parse_dump(_w: &mut Words) -> Result<Op, ParseError> {
     Ok(Op::Dump)
@@ -1336,13 +1413,19 @@ fn parse_demotion(w: &mut Words) -> Result<Op, ParseError> {
 
 /// The statement `require`.
 fn parse_require(w: &mut Words) -> Result<Op, ParseError> {
-    let (col, what) = w.next("nodes")?;
-    if what != "nodes" {
-        return Err(w.err(col, format!("expected require nodes N, found {what:?}")));
+    let (col, what) = w.next("nodes or file")?;
+    match what {
+        "nodes" => Ok(Op::RequireNodes {
+            n: w.number("a number of nodes")?,
+        }),
+        "file" => Ok(Op::RequireFile {
+            path: w.next("a host file's path")?.1.to_string(),
+        }),
+        _ => Err(w.err(
+            col,
+            format!("expected require nodes N or require file PATH, found {what:?}"),
+        )),
     }
-    Ok(Op::RequireNodes {
-        n: w.number("a number of nodes")?,
-    })
 }
 
 /// Parse a whole scenario.

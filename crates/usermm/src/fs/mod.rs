@@ -113,6 +113,9 @@ pub struct Inode {
     mem: Arc<PhysMem>,
     /// A host file's path, for reports; None for the machine's own.
     pub host_path: Option<std::path::PathBuf>,
+    /// A host file's device and inode number: the same host file opened
+    /// twice is one inode, as the kernel has one.
+    pub host_id: Option<(u64, u64)>,
     /// The pages charged to the overcommit commitment for this inode (a
     /// shared anonymous mapping's whole size, `shmem_acct_size`), and
     /// what gives them back when the inode goes.
@@ -149,6 +152,10 @@ impl Inode {
             i_mapping: AddressSpace::new(kind.large_folios(), kind.shmem(), me.clone()),
             backing,
             mem: mem.clone(),
+            host_id: host_path.as_ref().and_then(|p| {
+                use std::os::unix::fs::MetadataExt;
+                std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()))
+            }),
             host_path,
             acct: Mutex::new(None),
         })

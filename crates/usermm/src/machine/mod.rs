@@ -327,6 +327,12 @@ impl Machine {
 
     /// A host file, read-only, as an inode of this machine.
     pub fn open_host_file(&self, path: &std::path::Path) -> std::io::Result<Arc<crate::fs::Inode>> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(path)?;
+        let id = Some((meta.dev(), meta.ino()));
+        if let Some(open) = self.inodes().into_iter().find(|i| i.host_id == id) {
+            return Ok(open);
+        }
         let inode = crate::fs::Inode::open_host(&self.mem, path)?;
         self.inodes.lock().push(Arc::downgrade(&inode));
         Ok(inode)

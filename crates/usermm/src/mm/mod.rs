@@ -50,6 +50,10 @@ pub const MMAP_MIN_ADDR: u64 = 65536;
 /// Where top-down placement starts: below the stack and its guard gap (the
 /// kernel randomises it; the model does not, so runs are deterministic).
 pub const MMAP_BASE: u64 = 0x7f00_0000_0000;
+/// `mmap_base` of a process that execs with ASLR off and the default
+/// `RLIMIT_STACK` on x86-64: `TASK_SIZE` less the smallest gap the kernel
+/// keeps for the stack (128 MiB).
+pub const EXEC_MMAP_BASE: u64 = 0x7fff_f7ff_f000;
 /// `vm.max_map_count`.
 pub const MAX_MAP_COUNT: usize = 65530;
 
@@ -196,6 +200,56 @@ pub struct Mm {
     cap_ipc_lock: crate::sync::AtomicBool,
     /// Set by exit_mmap; no new faults.
     pub dead: crate::sync::AtomicBool,
+    /// Where exec put the program's parts: `mmap_base`, brk, the stack's
+    /// start. Written under mmap_lock for writing (exec, brk), read under
+    /// it.
+    layout: crate::sync::Mutex<MmLayout>,
+}
+
+/// The fields of `mm_struct` that say where exec put things.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MmLayout {
+    /// `mmap_base`: where top-down placement starts.
+    pub mmap_base: u64,
+    /// `start_brk` and `brk`: the heap's start and its current end (the
+    /// VMA that holds them is the one /proc shows as `[heap]`).
+    pub start_brk: u64,
+    pub brk: u64,
+    /// `start_stack`: the initial stack pointer (the VMA holding it is
+    /// `[stack]`); 0 for a process that was never exec'd.
+    pub start_stack: u64,
+    /// `start_code`, `end_code`, `start_data`, `end_data`: the program's
+    /// segments; `end_data` bounds brk's rlimit check.
+    pub start_code: u64,
+    pub end_code: u64,
+    pub start_data: u64,
+    pub end_data: u64,
+    /// `arg_start` .. `env_end`: the argument and environment strings.
+    pub arg_start: u64,
+    pub arg_end: u64,
+    pub env_start: u64,
+    pub env_end: u64,
+}
+
+impl Default for MmLayout {
+    /// A process that was never exec'd: no brk, no stack, placement from
+    /// [`MMAP_BASE`].
+    fn default() -> MmLayout {
+        MmLayout {
+            mmap_base: MMAP_BASE,
+            start_brk: 0,
+            brk: 0,
+            start_stack: 0,
+            start_code: 0,
+            end_code: 0,
+            start_data: 0,
+            end_data: 0,
+            arg_start: 0,
+            arg_end: 0,
+            env_start: 0,
+            env_end: 0,
+        }
+    }
 }
 
 impl std::fmt::Debug for Mm {
@@ -283,6 +337,7 @@ impl Mm {
             stack_limit: AtomicU64::new(DEFAULT_STACK_LIMIT),
             cap_ipc_lock: crate::sync::AtomicBool::new(true),
             dead: crate::sync::AtomicBool::new(false),
+            layout: crate::sync::Mutex::new(MmLayout::default()),
         }))
     }
 
@@ -309,6 +364,27 @@ impl Mm {
     /// `setrlimit(RLIMIT_STACK)`.
     pub fn set_stack_limit(&self, bytes: u64) {
         self.stack_limit.store(bytes, Ordering::Relaxed);
+    }
+
+    /// The process's layout (brk, stack, `mmap_base`).
+    pub fn layout(&self) -> MmLayout {
+        *self.layout.lock()
+    }
+
+    /// Change the layout, under mmap_lock held for writing.
+    pub fn set_layout(&self, _held: &mmap_lock::MmapWriteGuard<'_>, f: impl FnOnce(&mut MmLayout)) {
+        f(&mut self.layout.lock());
+    }
+
+    /// `dup_mm`'s copy of the parent's layout, into a child no one else
+    /// sees yet.
+    pub fn copy_layout_from(&self, parent: &Mm) {
+        *self.layout.lock() = parent.layout();
+    }
+
+    /// `mm->mmap_base`.
+    pub fn mmap_base(&self) -> u64 {
+        self.layout.lock().mmap_base
     }
 
     /// Give the task `CAP_IPC_LOCK`, or drop it.

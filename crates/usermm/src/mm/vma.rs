@@ -73,18 +73,41 @@ pub const VM_GROWSDOWN: VmFlags = 0x100;
 /// which no other mapping is placed and past which it does not grow (256
 /// pages, the kernel's default).
 pub const STACK_GUARD_GAP: u64 = 256 << PAGE_SHIFT;
+/// `VM_PFNMAP`: raw page frames, no `struct page` behind them (vvar).
+pub const VM_PFNMAP: VmFlags = 0x400;
 pub const VM_LOCKED: VmFlags = 0x2000;
+/// `VM_IO`: memory-mapped I/O or the like; never dumped, locked or merged.
+pub const VM_IO: VmFlags = 0x4000;
 /// Lock pages as they are faulted in (`mlock2(MLOCK_ONFAULT)`), not at once.
 pub const VM_LOCKONFAULT: VmFlags = 0x80000;
 pub const VM_LOCKED_MASK: VmFlags = VM_LOCKED | VM_LOCKONFAULT;
 pub const VM_DONTCOPY: VmFlags = 0x20000;
+/// `VM_DONTEXPAND`: mremap may not grow it (special mappings).
+pub const VM_DONTEXPAND: VmFlags = 0x40000;
 pub const VM_ACCOUNT: VmFlags = 0x100000;
 pub const VM_NORESERVE: VmFlags = 0x200000;
 /// `VM_WIPEONFORK`: the child of a fork gets this range empty.
 pub const VM_WIPEONFORK: VmFlags = 0x02000000;
+/// `VM_DONTDUMP`: left out of core dumps.
+pub const VM_DONTDUMP: VmFlags = 0x04000000;
+
 pub const VM_HUGEPAGE: VmFlags = 0x20000000;
 pub const VM_NOHUGEPAGE: VmFlags = 0x40000000;
 pub const VM_ACCESS_FLAGS: VmFlags = VM_READ | VM_WRITE | VM_EXEC;
+/// `VM_DATA_DEFAULT_FLAGS` on x86-64 (no `READ_IMPLIES_EXEC`): brk's and
+/// bss's flags, and the stack's before `VM_GROWSDOWN`.
+pub const VM_DATA_DEFAULT_FLAGS: VmFlags =
+    VM_READ | VM_WRITE | VM_MAYREAD | VM_MAYWRITE | VM_MAYEXEC;
+/// `VM_SPECIAL`: VMAs that mlock, merging and mremap's growth leave
+/// alone (the kernel's also has `VM_MIXEDMAP`, which nothing here makes).
+pub const VM_SPECIAL: VmFlags = VM_IO | VM_DONTEXPAND | VM_PFNMAP;
+
+/// `struct vm_special_mapping`: a mapping of the kernel's own pages that
+/// exec installs (the vDSO and its data), named in /proc by `name`.
+#[derive(Debug, PartialEq, Eq)]
+pub struct SpecialMapping {
+    pub name: &'static str,
+}
 
 /// `vm_get_page_prot` for private mappings: a private writable mapping gets
 /// read-only entries; the write fault makes them writable (COW).
@@ -126,6 +149,9 @@ pub struct Vma {
     /// `vm_file`: the file mapped, None for anonymous memory. Its page
     /// `vm_pgoff` is mapped at `vm_start`.
     vm_file: Option<Arc<crate::fs::File>>,
+    /// `vm_ops` of a special mapping (`special_mapping_vmops` with its
+    /// `vm_special_mapping`); None for every other VMA.
+    vm_special: Option<&'static SpecialMapping>,
     /// `vm_refcnt` and `vm_lock_seq`: the per-VMA lock, whose count is 0
     /// while the VMA is out of the tree. On a cache line of its own, as the
     /// kernel's `vm_refcnt` is (`____cacheline_aligned_in_smp`): faults in
@@ -158,6 +184,7 @@ impl Vma {
             anon_vma_chain: Mutex::new(Vec::new()),
             vm_policy: None,
             vm_file: None,
+            vm_special: None,
             vm_lock: CachePadded::new(VmaLock::new()),
         }
     }
@@ -175,16 +202,29 @@ impl Vma {
         self
     }
 
+    /// This VMA as the special mapping `sm` (before it is published).
+    pub fn with_special(mut self, sm: Option<&'static SpecialMapping>) -> Vma {
+        self.vm_special = sm;
+        self
+    }
+
+    /// The special mapping this VMA is, if it is one.
+    #[inline]
+    pub fn special(&self) -> Option<&'static SpecialMapping> {
+        self.vm_special
+    }
+
     /// `vm_file`.
     #[inline]
     pub fn file(&self) -> Option<&Arc<crate::fs::File>> {
         self.vm_file.as_ref()
     }
 
-    /// `vma_is_anonymous`: no file behind it.
+    /// `vma_is_anonymous`: no `vm_ops`, neither a file nor a special
+    /// mapping behind it.
     #[inline]
     pub fn is_anonymous(&self) -> bool {
-        self.vm_file.is_none()
+        self.vm_file.is_none() && self.vm_special.is_none()
     }
 
     /// `vma_policy`.
