@@ -3,7 +3,9 @@
 //! CPU 0 is the operator: it runs random mmap (MAP_FIXED, some with
 //! MAP_NORESERVE, MAP_POPULATE, MAP_GROWSDOWN or MAP_STACK), munmap,
 //! mprotect, madvise, the mlock family, mremap (moves within the window,
-//! some leaving the old range empty, and shrinks), fork, exit,
+//! some leaving the old range empty, and shrinks), brk (the first process
+//! is given its heap in the window's top quarter, as exec would give it a
+//! `start_brk`; children inherit it), fork, exit,
 //! context switches between the processes, `move_pages` and `mbind`
 //! between the nodes, THP knob, NUMA-balancing, tunable and overcommit
 //! changes, and loads and stores of its own; and, in a window of their
@@ -71,6 +73,10 @@ const WINDOW_LEN: u64 = 32 << 20;
 /// the invariant checker and the leak check are their oracles.
 const FILE_WINDOW: u64 = 0x6100_0000_0000;
 const FILE_WINDOW_LEN: u64 = 16 << 20;
+/// Where the first process's heap starts: brk moves its break within
+/// [`HEAP_START`, `HEAP_START + HEAP_LEN`), below it now and then (refused).
+const HEAP_START: u64 = WINDOW + WINDOW_LEN - HEAP_LEN;
+const HEAP_LEN: u64 = WINDOW_LEN / 4;
 /// The size of each of the stress's files.
 const FILE_SIZE: u64 = 4 << 20;
 const PAGE: u64 = 4096;
@@ -156,6 +162,10 @@ pub fn run(a: StressArgs) -> anyhow::Result<i32> {
     };
     let c0 = m.bind(0).map_err(|e| anyhow::anyhow!("bind: {e}"))?;
     let main = c0.new_mm().map_err(|e| anyhow::anyhow!("mm: {e}"))?;
+    {
+        let g = main.mmap_lock.write();
+        main.set_layout(&g, |l| (l.start_brk, l.brk) = (HEAP_START, HEAP_START));
+    }
     let files = make_files(&c0)?;
     let watchdog_stop = AtomicBool::new(false);
     std::thread::scope(|s| {
@@ -922,7 +932,8 @@ impl Operator<'_, '_> {
                 self.note(r);
                 "mremap"
             }
-            47..=77 => {
+            76..=77 => self.brk(),
+            47..=75 => {
                 self.set_last_op(format!("mm {mm}: loads and stores"));
                 for _ in 0..32 {
                     let addr = WINDOW
@@ -1022,6 +1033,39 @@ impl Operator<'_, '_> {
             }
         };
         Ok(kind)
+    }
+
+    /// brk(2) of the current process: a query, a break below the heap's
+    /// start (refused), or one anywhere in the heap's quarter, unaligned
+    /// at times. Where the break's page moved, the range between the old
+    /// and the new is zero from then on (unmapped, or a new mapping).
+    fn brk(&mut self) -> &'static str {
+        let (c, shadow, mm) = (self.c, self.shadow, self.cur.id);
+        let old = self.cur.layout().brk;
+        let want = match self.rng.gen_range(0..10) {
+            0 => 0,
+            1 => HEAP_START - PAGE,
+            _ => HEAP_START + self.rng.gen_range(0..HEAP_LEN / 16) * 16,
+        };
+        let page = |a: u64| (a + PAGE - 1) & !(PAGE - 1);
+        let (lo, hi) = (page(old.min(want)), page(old.max(want)));
+        self.set_last_op(format!("mm {mm}: brk {want:#x} (the break at {old:#x})"));
+        // Refused (or a query): the old break comes back, nothing changed;
+        // an Err tells the shadow memory so.
+        let r = shadow.zap_if_ok(c, mm, lo, hi.max(lo + PAGE), || {
+            c.brk(want).and_then(|got| {
+                if got == want && want != 0 && lo != hi {
+                    Ok(got)
+                } else {
+                    Err(Errno::ENOMEM)
+                }
+            })
+        });
+        if r.is_ok() {
+            "brk"
+        } else {
+            "brk (kept)"
+        }
     }
 
     /// Where MADV_DONTNEED of `[start, end)` stops: at the first locked

@@ -564,3 +564,115 @@ fn a_sender_counts_its_wait_for_acknowledgements() {
     c0.idle();
     check_invariants(&m).unwrap();
 }
+
+/// Three CPUs of one process fault and store in a mapping and in the
+/// heap while a fourth, under each `fault_lock`, moves parts of the
+/// mapping away and back (mremap), locks and unlocks them (mlock2, with
+/// and without MLOCK_ONFAULT, populating under the faults), and grows and
+/// shrinks the heap (brk). Every load is checked by the shadow memory;
+/// the invariant checker runs after each round.
+#[test]
+fn mremap_mlock_brk_under_faulting_cpus() {
+    use usermm::mlock::MLOCK_ONFAULT;
+    use usermm::mremap::{MREMAP_FIXED, MREMAP_MAYMOVE};
+    use usermm::tunable::FaultLock;
+    const LEN: u64 = 64 * 4096;
+    const CHUNK: u64 = 8 * 4096;
+    const HEAP: u64 = 0x5000_0000_0000;
+    const HEAP_LEN: u64 = 32 * 4096;
+    for lock in [FaultLock::MmapLock, FaultLock::Spf, FaultLock::VmaLock] {
+        let m = Machine::new(MachineConfig::single_node(128 << 20, 4)).unwrap();
+        m.tunables.set_fault_lock(lock);
+        let shadow = Shadow::new();
+        let c0 = m.bind(0).unwrap();
+        let mm = c0.new_mm().unwrap();
+        {
+            let g = mm.mmap_lock.write();
+            mm.set_layout(&g, |l| (l.start_brk, l.brk) = (HEAP, HEAP));
+        }
+        let a = c0
+            .mmap(0x4000_0000_0000, LEN, RW, ANON | MAP_FIXED)
+            .unwrap();
+        // Where chunks are moved to, and back from.
+        let away = a + (1 << 30);
+        let stop = AtomicBool::new(false);
+        let accesses = AtomicU64::new(0);
+        std::thread::scope(|s| {
+            let _stop = StopOnDrop(&stop);
+            for id in 1..4u64 {
+                let (m, mm, stop, shadow, accesses) = (&m, mm.clone(), &stop, &shadow, &accesses);
+                s.spawn(move || {
+                    let c = m.bind(id as usize).unwrap();
+                    c.switch_mm(&mm);
+                    let mut rng = SmallRng::seed_from_u64(id);
+                    let mut seq = 1u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        let addr = if rng.gen_bool(0.7) {
+                            a + rng.gen_range(0..LEN / 8) * 8
+                        } else {
+                            HEAP + rng.gen_range(0..HEAP_LEN / 8) * 8
+                        };
+                        let r = if rng.gen_bool(0.5) {
+                            seq += 1;
+                            shadow.store_u64(&c, addr, (id << 56) | seq)
+                        } else {
+                            shadow.load_u64(&c, addr).map(|_| ())
+                        };
+                        assert!(matches!(r, Ok(()) | Err(Errno::EFAULT)), "{lock:?}: {r:?}");
+                        accesses.fetch_add(1, Ordering::Relaxed);
+                    }
+                    c.idle();
+                });
+            }
+            let mut rng = SmallRng::seed_from_u64(99);
+            let mut i = 0u64;
+            while i < 300 || accesses.load(Ordering::Relaxed) < 30_000 {
+                i += 1;
+                let start = a + rng.gen_range(0..LEN / CHUNK) * CHUNK;
+                match i % 3 {
+                    0 => {
+                        let flags = MREMAP_MAYMOVE | MREMAP_FIXED;
+                        shadow
+                            .remap(&c0, mm.id, start, away, CHUNK, || {
+                                c0.mremap(start, CHUNK, CHUNK, flags, away)
+                            })
+                            .unwrap();
+                        shadow
+                            .remap(&c0, mm.id, away, start, CHUNK, || {
+                                c0.mremap(away, CHUNK, CHUNK, flags, start)
+                            })
+                            .unwrap();
+                    }
+                    1 => {
+                        let flags = if rng.gen_bool(0.5) { MLOCK_ONFAULT } else { 0 };
+                        c0.mlock2(start, CHUNK, flags).unwrap();
+                        c0.munlock(start, CHUNK).unwrap();
+                    }
+                    _ => {
+                        let want = HEAP + rng.gen_range(0..=HEAP_LEN / 4096) * 4096;
+                        let old = mm.layout().brk;
+                        let (lo, hi) = (old.min(want), old.max(want));
+                        if lo == hi {
+                            continue;
+                        }
+                        // The pages between the old and the new break read
+                        // as zero from now on: unmapped, or mapped anew.
+                        let got = shadow.zap(&c0, mm.id, lo, hi, || c0.brk(want).unwrap());
+                        assert_eq!(got, want, "{lock:?}: brk refused");
+                    }
+                }
+            }
+            stop.store(true, Ordering::Relaxed);
+            c0.idle();
+        });
+        shadow.verdict().unwrap_or_else(|e| panic!("{lock:?}: {e}"));
+        assert!(
+            shadow.loads_checked() > 5_000,
+            "{lock:?}: too few loads checked"
+        );
+        c0.exit_mm().unwrap();
+        drop(c0);
+        m.rcu_barrier();
+        check_invariants(&m).unwrap_or_else(|e| panic!("{lock:?}: {e}"));
+    }
+}
