@@ -268,10 +268,18 @@ fn slot(i: u64) -> u64 {
 /// down), then operations on page-aligned (now and then unaligned) parts
 /// of them, mremaps, accesses below them, forks, switches
 /// and exits, THP knob changes, and marks with every figure but VmRSS and
-/// the PMD-sized THP counters of /proc/vmstat compared. Every statement's outcome is comparable: the expectations
-/// are arbitrary (they may fail on both sides alike); what must agree is
-/// what each side saw.
+/// the PMD-sized THP counters of /proc/vmstat compared. A quarter of them
+/// first exec /usr/bin/true and work in its address space (natively the
+/// server makes the calls as that program): with a heap `H` that brk
+/// grows and shrinks, `maps` compared line by line, and no files, forks,
+/// stacks that grow down or mincore, which are not made natively for an
+/// exec'd program. Every statement's outcome is comparable: the
+/// expectations are arbitrary (they may fail on both sides alike); what
+/// must agree is what each side saw.
 fn random_scenario(seed: u64) -> String {
+    // Drawn apart, so that the scenarios that do not exec are those the
+    // seeds gave before exec was drawn.
+    let exec = Rng(seed.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1).below(4) == 0;
     let mut r = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
     let mut s = format!("# random scenario, seed {seed}\n");
     let sizes = ["4K", "16K", "64K", "2M"];
@@ -279,10 +287,14 @@ fn random_scenario(seed: u64) -> String {
     if r.below(4) == 0 {
         s += "knob use_zero_page 0\n";
     }
+    if exec {
+        s += "require file /usr/bin/true\nexec /usr/bin/true\nbrk +256K as=H\n";
+    }
     let lens = [64 << 10, 256 << 10, 2 << 20, 4 << 20];
     // Half the scenarios have a file: written whole (large folios) or in
     // pages, its size a few pages past a size that folios fill.
-    let file_size = (r.below(2) == 0).then(|| lens[r.below(4) as usize] + r.below(3) * 4096);
+    let file_size =
+        (!exec && r.below(2) == 0).then(|| lens[r.below(4) as usize] + r.below(3) * 4096);
     if let Some(size) = file_size {
         // An ext4 file, a tmpfs one or a memfd (both shmem).
         let seed = 1 + r.below(9);
@@ -321,6 +333,11 @@ fn random_scenario(seed: u64) -> String {
             " flags=private,anonymous,growsdown",
             " flags=private,anonymous,stack",
         ]);
+        let flags = if exec && flags.contains("growsdown") {
+            ""
+        } else {
+            flags
+        };
         s += &format!(
             "map R{i} {}K {prot} at={:#x}{flags}\n",
             len[i as usize] >> 10,
@@ -343,6 +360,16 @@ fn random_scenario(seed: u64) -> String {
         let at = format!("R{i}+{off:#x}");
         let bytes = format!("{}K", n << 2);
         s += &match r.below(23) {
+            // The heap of an exec'd program: the break moved, its pages
+            // written and read, the whole address space compared.
+            15 | 20 if exec => match r.below(6) {
+                0 => format!("brk +{}K\n", 4 * (1 + r.below(128))),
+                1 => format!("brk -{}K\n", 4 * (1 + r.below(128))),
+                2 => format!("brk H+{:#x}\n", r.below(1 << 19)),
+                3 => format!("fill H {}K {}\n", 4 * (1 + r.below(64)), 1 + r.below(9)),
+                4 => format!("check H+{:#x} 4K zero\n", r.below(64) << 12),
+                _ => "maps\n".to_string(),
+            },
             0..=3 => format!("fill {at} {bytes} {}\n", 1 + r.below(9)),
             4 => format!("check {at} {bytes} {}\n", 1 + r.below(9)),
             5 => format!("check {at} {bytes} zero\n"),

@@ -197,7 +197,12 @@ fn show_map_vma(vma: &Vma, layout: &crate::mm::MmLayout) -> String {
         let inode = &file.inode;
         pgoff = vma.pgoff() * PAGE_SIZE;
         ino = inode.ino;
-        if let Some(p) = &inode.host_path {
+        if file.shared_anon {
+            // shmem_zero_setup's file on shm_mnt, the first anonymous
+            // device a booting kernel makes.
+            dev = (0, 1);
+            name = "/dev/zero (deleted)".into();
+        } else if let Some(p) = &inode.host_path {
             use std::os::unix::fs::MetadataExt;
             if let Ok(meta) = std::fs::metadata(p) {
                 let d = meta.dev();

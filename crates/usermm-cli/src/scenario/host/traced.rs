@@ -16,9 +16,10 @@
 //! * a load or a store is `process_vm_readv`/`writev`: the kernel faults
 //!   the page in for the process as its own access would (a write fault
 //!   for a store, a read fault for a load, fault-around and the zero page
-//!   alike). It cannot grow a stack (GUP never expands one): a store into
-//!   a hole is refused with ENOSYS rather than answered differently from
-//!   the program's own store;
+//!   alike). It cannot grow a stack (GUP never expands one): an access to
+//!   a hole below a VMA that grows down is refused with ENOSYS rather than
+//!   answered differently from the program's own; below any other VMA it
+//!   is the program's SIGSEGV, EFAULT;
 //! * `setrlimit` is `prlimit` on the process.
 //!
 //! `fork` and file mappings are not made for it (ENOSYS): the process has
@@ -207,10 +208,8 @@ impl Traced {
 
     /// `store ADDR VALUE`: the process's 8-byte store, as its write fault.
     fn store(&self, addr: u64, v: u64, buf: &mut String) -> String {
-        match super::access_check(&format!("/proc/{}/maps", self.pid), addr, true, buf) {
-            super::Access::Refused => return format!("err {}", Errno::EFAULT.0),
-            super::Access::Hole => return format!("err {}", Errno::ENOSYS.0),
-            super::Access::Allowed => {}
+        if let Err(e) = self.access(addr, true, buf) {
+            return format!("err {}", e.0);
         }
         let bytes = v.to_ne_bytes();
         let local = libc::iovec {
@@ -233,10 +232,8 @@ impl Traced {
 
     /// `load ADDR`: the process's 8-byte load, as its read fault.
     fn load(&self, addr: u64, buf: &mut String) -> String {
-        match super::access_check(&format!("/proc/{}/maps", self.pid), addr, false, buf) {
-            super::Access::Refused => return format!("err {}", Errno::EFAULT.0),
-            super::Access::Hole => return format!("err {}", Errno::ENOSYS.0),
-            super::Access::Allowed => {}
+        if let Err(e) = self.access(addr, false, buf) {
+            return format!("err {}", e.0);
         }
         let mut bytes = [0u8; 8];
         let local = libc::iovec {
@@ -255,6 +252,35 @@ impl Traced {
         } else {
             format!("err {}", Errno::EFAULT.0)
         }
+    }
+
+    /// Whether the MMU would let the process make the access, as far as
+    /// its maps tell: EFAULT for its SIGSEGV, ENOSYS where only the access
+    /// itself could say (a hole that a stack might grow into: the first
+    /// VMA above it grows down, `gd` among its smaps VmFlags).
+    fn access(&self, addr: u64, write: bool, buf: &mut String) -> Result<(), Errno> {
+        match super::access_check(&format!("/proc/{}/maps", self.pid), addr, write, buf) {
+            super::Access::Allowed => Ok(()),
+            super::Access::Refused => Err(Errno::EFAULT),
+            super::Access::Hole if self.grows_down_above(addr, buf) => Err(Errno::ENOSYS),
+            super::Access::Hole => Err(Errno::EFAULT),
+        }
+    }
+
+    /// Whether the first VMA above `addr` grows down.
+    fn grows_down_above(&self, addr: u64, buf: &mut String) -> bool {
+        let smaps = super::read_proc(&format!("/proc/{}/smaps", self.pid), buf);
+        let mut above = false;
+        for l in smaps.lines() {
+            // A VMA's first line starts with its range; its last is VmFlags.
+            let end = l.split_whitespace().next().and_then(|r| r.split_once('-'));
+            if let Some(hi) = end.and_then(|(_, hi)| u64::from_str_radix(hi, 16).ok()) {
+                above = hi > addr;
+            } else if above && l.starts_with("VmFlags:") {
+                return l.split_whitespace().any(|f| f == "gd");
+            }
+        }
+        false
     }
 
     /// End the process: killed, and waited for.
