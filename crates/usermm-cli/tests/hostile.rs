@@ -107,6 +107,41 @@ fn hostile_scenario_files_get_their_documented_status() {
     }
     forks.push_str("check A 64K 1\n");
     check_file("forks.scn", forks.as_bytes(), 0);
+    // Threads, exec and brk: a one-line error (status 1) or the kernel's
+    // errno, never a panic.
+    check_file("thread_twice.scn", b"thread T\nthread T\n", 1);
+    check_file("thread_after_exit.scn", b"thread T\nexit T\nswitch T\n", 1);
+    check_file(
+        "thread_of_an_exited_process.scn",
+        b"fork c\nswitch c\nthread T\nswitch main\nexit c\nswitch T\n",
+        1,
+    );
+    let mut threads = String::from("map A 64K rw at=0x600000000000\n");
+    for i in 0..64 {
+        threads.push_str(&format!(
+            "thread t{i}\nswitch t{i}\nwrite A+{:#x} {i}\n",
+            i * 8
+        ));
+    }
+    threads.push_str("switch main\nexit main\n");
+    check_file("threads.scn", threads.as_bytes(), 0);
+    check_file(
+        "exec_with_threads.scn",
+        b"thread T\nexec /usr/bin/true\n",
+        1,
+    );
+    check_file("exec_relative.scn", b"exec true\n", 2);
+    check_file(
+        "exec_errors.scn",
+        b"fails ENOENT: exec /nonexistent/program\nfails EACCES: exec /etc/passwd\n",
+        0,
+    );
+    check_file("brk_without_exec.scn", b"brk +4K\n", 1);
+    check_file(
+        "brk_out_of_range.scn",
+        b"exec /usr/bin/true\nbrk as=H\nbrk 0xfffffffffffff000\nbrk -0x7fffffffffffffff\n",
+        1,
+    );
     let mut c = usermm();
     c.args(["run", "/nonexistent/usermm/scenario.scn"]);
     assert_eq!(finish(c, Duration::from_secs(10)).0, 4);

@@ -266,8 +266,8 @@ fn slot(i: u64) -> u64 {
 /// A random scenario: a THP size, up to three regions at fixed addresses
 /// (now and then populated, without reserve, locked, or stacks that grow
 /// down), then operations on page-aligned (now and then unaligned) parts
-/// of them, mremaps, accesses below them, forks, switches
-/// and exits, THP knob changes, and marks with every figure but VmRSS and
+/// of them, mremaps, accesses below them, forks, threads of the first
+/// process (on the next CPU), switches and exits, THP knob changes, and marks with every figure but VmRSS and
 /// the PMD-sized THP counters of /proc/vmstat compared. A quarter of them
 /// first exec /usr/bin/true and work in its address space (natively the
 /// server makes the calls as that program): with a heap `H` that brk
@@ -280,6 +280,9 @@ fn random_scenario(seed: u64) -> String {
     // Drawn apart, so that the scenarios that do not exec are those the
     // seeds gave before exec was drawn.
     let exec = Rng(seed.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1).below(4) == 0;
+    // Whether a fork from main makes a thread instead, drawn apart too.
+    let mut threads_rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5555);
+    let mut threads = 0;
     let mut r = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
     let mut s = format!("# random scenario, seed {seed}\n");
     let sizes = ["4K", "16K", "64K", "2M"];
@@ -412,6 +415,13 @@ fn random_scenario(seed: u64) -> String {
                 r.pick(&["rw", "r"]),
                 slot(i as u64)
             ),
+            // A thread of main, on the next CPU.
+            15 if !exec && cur == 0 && threads < 2 && threads_rng.below(3) == 0 => {
+                threads += 1;
+                let t = format!("t{threads}");
+                procs.push(t.clone());
+                format!("thread {t}\n")
+            }
             15 if children < 2 => {
                 children += 1;
                 let c = format!("c{children}");

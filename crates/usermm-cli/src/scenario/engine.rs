@@ -15,7 +15,11 @@ use super::Backend;
 
 pub struct EngineBackend {
     m: Arc<Machine>,
+    /// Every thread's mm, by the thread's name.
     procs: HashMap<String, Arc<Mm>>,
+    /// The CPU of each thread a `thread` statement made; a process's
+    /// first thread runs on CPU 0.
+    cpus: HashMap<String, usize>,
     cur: String,
     /// The scenario's files by name: each as an open file, read-write for
     /// those it made, read-only for host files (as the native run opens
@@ -40,6 +44,7 @@ impl EngineBackend {
         Ok(EngineBackend {
             m,
             procs: HashMap::from([("main".to_string(), mm)]),
+            cpus: HashMap::new(),
             cur: "main".into(),
             files: HashMap::new(),
         })
@@ -68,6 +73,7 @@ impl EngineBackend {
         let mut v: Vec<(String, u64)> = self
             .procs
             .iter()
+            .filter(|(n, _)| !self.cpus.contains_key(*n))
             .map(|(n, mm)| (n.clone(), mm.id))
             .collect();
         v.sort_by_key(|x| x.1);
@@ -84,9 +90,13 @@ impl EngineBackend {
         format!("processes: {}", names.join(", "))
     }
 
-    /// Run `f` on CPU 0 with the current process loaded.
+    /// Run `f` on the current thread's CPU with its process loaded.
     fn on<R>(&self, f: impl FnOnce(&usermm::OnCpu) -> R) -> R {
-        let c = self.m.bind(0).expect("CPU 0 is free between statements");
+        let cpu = self.cpus.get(&self.cur).copied().unwrap_or(0);
+        let c = self
+            .m
+            .bind(cpu)
+            .expect("the CPUs are free between statements");
         let mm = &self.procs[&self.cur];
         // A context switch only when another process ran last: a `fill`
         // makes one access per page, all in the same process.
@@ -266,11 +276,47 @@ impl Backend for EngineBackend {
         self.on(|c| c.brk(brk))
             .map_err(|e| format!("brk: {}", e.name()))
     }
+    /// The thread's CPU: the next after those of the process's threads,
+    /// round the machine's CPUs (the first thread's is CPU 0). It loads
+    /// the mm (a context switch to the new thread) and goes idle.
+    fn thread(&mut self, name: &str) -> Result<Result<(), Errno>, String> {
+        let mm = self.procs[&self.cur].clone();
+        let siblings = self
+            .procs
+            .iter()
+            .filter(|(n, m)| m.id == mm.id && self.cpus.contains_key(*n))
+            .count();
+        let cpu = (1 + siblings) % self.m.cpus.len();
+        let c = self.m.bind(cpu).map_err(|e| e.to_string())?;
+        c.switch_mm(&mm);
+        c.idle();
+        drop(c);
+        self.procs.insert(name.to_string(), mm);
+        self.cpus.insert(name.to_string(), cpu);
+        Ok(Ok(()))
+    }
     fn switch(&mut self, name: &str) -> Result<(), String> {
         if !self.procs.contains_key(name) {
             return Err(format!("no process {name:?}"));
         }
         self.cur = name.to_string();
+        Ok(())
+    }
+    /// The thread's CPU stops running the mm (`exit_thread`); the mm
+    /// stays with the process.
+    fn exit_thread(&mut self, name: &str) -> Result<(), String> {
+        let cpu = self
+            .cpus
+            .remove(name)
+            .ok_or(format!("no thread {name:?}"))?;
+        let mm = self
+            .procs
+            .remove(name)
+            .ok_or(format!("no thread {name:?}"))?;
+        let c = self.m.bind(cpu).map_err(|e| e.to_string())?;
+        if c.mm().is_ok_and(|cur| cur.id == mm.id) {
+            c.exit_thread();
+        }
         Ok(())
     }
     fn exit(&mut self, name: &str) -> Result<(), String> {
@@ -441,6 +487,11 @@ fn readable(mm: &Mm, addr: u64) -> bool {
 
 impl Drop for EngineBackend {
     fn drop(&mut self) {
+        // The threads first, then each process's mm, once.
+        let threads: Vec<String> = self.cpus.keys().cloned().collect();
+        for t in threads {
+            let _ = self.exit_thread(&t);
+        }
         let names: Vec<String> = self.procs.keys().cloned().collect();
         for n in names {
             let _ = self.exit(&n);

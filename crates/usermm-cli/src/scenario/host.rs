@@ -85,6 +85,8 @@ struct Server {
     to: File,
     from: BufReader<File>,
     pid: i32,
+    /// A thread of the server `pid` (`thread`), not a process of its own.
+    thread: bool,
 }
 
 pub struct HostBackend {
@@ -287,7 +289,12 @@ impl HostBackend {
             let to = open_fifo_writer(inp, pid)?;
             // The server opens this one right after the other.
             let from = BufReader::new(File::open(out)?);
-            Ok(Server { to, from, pid })
+            Ok(Server {
+                to,
+                from,
+                pid,
+                thread: false,
+            })
         };
         open().map_err(|e| {
             // SAFETY: signalling a server this process made, and reaping it
@@ -668,12 +675,33 @@ impl Backend for HostBackend {
             .ok_or(format!("maps: {r}"))?;
         Ok(body.split('\u{1f}').map(String::from).collect())
     }
+    /// A thread of the current server: it serves on FIFOs of its own.
+    fn thread(&mut self, name: &str) -> Result<Result<(), Errno>, String> {
+        let (i, o) = self
+            .fifos()
+            .map_err(|e| format!("cannot make the FIFOs of thread {name:?} on the host: {e:#}"))?;
+        let pid = self.procs.get(&self.cur).ok_or("no current process")?.pid;
+        if let Err(e) = self.call_errno(&format!("thread {} {}", i.display(), o.display())) {
+            return Ok(Err(e));
+        }
+        let mut s = self.connect(&i, &o, pid).map_err(|e| format!("{e:#}"))?;
+        s.thread = true;
+        self.procs.insert(name.to_string(), s);
+        Ok(Ok(()))
+    }
     fn switch(&mut self, name: &str) -> Result<(), String> {
         if !self.procs.contains_key(name) {
             return Err(format!("no process {name:?}"));
         }
         self.cur = name.to_string();
         Ok(())
+    }
+    fn exit_thread(&mut self, name: &str) -> Result<(), String> {
+        let prev = std::mem::replace(&mut self.cur, name.to_string());
+        let r = self.call("exit");
+        self.procs.remove(name);
+        self.cur = prev;
+        r.map(|_| ())
     }
     fn exit(&mut self, name: &str) -> Result<(), String> {
         let prev = std::mem::replace(&mut self.cur, name.to_string());
@@ -870,9 +898,20 @@ impl Backend for HostBackend {
 
 impl Drop for HostBackend {
     fn drop(&mut self) {
-        let names: Vec<String> = self.procs.keys().cloned().collect();
-        for n in names {
-            let _ = self.exit(&n);
+        // The threads first: a process's exit ends them, and waits until
+        // it is gone.
+        let mut names: Vec<(bool, String)> = self
+            .procs
+            .iter()
+            .map(|(n, s)| (!s.thread, n.clone()))
+            .collect();
+        names.sort();
+        for (process, n) in names {
+            let _ = if process {
+                self.exit(&n)
+            } else {
+                self.exit_thread(&n)
+            };
         }
         for (p, v) in self.saved_knobs.drain(..).rev() {
             if std::fs::write(&p, v).is_ok() {
@@ -996,6 +1035,137 @@ fn serve_at(inp: &PathBuf, out: &PathBuf) -> ! {
         (Ok(r), Ok(w)) => serve(r, w),
         // SAFETY: leave without running the parent's destructors.
         _ => unsafe { libc::_exit(1) },
+    }
+}
+
+/// The buffer the server's threads read /proc files into, made once at
+/// the start (1 MiB, so that reading never grows the heap between a
+/// mark and an expect). One request is served at a time.
+fn proc_buf() -> std::sync::MutexGuard<'static, String> {
+    static PROC_BUF: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
+    PROC_BUF.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// How many threads a server may start (`thread`), over its life.
+const NR_THREAD_STACKS: usize = 4;
+/// Each one's stack: glibc puts the thread's descriptor and TLS at its
+/// top, and the thread touches 128K of it before it serves.
+const THREAD_STACK_SIZE: usize = 256 << 10;
+
+/// The threads' stacks, in this server's bss and written through at its
+/// start ([`touch_thread_stacks`]): a thread started later maps nothing
+/// and faults nothing in, so that the scenario's figures see only what
+/// the scenario's `thread` means (a clone on a stack the process has),
+/// not pthread_create's stack mapping.
+#[repr(C, align(4096))]
+struct ThreadStacks([[u8; THREAD_STACK_SIZE]; NR_THREAD_STACKS]);
+
+static mut THREAD_STACKS: ThreadStacks = ThreadStacks([[0; THREAD_STACK_SIZE]; NR_THREAD_STACKS]);
+
+/// Threads this server started.
+static THREADS_MADE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Write every page of the threads' stacks (a forked server makes them
+/// its own before it serves), and start counting threads from none.
+fn touch_thread_stacks() {
+    let base = std::ptr::addr_of_mut!(THREAD_STACKS).cast::<u8>();
+    for off in (0..NR_THREAD_STACKS * THREAD_STACK_SIZE).step_by(4096) {
+        // SAFETY: within the static, which is writable; no thread of this
+        // server runs on the stacks yet (a forked server has the forking
+        // thread only, and it is this one).
+        unsafe { base.add(off).write_volatile(0) };
+    }
+    THREADS_MADE.store(0, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// `thread IN OUT`: a thread of this server, on one of the stacks made
+/// at its start, serving on the FIFOs `IN` and `OUT`, on the next CPU.
+fn thread_here(words: &[&str]) -> String {
+    let slot = THREADS_MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    if slot >= NR_THREAD_STACKS || words.len() < 3 {
+        return format!("err {}", Errno::EAGAIN.0);
+    }
+    let arg = Box::into_raw(Box::new((
+        PathBuf::from(words[1]),
+        PathBuf::from(words[2]),
+        slot,
+    )));
+    // SAFETY: the stack is the slot's part of THREAD_STACKS, used by no
+    // other thread (each slot once); attr is initialised before use and
+    // destroyed after; `arg` is handed to the thread, which frees it.
+    unsafe {
+        let stack = std::ptr::addr_of_mut!(THREAD_STACKS)
+            .cast::<u8>()
+            .add(slot * THREAD_STACK_SIZE);
+        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+        libc::pthread_attr_init(&mut attr);
+        libc::pthread_attr_setstack(&mut attr, stack.cast(), THREAD_STACK_SIZE);
+        libc::pthread_attr_setdetachstate(&mut attr, libc::PTHREAD_CREATE_DETACHED);
+        let mut tid: libc::pthread_t = 0;
+        let r = libc::pthread_create(&mut tid, &attr, thread_main, arg.cast());
+        libc::pthread_attr_destroy(&mut attr);
+        if r != 0 {
+            drop(Box::from_raw(arg));
+            return format!("err {r}");
+        }
+    }
+    "ok".into()
+}
+
+/// A server thread: on the CPU after its process's (after its earlier
+/// threads'), serving until `exit`.
+extern "C" fn thread_main(arg: *mut libc::c_void) -> *mut libc::c_void {
+    // SAFETY: `arg` is the Box `thread_here` leaked for this thread.
+    let (inp, out, slot) = *unsafe { Box::from_raw(arg.cast::<(PathBuf, PathBuf, usize)>()) };
+    pin_to_next_cpu(slot + 1);
+    let (Ok(r), Ok(mut w)) = (File::open(&inp), OpenOptions::new().write(true).open(&out)) else {
+        return std::ptr::null_mut();
+    };
+    touch_stack(128);
+    let mut r = BufReader::with_capacity(4096, r);
+    let mut line = String::with_capacity(4096);
+    loop {
+        line.clear();
+        if r.read_line(&mut line).unwrap_or(0) == 0 {
+            return std::ptr::null_mut();
+        }
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let reply = match words.first().copied() {
+            Some("exit") => {
+                let _ = writeln!(w, "ok");
+                return std::ptr::null_mut();
+            }
+            Some("fork") => fork_here(&words, &[r.get_ref().as_raw_fd(), w.as_raw_fd()]),
+            // Not made from a thread (the scenario refuses exec with
+            // threads; a thread starts threads of its own process).
+            Some("exec" | "thread") => format!("err {}", Errno::ENOSYS.0),
+            _ => serve_request(&words, &mut proc_buf(), "/proc/self"),
+        };
+        if writeln!(w, "{reply}").is_err() {
+            return std::ptr::null_mut();
+        }
+    }
+}
+
+/// Pin the calling thread to the CPU `k` after the one its process's
+/// first thread is pinned to, round the online CPUs (left where it is if
+/// that one may not be used).
+fn pin_to_next_cpu(k: usize) {
+    // SAFETY: sched_getaffinity and sysconf fill or return plain values;
+    // the cpu_set_t is zeroed and filled before sched_setaffinity reads it.
+    unsafe {
+        let mut cur: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut cur) != 0 {
+            return;
+        }
+        let Some(first) = (0..libc::CPU_SETSIZE as usize).find(|&c| libc::CPU_ISSET(c, &cur))
+        else {
+            return;
+        };
+        let online = libc::sysconf(libc::_SC_NPROCESSORS_ONLN).max(1) as usize;
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET((first + k) % online, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
     }
 }
 
@@ -1154,10 +1324,16 @@ fn serve(requests: File, mut w: File) -> ! {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
     }
     drop(std::hint::black_box(vec![1u8; 256 << 10]));
-    let mut proc_buf = String::with_capacity(1 << 20);
-    proc_buf.extend(std::iter::repeat_n('x', 1 << 20));
+    // Several threads at most, and one at a time: the malloc arena of
+    // the first serves them all (a thread's own would be a new mapping).
+    // SAFETY: as above.
+    unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) };
+    let mut buf = String::with_capacity(1 << 20);
+    buf.extend(std::iter::repeat_n('x', 1 << 20));
     touch_stack(128);
-    prefault_file_mappings(&mut proc_buf);
+    touch_thread_stacks();
+    prefault_file_mappings(&mut buf);
+    *proc_buf() = buf;
     // The request reader's buffer, taken now from that room: taken before,
     // from wherever the heap's top was, a request longer than those before
     // it could reach into a page of it never touched (4K of RssAnon
@@ -1190,8 +1366,11 @@ fn serve(requests: File, mut w: File) -> ! {
                 .unwrap_or(0)
         };
         if let Some(t) = &traced {
-            if !matches!(words.first().copied(), Some("figures" | "maps" | "exit")) {
-                let reply = t.serve(&words, n, &mut proc_buf);
+            if !matches!(
+                words.first().copied(),
+                Some("figures" | "maps" | "exit" | "exec")
+            ) {
+                let reply = t.serve(&words, n, &mut proc_buf());
                 if writeln!(w, "{reply}").is_err() {
                     // SAFETY: as above.
                     unsafe { libc::_exit(1) };
@@ -1200,217 +1379,15 @@ fn serve(requests: File, mut w: File) -> ! {
             }
         }
         let reply = match words.first().copied() {
-            Some("mmap") => mmap_here(&words, n),
-            Some("write_file") => write_file_here(&words, n),
-            Some("msync") => {
-                // SAFETY: as for munmap.
-                rc(unsafe { libc::msync(n(1) as *mut _, n(2) as usize, n(3) as i32) })
-            }
-            Some("munmap") => {
-                // SAFETY: a system call on this process's own address space;
-                // the kernel checks the scenario's arguments.
-                rc(unsafe { libc::munmap(n(1) as *mut _, n(2) as usize) })
-            }
-            Some("mremap") => {
-                // SAFETY: as for munmap: the scenario's own mappings, or
-                // addresses the kernel checks.
-                let p = unsafe {
-                    libc::mremap(
-                        n(1) as *mut _,
-                        n(2) as usize,
-                        n(3) as usize,
-                        n(4) as i32,
-                        n(5) as usize,
-                    )
-                };
-                if p == libc::MAP_FAILED {
-                    format!(
-                        "err {}",
-                        std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
-                    )
-                } else {
-                    format!("ok {}", p as u64)
-                }
-            }
-            Some("mprotect") => {
-                // SAFETY: as for munmap.
-                rc(unsafe { libc::mprotect(n(1) as *mut _, n(2) as usize, n(3) as i32) })
-            }
-            Some("madvise") => {
-                // SAFETY: as for munmap.
-                rc(unsafe { libc::madvise(n(1) as *mut _, n(2) as usize, n(3) as i32) })
-            }
-            Some("mlock2") => {
-                // SAFETY: mlock2 changes no memory contents; the kernel
-                // checks the arguments.
-                rc(unsafe { libc::mlock2(n(1) as *const _, n(2) as usize, n(3) as u32) })
-            }
-            Some("munlock") => {
-                // SAFETY: as for mlock2.
-                rc(unsafe { libc::munlock(n(1) as *const _, n(2) as usize) })
-            }
-            Some("mlockall") => {
-                // SAFETY: as for mlock2.
-                rc(unsafe { libc::mlockall(n(1) as i32) })
-            }
-            Some("munlockall") => {
-                // SAFETY: as for mlock2.
-                rc(unsafe { libc::munlockall() })
-            }
-            Some("setrlimit") => {
-                let lim = libc::rlimit {
-                    rlim_cur: n(2),
-                    rlim_max: n(2),
-                };
-                // SAFETY: a valid rlimit, read by the call only.
-                rc(unsafe { libc::setrlimit(n(1) as _, &lim) })
-            }
-            Some("capdrop_ipc_lock") => capdrop_ipc_lock_here(),
-            Some("mincore") => {
-                let len = n(2);
-                let pages = (len / 4096 + u64::from(len % 4096 != 0)) as usize;
-                if pages > 1 << 20 {
-                    // Past 4 GiB of range: no vector here could hold the
-                    // answer; the kernel's own check says whether the
-                    // range is one at all (ENOMEM past the address space).
-                    if n(1).checked_add(len).is_none_or(|e| e > (1 << 47) - 4096) {
-                        "err 12".to_string()
-                    } else {
-                        "err 7".to_string()
-                    }
-                } else {
-                    let mut vec = vec![0u8; pages];
-                    // SAFETY: the kernel writes at most one byte per page
-                    // of the range into `vec`, which has room for them all.
-                    let r =
-                        unsafe { libc::mincore(n(1) as *mut _, len as usize, vec.as_mut_ptr()) };
-                    if r == 0 {
-                        let bits: String = vec
-                            .iter()
-                            .map(|&b| if b & 1 != 0 { '1' } else { '0' })
-                            .collect();
-                        format!("ok {bits}")
-                    } else {
-                        rc(r)
-                    }
-                }
-            }
-            Some("mbind") => {
-                let mask = [n(4)];
-                // SAFETY: mbind on this process's own range, with a mask of
-                // 64 bits (maxnode 65: the kernel reads maxnode - 1 bits).
-                rc(unsafe {
-                    libc::syscall(
-                        libc::SYS_mbind,
-                        n(1),
-                        n(2),
-                        n(3) as libc::c_ulong,
-                        mask.as_ptr(),
-                        65 as libc::c_ulong,
-                        n(5) as libc::c_ulong,
-                    ) as i32
-                })
-            }
-            Some("move_pages") => {
-                let node = words
-                    .get(3)
-                    .and_then(|s| s.parse::<i32>().ok())
-                    .unwrap_or(-1);
-                move_pages_here(n(1), n(2), node)
-            }
-            Some("store") => {
-                if access_check("/proc/self/maps", n(1), true, &mut proc_buf) == Access::Refused {
-                    format!("err {}", Errno::EFAULT.0)
-                } else {
-                    // SAFETY: /proc/self/maps says writable VMAs cover the
-                    // word's ends (which may be unaligned), or holes do (a
-                    // stack may grow into them; otherwise SIGSEGV); a page
-                    // past the end of a mapped file raises SIGBUS; the probe
-                    // turns either signal into an error.
-                    match unsafe { probe::store_u64(n(1), n(2)) } {
-                        Ok(()) => "ok".to_string(),
-                        Err(sig) => format!("err {}", probe::errno(sig).0),
-                    }
-                }
-            }
-            Some("load") => {
-                if access_check("/proc/self/maps", n(1), false, &mut proc_buf) == Access::Refused {
-                    format!("err {}", Errno::EFAULT.0)
-                } else {
-                    // SAFETY: readable VMAs or holes cover the word's ends;
-                    // signals as for a store.
-                    match unsafe { probe::load_u64(n(1)) } {
-                        Ok(v) => format!("ok {v}"),
-                        Err(sig) => format!("err {}", probe::errno(sig).0),
-                    }
-                }
-            }
-            Some("await_numa_hint") => await_numa_hint_here(n(1), &mut proc_buf),
-            Some("numa_helper") => match start_numa_helper_thread() {
-                Ok(()) => "ok".into(),
-                Err(why) => format!("err {} {why}", Errno::EAGAIN.0),
-            },
-            Some("read_faults") => {
-                read_faults_here(&super::load_addrs(n(1), n(2), n(3)), &mut proc_buf)
-            }
-            Some("fork") => {
-                let (i, o) = (PathBuf::from(words[1]), PathBuf::from(words[2]));
-                // SAFETY: the server's only other thread, if it has one, is
-                // parked for good and holds no lock (see
-                // `start_numa_helper_thread`); the child has this one only.
-                let pid = unsafe { libc::fork() };
-                // Both drain the CPU's LRU and mlock batches now, before
-                // either answers: a server's own copy-on-write faults on
-                // its memory would drain them at unforeseeable moments
-                // (`wp_can_reuse_anon_folio` drains for a folio in a
-                // batch). The engine's `fork` drains as well.
-                drain_lru_batches();
-                if pid == 0 {
-                    drop(r);
-                    drop(w);
-                    serve_at(&i, &o);
-                }
-                if pid < 0 {
-                    format!("err {}", errno_now().0)
-                } else {
-                    format!("ok {pid}")
-                }
-            }
-            Some("figures") => {
-                let f = |s: &str, k: &str| {
-                    s.lines()
-                        .find(|l| l.starts_with(k) && l[k.len()..].starts_with(':'))
-                        .and_then(|l| l.split_whitespace().nth(1))
-                        .and_then(|v| v.parse::<i64>().ok())
-                        .unwrap_or(0)
-                };
-                let st = read_proc(&format!("{proc_dir}/status"), &mut proc_buf);
-                let (a, b, c) = (f(st, "VmRSS"), f(st, "RssAnon"), f(st, "VmPTE"));
-                let (rf, rs) = (f(st, "RssFile"), f(st, "RssShmem"));
-                let lck = f(st, "VmLck");
-                let rollup = read_proc(&format!("{proc_dir}/smaps_rollup"), &mut proc_buf);
-                let (d, locked) = (f(rollup, "AnonHugePages"), f(rollup, "Locked"));
-                let e = read_proc(&format!("{proc_dir}/maps"), &mut proc_buf)
-                    .lines()
-                    .count();
-                format!("ok {a} {b} {c} {d} {e} {rf} {rs} {lck} {locked}")
-            }
-            Some("dump") => {
-                let st = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-                let keep: Vec<&str> = st
-                    .lines()
-                    .filter(|l| {
-                        ["VmSize", "VmRSS", "RssAnon", "VmPTE"]
-                            .iter()
-                            .any(|k| l.starts_with(k))
-                    })
-                    .collect();
-                format!("ok {}", keep.join("\u{1f}"))
-            }
+            Some("fork") => fork_here(&words, &[r.get_ref().as_raw_fd(), w.as_raw_fd()]),
             Some("exec") => match exec_traced(words[1], &words[1..]) {
                 Ok(pid) => match traced::Traced::new(pid) {
                     Ok(t) => {
-                        traced = Some(t);
+                        // The process execs again: the program before
+                        // goes with its address space.
+                        if let Some(old) = traced.replace(t) {
+                            old.kill();
+                        }
                         "ok".to_string()
                     }
                     Err(e) => {
@@ -1420,17 +1397,6 @@ fn serve(requests: File, mut w: File) -> ! {
                 },
                 Err(e) => format!("err {}", e.0),
             },
-            // The server's own heap is its allocator's: brk is made only
-            // for an exec'd process.
-            Some("brk") => format!("err {}", Errno::ENOSYS.0),
-            Some("maps") => {
-                let maps = read_proc(&format!("{proc_dir}/maps"), &mut proc_buf);
-                let lines: Vec<String> = maps
-                    .lines()
-                    .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
-                    .collect();
-                format!("ok {}", lines.join("\u{1f}"))
-            }
             Some("exit") => {
                 if let Some(t) = &traced {
                     t.kill();
@@ -1439,12 +1405,250 @@ fn serve(requests: File, mut w: File) -> ! {
                 // SAFETY: as above.
                 unsafe { libc::_exit(0) }
             }
-            _ => "err 22".to_string(),
+            Some("thread") => thread_here(&words),
+            _ => serve_request(&words, &mut proc_buf(), &proc_dir),
         };
         if writeln!(w, "{reply}").is_err() {
             // SAFETY: as above.
             unsafe { libc::_exit(1) };
         }
+    }
+}
+
+/// The answer to a request that every thread of a server makes alike:
+/// the memory calls on its own address space, its loads and stores, the
+/// figures and maps of `proc_dir` (/proc/self, or the exec'd program's).
+fn serve_request(words: &[&str], proc_buf: &mut String, proc_dir: &str) -> String {
+    let n = |i: usize| {
+        words
+            .get(i)
+            .and_then(|s| s.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    match words.first().copied() {
+        Some("mmap") => mmap_here(words, n),
+        Some("write_file") => write_file_here(words, n),
+        Some("msync") => {
+            // SAFETY: as for munmap.
+            rc(unsafe { libc::msync(n(1) as *mut _, n(2) as usize, n(3) as i32) })
+        }
+        Some("munmap") => {
+            // SAFETY: a system call on this process's own address space;
+            // the kernel checks the scenario's arguments.
+            rc(unsafe { libc::munmap(n(1) as *mut _, n(2) as usize) })
+        }
+        Some("mremap") => {
+            // SAFETY: as for munmap: the scenario's own mappings, or
+            // addresses the kernel checks.
+            let p = unsafe {
+                libc::mremap(
+                    n(1) as *mut _,
+                    n(2) as usize,
+                    n(3) as usize,
+                    n(4) as i32,
+                    n(5) as usize,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                format!(
+                    "err {}",
+                    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+                )
+            } else {
+                format!("ok {}", p as u64)
+            }
+        }
+        Some("mprotect") => {
+            // SAFETY: as for munmap.
+            rc(unsafe { libc::mprotect(n(1) as *mut _, n(2) as usize, n(3) as i32) })
+        }
+        Some("madvise") => {
+            // SAFETY: as for munmap.
+            rc(unsafe { libc::madvise(n(1) as *mut _, n(2) as usize, n(3) as i32) })
+        }
+        Some("mlock2") => {
+            // SAFETY: mlock2 changes no memory contents; the kernel
+            // checks the arguments.
+            rc(unsafe { libc::mlock2(n(1) as *const _, n(2) as usize, n(3) as u32) })
+        }
+        Some("munlock") => {
+            // SAFETY: as for mlock2.
+            rc(unsafe { libc::munlock(n(1) as *const _, n(2) as usize) })
+        }
+        Some("mlockall") => {
+            // SAFETY: as for mlock2.
+            rc(unsafe { libc::mlockall(n(1) as i32) })
+        }
+        Some("munlockall") => {
+            // SAFETY: as for mlock2.
+            rc(unsafe { libc::munlockall() })
+        }
+        Some("setrlimit") => {
+            let lim = libc::rlimit {
+                rlim_cur: n(2),
+                rlim_max: n(2),
+            };
+            // SAFETY: a valid rlimit, read by the call only.
+            rc(unsafe { libc::setrlimit(n(1) as _, &lim) })
+        }
+        Some("capdrop_ipc_lock") => capdrop_ipc_lock_here(),
+        Some("mincore") => {
+            let len = n(2);
+            let pages = (len / 4096 + u64::from(len % 4096 != 0)) as usize;
+            if pages > 1 << 20 {
+                // Past 4 GiB of range: no vector here could hold the
+                // answer; the kernel's own check says whether the
+                // range is one at all (ENOMEM past the address space).
+                if n(1).checked_add(len).is_none_or(|e| e > (1 << 47) - 4096) {
+                    "err 12".to_string()
+                } else {
+                    "err 7".to_string()
+                }
+            } else {
+                let mut vec = vec![0u8; pages];
+                // SAFETY: the kernel writes at most one byte per page
+                // of the range into `vec`, which has room for them all.
+                let r = unsafe { libc::mincore(n(1) as *mut _, len as usize, vec.as_mut_ptr()) };
+                if r == 0 {
+                    let bits: String = vec
+                        .iter()
+                        .map(|&b| if b & 1 != 0 { '1' } else { '0' })
+                        .collect();
+                    format!("ok {bits}")
+                } else {
+                    rc(r)
+                }
+            }
+        }
+        Some("mbind") => {
+            let mask = [n(4)];
+            // SAFETY: mbind on this process's own range, with a mask of
+            // 64 bits (maxnode 65: the kernel reads maxnode - 1 bits).
+            rc(unsafe {
+                libc::syscall(
+                    libc::SYS_mbind,
+                    n(1),
+                    n(2),
+                    n(3) as libc::c_ulong,
+                    mask.as_ptr(),
+                    65 as libc::c_ulong,
+                    n(5) as libc::c_ulong,
+                ) as i32
+            })
+        }
+        Some("move_pages") => {
+            let node = words
+                .get(3)
+                .and_then(|s| s.parse::<i32>().ok())
+                .unwrap_or(-1);
+            move_pages_here(n(1), n(2), node)
+        }
+        Some("store") => {
+            if access_check("/proc/self/maps", n(1), true, proc_buf) == Access::Refused {
+                format!("err {}", Errno::EFAULT.0)
+            } else {
+                // SAFETY: /proc/self/maps says writable VMAs cover the
+                // word's ends (which may be unaligned), or holes do (a
+                // stack may grow into them; otherwise SIGSEGV); a page
+                // past the end of a mapped file raises SIGBUS; the probe
+                // turns either signal into an error.
+                match unsafe { probe::store_u64(n(1), n(2)) } {
+                    Ok(()) => "ok".to_string(),
+                    Err(sig) => format!("err {}", probe::errno(sig).0),
+                }
+            }
+        }
+        Some("load") => {
+            if access_check("/proc/self/maps", n(1), false, proc_buf) == Access::Refused {
+                format!("err {}", Errno::EFAULT.0)
+            } else {
+                // SAFETY: readable VMAs or holes cover the word's ends;
+                // signals as for a store.
+                match unsafe { probe::load_u64(n(1)) } {
+                    Ok(v) => format!("ok {v}"),
+                    Err(sig) => format!("err {}", probe::errno(sig).0),
+                }
+            }
+        }
+        Some("await_numa_hint") => await_numa_hint_here(n(1), proc_buf),
+        Some("numa_helper") => match start_numa_helper_thread() {
+            Ok(()) => "ok".into(),
+            Err(why) => format!("err {} {why}", Errno::EAGAIN.0),
+        },
+        Some("read_faults") => read_faults_here(&super::load_addrs(n(1), n(2), n(3)), proc_buf),
+        Some("figures") => {
+            let f = |s: &str, k: &str| {
+                s.lines()
+                    .find(|l| l.starts_with(k) && l[k.len()..].starts_with(':'))
+                    .and_then(|l| l.split_whitespace().nth(1))
+                    .and_then(|v| v.parse::<i64>().ok())
+                    .unwrap_or(0)
+            };
+            let st = read_proc(&format!("{proc_dir}/status"), proc_buf);
+            let (a, b, c) = (f(st, "VmRSS"), f(st, "RssAnon"), f(st, "VmPTE"));
+            let (rf, rs) = (f(st, "RssFile"), f(st, "RssShmem"));
+            let lck = f(st, "VmLck");
+            let rollup = read_proc(&format!("{proc_dir}/smaps_rollup"), proc_buf);
+            let (d, locked) = (f(rollup, "AnonHugePages"), f(rollup, "Locked"));
+            let e = read_proc(&format!("{proc_dir}/maps"), proc_buf)
+                .lines()
+                .count();
+            format!("ok {a} {b} {c} {d} {e} {rf} {rs} {lck} {locked}")
+        }
+        Some("dump") => {
+            let st = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+            let keep: Vec<&str> = st
+                .lines()
+                .filter(|l| {
+                    ["VmSize", "VmRSS", "RssAnon", "VmPTE"]
+                        .iter()
+                        .any(|k| l.starts_with(k))
+                })
+                .collect();
+            format!("ok {}", keep.join("\u{1f}"))
+        }
+        // The server's own heap is its allocator's: brk is made only
+        // for an exec'd process.
+        Some("brk") => format!("err {}", Errno::ENOSYS.0),
+        Some("maps") => {
+            let maps = read_proc(&format!("{proc_dir}/maps"), proc_buf);
+            let lines: Vec<String> = maps
+                .lines()
+                .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+                .collect();
+            format!("ok {}", lines.join("\u{1f}"))
+        }
+        _ => "err 22".to_string(),
+    }
+}
+
+/// `fork IN OUT`: this server forks; the child, with the calling thread
+/// only, serves on the FIFOs `IN` and `OUT`, once it has closed the
+/// parent's FIFOs, `fds`.
+fn fork_here(words: &[&str], fds: &[std::os::unix::io::RawFd]) -> String {
+    let (i, o) = (PathBuf::from(words[1]), PathBuf::from(words[2]));
+    // SAFETY: the server's other threads, if it has any, are parked for
+    // good or blocked reading their FIFOs, and hold no lock (see
+    // `start_numa_helper_thread` and `thread_here`); the child has this
+    // one only.
+    let pid = unsafe { libc::fork() };
+    // Both drain the CPU's LRU and mlock batches now, before either
+    // answers: a server's own copy-on-write faults on its memory would
+    // drain them at unforeseeable moments (`wp_can_reuse_anon_folio`
+    // drains for a folio in a batch). The engine's `fork` drains as well.
+    drain_lru_batches();
+    if pid == 0 {
+        for &fd in fds {
+            // SAFETY: the child's copies of the parent's FIFOs, which
+            // nothing in the child uses again (serve_at never returns).
+            unsafe { libc::close(fd) };
+        }
+        serve_at(&i, &o);
+    }
+    if pid < 0 {
+        format!("err {}", errno_now().0)
+    } else {
+        format!("ok {pid}")
     }
 }
 

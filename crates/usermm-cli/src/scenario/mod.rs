@@ -113,9 +113,15 @@ pub trait Backend {
     /// `brk(2)` of the current process, which must have exec'd a program
     /// (it has no heap otherwise): the new break, or the old one.
     fn brk(&mut self, brk: u64) -> Result<u64, String>;
-    /// Run the next statements in `name`.
+    /// A thread `name` of the current process, on the next CPU; Err as
+    /// for `fork`.
+    fn thread(&mut self, name: &str) -> Result<Result<(), Errno>, String>;
+    /// Run the next statements in the thread `name`.
     fn switch(&mut self, name: &str) -> Result<(), String>;
-    /// The process `name` exits.
+    /// The thread `name`, not its process's first, exits.
+    fn exit_thread(&mut self, name: &str) -> Result<(), String>;
+    /// The process whose first thread is `name` exits (its other threads
+    /// have).
     fn exit(&mut self, name: &str) -> Result<(), String>;
     /// VmRSS, RssAnon, VmPTE, AnonHugePages (kB), the number of VMAs,
     /// RssFile, RssShmem, VmLck and Locked (kB) of the current process, in
@@ -285,7 +291,11 @@ struct Mark {
 
 struct Interp<'b> {
     b: &'b mut dyn Backend,
+    /// The processes, by the name of their first thread.
     procs: HashMap<String, ProcState>,
+    /// Every thread, with the name of its process.
+    tasks: HashMap<String, String>,
+    /// The thread that runs the statements.
     cur: String,
     /// The counters the scenario's `expect vmstat` statements name.
     vmstat_names: Vec<String>,
@@ -325,9 +335,20 @@ fn ok(s: impl Into<String>) -> Res {
 
 impl Interp<'_> {
     fn st(&mut self) -> &mut ProcState {
-        self.procs
-            .get_mut(&self.cur)
-            .expect("current process exists")
+        let p = &self.tasks[&self.cur];
+        self.procs.get_mut(p).expect("current process exists")
+    }
+
+    /// The other threads of process `p`.
+    fn threads_of(&self, p: &str) -> Vec<String> {
+        let mut t: Vec<String> = self
+            .tasks
+            .iter()
+            .filter(|(t, q)| *q == p && *t != p)
+            .map(|(t, _)| t.clone())
+            .collect();
+        t.sort();
+        t
     }
 
     /// Resolve an address; the second value is the base for patterns.
@@ -390,7 +411,7 @@ impl Interp<'_> {
                 | Op::Memfd { .. }
                 | Op::Truncate { .. }
         );
-        if needs_process && !self.procs.contains_key(&self.cur) {
+        if needs_process && !self.tasks.contains_key(&self.cur) {
             return Err("no process is running (every one exited)".into());
         }
         match op {
@@ -514,6 +535,7 @@ impl Interp<'_> {
             }
             Op::ExpectValue { addr, value } => self.expect_value(addr, *value),
             Op::Fork { child } => self.fork(child),
+            Op::Thread { name } => self.thread(name),
             Op::Switch { proc_name } => self.switch(proc_name),
             Op::Exit { proc_name } => self.exit(proc_name.as_deref()),
             Op::Knob { size_kb, mode } => Ok(Self::settable(self.b.knob(*size_kb, mode))),
@@ -802,6 +824,11 @@ impl Interp<'_> {
     /// `exec`: on success the process's regions are gone with its old
     /// address space.
     fn exec_program(&mut self, path: &str, args: &[String]) -> Result<Res, String> {
+        if !self.threads_of(&self.tasks[&self.cur]).is_empty() {
+            return Err(
+                "exec in a process of several threads is not modelled: exit them first".into(),
+            );
+        }
         let mut argv = vec![path.to_string()];
         argv.extend(args.iter().cloned());
         Ok(match self.b.exec(path, &argv)? {
@@ -837,9 +864,10 @@ impl Interp<'_> {
         Ok(Res::Ok(Some(format!("{got:#x}")), shown))
     }
 
+    /// `fork CHILD` (from any thread: the child has that one thread).
     fn fork(&mut self, child: &str) -> Result<Res, String> {
-        if self.procs.contains_key(child) {
-            return Err(format!("process {child:?} exists"));
+        if self.tasks.contains_key(child) {
+            return Err(format!("a thread {child:?} exists"));
         }
         if let Err(e) = self.b.fork(child)? {
             return Ok(Self::errno_res(e));
@@ -852,31 +880,56 @@ impl Interp<'_> {
                 ..st
             },
         );
+        self.tasks.insert(child.to_string(), child.to_string());
+        Ok(ok("ok"))
+    }
+
+    /// `thread NAME`: a thread of the current process, which shares its
+    /// regions and marks.
+    fn thread(&mut self, name: &str) -> Result<Res, String> {
+        if self.tasks.contains_key(name) {
+            return Err(format!("a thread {name:?} exists"));
+        }
+        if let Err(e) = self.b.thread(name)? {
+            return Ok(Self::errno_res(e));
+        }
+        let p = self.tasks[&self.cur].clone();
+        self.tasks.insert(name.to_string(), p);
         Ok(ok("ok"))
     }
 
     /// `switch NAME`.
     fn switch(&mut self, name: &str) -> Result<Res, String> {
-        if !self.procs.contains_key(name) {
-            return Err(format!("no process {name:?}"));
+        if !self.tasks.contains_key(name) {
+            return Err(format!("no thread {name:?}"));
         }
         self.b.switch(name)?;
         self.cur = name.to_string();
         Ok(ok("ok"))
     }
 
-    /// `exit [NAME]`.
+    /// `exit [NAME]`: a thread ends; a process's first thread ends the
+    /// process (exit_group: its other threads first, then its mm).
     fn exit(&mut self, name: Option<&str>) -> Result<Res, String> {
         let name = name.map_or_else(|| self.cur.clone(), str::to_string);
-        if !self.procs.contains_key(&name) {
-            return Err(format!("no process {name:?}"));
+        let Some(p) = self.tasks.get(&name).cloned() else {
+            return Err(format!("no thread {name:?}"));
+        };
+        if p != name {
+            self.b.exit_thread(&name)?;
+        } else {
+            for t in self.threads_of(&p) {
+                self.b.exit_thread(&t)?;
+                self.tasks.remove(&t);
+            }
+            self.b.exit(&name)?;
+            self.procs.remove(&name);
         }
-        self.b.exit(&name)?;
-        self.procs.remove(&name);
-        if name == self.cur {
-            // Back to any process still alive (the interpreter needs one to
+        self.tasks.remove(&name);
+        if !self.tasks.contains_key(&self.cur) {
+            // Back to any thread still alive (the interpreter needs one to
             // be current; the scenario should switch).
-            if let Some(n) = self.procs.keys().min().cloned() {
+            if let Some(n) = self.tasks.keys().min().cloned() {
                 self.b.switch(&n)?;
                 self.cur = n;
             }
@@ -1046,6 +1099,7 @@ pub fn run(stmts: &[Stmt], b: &mut dyn Backend, backend: &'static str) -> Report
     let mut it = Interp {
         b,
         procs: HashMap::from([(MAIN.to_string(), ProcState::default())]),
+        tasks: HashMap::from([(MAIN.to_string(), MAIN.to_string())]),
         cur: MAIN.to_string(),
         vmstat_names,
     };

@@ -250,6 +250,13 @@ pub enum Op {
     Fork {
         child: String,
     },
+    /// `thread NAME`: the current process starts a thread (clone with
+    /// CLONE_VM and CLONE_THREAD, on a stack it already has), which runs
+    /// on the next CPU; `switch NAME` runs statements in it, `exit NAME`
+    /// ends it.
+    Thread {
+        name: String,
+    },
     Switch {
         proc_name: String,
     },
@@ -670,6 +677,7 @@ const STATEMENTS: &[(&str, ParseStatement)] = &[
     ("read", parse_read),
     ("expect", parse_expect),
     ("fork", parse_fork),
+    ("thread", parse_thread),
     ("switch", parse_switch),
     ("exit", parse_exit),
     ("tunable", parse_tunable),
@@ -1153,6 +1161,13 @@ fn parse_expect(w: &mut Words) -> Result<Op, ParseError> {
 fn parse_fork(w: &mut Words) -> Result<Op, ParseError> {
     Ok(Op::Fork {
         child: w.name("a process name")?,
+    })
+}
+
+/// The statement `thread`.
+fn parse_thread(w: &mut Words) -> Result<Op, ParseError> {
+    Ok(Op::Thread {
+        name: w.name("a thread name")?,
     })
 }
 
