@@ -288,6 +288,18 @@ impl MmWalkOps for MadviseFreeWalk<'_, '_> {
     }
 }
 
+/// Whether every mapping of `folio` is a PTE of this table: then it is
+/// split in place ([`split_folio_in_table`]), the table's lock held.
+fn in_this_table_only(
+    mem: &crate::phys::PhysMem,
+    folio: crate::phys::Folio,
+    pt: &impl crate::pgtable::PteRead,
+    at: FolioPte,
+) -> bool {
+    folio.entire_mapcount(mem) == 0
+        && folio.mapcount(mem) == huge_memory::folio_ptes_in_table(mem, folio, pt, at)
+}
+
 /// The PTE half of `madvise_free_pte_range` (v6.10 and later: large folios
 /// covered whole are batched; those covered in part are split unless maybe
 /// shared).
@@ -334,17 +346,39 @@ fn madvise_free_pte_range(
                 // Covered in part: split it, unless it may be mapped by
                 // another process too; then leave these entries alone.
                 let at = FolioPte { idx, page };
-                let shared = crate::rmap::folio_maybe_mapped_shared(mem, folio);
-                let mut split_at = SplitAt {
-                    mm,
-                    pt: &mut pt,
-                    table_addr: a & crate::pgtable::PMD_MASK,
-                };
-                if !shared && split_folio_in_table(oncpu, folio, &mut split_at, at).is_ok() {
-                    continue; // look at this entry again: its folio is small now
+                if crate::rmap::folio_maybe_mapped_shared(mem, folio) {
+                    a += nr as u64 * PAGE_SIZE;
+                    continue;
                 }
-                a += nr as u64 * PAGE_SIZE;
-                continue;
+                let split = if in_this_table_only(mem, folio, &pt, at) {
+                    let mut split_at = SplitAt {
+                        mm,
+                        pt: &mut pt,
+                        table_addr: a & crate::pgtable::PMD_MASK,
+                    };
+                    split_folio_in_table(oncpu, folio, &mut split_at, at).is_ok()
+                } else if folio.trylock(mem) {
+                    // Mapped from other tables too: split through the
+                    // rmap, with this table's lock dropped, as the kernel
+                    // always splits here.
+                    folio.get(mem);
+                    drop(pt);
+                    let r = crate::migrate::split_anon_folio(oncpu, folio);
+                    folio.unlock(mem);
+                    folio.put(mem, oncpu.id());
+                    pt = match mm.pte_offset_map_lock(slot) {
+                        Some(pt) => pt,
+                        None => return,
+                    };
+                    crate::tlbbatch::flush_tlb_batched_pending(oncpu, mm);
+                    r.is_ok()
+                } else {
+                    false
+                };
+                if !split {
+                    a += nr as u64 * PAGE_SIZE;
+                }
+                continue; // split: this entry again, its folio small now
             }
             young |= b.any_young;
             dirty |= b.any_dirty;
@@ -528,8 +562,10 @@ fn madvise_pageout_pte_range(
         crate::tlbbatch::flush_tlb_batched_pending(oncpu, mm);
         let mut full = false;
         // A page-cache folio covered in part, locked and held, to split
-        // with the table's lock dropped.
+        // with the table's lock dropped; an anon one mapped from other
+        // tables too, likewise.
         let mut split = None;
+        let mut anon_split = None;
         while a < end && !full {
             let idx = pgtable::pte_index(a);
             let pte = pt.pte(idx);
@@ -559,13 +595,27 @@ fn madvise_pageout_pte_range(
                 let flags = memory::FPB_IGNORE_DIRTY | memory::FPB_IGNORE_SOFT_DIRTY;
                 nr = memory::folio_pte_batch(mem, folio, &pt, idx, pte, max_nr, flags).nr;
                 if (nr as u64) < folio.nr_pages(mem) {
-                    let shared = crate::rmap::folio_maybe_mapped_shared(mem, folio);
+                    if crate::rmap::folio_maybe_mapped_shared(mem, folio) {
+                        a += nr as u64 * PAGE_SIZE;
+                        continue;
+                    }
+                    if !in_this_table_only(mem, folio, &pt, at) {
+                        // Mapped from other tables too: split through the
+                        // rmap once this table's lock is dropped.
+                        if folio.trylock(mem) {
+                            folio.get(mem);
+                            anon_split = Some((folio, nr as u64 * PAGE_SIZE));
+                            break;
+                        }
+                        a += nr as u64 * PAGE_SIZE;
+                        continue;
+                    }
                     let mut split_at = SplitAt {
                         mm,
                         pt: &mut pt,
                         table_addr: a & crate::pgtable::PMD_MASK,
                     };
-                    if !shared && split_folio_in_table(oncpu, folio, &mut split_at, at).is_ok() {
+                    if split_folio_in_table(oncpu, folio, &mut split_at, at).is_ok() {
                         continue; // this entry again: its folio is small now
                     }
                     a += nr as u64 * PAGE_SIZE;
@@ -613,6 +663,15 @@ fn madvise_pageout_pte_range(
         drop(pt);
         if full {
             tlb.flush_mmu(oncpu);
+        }
+        if let Some((folio, bytes)) = anon_split {
+            // Split, the walk looks at its entries again; not split, it
+            // goes on past them.
+            if crate::migrate::split_anon_folio(oncpu, folio).is_err() {
+                a += bytes;
+            }
+            folio.unlock(mem);
+            folio.put(mem, oncpu.id());
         }
         if let Some((c, bytes)) = split {
             // SAFETY: the folio is locked and held: cached, its address

@@ -591,7 +591,7 @@ fn migrate_folio_unmap(
     if was_mapped {
         // The queued flushes of the PTEs restored stay queued: a stale
         // translation to the same page is harmless.
-        remove_migration_ptes(oncpu, &iso, src);
+        remove_migration_ptes(oncpu, &iso, src, false);
     }
     src.unlock(mem);
     dst.unlock(mem);
@@ -616,7 +616,7 @@ fn migrate_folio_move(oncpu: &OnCpu, u: Unmapped) -> Result<Option<Folio>, Unmap
         crate::swap::lru_add_drain(mem, oncpu.id());
     }
     if u.was_mapped {
-        remove_migration_ptes(oncpu, &u.src, dst);
+        remove_migration_ptes(oncpu, &u.src, dst, false);
     }
     dst.unlock(mem);
     // The allocation's reference: the PTEs hold their own.
@@ -634,7 +634,7 @@ fn migrate_folio_move(oncpu: &OnCpu, u: Unmapped) -> Result<Option<Folio>, Unmap
 fn migrate_folio_undo(oncpu: &OnCpu, u: Unmapped) -> Isolated {
     let mem = oncpu.mem();
     if u.was_mapped {
-        remove_migration_ptes(oncpu, &u.src, u.src.folio);
+        remove_migration_ptes(oncpu, &u.src, u.src.folio, false);
     }
     u.src.folio.unlock(mem);
     u.dst.unlock(mem);
@@ -689,7 +689,7 @@ fn try_split_folio(
     }
     ubc.flush(oncpu);
     if folio.mapped(mem) || folio.ref_count(mem) != 1 {
-        remove_migration_ptes(oncpu, &iso, folio);
+        remove_migration_ptes(oncpu, &iso, folio, false);
         folio.unlock(mem);
         return Err(iso);
     }
@@ -709,10 +709,80 @@ fn try_split_folio(
         })
         .collect();
     for p in &pieces {
-        remove_migration_ptes(oncpu, p, p.folio);
+        remove_migration_ptes(oncpu, p, p.folio, true);
         p.folio.unlock(mem);
     }
     Ok(pieces)
+}
+
+/// `split_folio` of an anon folio wherever it is mapped (`__folio_split`
+/// to order 0), as madvise asks for one it covers in part: the caller holds
+/// the folio's lock and a reference, and no page-table lock. The folio is
+/// unmapped through the rmap (PTE migration entries in every VMA that maps
+/// it, a PMD split first), split once only the caller's reference holds
+/// it (`can_split_folio`), and each page mapped back as a folio of its own,
+/// or to the shared zero page if it holds only zeroes (`remap_page` with
+/// `RMP_USE_SHARED_ZEROPAGE`, v6.12). The first page's folio stays locked
+/// and held for the caller; the others are unlocked, and freed if nothing
+/// maps them. Err (EAGAIN): held beyond its mappings (a per-CPU batch, a
+/// pin), mapped back whole.
+pub fn split_anon_folio(oncpu: &OnCpu, folio: Folio) -> KResult<()> {
+    let mem = oncpu.mem();
+    let order = folio.order(mem);
+    debug_assert!(order > 0 && folio.test_anon(mem));
+    let failed = || {
+        mem.vmstat.mod_mthp(order, MthpStat::SPLIT_FAILED, 1);
+        if order == HPAGE_PMD_ORDER {
+            oncpu
+                .vmstat()
+                .count(oncpu.id(), Event::THP_SPLIT_PAGE_FAILED, 1);
+        }
+        Err(Errno::EAGAIN)
+    };
+    let Some(anon_vma) = rmap::folio_get_anon_vma(mem, folio) else {
+        return failed();
+    };
+    let iso = Isolated {
+        folio,
+        anon_vma,
+        counted: false,
+    };
+    // unmap_folio: the flushes batched, one for the folio.
+    let flags = TtuFlags {
+        batch_flush: true,
+        split_huge_pmd: true,
+    };
+    let mut ubc = TlbflushUnmapBatch::new();
+    try_to_migrate(oncpu, &iso, flags, &mut ubc);
+    ubc.flush(oncpu);
+    if folio.mapped(mem) || folio.ref_count(mem) != 1 {
+        remove_migration_ptes(oncpu, &iso, folio, false);
+        return failed();
+    }
+    let pieces = huge_memory::split_folio_pages(oncpu, folio);
+    debug_assert_eq!(pieces.len() as u64, 1 << order, "an unmapped folio's pages");
+    for &pfn in &pieces {
+        // The caller's reference, one for each piece until it is mapped
+        // back.
+        mem.page(pfn).refcount.store(1, Ordering::Relaxed);
+    }
+    for &pfn in &pieces {
+        let piece = Isolated {
+            folio: Folio(pfn),
+            anon_vma: iso.anon_vma.clone(),
+            counted: false,
+        };
+        remove_migration_ptes(oncpu, &piece, piece.folio, true);
+        if !piece.folio.mapped(mem) {
+            // Freed when its last reference goes, as a page no one maps.
+            mem.page(pfn).mapping.store(0, Ordering::Relaxed);
+        }
+    }
+    for &pfn in &pieces[1..] {
+        Folio(pfn).unlock(mem);
+        Folio(pfn).put(mem, oncpu.id());
+    }
+    Ok(())
 }
 
 /// `move_to_new_folio` for an anonymous folio (`migrate_folio`): copy the
@@ -834,7 +904,10 @@ fn try_to_migrate_one(
 /// the same page of `dst` (the destination, or `src` itself when a
 /// migration is undone), with the entry's write, young and dirty bits and
 /// its exclusivity.
-fn remove_migration_ptes(oncpu: &OnCpu, src: &Isolated, dst: Folio) {
+///
+/// After a split (`zeropage`), a page that holds only zeroes is mapped to
+/// the shared zero page instead ([`try_to_map_unused_to_zeropage`]).
+fn remove_migration_ptes(oncpu: &OnCpu, src: &Isolated, dst: Folio, zeropage: bool) {
     let mem = oncpu.mem();
     let from = src.folio;
     rmap_walk_anon(oncpu, from, &src.anon_vma, |mm, vma| {
@@ -848,11 +921,53 @@ fn remove_migration_ptes(oncpu: &OnCpu, src: &Isolated, dst: Folio) {
             }
         };
         page_vma_mapped_walk(mem, mm, vma, from, at_pmd, |pt, i, addr| {
-            remove_migration_pte(oncpu, pt, vma, from.pfn() + i, dst.pfn() + i, addr);
+            let (old, new) = (from.pfn() + i, dst.pfn() + i);
+            if !(zeropage && try_to_map_unused_to_zeropage(oncpu, (mm, vma), pt, old, addr)) {
+                remove_migration_pte(oncpu, pt, vma, old, new, addr);
+            }
             true
         });
         true
     });
+}
+
+/// `try_to_map_unused_to_zeropage`: where a migration entry of `page`
+/// stands at `addr` after a split, map the shared zero page instead if the
+/// page holds only zeroes, neither it nor its VMA is locked; its RSS goes
+/// (the page is freed when the split lets go of it).
+fn try_to_map_unused_to_zeropage(
+    oncpu: &OnCpu,
+    (mm, vma): (&Arc<Mm>, &Vma),
+    pt: &mut PteLocked<'_>,
+    page: u64,
+    addr: u64,
+) -> bool {
+    let mem = oncpu.mem();
+    let idx = pgtable::pte_index(addr);
+    let orig = pt.pte(idx);
+    if !orig.is_swap() {
+        return false;
+    }
+    let SwpKind::Migration { pfn, .. } = orig.swp_entry().kind() else {
+        return false;
+    };
+    let folio = mem.page_folio(page);
+    if pfn != page
+        || folio.is_large(mem)
+        || folio.head(mem).test(pg::MLOCKED)
+        || vma.flags() & crate::mm::vma::VM_LOCKED != 0
+        || !mem.page_is_zero(page)
+    {
+        return false;
+    }
+    let mut zero = Pte::new(oncpu.m.zero_pfn, vma.page_prot()).mkspecial();
+    if orig.swp_soft_dirty() {
+        zero = zero.mksoft_dirty();
+    }
+    // No flush: the entry was not present.
+    pt.set(idx, zero);
+    mm.add_rss(crate::mm::MmCounter::AnonPages, -1);
+    true
 }
 
 /// `remove_migration_pte` for one address of the locked table `pt`.
