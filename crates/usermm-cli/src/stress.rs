@@ -5,7 +5,8 @@
 //! mprotect, madvise, the mlock family, mremap (moves within the window,
 //! some leaving the old range empty, and shrinks), brk (the first process
 //! is given its heap in the window's top quarter, as exec would give it a
-//! `start_brk`; children inherit it), fork, exit,
+//! `start_brk`; children inherit it), fork, exec of this program by a
+//! child, exit,
 //! context switches between the processes, `move_pages` and `mbind`
 //! between the nodes, THP knob, NUMA-balancing, tunable and overcommit
 //! changes, and loads and stores of its own; and, in a window of their
@@ -976,6 +977,7 @@ impl Operator<'_, '_> {
                 c.switch_mm(&self.cur);
                 "switch"
             }
+            92 if self.cur.id != self.main.id => self.exec(),
             90..=92 => {
                 if self.children.is_empty() {
                     return Ok("exit (skipped: no child)");
@@ -1041,11 +1043,12 @@ impl Operator<'_, '_> {
     /// and the new is zero from then on (unmapped, or a new mapping).
     fn brk(&mut self) -> &'static str {
         let (c, shadow, mm) = (self.c, self.shadow, self.cur.id);
-        let old = self.cur.layout().brk;
+        let l = self.cur.layout();
+        let (start, old) = (l.start_brk, l.brk);
         let want = match self.rng.gen_range(0..10) {
             0 => 0,
-            1 => HEAP_START - PAGE,
-            _ => HEAP_START + self.rng.gen_range(0..HEAP_LEN / 16) * 16,
+            1 => start - PAGE,
+            _ => start + self.rng.gen_range(0..HEAP_LEN / 16) * 16,
         };
         let page = |a: u64| (a + PAGE - 1) & !(PAGE - 1);
         let (lo, hi) = (page(old.min(want)), page(old.max(want)));
@@ -1065,6 +1068,36 @@ impl Operator<'_, '_> {
             "brk"
         } else {
             "brk (kept)"
+        }
+    }
+
+    /// execve of this very program by the current process, a child (the
+    /// first process's threads are the accessors): its old mm goes, and
+    /// the operations go on in the one exec built, whose heap is the
+    /// program's and whose window starts empty.
+    fn exec(&mut self) -> &'static str {
+        let c = self.c;
+        let Some(exe) = std::env::current_exe()
+            .ok()
+            .and_then(|p| p.to_str().map(String::from))
+        else {
+            return "exec (skipped: no path)";
+        };
+        let old = self.cur.clone();
+        self.set_last_op(format!("mm {}: exec {exe}", old.id));
+        match c.execve(&exe, &[&exe, "stress"], &["USERMM=1"]) {
+            Ok(mm) => {
+                self.shadow.exit(old.id);
+                if let Some(ch) = self.children.iter_mut().find(|ch| ch.id == old.id) {
+                    *ch = mm.clone();
+                }
+                self.cur = mm;
+                "exec"
+            }
+            Err(e) => {
+                self.note(Err(e));
+                "exec (failed)"
+            }
         }
     }
 
