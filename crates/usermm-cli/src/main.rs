@@ -65,6 +65,14 @@ enum Cmd {
     /// it ended (each run that changes them starts one; see knob_guard).
     #[command(hide = true)]
     RestoreHostSettings,
+    /// A native scenario's vfork child that execs: serve the scenario's
+    /// requests on descriptors IN and OUT for PROGRAM, exec'd and traced.
+    #[command(hide = true)]
+    ServeExec {
+        inp: i32,
+        out: i32,
+        program: Vec<String>,
+    },
 }
 
 #[derive(clap::Args)]
@@ -220,5 +228,6 @@ fn run_command(cmd: Cmd) -> anyhow::Result<i32> {
         Cmd::HostForkChain { depth, vmas } => host_chain::main(depth, vmas),
         Cmd::HostPtReclaim { mode, iterations } => host_pt_reclaim::main(mode, iterations),
         Cmd::RestoreHostSettings => knob_guard::main(),
+        Cmd::ServeExec { inp, out, program } => scenario::host::serve_exec(inp, out, &program),
     }
 }

@@ -130,6 +130,18 @@ fn hostile_scenario_files_get_their_documented_status() {
         b"thread T\nexec /usr/bin/true\n",
         1,
     );
+    check_file("vfork_parent_waits.scn", b"vfork c\nswitch main\n", 1);
+    check_file(
+        "vfork_parent_runs_nothing.scn",
+        b"vfork c\nmap A 4K rw\n",
+        1,
+    );
+    check_file("vfork_parent_cannot_exit.scn", b"vfork c\nexit main\n", 1);
+    check_file(
+        "vfork_child_exits.scn",
+        b"map A 4K rw\nvfork c\nswitch c\nwrite A 1\nexit c\nswitch main\nexpect A == 1\n",
+        0,
+    );
     check_file("exec_relative.scn", b"exec true\n", 2);
     check_file(
         "exec_errors.scn",

@@ -326,9 +326,17 @@ pub fn create_elf_tables(
 }
 
 /// `execve(2)` of the current process: `path` with `argv` and `envp`.
-/// On success the CPU runs the new mm, the old one is torn down, and the
-/// new one is returned; on failure nothing has changed.
-pub fn do_execve(oncpu: &OnCpu, path: &str, argv: &[&str], envp: &[&str]) -> KResult<Arc<Mm>> {
+/// On success the CPU runs the new mm, the old one is given up (`mmput`:
+/// torn down, unless `old_shared`: a vfork child's exec gives the mm back
+/// to its parent), and the new one is returned; on failure nothing has
+/// changed.
+pub fn do_execve(
+    oncpu: &OnCpu,
+    path: &str,
+    argv: &[&str],
+    envp: &[&str],
+    old_shared: bool,
+) -> KResult<Arc<Mm>> {
     let old = oncpu.mm()?;
     let mut bprm = prepare_binprm(oncpu, path, argv, envp)?;
     let mm = Mm::new(oncpu.mem().clone(), oncpu.cpu.node, oncpu.id())?;
@@ -352,7 +360,9 @@ pub fn do_execve(oncpu: &OnCpu, path: &str, argv: &[&str], envp: &[&str]) -> KRe
     let built = build_new_mm(oncpu, &mm, &mut bprm);
     match built {
         Ok(()) => {
-            crate::mmap::exit_mmap(oncpu, &old);
+            if !old_shared {
+                crate::mmap::exit_mmap(oncpu, &old);
+            }
             Ok(mm)
         }
         Err(e) => {

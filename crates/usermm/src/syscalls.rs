@@ -69,7 +69,19 @@ impl OnCpu<'_> {
         envp: &[&str],
     ) -> KResult<crate::sync::Arc<crate::mm::Mm>> {
         self.kernel_enter();
-        crate::exec::do_execve(self, path, argv, envp)
+        crate::exec::do_execve(self, path, argv, envp, false)
+    }
+
+    /// `execve(2)` by a vfork child, which runs its parent's mm: as
+    /// [`OnCpu::execve`], but the old mm stays, its parent's again.
+    pub fn execve_vfork_child(
+        &self,
+        path: &str,
+        argv: &[&str],
+        envp: &[&str],
+    ) -> KResult<crate::sync::Arc<crate::mm::Mm>> {
+        self.kernel_enter();
+        crate::exec::do_execve(self, path, argv, envp, true)
     }
 
     /// `memfd_create(2)`: a new, empty shmem file.

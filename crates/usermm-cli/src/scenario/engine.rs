@@ -20,6 +20,8 @@ pub struct EngineBackend {
     /// The CPU of each thread a `thread` statement made; a process's
     /// first thread runs on CPU 0.
     cpus: HashMap<String, usize>,
+    /// The vfork children still running their parent's mm.
+    vforked: std::collections::HashSet<String>,
     cur: String,
     /// The scenario's files by name: each as an open file, read-write for
     /// those it made, read-only for host files (as the native run opens
@@ -45,6 +47,7 @@ impl EngineBackend {
             m,
             procs: HashMap::from([("main".to_string(), mm)]),
             cpus: HashMap::new(),
+            vforked: Default::default(),
             cur: "main".into(),
             files: HashMap::new(),
         })
@@ -261,10 +264,25 @@ impl Backend for EngineBackend {
     }
     fn exec(&mut self, path: &str, argv: &[String]) -> Result<Result<(), Errno>, String> {
         let args: Vec<&str> = argv.iter().map(String::as_str).collect();
-        let r = self.on(|c| c.execve(path, &args, &[]));
+        let vforked = self.vforked.contains(&self.cur);
+        let r = self.on(|c| {
+            if vforked {
+                c.execve_vfork_child(path, &args, &[])
+            } else {
+                c.execve(path, &args, &[])
+            }
+        });
         Ok(r.map(|mm| {
+            self.vforked.remove(&self.cur);
             self.procs.insert(self.cur.clone(), mm);
         }))
+    }
+    /// The child runs the parent's mm, on the parent's CPU (CPU 0).
+    fn vfork(&mut self, child: &str) -> Result<Result<(), Errno>, String> {
+        let mm = self.procs[&self.cur].clone();
+        self.procs.insert(child.to_string(), mm);
+        self.vforked.insert(child.to_string());
+        Ok(Ok(()))
     }
     fn maps(&mut self) -> Result<Vec<String>, String> {
         Ok(usermm::proc::maps(&self.procs[&self.cur]))
@@ -324,6 +342,13 @@ impl Backend for EngineBackend {
             .procs
             .remove(name)
             .ok_or(format!("no process {name:?}"))?;
+        if self.vforked.remove(name) {
+            // The mm is the parent's: the child's exit leaves it.
+            if self.cur == name {
+                self.cur = self.procs.keys().min().cloned().unwrap_or_default();
+            }
+            return Ok(());
+        }
         let c = self.m.bind(0).map_err(|e| e.to_string())?;
         c.switch_mm(&mm);
         c.exit_mm().map_err(|e| e.to_string())?;
@@ -487,10 +512,15 @@ fn readable(mm: &Mm, addr: u64) -> bool {
 
 impl Drop for EngineBackend {
     fn drop(&mut self) {
-        // The threads first, then each process's mm, once.
+        // The threads and vfork children first, then each process's mm,
+        // once.
         let threads: Vec<String> = self.cpus.keys().cloned().collect();
         for t in threads {
             let _ = self.exit_thread(&t);
+        }
+        let children: Vec<String> = self.vforked.iter().cloned().collect();
+        for c in children {
+            let _ = self.exit(&c);
         }
         let names: Vec<String> = self.procs.keys().cloned().collect();
         for n in names {

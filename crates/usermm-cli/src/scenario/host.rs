@@ -87,6 +87,8 @@ struct Server {
     pid: i32,
     /// A thread of the server `pid` (`thread`), not a process of its own.
     thread: bool,
+    /// A vfork child, whose parent waits for it (until it execs).
+    vforked: bool,
 }
 
 pub struct HostBackend {
@@ -294,6 +296,7 @@ impl HostBackend {
                 from,
                 pid,
                 thread: false,
+                vforked: false,
             })
         };
         open().map_err(|e| {
@@ -655,9 +658,13 @@ impl Backend for HostBackend {
         if argv.iter().any(|a| a.contains(char::is_whitespace)) {
             return Err("natively an argument may not hold spaces".into());
         }
-        Ok(self
-            .call_errno(&format!("exec {path} {}", argv[1..].join(" ")))
-            .map(|_| ()))
+        let r = self.call_errno(&format!("exec {path} {}", argv[1..].join(" ")));
+        if r.is_ok() {
+            if let Some(s) = self.procs.get_mut(&self.cur) {
+                s.vforked = false;
+            }
+        }
+        Ok(r.map(|_| ()))
     }
     fn brk(&mut self, brk: u64) -> Result<u64, String> {
         let r = self.call(&format!("brk {brk}"))?;
@@ -674,6 +681,23 @@ impl Backend for HostBackend {
             .or(r.strip_prefix("ok"))
             .ok_or(format!("maps: {r}"))?;
         Ok(body.split('\u{1f}').map(String::from).collect())
+    }
+    /// A vfork child of the current server: it answers the request
+    /// itself, and serves on FIFOs of its own.
+    fn vfork(&mut self, child: &str) -> Result<Result<(), Errno>, String> {
+        let (i, o) = self.fifos().map_err(|e| {
+            format!("cannot make the FIFOs of process {child:?} on the host: {e:#}")
+        })?;
+        let pid = match self.call_errno(&format!("vfork {} {}", i.display(), o.display())) {
+            Ok(pid) => pid,
+            Err(e) => return Ok(Err(e)),
+        };
+        let mut s = self
+            .connect(&i, &o, pid as i32)
+            .map_err(|e| format!("{e:#}"))?;
+        s.vforked = true;
+        self.procs.insert(child.to_string(), s);
+        Ok(Ok(()))
     }
     /// A thread of the current server: it serves on FIFOs of its own.
     fn thread(&mut self, name: &str) -> Result<Result<(), Errno>, String> {
@@ -898,19 +922,31 @@ impl Backend for HostBackend {
 
 impl Drop for HostBackend {
     fn drop(&mut self) {
-        // The threads first: a process's exit ends them, and waits until
-        // it is gone.
-        let mut names: Vec<(bool, String)> = self
+        // The threads first (a process's exit ends them, and waits until
+        // it is gone), then the vfork children (their parents wait for
+        // them), then the other processes.
+        let mut names: Vec<(u8, String)> = self
             .procs
             .iter()
-            .map(|(n, s)| (!s.thread, n.clone()))
+            .map(|(n, s)| {
+                (
+                    if s.thread {
+                        0
+                    } else if s.vforked {
+                        1
+                    } else {
+                        2
+                    },
+                    n.clone(),
+                )
+            })
             .collect();
         names.sort();
-        for (process, n) in names {
-            let _ = if process {
-                self.exit(&n)
-            } else {
+        for (kind, n) in names {
+            let _ = if kind == 0 {
                 self.exit_thread(&n)
+            } else {
+                self.exit(&n)
             };
         }
         for (p, v) in self.saved_knobs.drain(..).rev() {
@@ -1112,6 +1148,150 @@ fn thread_here(words: &[&str]) -> String {
     "ok".into()
 }
 
+/// `vfork IN OUT`: clone with CLONE_VM and CLONE_VFORK, the child on one
+/// of the thread stacks (written through at the start, as a thread's).
+/// The child answers this request itself (on `reply_fd`) and serves on
+/// the FIFOs `IN` and `OUT`; this server waits in clone until it execs or
+/// exits. Some(reply): the clone failed; None: the child answered.
+fn vfork_here(words: &[&str], reply_fd: std::os::unix::io::RawFd) -> Option<String> {
+    let slot = THREADS_MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    if slot >= NR_THREAD_STACKS || words.len() < 3 {
+        return Some(format!("err {}", Errno::EAGAIN.0));
+    }
+    let arg = Box::into_raw(Box::new(VforkArg {
+        inp: PathBuf::from(words[1]),
+        out: PathBuf::from(words[2]),
+        reply_fd,
+    }));
+    // SAFETY: the child runs on the slot's stack, used by nothing else,
+    // from its top (stacks grow down); it shares this process's memory
+    // while this thread waits in clone, so nothing else runs on the
+    // memory meanwhile; `arg` is freed here once it has returned (the
+    // child only reads it).
+    let pid = unsafe {
+        let top = std::ptr::addr_of_mut!(THREAD_STACKS)
+            .cast::<u8>()
+            .add((slot + 1) * THREAD_STACK_SIZE);
+        let pid = libc::clone(
+            vfork_child_main,
+            top.cast(),
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            arg.cast(),
+        );
+        drop(Box::from_raw(arg));
+        pid
+    };
+    (pid < 0).then(|| format!("err {}", errno_now().0))
+}
+
+/// What a vfork child serves on, and where it answers the vfork.
+struct VforkArg {
+    inp: PathBuf,
+    out: PathBuf,
+    reply_fd: std::os::unix::io::RawFd,
+}
+
+/// The vfork child: it answers the vfork with its pid, then serves
+/// requests on the parent's memory until `exit` (`_exit`) or `exec`
+/// (this program again as `serve-exec`, the descriptors kept open,
+/// which execs the scenario's program traced).
+extern "C" fn vfork_child_main(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the parent's VforkArg, alive until clone returns
+    // there, which is after this child's exec or exit.
+    let a = unsafe { &*arg.cast::<VforkArg>() };
+    // SAFETY: getpid has no preconditions.
+    let reply = format!("ok {}\n", unsafe { libc::getpid() });
+    // SAFETY: writing our bytes to the parent's reply descriptor, which
+    // this child's copy of the descriptor table holds.
+    unsafe { libc::write(a.reply_fd, reply.as_ptr().cast(), reply.len()) };
+    let (Ok(r), Ok(mut w)) = (
+        File::open(&a.inp),
+        OpenOptions::new().write(true).open(&a.out),
+    ) else {
+        // SAFETY: leave without running the parent's destructors.
+        unsafe { libc::_exit(1) };
+    };
+    let mut r = BufReader::with_capacity(4096, r);
+    let mut line = String::with_capacity(4096);
+    loop {
+        line.clear();
+        if r.read_line(&mut line).unwrap_or(0) == 0 {
+            // SAFETY: as above.
+            unsafe { libc::_exit(0) };
+        }
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let reply = match words.first().copied() {
+            Some("exit") => {
+                let _ = writeln!(w, "ok");
+                // SAFETY: as above.
+                unsafe { libc::_exit(0) };
+            }
+            Some("exec") => vfork_child_exec(&words[1..], r.get_ref().as_raw_fd(), w.as_raw_fd()),
+            Some("fork" | "thread" | "vfork") => format!("err {}", Errno::ENOSYS.0),
+            _ => serve_request(&words, &mut proc_buf(), "/proc/self"),
+        };
+        if writeln!(w, "{reply}").is_err() {
+            // SAFETY: as above.
+            unsafe { libc::_exit(1) };
+        }
+    }
+}
+
+/// A vfork child's `exec PROGRAM ARGS`: the errors execve finds before it
+/// lets go of the parent's mm (a missing file ENOENT, no execute
+/// permission EACCES, no ELF ENOEXEC) are answered here; otherwise this
+/// program is exec'd as `serve-exec`, which answers. Returns the answer
+/// when nothing was exec'd.
+fn vfork_child_exec(program: &[&str], inp: i32, out: i32) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(path) = program.first() else {
+        return format!("err {}", Errno::EINVAL.0);
+    };
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) => return format!("err {}", e.raw_os_error().unwrap_or(Errno::ENOENT.0)),
+    };
+    if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
+        return format!("err {}", Errno::EACCES.0);
+    }
+    let mut magic = [0u8; 4];
+    let elf = File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic));
+    if elf.is_err() || magic != *b"\x7fELF" {
+        return format!("err {}", Errno::ENOEXEC.0);
+    }
+    let Ok(exe) = std::env::current_exe() else {
+        return format!("err {}", Errno::ENOENT.0);
+    };
+    let mut args = vec![
+        exe.display().to_string(),
+        "serve-exec".into(),
+        inp.to_string(),
+        out.to_string(),
+    ];
+    args.extend(program.iter().map(|s| s.to_string()));
+    let cargs: Vec<std::ffi::CString> = match args
+        .iter()
+        .map(|a| std::ffi::CString::new(a.as_str()))
+        .collect()
+    {
+        Ok(v) => v,
+        Err(_) => return format!("err {}", Errno::EINVAL.0),
+    };
+    let mut ptrs: Vec<*const libc::c_char> = cargs.iter().map(|a| a.as_ptr()).collect();
+    ptrs.push(std::ptr::null());
+    // SAFETY: the FIFOs' descriptors stay open across the exec (their
+    // close-on-exec flag cleared); execv reads the NUL-terminated strings
+    // and the NULL-terminated array, alive until it returns.
+    unsafe {
+        libc::fcntl(inp, libc::F_SETFD, 0);
+        libc::fcntl(out, libc::F_SETFD, 0);
+        libc::execv(cargs[0].as_ptr(), ptrs.as_ptr());
+        libc::fcntl(inp, libc::F_SETFD, libc::FD_CLOEXEC);
+        libc::fcntl(out, libc::F_SETFD, libc::FD_CLOEXEC);
+    }
+    format!("err {}", errno_now().0)
+}
+
 /// A server thread: on the CPU after its process's (after its earlier
 /// threads'), serving until `exit`.
 extern "C" fn thread_main(arg: *mut libc::c_void) -> *mut libc::c_void {
@@ -1300,7 +1480,24 @@ fn touch_stack(kb: usize) {
     std::hint::black_box(&a);
 }
 
-fn serve(requests: File, mut w: File) -> ! {
+fn serve(requests: File, w: File) -> ! {
+    serve_with(requests, w, None)
+}
+
+/// `usermm serve-exec IN OUT PROGRAM...`: a vfork child's `exec`. The
+/// child, which ran its parent's address space, execs this program (so
+/// that the parent runs again, as at a vfork child's exec), which execs
+/// `program` traced and serves the scenario's requests for it on the
+/// child's descriptors, answering the `exec` first.
+pub fn serve_exec(inp: i32, out: i32, program: &[String]) -> ! {
+    // SAFETY: the descriptors the vfork child left open for this program
+    // (their close-on-exec flag cleared), owned by nothing else here.
+    let (r, w) = unsafe { (File::from_raw_fd(inp), File::from_raw_fd(out)) };
+    serve_with(r, w, Some(program))
+}
+
+/// A server; `exec`: a program to exec first, answering for it.
+fn serve_with(requests: File, mut w: File, exec: Option<&[String]>) -> ! {
     // Children this server forks are reaped by the kernel as they exit (no
     // zombies; the scenario's side waits for them to be gone).
     // SAFETY: setting a signal disposition; the server is single-threaded.
@@ -1345,6 +1542,27 @@ fn serve(requests: File, mut w: File) -> ! {
     // at its first instruction (`exec`): the requests are then made for
     // that process (see [`traced`]), the figures and maps are its own.
     let mut traced: Option<traced::Traced> = None;
+    if let Some(program) = exec {
+        let argv: Vec<&str> = program.iter().map(String::as_str).collect();
+        let reply = match argv.first().map(|p| exec_traced(p, &argv)) {
+            Some(Ok(pid)) => match traced::Traced::new(pid) {
+                Ok(t) => {
+                    traced = Some(t);
+                    "ok".to_string()
+                }
+                Err(e) => {
+                    kill_traced(pid);
+                    format!("err {} cannot drive the exec'd process", e.0)
+                }
+            },
+            Some(Err(e)) => format!("err {}", e.0),
+            None => format!("err {}", Errno::EINVAL.0),
+        };
+        if writeln!(w, "{reply}").is_err() {
+            // SAFETY: as above.
+            unsafe { libc::_exit(1) };
+        }
+    }
     loop {
         line.clear();
         if r.read_line(&mut line).unwrap_or(0) == 0 {
@@ -1406,6 +1624,11 @@ fn serve(requests: File, mut w: File) -> ! {
                 unsafe { libc::_exit(0) }
             }
             Some("thread") => thread_here(&words),
+            Some("vfork") => match vfork_here(&words, w.as_raw_fd()) {
+                Some(reply) => reply,
+                // The child answered, and has exec'd or exited.
+                None => continue,
+            },
             _ => serve_request(&words, &mut proc_buf(), &proc_dir),
         };
         if writeln!(w, "{reply}").is_err() {

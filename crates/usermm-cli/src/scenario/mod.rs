@@ -113,6 +113,10 @@ pub trait Backend {
     /// `brk(2)` of the current process, which must have exec'd a program
     /// (it has no heap otherwise): the new break, or the old one.
     fn brk(&mut self, brk: u64) -> Result<u64, String>;
+    /// `vfork(2)`: a child `child` that runs the current process's mm
+    /// until it execs (`exec` then gives the mm back) or exits (which
+    /// leaves the mm to the parent); Err as for `fork`.
+    fn vfork(&mut self, child: &str) -> Result<Result<(), Errno>, String>;
     /// A thread `name` of the current process, on the next CPU; Err as
     /// for `fork`.
     fn thread(&mut self, name: &str) -> Result<Result<(), Errno>, String>;
@@ -297,6 +301,9 @@ struct Interp<'b> {
     tasks: HashMap<String, String>,
     /// The thread that runs the statements.
     cur: String,
+    /// Each vfork child that has neither exec'd nor exited, with the
+    /// process that waits for it.
+    vforked: HashMap<String, String>,
     /// The counters the scenario's `expect vmstat` statements name.
     vmstat_names: Vec<String>,
 }
@@ -339,12 +346,13 @@ impl Interp<'_> {
         self.procs.get_mut(p).expect("current process exists")
     }
 
-    /// The other threads of process `p`.
+    /// The other threads of process `p` (not its vfork child, which
+    /// shares its regions and marks too).
     fn threads_of(&self, p: &str) -> Vec<String> {
         let mut t: Vec<String> = self
             .tasks
             .iter()
-            .filter(|(t, q)| *q == p && *t != p)
+            .filter(|(t, q)| *q == p && *t != p && !self.vforked.contains_key(*t))
             .map(|(t, _)| t.clone())
             .collect();
         t.sort();
@@ -413,6 +421,14 @@ impl Interp<'_> {
         );
         if needs_process && !self.tasks.contains_key(&self.cur) {
             return Err("no process is running (every one exited)".into());
+        }
+        if let Some(c) = self.tasks.get(&self.cur).and_then(|p| self.waits_for(p)) {
+            if *c != self.cur && !matches!(op, Op::Switch { .. }) {
+                return Err(format!(
+                    "{} waits until its vfork child {c} execs or exits: switch to it",
+                    self.cur
+                ));
+            }
         }
         match op {
             Op::Map {
@@ -536,6 +552,7 @@ impl Interp<'_> {
             Op::ExpectValue { addr, value } => self.expect_value(addr, *value),
             Op::Fork { child } => self.fork(child),
             Op::Thread { name } => self.thread(name),
+            Op::Vfork { child } => self.vfork(child),
             Op::Switch { proc_name } => self.switch(proc_name),
             Op::Exit { proc_name } => self.exit(proc_name.as_deref()),
             Op::Knob { size_kb, mode } => Ok(Self::settable(self.b.knob(*size_kb, mode))),
@@ -833,7 +850,14 @@ impl Interp<'_> {
         argv.extend(args.iter().cloned());
         Ok(match self.b.exec(path, &argv)? {
             Ok(()) => {
-                *self.st() = ProcState::default();
+                if self.vforked.remove(&self.cur).is_some() {
+                    // A vfork child becomes a process of its own, and its
+                    // parent runs again.
+                    self.tasks.insert(self.cur.clone(), self.cur.clone());
+                    self.procs.insert(self.cur.clone(), ProcState::default());
+                } else {
+                    *self.st() = ProcState::default();
+                }
                 ok("ok")
             }
             Err(e) => Self::errno_res(e),
@@ -884,6 +908,26 @@ impl Interp<'_> {
         Ok(ok("ok"))
     }
 
+    /// `vfork CHILD`: until it execs, the child runs the parent's address
+    /// space, and shares its regions and marks as a thread does.
+    fn vfork(&mut self, child: &str) -> Result<Res, String> {
+        if self.tasks.contains_key(child) {
+            return Err(format!("a thread {child:?} exists"));
+        }
+        if let Err(e) = self.b.vfork(child)? {
+            return Ok(Self::errno_res(e));
+        }
+        let parent = self.tasks[&self.cur].clone();
+        self.tasks.insert(child.to_string(), parent.clone());
+        self.vforked.insert(child.to_string(), parent);
+        Ok(ok("ok"))
+    }
+
+    /// The vfork child that process `p` waits for, if any.
+    fn waits_for(&self, p: &str) -> Option<&String> {
+        self.vforked.iter().find(|(_, q)| *q == p).map(|(c, _)| c)
+    }
+
     /// `thread NAME`: a thread of the current process, which shares its
     /// regions and marks.
     fn thread(&mut self, name: &str) -> Result<Res, String> {
@@ -903,6 +947,13 @@ impl Interp<'_> {
         if !self.tasks.contains_key(name) {
             return Err(format!("no thread {name:?}"));
         }
+        if let Some(c) = self.waits_for(&self.tasks[name]) {
+            if c != name {
+                return Err(format!(
+                    "{name} waits until its vfork child {c} execs or exits"
+                ));
+            }
+        }
         self.b.switch(name)?;
         self.cur = name.to_string();
         Ok(ok("ok"))
@@ -915,6 +966,24 @@ impl Interp<'_> {
         let Some(p) = self.tasks.get(&name).cloned() else {
             return Err(format!("no thread {name:?}"));
         };
+        if self.vforked.remove(&name).is_some() {
+            // A vfork child that has not exec'd: its exit leaves the mm
+            // to its parent, which runs again.
+            self.b.exit(&name)?;
+            self.tasks.remove(&name);
+            if !self.tasks.contains_key(&self.cur) {
+                if let Some(n) = self.tasks.keys().min().cloned() {
+                    self.b.switch(&n)?;
+                    self.cur = n;
+                }
+            }
+            return Ok(ok("ok"));
+        }
+        if let Some(c) = self.waits_for(&p) {
+            return Err(format!(
+                "{name} waits until its vfork child {c} execs or exits"
+            ));
+        }
         if p != name {
             self.b.exit_thread(&name)?;
         } else {
@@ -1101,6 +1170,7 @@ pub fn run(stmts: &[Stmt], b: &mut dyn Backend, backend: &'static str) -> Report
         procs: HashMap::from([(MAIN.to_string(), ProcState::default())]),
         tasks: HashMap::from([(MAIN.to_string(), MAIN.to_string())]),
         cur: MAIN.to_string(),
+        vforked: HashMap::new(),
         vmstat_names,
     };
     let mut outcomes = vec![];

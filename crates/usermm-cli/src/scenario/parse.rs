@@ -257,6 +257,12 @@ pub enum Op {
     Thread {
         name: String,
     },
+    /// `vfork NAME`: the current process vforks (clone with CLONE_VM and
+    /// CLONE_VFORK): the child `NAME` runs the parent's address space,
+    /// and the parent waits until the child execs or exits.
+    Vfork {
+        child: String,
+    },
     Switch {
         proc_name: String,
     },
@@ -678,6 +684,7 @@ const STATEMENTS: &[(&str, ParseStatement)] = &[
     ("expect", parse_expect),
     ("fork", parse_fork),
     ("thread", parse_thread),
+    ("vfork", parse_vfork),
     ("switch", parse_switch),
     ("exit", parse_exit),
     ("tunable", parse_tunable),
@@ -1168,6 +1175,13 @@ fn parse_fork(w: &mut Words) -> Result<Op, ParseError> {
 fn parse_thread(w: &mut Words) -> Result<Op, ParseError> {
     Ok(Op::Thread {
         name: w.name("a thread name")?,
+    })
+}
+
+/// The statement `vfork`.
+fn parse_vfork(w: &mut Words) -> Result<Op, ParseError> {
+    Ok(Op::Vfork {
+        child: w.name("a process name")?,
     })
 }
 
