@@ -172,6 +172,16 @@ fn copy_strings(oncpu: &OnCpu, bprm: &mut LinuxBinprm, strings: &[String]) -> KR
 /// `setup_arg_pages`: the stack's final flags (executable only where the
 /// program's `PT_GNU_STACK` asks), `arg_start`, and the stack grown by
 /// `STACK_EXPAND` (or to the stack limit). With no randomisation
+/// The new stack's VMA: the first that ends above `p` (the caller holds
+/// mmap_lock).
+fn stack_vma(mm: &Mm, p: u64) -> KResult<Arc<crate::mm::Vma>> {
+    let guard = crate::sync::epoch::pin();
+    mm.vma_tree(&guard)
+        .find_vma(p)
+        .cloned()
+        .ok_or(Errno::EFAULT)
+}
+
 /// `stack_top` is where the stack already ends: nothing moves.
 pub fn setup_arg_pages(
     oncpu: &OnCpu,
@@ -181,18 +191,13 @@ pub fn setup_arg_pages(
     executable_stack: bool,
 ) -> KResult<()> {
     let g = mm.mmap_lock.write();
-    let guard = crate::sync::epoch::pin();
-    let vma = mm
-        .vma_tree(&guard)
-        .find_vma(bprm.p)
-        .cloned()
-        .ok_or(Errno::EFAULT)?;
+    let vma = stack_vma(mm, bprm.p)?;
     debug_assert_eq!(vma.end(), stack_top, "no stack shift without randomisation");
     mm.set_layout(&g, |l| l.arg_start = bprm.p);
     let vma = if executable_stack {
         let mut tree = mm.vma_tree_draft();
         let v = crate::mmap::vma_set_flags(&mut tree, &vma, vma.flags() | VM_EXEC, false);
-        mm.vma_tree_publish(&mut tree, &guard);
+        mm.vma_tree_publish(&mut tree, &crate::sync::epoch::pin());
         v
     } else {
         vma
@@ -285,12 +290,7 @@ pub fn create_elf_tables(
     // The stack may need to grow to take the tables (find_extend_vma).
     {
         let _g = mm.mmap_lock.write();
-        let guard = crate::sync::epoch::pin();
-        let vma = mm
-            .vma_tree(&guard)
-            .find_vma(bprm.p)
-            .cloned()
-            .ok_or(Errno::EFAULT)?;
+        let vma = stack_vma(mm, bprm.p)?;
         if bprm.p < vma.start() {
             crate::mmap::expand_downwards(oncpu, mm, &vma, bprm.p)?;
         }

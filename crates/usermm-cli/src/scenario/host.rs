@@ -274,6 +274,37 @@ impl HostBackend {
         Ok(b)
     }
 
+    /// A new server that the current one makes (`VERB IN OUT`: `fork`,
+    /// `vfork` or `thread`), serving on FIFOs of its own, named `name`.
+    /// The host running out of file descriptors (for the FIFOs), of
+    /// processes, or of the server's prewritten stacks (EAGAIN) is no
+    /// answer of the mm: it fails the statement with what ran out, and
+    /// the half-made server, if any, is killed and reaped
+    /// ([`HostBackend::connect`]).
+    fn spawn(&mut self, verb: &str, name: &str) -> Result<Result<(), Errno>, String> {
+        let (i, o) = self
+            .fifos()
+            .map_err(|e| format!("cannot make the FIFOs of {name:?} on the host: {e:#}"))?;
+        let here = self.procs.get(&self.cur).ok_or("no current process")?.pid;
+        let pid = match self.call_errno(&format!("{verb} {} {}", i.display(), o.display())) {
+            // A thread's pid is its process's.
+            Ok(_) if verb == "thread" => here,
+            Ok(pid) => pid as i32,
+            Err(Errno::EAGAIN) => {
+                return Err(format!(
+                    "the host refused to {verb} {name:?}: EAGAIN (out of processes, or of \
+                     the four stacks a server writes for its threads and vfork children)"
+                ))
+            }
+            Err(e) => return Ok(Err(e)),
+        };
+        let mut s = self.connect(&i, &o, pid).map_err(|e| format!("{e:#}"))?;
+        s.thread = verb == "thread";
+        s.vforked = verb == "vfork";
+        self.procs.insert(name.to_string(), s);
+        Ok(Ok(()))
+    }
+
     fn fifos(&mut self) -> anyhow::Result<(PathBuf, PathBuf)> {
         self.fifo_seq += 1;
         let i = self.dir.join(format!("{}.in", self.fifo_seq));
@@ -631,28 +662,8 @@ impl Backend for HostBackend {
     fn load(&mut self, addr: u64) -> Result<u64, Errno> {
         self.call_errno(&format!("load {addr}"))
     }
-    /// The host running out of file descriptors (for the new process's
-    /// FIFOs) or of processes (fork's EAGAIN) is no answer of the mm: it
-    /// fails the statement with what ran out, and the half-made process,
-    /// if any, is killed and reaped ([`HostBackend::connect`]).
     fn fork(&mut self, child: &str) -> Result<Result<(), Errno>, String> {
-        let (i, o) = self.fifos().map_err(|e| {
-            format!("cannot make the FIFOs of process {child:?} on the host: {e:#}")
-        })?;
-        let pid = match self.call_errno(&format!("fork {} {}", i.display(), o.display())) {
-            Ok(pid) => pid,
-            Err(Errno::EAGAIN) => {
-                return Err(format!(
-                    "the host refused to fork process {child:?}: EAGAIN (out of processes)"
-                ))
-            }
-            Err(e) => return Ok(Err(e)),
-        };
-        let s = self
-            .connect(&i, &o, pid as i32)
-            .map_err(|e| format!("{e:#}"))?;
-        self.procs.insert(child.to_string(), s);
-        Ok(Ok(()))
+        self.spawn("fork", child)
     }
     fn exec(&mut self, path: &str, argv: &[String]) -> Result<Result<(), Errno>, String> {
         if argv.iter().any(|a| a.contains(char::is_whitespace)) {
@@ -685,33 +696,11 @@ impl Backend for HostBackend {
     /// A vfork child of the current server: it answers the request
     /// itself, and serves on FIFOs of its own.
     fn vfork(&mut self, child: &str) -> Result<Result<(), Errno>, String> {
-        let (i, o) = self.fifos().map_err(|e| {
-            format!("cannot make the FIFOs of process {child:?} on the host: {e:#}")
-        })?;
-        let pid = match self.call_errno(&format!("vfork {} {}", i.display(), o.display())) {
-            Ok(pid) => pid,
-            Err(e) => return Ok(Err(e)),
-        };
-        let mut s = self
-            .connect(&i, &o, pid as i32)
-            .map_err(|e| format!("{e:#}"))?;
-        s.vforked = true;
-        self.procs.insert(child.to_string(), s);
-        Ok(Ok(()))
+        self.spawn("vfork", child)
     }
     /// A thread of the current server: it serves on FIFOs of its own.
     fn thread(&mut self, name: &str) -> Result<Result<(), Errno>, String> {
-        let (i, o) = self
-            .fifos()
-            .map_err(|e| format!("cannot make the FIFOs of thread {name:?} on the host: {e:#}"))?;
-        let pid = self.procs.get(&self.cur).ok_or("no current process")?.pid;
-        if let Err(e) = self.call_errno(&format!("thread {} {}", i.display(), o.display())) {
-            return Ok(Err(e));
-        }
-        let mut s = self.connect(&i, &o, pid).map_err(|e| format!("{e:#}"))?;
-        s.thread = true;
-        self.procs.insert(name.to_string(), s);
-        Ok(Ok(()))
+        self.spawn("thread", name)
     }
     fn switch(&mut self, name: &str) -> Result<(), String> {
         if !self.procs.contains_key(name) {
