@@ -267,7 +267,8 @@ fn slot(i: u64) -> u64 {
 /// (now and then populated, without reserve, locked, or stacks that grow
 /// down), then operations on page-aligned (now and then unaligned) parts
 /// of them, mremaps, accesses below them, forks, threads of the first
-/// process (on the next CPU), switches and exits, THP knob changes, and marks with every figure but VmRSS and
+/// process (on the next CPU), a vfork child of it that loads and stores
+/// and exits, switches and exits, THP knob changes, and marks with every figure but VmRSS and
 /// the PMD-sized THP counters of /proc/vmstat compared. A quarter of them
 /// first exec /usr/bin/true and work in its address space (natively the
 /// server makes the calls as that program): with a heap `H` that brk
@@ -283,6 +284,7 @@ fn random_scenario(seed: u64) -> String {
     // Whether a fork from main makes a thread instead, drawn apart too.
     let mut threads_rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5555);
     let mut threads = 0;
+    let mut vforked = false;
     let mut r = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
     let mut s = format!("# random scenario, seed {seed}\n");
     let sizes = ["4K", "16K", "64K", "2M"];
@@ -415,6 +417,23 @@ fn random_scenario(seed: u64) -> String {
                 r.pick(&["rw", "r"]),
                 slot(i as u64)
             ),
+            // A vfork child of main: it loads and stores on main's memory,
+            // then exits, main waiting meanwhile. (Not exec: natively the
+            // child execs the usermm binary first, whose start drains the
+            // CPU's LRU and mlock batches as the program's exec does not.)
+            15 if !exec && cur == 0 && !vforked && threads_rng.below(4) == 0 => {
+                vforked = true;
+                let mut b = String::from("vfork v1\nswitch v1\n");
+                for _ in 0..1 + threads_rng.below(3) {
+                    let at = format!("R{i}+{:#x}", threads_rng.below(pages) << 12);
+                    b += &match threads_rng.below(3) {
+                        0 => format!("fill {at} {bytes} {}\n", 1 + threads_rng.below(9)),
+                        1 => format!("write {at} {}\n", threads_rng.below(1000)),
+                        _ => format!("read {at}\n"),
+                    };
+                }
+                b + "exit v1\nswitch main\n"
+            }
             // A thread of main, on the next CPU.
             15 if !exec && cur == 0 && threads < 2 && threads_rng.below(3) == 0 => {
                 threads += 1;
