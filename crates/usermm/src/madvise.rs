@@ -300,6 +300,16 @@ fn in_this_table_only(
         && folio.mapcount(mem) == huge_memory::folio_ptes_in_table(mem, folio, pt, at)
 }
 
+/// Split a large anon folio that madvise locked and holds, with no table
+/// locked (`split_folio`, through the rmap), then let go of it; whether
+/// it split.
+fn split_and_release(oncpu: &OnCpu, folio: crate::phys::Folio) -> bool {
+    let split = crate::migrate::split_anon_folio(oncpu, folio).is_ok();
+    folio.unlock(oncpu.mem());
+    folio.put(oncpu.mem(), oncpu.id());
+    split
+}
+
 /// The PTE half of `madvise_free_pte_range` (v6.10 and later: large folios
 /// covered whole are batched; those covered in part are split unless maybe
 /// shared).
@@ -363,15 +373,13 @@ fn madvise_free_pte_range(
                     // always splits here.
                     folio.get(mem);
                     drop(pt);
-                    let r = crate::migrate::split_anon_folio(oncpu, folio);
-                    folio.unlock(mem);
-                    folio.put(mem, oncpu.id());
+                    let split = split_and_release(oncpu, folio);
                     pt = match mm.pte_offset_map_lock(slot) {
                         Some(pt) => pt,
                         None => return,
                     };
                     crate::tlbbatch::flush_tlb_batched_pending(oncpu, mm);
-                    r.is_ok()
+                    split
                 } else {
                     false
                 };
@@ -667,11 +675,9 @@ fn madvise_pageout_pte_range(
         if let Some((folio, bytes)) = anon_split {
             // Split, the walk looks at its entries again; not split, it
             // goes on past them.
-            if crate::migrate::split_anon_folio(oncpu, folio).is_err() {
+            if !split_and_release(oncpu, folio) {
                 a += bytes;
             }
-            folio.unlock(mem);
-            folio.put(mem, oncpu.id());
         }
         if let Some((c, bytes)) = split {
             // SAFETY: the folio is locked and held: cached, its address

@@ -1103,13 +1103,27 @@ fn touch_thread_stacks() {
     THREADS_MADE.store(0, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// The next of the prewritten stacks, each used once; None when all are.
+fn take_stack_slot() -> Option<usize> {
+    let slot = THREADS_MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    (slot < NR_THREAD_STACKS).then_some(slot)
+}
+
+/// The lowest byte of stack `slot`.
+fn stack_of_slot(slot: usize) -> *mut u8 {
+    debug_assert!(slot < NR_THREAD_STACKS);
+    // The pointer is formed, not dereferenced: in bounds of the static.
+    std::ptr::addr_of_mut!(THREAD_STACKS)
+        .cast::<u8>()
+        .wrapping_add(slot * THREAD_STACK_SIZE)
+}
+
 /// `thread IN OUT`: a thread of this server, on one of the stacks made
 /// at its start, serving on the FIFOs `IN` and `OUT`, on the next CPU.
 fn thread_here(words: &[&str]) -> String {
-    let slot = THREADS_MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    if slot >= NR_THREAD_STACKS || words.len() < 3 {
+    let Some(slot) = take_stack_slot().filter(|_| words.len() >= 3) else {
         return format!("err {}", Errno::EAGAIN.0);
-    }
+    };
     let arg = Box::into_raw(Box::new((
         PathBuf::from(words[1]),
         PathBuf::from(words[2]),
@@ -1119,9 +1133,7 @@ fn thread_here(words: &[&str]) -> String {
     // other thread (each slot once); attr is initialised before use and
     // destroyed after; `arg` is handed to the thread, which frees it.
     unsafe {
-        let stack = std::ptr::addr_of_mut!(THREAD_STACKS)
-            .cast::<u8>()
-            .add(slot * THREAD_STACK_SIZE);
+        let stack = stack_of_slot(slot);
         let mut attr: libc::pthread_attr_t = std::mem::zeroed();
         libc::pthread_attr_init(&mut attr);
         libc::pthread_attr_setstack(&mut attr, stack.cast(), THREAD_STACK_SIZE);
@@ -1143,10 +1155,9 @@ fn thread_here(words: &[&str]) -> String {
 /// the FIFOs `IN` and `OUT`; this server waits in clone until it execs or
 /// exits. Some(reply): the clone failed; None: the child answered.
 fn vfork_here(words: &[&str], reply_fd: std::os::unix::io::RawFd) -> Option<String> {
-    let slot = THREADS_MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    if slot >= NR_THREAD_STACKS || words.len() < 3 {
+    let Some(slot) = take_stack_slot().filter(|_| words.len() >= 3) else {
         return Some(format!("err {}", Errno::EAGAIN.0));
-    }
+    };
     let arg = Box::into_raw(Box::new(VforkArg {
         inp: PathBuf::from(words[1]),
         out: PathBuf::from(words[2]),
@@ -1158,9 +1169,7 @@ fn vfork_here(words: &[&str], reply_fd: std::os::unix::io::RawFd) -> Option<Stri
     // memory meanwhile; `arg` is freed here once it has returned (the
     // child only reads it).
     let pid = unsafe {
-        let top = std::ptr::addr_of_mut!(THREAD_STACKS)
-            .cast::<u8>()
-            .add((slot + 1) * THREAD_STACK_SIZE);
+        let top = stack_of_slot(slot).add(THREAD_STACK_SIZE);
         let pid = libc::clone(
             vfork_child_main,
             top.cast(),
@@ -1193,37 +1202,15 @@ extern "C" fn vfork_child_main(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY: writing our bytes to the parent's reply descriptor, which
     // this child's copy of the descriptor table holds.
     unsafe { libc::write(a.reply_fd, reply.as_ptr().cast(), reply.len()) };
-    let (Ok(r), Ok(mut w)) = (
-        File::open(&a.inp),
-        OpenOptions::new().write(true).open(&a.out),
-    ) else {
-        // SAFETY: leave without running the parent's destructors.
-        unsafe { libc::_exit(1) };
-    };
-    let mut r = BufReader::with_capacity(4096, r);
-    let mut line = String::with_capacity(4096);
-    loop {
-        line.clear();
-        if r.read_line(&mut line).unwrap_or(0) == 0 {
-            // SAFETY: as above.
-            unsafe { libc::_exit(0) };
+    serve_fifos(&a.inp, &a.out, |words, [r, w]| {
+        match words.first().copied() {
+            Some("exec") => Some(vfork_child_exec(&words[1..], r, w)),
+            Some("fork" | "thread" | "vfork") => Some(format!("err {}", Errno::ENOSYS.0)),
+            _ => None,
         }
-        let words: Vec<&str> = line.split_whitespace().collect();
-        let reply = match words.first().copied() {
-            Some("exit") => {
-                let _ = writeln!(w, "ok");
-                // SAFETY: as above.
-                unsafe { libc::_exit(0) };
-            }
-            Some("exec") => vfork_child_exec(&words[1..], r.get_ref().as_raw_fd(), w.as_raw_fd()),
-            Some("fork" | "thread" | "vfork") => format!("err {}", Errno::ENOSYS.0),
-            _ => serve_request(&words, &mut proc_buf(), "/proc/self"),
-        };
-        if writeln!(w, "{reply}").is_err() {
-            // SAFETY: as above.
-            unsafe { libc::_exit(1) };
-        }
-    }
+    });
+    // SAFETY: leave without running the parent's destructors.
+    unsafe { libc::_exit(0) }
 }
 
 /// A vfork child's `exec PROGRAM ARGS`: the errors execve finds before it
@@ -1287,31 +1274,46 @@ extern "C" fn thread_main(arg: *mut libc::c_void) -> *mut libc::c_void {
     // SAFETY: `arg` is the Box `thread_here` leaked for this thread.
     let (inp, out, slot) = *unsafe { Box::from_raw(arg.cast::<(PathBuf, PathBuf, usize)>()) };
     pin_to_next_cpu(slot + 1);
-    let (Ok(r), Ok(mut w)) = (File::open(&inp), OpenOptions::new().write(true).open(&out)) else {
-        return std::ptr::null_mut();
-    };
     touch_stack(128);
+    serve_fifos(&inp, &out, |words, fds| match words.first().copied() {
+        Some("fork") => Some(fork_here(words, &fds)),
+        // Not made from a thread (the scenario refuses exec with threads;
+        // a thread starts threads of its own process).
+        Some("exec" | "thread" | "vfork") => Some(format!("err {}", Errno::ENOSYS.0)),
+        _ => None,
+    });
+    std::ptr::null_mut()
+}
+
+/// The requests of a thread or a vfork child, on the FIFOs `inp` and
+/// `out`, until `exit` (answered) or the caller hangs up: `own` answers
+/// those peculiar to it (given the FIFOs' descriptors), [`serve_request`]
+/// the others.
+fn serve_fifos(
+    inp: &PathBuf,
+    out: &PathBuf,
+    mut own: impl FnMut(&[&str], [std::os::unix::io::RawFd; 2]) -> Option<String>,
+) {
+    let (Ok(r), Ok(mut w)) = (File::open(inp), OpenOptions::new().write(true).open(out)) else {
+        return;
+    };
+    let fds = [r.as_raw_fd(), w.as_raw_fd()];
     let mut r = BufReader::with_capacity(4096, r);
     let mut line = String::with_capacity(4096);
     loop {
         line.clear();
         if r.read_line(&mut line).unwrap_or(0) == 0 {
-            return std::ptr::null_mut();
+            return;
         }
         let words: Vec<&str> = line.split_whitespace().collect();
-        let reply = match words.first().copied() {
-            Some("exit") => {
-                let _ = writeln!(w, "ok");
-                return std::ptr::null_mut();
-            }
-            Some("fork") => fork_here(&words, &[r.get_ref().as_raw_fd(), w.as_raw_fd()]),
-            // Not made from a thread (the scenario refuses exec with
-            // threads; a thread starts threads of its own process).
-            Some("exec" | "thread") => format!("err {}", Errno::ENOSYS.0),
-            _ => serve_request(&words, &mut proc_buf(), "/proc/self"),
-        };
+        if words.first() == Some(&"exit") {
+            let _ = writeln!(w, "ok");
+            return;
+        }
+        let reply = own(&words, fds)
+            .unwrap_or_else(|| serve_request(&words, &mut proc_buf(), "/proc/self"));
         if writeln!(w, "{reply}").is_err() {
-            return std::ptr::null_mut();
+            return;
         }
     }
 }
