@@ -739,8 +739,9 @@ fn truncate_inode_pages_range(oncpu: &OnCpu, inode: &Inode, first: u64) {
 /// reference to: a dirty one of a disk filesystem is not split (its
 /// buffers cannot be released, `filemap_release_folio`), and stays
 /// mapped; any other is unmapped from every mapping first (the kernel's
-/// `unmap_folio`; a split file folio is not mapped again, its pieces are
-/// left to faults), then split into small folios if nothing else holds
+/// `unmap_folio`: `try_to_unmap` through the rmap, locked VMAs too, a PMD
+/// split; a split file folio is not mapped again, its pieces are left to
+/// faults), then split into small folios if nothing else holds
 /// it (a CPU's LRU batch, another lookup); the caller keeps the first
 /// piece's lock. False: not split (unmapped, unless it was dirty).
 pub fn split_file_folio(oncpu: &OnCpu, mapping: &AddressSpace, c: CachedFolio) -> bool {
@@ -752,7 +753,9 @@ pub fn split_file_folio(oncpu: &OnCpu, mapping: &AddressSpace, c: CachedFolio) -
     if !mapping.is_shmem() && c.folio.head(mem).test(pg::DIRTY) {
         return false;
     }
-    crate::memory::unmap_mapping_range(oncpu, mapping, c.index, c.index + nr - 1, false);
+    let mut ubc = crate::tlbbatch::TlbflushUnmapBatch::new();
+    crate::vmscan::try_to_unmap_file(oncpu, c.folio, mapping, c.index, true, &mut ubc);
+    ubc.flush(oncpu);
     crate::swap::lru_add_drain(mem, oncpu.id());
     if c.folio.mapped(mem)
         || c.folio.ref_count(mem) != nr as i32 + 1

@@ -445,47 +445,63 @@ pub fn madvise_free_huge_pmd(
 /// isolates it, and reclaim (`try_to_unmap_one` with `TTU_SPLIT_HUGE_PMD`)
 /// splits the PMD and unmaps the PTEs: a clean lazyfree folio is
 /// discarded, a written one kept and swap-backed again, and, with no swap,
-/// a swap-backed one split. Returns whether the PMD was split; the huge
-/// zero page and a THP another process maps are left alone.
-pub fn pageout_huge_pmd(oncpu: &OnCpu, mm: &Arc<Mm>, slot: PmdSlot, addr: u64, next: u64) -> bool {
-    let mem = oncpu.mem();
-    let ptl = mm.pmd_lock(slot);
-    let pmd = ptl.get();
-    if !pmd.trans_huge() || is_huge_zero_pmd(oncpu, pmd) {
-        return false;
-    }
-    let folio = Folio(pmd.pfn());
-    if rmap::folio_maybe_mapped_shared(mem, folio) {
-        return false;
-    }
-    if !folio.test_anon(mem) {
-        drop(ptl);
-        pageout_file_pmd(oncpu, mm, slot, addr, next - addr == PMD_SIZE, folio);
-        return true;
-    }
-    drop(ptl);
-    split_huge_pmd(oncpu, mm, slot, addr);
-    true
-}
-
-/// MADV_PAGEOUT of a PMD-mapped page-cache folio this process alone maps:
-/// reclaim unmaps it (`TTU_SPLIT_HUGE_PMD` zaps a file PMD), and, if it
-/// was covered whole, clean, and nobody else holds it, it leaves the page
-/// cache. Covered in part, the kernel splits the folio, which unmaps it
-/// as well; the model keeps it whole.
-fn pageout_file_pmd(
+/// a swap-backed one split. The huge zero page and a THP another process
+/// maps are left alone.
+pub fn pageout_huge_pmd(
     oncpu: &OnCpu,
     mm: &Arc<Mm>,
     slot: PmdSlot,
     addr: u64,
-    whole: bool,
-    folio: Folio,
-) {
+    next: u64,
+) -> PmdPageout {
     let mem = oncpu.mem();
-    // Held across the unmap, which drops the PMD's reference.
-    folio.get(mem);
+    let ptl = mm.pmd_lock(slot);
+    let pmd = ptl.get();
+    if !pmd.trans_huge() || is_huge_zero_pmd(oncpu, pmd) {
+        return PmdPageout::Skip;
+    }
+    let folio = Folio(pmd.pfn());
+    if rmap::folio_maybe_mapped_shared(mem, folio) {
+        return PmdPageout::Skip;
+    }
+    if !folio.test_anon(mem) {
+        // Held across the unmap, which drops the PMD's reference, or for
+        // the caller's split.
+        folio.get(mem);
+        drop(ptl);
+        if next - addr != PMD_SIZE {
+            return PmdPageout::SplitFile(folio);
+        }
+        pageout_file_pmd(oncpu, mm, slot, addr, folio);
+        return PmdPageout::Ptes;
+    }
+    drop(ptl);
     split_huge_pmd(oncpu, mm, slot, addr);
-    if whole && folio.trylock(mem) {
+    PmdPageout::Ptes
+}
+
+/// What MADV_PAGEOUT goes on with after [`pageout_huge_pmd`].
+pub enum PmdPageout {
+    /// The PMD was split (or was never huge): the PTE half walks its table.
+    Ptes,
+    /// The PMD is left as it is.
+    Skip,
+    /// A PMD-mapped page-cache folio the range covers in part, held for
+    /// the caller: the kernel splits it (`split_folio`, the PMD's lock
+    /// dropped), which unmaps it everywhere; its pieces are left to
+    /// faults. If it cannot be split (a dirty folio of a disk
+    /// filesystem), the PMD stays.
+    SplitFile(Folio),
+}
+
+/// MADV_PAGEOUT of a PMD-mapped page-cache folio this process alone maps,
+/// covered whole, held by the caller: reclaim unmaps it
+/// (`TTU_SPLIT_HUGE_PMD` zaps a file PMD), and, if it is clean and
+/// nobody else holds it, it leaves the page cache.
+fn pageout_file_pmd(oncpu: &OnCpu, mm: &Arc<Mm>, slot: PmdSlot, addr: u64, folio: Folio) {
+    let mem = oncpu.mem();
+    split_huge_pmd(oncpu, mm, slot, addr);
+    if folio.trylock(mem) {
         let dirty = folio.head(mem).test(pg::DIRTY);
         if dirty && !folio.head(mem).test(pg::SWAPBACKED) {
             // PG_reclaim, as for a dirty folio of a PTE range.

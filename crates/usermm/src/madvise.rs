@@ -9,7 +9,7 @@
 use std::ops::ControlFlow;
 
 use crate::errno::{Errno, KResult};
-use crate::huge_memory::{self, split_folio_in_table, FolioPte, SplitAt};
+use crate::huge_memory::{self, split_folio_in_table, FolioPte, PmdPageout, SplitAt};
 use crate::machine::OnCpu;
 use crate::memory::{self, vm_normal_page};
 use crate::mm::vma::*;
@@ -541,11 +541,41 @@ impl MmWalkOps for PageoutWalk<'_, '_> {
         next: u64,
     ) -> ControlFlow<Self::Break, WalkAction> {
         let (oncpu, mm) = (self.oncpu, self.tlb.mm);
-        if !pmd.trans_huge() || huge_memory::pageout_huge_pmd(oncpu, mm, slot, addr, next) {
+        let ptes = !pmd.trans_huge()
+            || match huge_memory::pageout_huge_pmd(oncpu, mm, slot, addr, next) {
+                PmdPageout::Ptes => true,
+                PmdPageout::Skip => false,
+                PmdPageout::SplitFile(folio) => split_file_folio_held(oncpu, folio),
+            };
+        if ptes {
             madvise_pageout_pte_range(oncpu, self.tlb, slot, addr, next);
         }
         ControlFlow::Continue(WalkAction::Continue)
     }
+}
+
+/// `split_folio` of a page-cache folio the caller holds a reference to,
+/// given back here: lock it, split it if it is still cached
+/// ([`crate::filemap::split_file_folio`]). Whether it split.
+fn split_file_folio_held(oncpu: &OnCpu, folio: crate::phys::Folio) -> bool {
+    let mem = oncpu.mem();
+    let mut split = false;
+    // The kernel sleeps on the lock; the model passes a folio someone
+    // else has locked, as reclaim's trylock would.
+    if folio.trylock(mem) {
+        let index = mem
+            .page(folio.pfn())
+            .index
+            .load(crate::sync::Ordering::Relaxed);
+        // SAFETY: the folio is locked and held: if cached, its address
+        // space is alive.
+        let mapping = unsafe { crate::fs::address_space::folio_mapping(mem, folio) };
+        let c = crate::fs::CachedFolio { folio, index };
+        split = mapping.is_some_and(|m| crate::filemap::split_file_folio(oncpu, m, c));
+        folio.unlock(mem);
+    }
+    folio.put(mem, oncpu.id());
+    split
 }
 
 /// The PTE half of `madvise_cold_or_pageout_pte_range` for pageout, with

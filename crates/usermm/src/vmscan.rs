@@ -950,7 +950,7 @@ fn reclaim_file_folio(
         return Some(FolioReferences::Keep);
     };
     let index = head.index.load(crate::sync::Ordering::Relaxed);
-    if folio.mapped(mem) && !try_to_unmap_file(oncpu, folio, mapping, index, &mut list.ubc) {
+    if folio.mapped(mem) && !try_to_unmap_file(oncpu, folio, mapping, index, false, &mut list.ubc) {
         return Some(FolioReferences::Activate);
     }
     if head.test(pg::DIRTY) {
@@ -977,12 +977,15 @@ fn reclaim_file_folio(
 /// `try_to_unmap` of a locked page-cache folio, cached at `index` of
 /// `mapping`: every PTE that maps it is cleared (its dirty bit to the
 /// folio; its flush batched on `ubc`), a PMD that maps it zapped
-/// (`TTU_SPLIT_HUGE_PMD` on a file PMD). True if no mapping is left.
-fn try_to_unmap_file(
+/// (`TTU_SPLIT_HUGE_PMD` on a file PMD). A locked VMA keeps its mapping
+/// unless `ignore_mlock` (`TTU_IGNORE_MLOCK`, as a split unmaps), when
+/// the folio is munlocked there. True if no mapping is left.
+pub fn try_to_unmap_file(
     oncpu: &OnCpu,
     folio: Folio,
     mapping: &crate::fs::AddressSpace,
     index: u64,
+    ignore_mlock: bool,
     ubc: &mut TlbflushUnmapBatch,
 ) -> bool {
     let mem = oncpu.mem();
@@ -993,7 +996,8 @@ fn try_to_unmap_file(
     crate::rmap_walk::rmap_walk_file(oncpu, mapping, folio, index, |mm, vma| {
         // try_to_unmap_one: a locked VMA's pages stay (the mlock of a
         // folio it maps whole was restored by folio_referenced).
-        if vma.flags() & VM_LOCKED != 0 {
+        let locked = vma.flags() & VM_LOCKED != 0;
+        if locked && !ignore_mlock {
             return false;
         }
         let at_pmd = |slot, run: PteRun| {
@@ -1009,7 +1013,9 @@ fn try_to_unmap_file(
             ubc: &mut *ubc,
         };
         page_vma_mapped_walk(mem, mm, vma, folio, at_pmd, |pt, i, addr| {
-            unmap_file_pte(oncpu, mm, pt, folio, (i, addr), &mut ttu);
+            if unmap_file_pte(oncpu, mm, pt, folio, (i, addr), &mut ttu) {
+                crate::mlock::munlock_vma_folio(mem, folio, vma.flags(), oncpu.id());
+            }
             true
         });
         true
@@ -1018,7 +1024,7 @@ fn try_to_unmap_file(
 }
 
 /// One PTE of [`try_to_unmap_file`], in the locked table `pt`: cleared if
-/// it maps page `i` of the folio.
+/// it maps page `i` of the folio (then true).
 fn unmap_file_pte(
     oncpu: &OnCpu,
     mm: &crate::sync::Arc<crate::mm::Mm>,
@@ -1026,12 +1032,12 @@ fn unmap_file_pte(
     folio: Folio,
     (i, addr): (u64, u64),
     ttu: &mut Ttu<'_>,
-) {
+) -> bool {
     let mem = oncpu.mem();
     let idx = crate::pgtable::pte_index(addr);
     let pte = pt.pte(idx);
     if !pte.present() || pte.special() || pte.pfn() != folio.pfn() + i {
-        return;
+        return false;
     }
     let pteval = pt.get_and_clear(idx);
     ttu.flush_cleared_pte(oncpu, mm, pteval, addr);
@@ -1042,6 +1048,7 @@ fn unmap_file_pte(
     mm.add_rss(crate::mm::mm_counter_file(mem, folio), -1);
     rmap::folio_remove_rmap_ptes(mem, folio, folio.pfn() + i, 1, mm.id, oncpu.id());
     folio.put(mem, oncpu.id());
+    true
 }
 
 /// `demote_folio_list`: migrate the folios to `target` (`MR_DEMOTION`,

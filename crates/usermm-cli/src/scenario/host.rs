@@ -587,16 +587,14 @@ impl Backend for HostBackend {
     }
     fn truncate(&mut self, name: &str, size: u64) -> Result<(), Errno> {
         let (path, writable) = self.files.get(name).cloned().ok_or(Errno::EBADF)?;
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(writable)
-            .open(&path)
-            .map_err(|e| Errno(e.raw_os_error().unwrap_or(Errno::EIO.0)))?;
-        // SAFETY: ftruncate on a descriptor this function owns.
-        if unsafe { libc::ftruncate(f.as_raw_fd(), size as libc::off_t) } != 0 {
-            return Err(errno_now());
-        }
-        Ok(())
+        // Made by the current process, on its CPU, as in usermm: a
+        // truncation drains the CPU's LRU and mlock batches.
+        self.call_errno(&format!(
+            "truncate {size} {} {}",
+            u8::from(writable),
+            path.display()
+        ))
+        .map(|_| ())
     }
     fn msync(&mut self, addr: u64, len: u64, flags: u32) -> Result<(), Errno> {
         self.call_errno(&format!("msync {addr} {len} {flags}"))
@@ -1642,6 +1640,7 @@ fn serve_request(words: &[&str], proc_buf: &mut String, proc_dir: &str) -> Strin
     match words.first().copied() {
         Some("mmap") => mmap_here(words, n),
         Some("write_file") => write_file_here(words, n),
+        Some("truncate") => truncate_here(words, n),
         Some("msync") => {
             // SAFETY: as for munmap.
             rc(unsafe { libc::msync(n(1) as *mut _, n(2) as usize, n(3) as i32) })
@@ -1951,6 +1950,23 @@ static OPEN_FILES: std::sync::Mutex<Vec<(String, File)>> = std::sync::Mutex::new
 /// `write_file SIZE SEED|- CHUNK CREATE PATH` in the server: the file
 /// written as [`super::file_bytes`] makes it, in `CHUNK`-byte writes, then
 /// fsynced.
+/// `truncate SIZE WRITABLE PATH`: open the file (for writing if
+/// WRITABLE is 1) and `ftruncate(2)` it to SIZE.
+fn truncate_here(words: &[&str], n: impl Fn(usize) -> u64) -> String {
+    let Some(path) = words.get(3) else {
+        return format!("err {}", Errno::EINVAL.0);
+    };
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(n(2) == 1)
+        .open(path);
+    match f {
+        // SAFETY: ftruncate on a descriptor this function owns.
+        Ok(f) => rc(unsafe { libc::ftruncate(f.as_raw_fd(), n(1) as libc::off_t) }),
+        Err(e) => format!("err {}", e.raw_os_error().unwrap_or(Errno::EIO.0)),
+    }
+}
+
 fn write_file_here(words: &[&str], n: impl Fn(usize) -> u64) -> String {
     use std::os::unix::fs::FileExt;
     let Some(path) = words.get(5) else {
