@@ -4,8 +4,10 @@
 //! A move makes the destination VMA first (`copy_vma`: a neighbour grows
 //! over the range where it can), then moves what the source maps, a page
 //! table level at a time where the kernel does (`move_page_tables`): a
-//! huge PMD whole, with its deposited table (`move_huge_pmd`); a whole PTE
-//! table where both ranges cover its PMD (`move_normal_pmd`); otherwise
+//! whole PMD table, with everything under it, where both ranges cover its
+//! GiB (`move_normal_pud`); a huge PMD whole, with its deposited table
+//! (`move_huge_pmd`); a whole PTE table where both ranges cover its PMD
+//! (`move_normal_pmd`); otherwise
 //! entry by entry (`move_ptes`), large folios staying whole. A folio's rmap
 //! needs no change: the destination VMA has the source's anon_vma and page
 //! offsets (or the same file offsets), so the same index finds it at its
@@ -27,9 +29,7 @@
 //! kernel's ordering argument, and which keeps the model from depending on
 //! the order of its interval trees.
 //!
-//! Not modelled: PUD-level moves (`move_normal_pud`, for 1 GiB-aligned
-//! moves of 1 GiB: the model moves the PMD tables under it one by one),
-//! sealed VMAs, userfaultfd, hugetlb and `VM_DONTEXPAND`/`VM_PFNMAP`
+//! Not modelled: sealed VMAs, userfaultfd, hugetlb and `VM_DONTEXPAND`/`VM_PFNMAP`
 //! mappings, none of which the model has.
 
 use crate::errno::{Errno, KResult};
@@ -522,7 +522,7 @@ fn move_page_tables(oncpu: &OnCpu, mm: &Arc<Mm>, tree: &VmaTree, pmc: &mut Paget
         return 0;
     }
     try_realign_addr(tree, pmc);
-    const PUD_SIZE: u64 = 1 << 30;
+    const PUD_SIZE: u64 = crate::pgtable::PUD_SIZE;
     let cpu = oncpu.id();
     while pmc.old_addr < pmc.old_end {
         // The PUD level: nothing mapped under this PUD entry, nothing to
@@ -534,6 +534,13 @@ fn move_page_tables(oncpu: &OnCpu, mm: &Arc<Mm>, tree: &VmaTree, pmc: &mut Paget
         };
         if mm.pud_alloc(pmc.new_addr, cpu).is_err() {
             break;
+        }
+        // A whole PUD entry's worth between PUD-aligned addresses: its
+        // PMD table moves with everything under it (x86 has
+        // CONFIG_HAVE_MOVE_PUD).
+        if pmc.extent(PUD_SIZE) == PUD_SIZE && move_normal_pud(oncpu, mm, pmc) {
+            pmc.advance(PUD_SIZE);
+            continue;
         }
         let extent = pmc.extent(PMD_SIZE);
         if mm.pmd_get(old_slot).none() {
@@ -649,6 +656,22 @@ fn move_soft_dirty_pmd(pmd: Pmd) -> Pmd {
     } else {
         pmd
     }
+}
+
+/// `move_normal_pud`: the PMD table under the old PUD entry moves whole
+/// to the destination's entry, which must be empty, the rmap locks held
+/// (`should_take_rmap_locks` always takes them for a table move); the old
+/// GiB is flushed, paging-structure caches with it.
+fn move_normal_pud(oncpu: &OnCpu, mm: &Arc<Mm>, pmc: &PagetableMove) -> bool {
+    const PUD_SIZE: u64 = crate::pgtable::PUD_SIZE;
+    let _rmap = take_rmap_locks(pmc.old);
+    // SAFETY: mremap holds mmap_lock for writing and the moved VMA's write
+    // lock; the extent is a whole PUD entry inside it.
+    if !unsafe { mm.move_pud_entry(pmc.old_addr, pmc.new_addr) } {
+        return false;
+    }
+    oncpu.flush_tlb_range(mm, pmc.old_addr, pmc.old_addr + PUD_SIZE, PAGE_SHIFT);
+    true
 }
 
 /// `move_normal_pmd`: the whole PTE table moves to the destination's PMD

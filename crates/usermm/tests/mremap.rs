@@ -220,3 +220,144 @@ fn pmd_sized_moves_keep_folios_and_tables_whole() {
     check_invariants(&m).unwrap();
     c.exit_mm().unwrap();
 }
+
+/// Where a GiB lives and moves to: GiB-aligned, one in the same PGD
+/// entry, one in another.
+const GIB_RANGES: [u64; 3] = [0x6000_0000_0000, 0x6000_4000_0000, 0x6400_0000_0000];
+/// The parts of the GiB the CPUs touch: its start, its middle, its end
+/// (each in a PMD of its own, faulted as a THP or by PTEs).
+const GIB_WINDOWS: [u64; 3] = [0, 1 << 29, (1 << 30) - WINDOW];
+const WINDOW: u64 = 64 << 10;
+
+/// A GiB moved whole between GiB-aligned addresses (its PMD table hangs
+/// from another PUD entry: `move_normal_pud`) while two CPUs store and
+/// load in three windows of it and of the ranges it moves between; the
+/// operator also zaps a window (MADV_DONTNEED) and flips THPs on and off,
+/// so that PMD-mapped THPs and PTE tables both move.
+fn race_accesses_with_pud_moves(lock: FaultLock, rounds: u64) {
+    const GIB: u64 = 1 << 30;
+    let m = Machine::new(MachineConfig::single_node(256 << 20, 3)).unwrap();
+    m.tunables.set_fault_lock(lock);
+    m.thp.set_enabled(ThpMode::Always).unwrap();
+    let shadow = Shadow::new();
+    let c0 = m.bind(0).unwrap();
+    let mm = c0.new_mm().unwrap();
+    // A GiB on a smaller machine: not charged (heuristic overcommit).
+    c0.mmap(GIB_RANGES[0], GIB, RW, ANON | MAP_NORESERVE | MAP_FIXED)
+        .unwrap();
+    let stop = AtomicBool::new(false);
+    let accesses = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        let _stop = StopOnDrop(&stop);
+        for id in 1..3u64 {
+            let (m, mm, stop, shadow, accesses) = (&m, mm.clone(), &stop, &shadow, &accesses);
+            s.spawn(move || {
+                let c = m.bind(id as usize).unwrap();
+                c.switch_mm(&mm);
+                let mut rng = SmallRng::seed_from_u64(id);
+                let mut seq = 1u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let base = GIB_RANGES[rng.gen_range(0..3)] + GIB_WINDOWS[rng.gen_range(0..3)];
+                    let addr = base + rng.gen_range(0..WINDOW / 8) * 8;
+                    let r = if rng.gen_bool(0.6) {
+                        seq += 1;
+                        shadow.store_u64(&c, addr, (id << 56) | seq)
+                    } else {
+                        shadow.load_u64(&c, addr).map(|_| ())
+                    };
+                    assert!(matches!(r, Ok(()) | Err(Errno::EFAULT)), "{r:?}");
+                    accesses.fetch_add(1, Ordering::Relaxed);
+                }
+                c.idle();
+            });
+        }
+        let mut rng = SmallRng::seed_from_u64(7);
+        let mut at = GIB_RANGES[0];
+        let mut i = 0u64;
+        while i < rounds || accesses.load(Ordering::Relaxed) < 20_000 {
+            i += 1;
+            match i % 4 {
+                0 | 1 => {
+                    let to = *GIB_RANGES
+                        .iter()
+                        .filter(|&&r| r != at)
+                        .nth(rng.gen_range(0..2))
+                        .unwrap();
+                    let mut flags = MREMAP_MAYMOVE | MREMAP_FIXED;
+                    if rng.gen_bool(0.3) {
+                        flags |= MREMAP_DONTUNMAP;
+                    }
+                    // A VMA never written (its pages all zero pages) has
+                    // no anon_vma: moved next to itself, it merges with
+                    // its copy, as the kernel's copy_vma lets it, and
+                    // nothing is moved whole.
+                    let written = {
+                        let guard = usermm::sync::epoch::pin();
+                        let tree = mm.vma_tree(&guard);
+                        tree.vma_lookup(at).unwrap().anon_vma().is_some()
+                    };
+                    let pmd_table = mm.pmd_lookup(at).filter(|_| written);
+                    let got = shadow
+                        .remap(&c0, mm.id, at, to, GIB, || {
+                            c0.mremap(at, GIB, GIB, flags, to)
+                        })
+                        .unwrap();
+                    assert_eq!(got, to);
+                    // The PMD table itself moved, rather than its
+                    // entries into a new one.
+                    if let Some(slot) = pmd_table {
+                        assert_eq!(mm.pmd_lookup(to), Some(slot), "{lock:?}: not moved whole");
+                    }
+                    if flags & MREMAP_DONTUNMAP != 0 {
+                        shadow.zap(&c0, mm.id, at, at + GIB, || c0.munmap(at, GIB).unwrap());
+                    }
+                    for w in GIB_WINDOWS {
+                        let left = mapped_pages(&m, &c0, at + w, at + w + WINDOW);
+                        assert!(
+                            left.is_empty(),
+                            "{lock:?}: mapped after the move: {left:#x?}"
+                        );
+                    }
+                    at = to;
+                }
+                2 => {
+                    let w = at + GIB_WINDOWS[rng.gen_range(0..3)];
+                    shadow.zap(&c0, mm.id, w, w + WINDOW, || {
+                        c0.madvise(w, WINDOW, usermm::madvise::MADV_DONTNEED)
+                            .unwrap()
+                    });
+                }
+                _ => {
+                    let mode = if rng.gen_bool(0.5) {
+                        ThpMode::Always
+                    } else {
+                        ThpMode::Never
+                    };
+                    m.thp.set_enabled(mode).unwrap();
+                }
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        c0.idle();
+    });
+    shadow.verdict().unwrap();
+    c0.exit_mm().unwrap();
+    drop(c0);
+    m.rcu_barrier();
+    check_invariants(&m).unwrap();
+}
+
+#[test]
+fn pud_moves_race_accesses_under_vma_lock() {
+    race_accesses_with_pud_moves(FaultLock::VmaLock, 300);
+}
+
+#[test]
+fn pud_moves_race_accesses_under_spf() {
+    race_accesses_with_pud_moves(FaultLock::Spf, 300);
+}
+
+#[test]
+fn pud_moves_race_accesses_under_mmap_lock() {
+    race_accesses_with_pud_moves(FaultLock::MmapLock, 300);
+}

@@ -40,6 +40,23 @@ impl Mm {
         Ok(())
     }
 
+    /// `move_normal_pud`'s move of the PMD table under `old_addr`'s PUD
+    /// entry to `new_addr`'s, which must be empty (see
+    /// [`crate::pgtable::Pgd::move_pud_entry`]); the tables' count is
+    /// unchanged. False: not moved.
+    ///
+    /// # Safety
+    ///
+    /// As [`crate::pgtable::Pgd::move_pud_entry`]: mmap_lock held for
+    /// writing, the entry's range inside one VMA being moved.
+    pub unsafe fn move_pud_entry(&self, old_addr: u64, new_addr: u64) -> bool {
+        // SAFETY: the caller's contract is the table layer's.
+        unsafe {
+            self.pgd
+                .move_pud_entry(&self.mem, &self.page_table_lock, old_addr, new_addr)
+        }
+    }
+
     /// Whether a PUD table covers `addr`.
     pub fn pud_present(&self, addr: u64) -> bool {
         self.pgd.pud_present(&self.mem, addr)

@@ -211,6 +211,56 @@ impl Pgd {
         Some(Ptdesc::unhooked(pmd_table))
     }
 
+    /// `move_normal_pud` under the PUD lock (`page_table_lock`, x86's
+    /// `pud_lockptr`): the PMD table under `old_addr`'s PUD entry hangs
+    /// from `new_addr`'s instead, with every table below it, and the old
+    /// entry is cleared. Refused (false) where the old entry holds no
+    /// table, the new one is not empty (or has no PUD table to live in),
+    /// or a PTE table below keeps a `pte_ref` count (that design's
+    /// tables move their entries one by one, as
+    /// [`PmdPairLocked::move_table`] refuses them).
+    ///
+    /// # Safety
+    ///
+    /// The caller holds mmap_lock for writing and the PUD entry's 1 GiB
+    /// lies in the one VMA being moved, whose faults and walks are
+    /// excluded (`vma_start_write`): no software walker holds a PMD slot
+    /// of the table while it moves. Hardware walkers may: the caller
+    /// flushes the old range after.
+    pub unsafe fn move_pud_entry(
+        &self,
+        mem: &PhysMem,
+        page_table_lock: &SpinLock,
+        old_addr: u64,
+        new_addr: u64,
+    ) -> bool {
+        let _pud = page_table_lock.lock();
+        let (old_pgde, new_pgde) = (
+            entry_get(mem, self.0, pgd_index(old_addr)),
+            entry_get(mem, self.0, pgd_index(new_addr)),
+        );
+        if old_pgde & _PAGE_PRESENT == 0 || new_pgde & _PAGE_PRESENT == 0 {
+            return false;
+        }
+        let (old_pud, new_pud) = (next_table(old_pgde), next_table(new_pgde));
+        let (oi, ni) = (pud_index(old_addr), pud_index(new_addr));
+        let old = entry_get(mem, old_pud, oi);
+        if old & _PAGE_PRESENT == 0 || entry_get(mem, new_pud, ni) != 0 {
+            return false;
+        }
+        let pmd_table = next_table(old);
+        let counted = (0..PTRS_PER_TABLE).any(|i| {
+            let pmd = Pmd(entry_get(mem, pmd_table, i));
+            pmd_is_table(pmd) && pte_ref_of(mem, pmd.table_pfn()).is_some()
+        });
+        if counted {
+            return false;
+        }
+        let e = entry_get_and_clear(mem, old_pud, oi);
+        entry_set(mem, new_pud, ni, e);
+        true
+    }
+
     /// Whether the PMD table covering `addr` exists and maps nothing: a
     /// lockless look for [`Self::try_unhook_empty_pmd_table`] to confirm.
     /// The caller holds mmap_lock, which keeps the PMD table from going.
