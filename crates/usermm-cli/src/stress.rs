@@ -2,7 +2,8 @@
 //!
 //! CPU 0 is the operator: it runs random mmap (MAP_FIXED, some with
 //! MAP_NORESERVE, MAP_POPULATE, MAP_GROWSDOWN or MAP_STACK), munmap,
-//! mprotect, madvise, the mlock family, mremap (moves within the window,
+//! mprotect, madvise (MADV_COLLAPSE among them), the mlock family,
+//! mremap (moves within the window,
 //! some leaving the old range empty, and shrinks), brk (the first process
 //! is given its heap in the window's top quarter, as exec would give it a
 //! `start_brk`; children inherit it), fork, exec of this program by a
@@ -35,8 +36,8 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use usermm::check::shadow::Shadow;
 use usermm::madvise::{
-    MADV_DONTNEED, MADV_FREE, MADV_HUGEPAGE, MADV_NOHUGEPAGE, MADV_NORMAL, MADV_POPULATE_READ,
-    MADV_POPULATE_WRITE,
+    MADV_COLLAPSE, MADV_DONTNEED, MADV_FREE, MADV_HUGEPAGE, MADV_NOHUGEPAGE, MADV_NORMAL,
+    MADV_POPULATE_READ, MADV_POPULATE_WRITE,
 };
 use usermm::mm::Mm;
 use usermm::mmap::*;
@@ -839,7 +840,8 @@ impl Operator<'_, '_> {
                     MADV_NORMAL,
                     MADV_POPULATE_READ,
                     MADV_POPULATE_WRITE,
-                ][self.rng.gen_range(0..7)];
+                    MADV_COLLAPSE,
+                ][self.rng.gen_range(0..8)];
                 self.set_last_op(format!("mm {mm}: madvise {start:#x} {len:#x} {advice}"));
                 // MADV_DONTNEED zaps what is mapped even when a hole makes it
                 // return ENOMEM. MADV_FREE keeps the contents: the model has

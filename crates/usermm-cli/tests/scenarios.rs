@@ -300,10 +300,13 @@ fn random_scenario(seed: u64) -> String {
     // pages, its size a few pages past a size that folios fill.
     let file_size =
         (!exec && r.below(2) == 0).then(|| lens[r.below(4) as usize] + r.below(3) * 4096);
+    let mut file_is_shmem = false;
     if let Some(size) = file_size {
         // An ext4 file, a tmpfs one or a memfd (both shmem).
         let seed = 1 + r.below(9);
-        s += &match r.below(4) {
+        let kind = r.below(4);
+        file_is_shmem = kind < 2;
+        s += &match kind {
             0 => format!("file F {size} seed={seed} fs=tmpfs\n"),
             1 => format!("memfd F {size} seed={seed}\n"),
             _ => format!("file F {size} seed={seed}{}\n", r.pick(&["", " chunk=4K"])),
@@ -311,6 +314,9 @@ fn random_scenario(seed: u64) -> String {
     }
     let regions = 1 + r.below(3);
     let mut len = vec![0u64; regions as usize];
+    // Which regions are shmem (shared anonymous, tmpfs, memfd), whose
+    // MADV_COLLAPSE (`collapse_file`) usermm does not model: none is drawn.
+    let mut shmem = vec![false; regions as usize];
     for i in 0..regions {
         len[i as usize] = lens[r.below(4) as usize];
         let prot = r.pick(&["rw", "rw", "rw", "r", "none"]);
@@ -319,6 +325,7 @@ fn random_scenario(seed: u64) -> String {
             // a few pages in.
             let flags = r.pick(&["private", "shared", "private,populate"]);
             let off = r.pick(&["0", "0", "16K"]);
+            shmem[i as usize] = file_is_shmem;
             s += &format!(
                 "map R{i} {}K {prot} at={:#x} file=F off={off} flags={flags}\n",
                 len[i as usize] >> 10,
@@ -338,6 +345,7 @@ fn random_scenario(seed: u64) -> String {
             " flags=private,anonymous,growsdown",
             " flags=private,anonymous,stack",
         ]);
+        shmem[i as usize] = flags.contains("shared");
         let flags = if exec && flags.contains("growsdown") {
             ""
         } else {
@@ -391,9 +399,8 @@ fn random_scenario(seed: u64) -> String {
             13 if file_size.is_some() && r.below(8) == 0 => {
                 format!("truncate F {}\n", r.below(4) * (64 << 10))
             }
-            11..=13 => format!(
-                "madvise {at} {bytes} {}\n",
-                r.pick(&[
+            11..=13 => format!("madvise {at} {bytes} {}\n", {
+                let advice = r.pick(&[
                     "dontneed",
                     "free",
                     "pageout",
@@ -405,18 +412,27 @@ fn random_scenario(seed: u64) -> String {
                     "wipeonfork",
                     "keeponfork",
                     "populate_read",
-                    "populate_write"
-                ])
-            ),
+                    "populate_write",
+                    "collapse",
+                ]);
+                if advice == "collapse" && shmem[i] {
+                    "hugepage"
+                } else {
+                    advice
+                }
+            }),
             19 => format!("mlock {at} {bytes}{}\n", r.pick(&["", "", " onfault"])),
             20 if r.below(2) == 0 => format!("munlock {at} {bytes}\n"),
             20 => format!("mincore {at} {bytes}\n"),
-            14 => format!(
-                "map R{i} {}K {} at={:#x} flags=private,anonymous,fixed\n",
-                len[i] >> 10,
-                r.pick(&["rw", "r"]),
-                slot(i as u64)
-            ),
+            14 => {
+                shmem[i] = false;
+                format!(
+                    "map R{i} {}K {} at={:#x} flags=private,anonymous,fixed\n",
+                    len[i] >> 10,
+                    r.pick(&["rw", "r"]),
+                    slot(i as u64)
+                )
+            }
             // A vfork child of main: it loads and stores on main's memory,
             // then exits, main waiting meanwhile. (Not exec: natively the
             // child execs the usermm binary first, whose start drains the

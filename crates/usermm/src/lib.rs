@@ -26,7 +26,8 @@
 //!    copy), [`filemap`] (the page cache: reads, readahead, fault-around,
 //!    writeback, truncation), [`shmem`] (tmpfs, shared anonymous memory,
 //!    memfds), [`huge_memory`], [`mmu_gather`], [`mmap`], [`fork`],
-//!    [`mprotect`], [`mremap`], [`msync`], [`madvise`], [`mlock`], [`gup`] (populating
+//!    [`mprotect`], [`mremap`], [`msync`], [`madvise`], [`khugepaged`]
+//!    (MADV_COLLAPSE), [`mlock`], [`gup`] (populating
 //!    a range), [`exec`] with [`binfmt_elf`] and [`vdso`] (a program's
 //!    new address space), [`mincore`], [`swap`] (the LRU batches, lazyfree, isolation), [`migrate`] (page migration, `move_pages`) with
 //!    [`rmap_walk`] and [`tlbbatch`] (the batched unmap flush),
@@ -69,6 +70,7 @@ pub mod gup;
 pub mod huge_memory;
 pub mod init;
 pub mod inspect;
+pub mod khugepaged;
 pub mod madvise;
 pub mod memory;
 pub mod mempolicy;

@@ -1,5 +1,6 @@
 //! madvise (mm/madvise.c): MADV_DONTNEED, MADV_FREE, MADV_PAGEOUT,
-//! MADV_HUGEPAGE and MADV_NOHUGEPAGE.
+//! MADV_HUGEPAGE and MADV_NOHUGEPAGE; MADV_COLLAPSE's work is in
+//! [`crate::khugepaged`].
 //!
 //! DONTNEED, FREE and PAGEOUT run under mmap_lock for reading, so two of
 //! them may run on one mm at once; their gathers then end in a full flush
@@ -37,6 +38,7 @@ pub const MADV_KEEPONFORK: i32 = 19;
 pub const MADV_PAGEOUT: i32 = 21;
 pub const MADV_POPULATE_READ: i32 = 22;
 pub const MADV_POPULATE_WRITE: i32 = 23;
+pub const MADV_COLLAPSE: i32 = 25;
 
 /// `madvise(2)`.
 pub fn do_madvise(
@@ -60,6 +62,7 @@ pub fn do_madvise(
         MADV_KEEPONFORK,
         MADV_POPULATE_READ,
         MADV_POPULATE_WRITE,
+        MADV_COLLAPSE,
     ]
     .contains(&advice)
     {
@@ -84,6 +87,24 @@ pub fn do_madvise(
         // each up and reports what it finds.
         MADV_POPULATE_READ | MADV_POPULATE_WRITE => {
             crate::gup::faultin_page_range(oncpu, mm, start, end, advice == MADV_POPULATE_WRITE)
+        }
+        // Each VMA's whole PMDs collapsed in turn; the first VMA that
+        // fails ends the walk with its error (khugepaged.rs).
+        MADV_COLLAPSE => {
+            let vmas: Vec<Arc<Vma>> = {
+                let _g = mm.mmap_lock.read();
+                let guard = crate::sync::epoch::pin();
+                mm.vma_tree(&guard).range(start, end).cloned().collect()
+            };
+            for vma in &vmas {
+                let (s, e) = (start.max(vma.start()), end.min(vma.end()));
+                crate::khugepaged::madvise_collapse(oncpu, mm, vma, s, e)?;
+            }
+            if has_hole(&vmas, start, end) {
+                Err(Errno::ENOMEM)
+            } else {
+                Ok(())
+            }
         }
         MADV_WILLNEED => {
             let vmas: Vec<Arc<Vma>> = {

@@ -44,6 +44,8 @@ counters! {
         THP_FILE_MAPPED => "thp_file_mapped",
         THP_FAULT_ALLOC => "thp_fault_alloc",
         THP_FAULT_FALLBACK => "thp_fault_fallback",
+        THP_COLLAPSE_ALLOC => "thp_collapse_alloc",
+        THP_COLLAPSE_ALLOC_FAILED => "thp_collapse_alloc_failed",
         THP_SPLIT_PMD => "thp_split_pmd",
         THP_SPLIT_PAGE => "thp_split_page",
         THP_SPLIT_PAGE_FAILED => "thp_split_page_failed",

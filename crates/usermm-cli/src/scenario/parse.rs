@@ -652,6 +652,7 @@ fn parse_advice(w: &str) -> Option<i32> {
         "pageout" => 21,
         "populate_read" => 22,
         "populate_write" => 23,
+        "collapse" => 25,
         _ => return None,
     })
 }

@@ -89,6 +89,15 @@ impl Ptdesc {
         Ptdesc(pfn)
     }
 
+    /// The split lock of a PTE table taken from its PMD
+    /// ([`PmdLocked::take_pte_table`]): a speculative fault that locked
+    /// the table before the PMD was cleared commits under it, so once
+    /// this is held none is left inside (a later one aborts on the PMD or
+    /// on `mm_lock_seq`).
+    pub(crate) fn lock<'a>(&self, mem: &'a PhysMem) -> PtlGuard<'a> {
+        ptl_lock(mem, self.0)
+    }
+
     /// Entry `idx` of a table nobody else can see.
     #[inline]
     pub fn pte(&self, mem: &PhysMem, idx: usize) -> Pte {
@@ -748,6 +757,21 @@ impl PmdLocked<'_> {
         );
         entry_set(self.mem, self.slot.table, self.slot.idx, 0);
         Some(Ptdesc::unhooked(table))
+    }
+
+    /// The clear of `pmdp_collapse_flush` (the caller flushes): take the
+    /// PTE table the entry points to, leaving the entry none, for a
+    /// collapse to work on out of every walker's sight and then deposit
+    /// (or put back with [`Self::populate`]). None if the entry holds no
+    /// table, or a table with a `pte_ref` count (freed by its count
+    /// alone, it cannot be deposited).
+    pub fn take_pte_table(&mut self) -> Option<Ptdesc> {
+        let pmd = self.get();
+        if !pmd_is_table(pmd) || pte_ref_of(self.mem, pmd.table_pfn()).is_some() {
+            return None;
+        }
+        entry_set(self.mem, self.slot.table, self.slot.idx, 0);
+        Some(Ptdesc::unhooked(pmd.table_pfn()))
     }
 
     /// `pgtable_trans_huge_deposit`: keep a PTE table under a huge PMD, so
