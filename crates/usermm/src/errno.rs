@@ -26,6 +26,7 @@ impl Errno {
     pub const EISDIR: Errno = Errno(21);
     pub const EINVAL: Errno = Errno(22);
     pub const ENOSYS: Errno = Errno(38);
+    pub const ELOOP: Errno = Errno(40);
     pub const EOVERFLOW: Errno = Errno(75);
     pub const ELIBBAD: Errno = Errno(80);
     pub const EOPNOTSUPP: Errno = Errno(95);
@@ -56,6 +57,7 @@ impl Errno {
             21 => "EISDIR",
             22 => "EINVAL",
             38 => "ENOSYS",
+            40 => "ELOOP",
             75 => "EOVERFLOW",
             80 => "ELIBBAD",
             95 => "EOPNOTSUPP",
@@ -85,6 +87,7 @@ impl Errno {
             Errno::EISDIR,
             Errno::EINVAL,
             Errno::ENOSYS,
+            Errno::ELOOP,
             Errno::EOVERFLOW,
             Errno::ELIBBAD,
             Errno::EOPNOTSUPP,

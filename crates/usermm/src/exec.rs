@@ -17,8 +17,17 @@
 //! -R`): the stack at `STACK_TOP`, `mmap_base` 128 MiB below it (or the
 //! stack limit and its guard gap, if larger).
 //!
-//! The model's simplifications: only ELF programs (no `#!` scripts: a
-//! file that is not ELF is ENOEXEC); a failure after the old mm would be
+//! A `#!` script runs its interpreter (`load_script`, fs/binfmt_script.c):
+//! argv[0] is taken off the stack and the interpreter's name, its one
+//! optional argument and the script's path put on in its place, up to
+//! five scripts deep (ELOOP past them); `AT_EXECFN` still names the
+//! script.
+//!
+//! The model's simplifications: every file is opened and checked before
+//! the strings are copied (the kernel copies them first, so a script whose
+//! interpreter is missing and whose arguments are too long is ENOENT here
+//! and E2BIG there; a `#!` line that is not UTF-8 is ENOEXEC); a failure
+//! after the old mm would be
 //! gone (out of memory while loading) leaves the process on its old mm
 //! with the error, where the kernel kills it; the temporary stack takes
 //! THPs like any anonymous VMA (the kernel's `VM_STACK_INCOMPLETE_SETUP`
@@ -47,13 +56,23 @@ const MAX_ARG_STRLEN: u64 = 32 * PAGE_SIZE;
 const STK_LIM: u64 = 8 << 20;
 /// The platform string the auxiliary vector points to (`ELF_PLATFORM`).
 const ELF_PLATFORM: &[u8] = b"x86_64\0";
+/// `BINPRM_BUF_SIZE`: the bytes of a program's start read to tell its
+/// format, and all a `#!` line may take.
+const BINPRM_BUF_SIZE: usize = 256;
+/// How many interpreters deep an exec may go (`exec_binprm`'s depth).
+const MAX_INTERP_DEPTH: usize = 5;
 
 /// `struct linux_binprm`: the program being exec'd and the strings that
 /// go on its stack.
 pub struct LinuxBinprm {
     /// The path as exec was given it (what `AT_EXECFN` names).
     pub filename: String,
+    /// The arguments the program runs with (a script's rewritten).
     pub argv: Vec<String>,
+    /// The arguments exec was given, copied first.
+    argv_given: Vec<String>,
+    /// What each `#!` script did to the strings, in order.
+    scripts: Vec<ScriptLevel>,
     pub envp: Vec<String>,
     pub file: Arc<crate::fs::File>,
     pub elf: ElfImage,
@@ -89,10 +108,120 @@ fn open_exec(oncpu: &OnCpu, path: &str) -> KResult<(Arc<crate::fs::File>, std::f
     Ok((crate::fs::File::open(&inode, mode)?, host))
 }
 
+/// One `#!` script's change to the strings on the new stack: argv[0]
+/// (`removed` bytes with its NUL) taken off (`remove_arg_zero`), then
+/// `pushed` put on, each below the one before (the script's path, the
+/// interpreter's argument if any, the interpreter's name).
+struct ScriptLevel {
+    removed: u64,
+    pushed: Vec<String>,
+}
+
+/// `load_script`'s parse of a `#!` line in `buf` (the file's first
+/// `BINPRM_BUF_SIZE` bytes, zero-padded): None if the file is no script;
+/// else the interpreter's name and its optional argument, or ENOEXEC for
+/// a line with no name, or whose name may be cut off.
+fn parse_script_line(buf: &[u8; BINPRM_BUF_SIZE]) -> Option<KResult<(String, Option<String>)>> {
+    if buf[0] != b'#' || buf[1] != b'!' {
+        return None;
+    }
+    let spacetab = |c: u8| c == b' ' || c == b'\t';
+    // Both bounds inclusive, as the kernel's helpers take them.
+    let next_non_spacetab = |first: usize, last: usize| (first..=last).find(|&i| !spacetab(buf[i]));
+    let next_terminator =
+        |first: usize, last: usize| (first..=last).find(|&i| spacetab(buf[i]) || buf[i] == 0);
+    let buf_end = BINPRM_BUF_SIZE - 1;
+    // The line's end (exclusive): its newline, or, with none in the
+    // buffer, its last byte if the name is certainly whole.
+    let mut i_end = match buf.iter().position(|&c| c == b'\n') {
+        Some(i) => i,
+        None => {
+            let Some(name) = next_non_spacetab(2, buf_end) else {
+                return Some(Err(Errno::ENOEXEC));
+            };
+            if next_terminator(name, buf_end).is_none() {
+                return Some(Err(Errno::ENOEXEC));
+            }
+            buf_end
+        }
+    };
+    while spacetab(buf[i_end - 1]) {
+        i_end -= 1;
+    }
+    let i_name = match next_non_spacetab(2, i_end) {
+        Some(i) if i != i_end => i,
+        _ => return Some(Err(Errno::ENOEXEC)),
+    };
+    let i_sep = next_terminator(i_name, i_end);
+    let i_arg = i_sep
+        .filter(|&s| buf[s] != 0)
+        .and_then(|s| next_non_spacetab(s, i_end));
+    // The strings end at the line's end, the name at its separator when
+    // an argument follows it, and at any NUL.
+    let text = |from: usize, to: usize| -> KResult<String> {
+        let bytes = &buf[from..to];
+        let bytes = &bytes[..bytes.iter().position(|&c| c == 0).unwrap_or(bytes.len())];
+        String::from_utf8(bytes.to_vec()).map_err(|_| Errno::ENOEXEC)
+    };
+    let name_end = match (i_arg, i_sep) {
+        (Some(_), Some(s)) => s,
+        _ => i_end,
+    };
+    let parsed = text(i_name, name_end).and_then(|name| {
+        let arg = i_arg.map(|a| text(a, i_end)).transpose()?;
+        Ok((name, arg))
+    });
+    Some(parsed)
+}
+
+/// The first `BINPRM_BUF_SIZE` bytes of an open host file, zero-padded.
+fn read_binprm_buf(host: &std::fs::File) -> KResult<[u8; BINPRM_BUF_SIZE]> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = [0u8; BINPRM_BUF_SIZE];
+    let mut got = 0;
+    while got < buf.len() {
+        match host.read_at(&mut buf[got..], got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) => return Err(Errno(e.raw_os_error().unwrap_or(Errno::EIO.0))),
+        }
+    }
+    Ok(buf)
+}
+
 /// The program and its interpreter, opened and checked: everything that
-/// can fail before the old address space is given up.
+/// can fail before the old address space is given up. A `#!` script is
+/// followed to the program that runs it (`exec_binprm`'s loop).
 fn prepare_binprm(oncpu: &OnCpu, path: &str, argv: &[&str], envp: &[&str]) -> KResult<LinuxBinprm> {
-    let (file, host) = open_exec(oncpu, path)?;
+    // With no arguments at all, the kernel passes one empty one (5.18+).
+    let mut argv_given: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
+    if argv_given.is_empty() {
+        argv_given.push(String::new());
+    }
+    let mut argv = argv_given.clone();
+    let mut scripts = Vec::new();
+    // `bprm->interp`: the name a script's interpreter is given as the
+    // script's path.
+    let mut interp_name = path.to_string();
+    let (mut file, mut host) = open_exec(oncpu, path)?;
+    for depth in 0.. {
+        let buf = read_binprm_buf(&host)?;
+        let Some(parsed) = parse_script_line(&buf) else {
+            break;
+        };
+        let (i_name, i_arg) = parsed?;
+        let removed = argv.remove(0).len() as u64 + 1;
+        let mut pushed = vec![interp_name];
+        pushed.extend(i_arg);
+        pushed.push(i_name.clone());
+        argv.splice(0..0, pushed.iter().rev().cloned());
+        scripts.push(ScriptLevel { removed, pushed });
+        interp_name = i_name.clone();
+        (file, host) = open_exec(oncpu, &i_name)?;
+        if depth + 1 > MAX_INTERP_DEPTH {
+            return Err(Errno::ELOOP);
+        }
+    }
     let elf = ElfImage::parse(&host, Errno::ENOEXEC)?;
     let interp = match elf.interpreter(&host)? {
         Some(ipath) => {
@@ -101,14 +230,11 @@ fn prepare_binprm(oncpu: &OnCpu, path: &str, argv: &[&str], envp: &[&str]) -> KR
         }
         None => None,
     };
-    // With no arguments at all, the kernel passes one empty one (5.18+).
-    let mut argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
-    if argv.is_empty() {
-        argv.push(String::new());
-    }
     Ok(LinuxBinprm {
         filename: path.to_string(),
         argv,
+        argv_given,
+        scripts,
         envp: envp.iter().map(|s| s.to_string()).collect(),
         file,
         elf,
@@ -381,7 +507,15 @@ fn build_new_mm(oncpu: &OnCpu, mm: &Arc<Mm>, bprm: &mut LinuxBinprm) -> KResult<
     bprm.exec = bprm.p;
     let envp = bprm.envp.clone();
     copy_strings(oncpu, bprm, &envp)?;
-    let argv = bprm.argv.clone();
+    let argv = bprm.argv_given.clone();
     copy_strings(oncpu, bprm, &argv)?;
+    // Each script's `remove_arg_zero` and the strings it puts on.
+    let scripts = std::mem::take(&mut bprm.scripts);
+    for level in &scripts {
+        bprm.p += level.removed;
+        for s in &level.pushed {
+            copy_strings(oncpu, bprm, std::slice::from_ref(s))?;
+        }
+    }
     crate::binfmt_elf::load_elf_binary(oncpu, mm, bprm)
 }

@@ -60,6 +60,102 @@ fn failed_exec_keeps_the_old_mm() {
     let _ = std::fs::remove_dir_all(text.parent().unwrap());
 }
 
+/// `#!` scripts, each answered as the host kernel answers the same
+/// files (checked with execve(2) on the host): a line with no name or a
+/// name that may be cut off is ENOEXEC, so is an interpreter that is no
+/// program; a missing one is ENOENT; five scripts deep run, six are
+/// ELOOP. A script that runs gets its interpreter's name, its one
+/// argument (the rest of the line) and its own path as argv, before the
+/// arguments after argv[0]; AT_EXECFN still names the script.
+#[test]
+fn scripts_run_their_interpreter() {
+    if !std::path::Path::new(TRUE).exists() {
+        return;
+    }
+    let m = machine();
+    let c = m.bind(0).unwrap();
+    let mm = c.new_mm().unwrap();
+    let plain = host_file("script-plain", b"just text\n", 0o755);
+    let refused = [
+        (host_file("script-noname", b"#!\n", 0o755), Errno::ENOEXEC),
+        (
+            host_file("script-spaces", b"#!   \t \n", 0o755),
+            Errno::ENOEXEC,
+        ),
+        (
+            host_file("script-missing", b"#!/nonexistent/interp\n", 0o755),
+            Errno::ENOENT,
+        ),
+        (
+            host_file(
+                "script-text",
+                format!("#!{}\n", plain.display()).as_bytes(),
+                0o755,
+            ),
+            Errno::ENOEXEC,
+        ),
+        (
+            host_file(
+                "script-long",
+                &[b"#!/".as_slice(), &[b'a'; 300]].concat(),
+                0o755,
+            ),
+            Errno::ENOEXEC,
+        ),
+    ];
+    for (path, want) in &refused {
+        let p = path.to_str().unwrap();
+        assert_eq!(c.execve(p, &[p], &[]).err(), Some(*want), "{p}");
+        assert_eq!(c.mm().unwrap().id, mm.id, "{p}: the mm changed");
+    }
+    let mut chain = TRUE.to_string();
+    for i in 1..=6 {
+        let s = host_file(
+            &format!("script-chain{i}"),
+            format!("#!{chain}\n").as_bytes(),
+            0o755,
+        );
+        chain = s.to_str().unwrap().to_string();
+        // A run leaves the CPU on the new mm, the old one given up.
+        let r = c.execve(&chain, &[&chain], &[]).map(|_| ());
+        let want = if i <= 5 { Ok(()) } else { Err(Errno::ELOOP) };
+        assert_eq!(r, want, "{i} scripts deep");
+    }
+    let script = host_file(
+        "script-args",
+        format!("#!{TRUE}  arg1 arg2  \nrest\n").as_bytes(),
+        0o755,
+    );
+    let s = script.to_str().unwrap();
+    let new = c.execve(s, &["zero", "one"], &[]).unwrap();
+    c.switch_mm(&new);
+    let sp = new.layout().start_stack;
+    let string_at = |p: u64| {
+        let bytes: Vec<u8> = (p..)
+            .map(|a| c.load_u8(a).unwrap())
+            .take_while(|&b| b != 0)
+            .collect();
+        String::from_utf8(bytes).unwrap()
+    };
+    assert_eq!(c.load_u64(sp).unwrap(), 4);
+    let argv: Vec<String> = (0..4)
+        .map(|i| string_at(c.load_u64(sp + 8 + 8 * i).unwrap()))
+        .collect();
+    assert_eq!(argv, [TRUE, "arg1 arg2", s, "one"]);
+    let execfn = (0..40)
+        .map(|i| {
+            (
+                c.load_u64(sp + 8 * (7 + 2 * i)).unwrap(),
+                c.load_u64(sp + 8 * (8 + 2 * i)).unwrap(),
+            )
+        })
+        .find(|&(k, _)| k == 31)
+        .map(|(_, v)| string_at(v));
+    assert_eq!(execfn.as_deref(), Some(s), "AT_EXECFN");
+    c.exit_mm().unwrap();
+    let _ = std::fs::remove_dir_all(plain.parent().unwrap());
+}
+
 #[test]
 fn exec_writes_argc_argv_and_envp_on_the_new_stack() {
     if !std::path::Path::new(TRUE).exists() {
