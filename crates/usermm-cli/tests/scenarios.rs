@@ -236,6 +236,113 @@ fn malformed_file_exits_2_with_line_and_column() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// The address range of a maps line.
+fn maps_range(line: &str) -> (u64, u64) {
+    let range = line.split(' ').next().unwrap_or("");
+    let (s, e) = range.split_once('-').unwrap_or(("0", "0"));
+    (
+        u64::from_str_radix(s, 16).unwrap_or(0),
+        u64::from_str_radix(e, 16).unwrap_or(0),
+    )
+}
+
+/// What an exec left: its maps lines and its break (a scenario's `maps`
+/// then `brk`, as the last two outcomes of `report`).
+fn exec_layout(report: &Value) -> Option<(Vec<String>, u64)> {
+    let l = lines(report);
+    let [.., maps, brk] = l.as_slice() else {
+        return None;
+    };
+    let maps: Vec<String> = maps.2.as_str()?.lines().map(String::from).collect();
+    let brk = u64::from_str_radix(brk.2.as_str()?.trim_start_matches("0x"), 16).ok()?;
+    Some((maps, brk))
+}
+
+/// The stack's end and `mmap_base` (the end of the highest mapping below
+/// the stack: the interpreter's, or a static program's, placed first
+/// from the top) of an exec's maps.
+fn stack_and_mmap_base(maps: &[String]) -> (u64, u64) {
+    let stack = maps
+        .iter()
+        .find(|l| l.ends_with("[stack]"))
+        .map_or((0, 0), |l| maps_range(l));
+    let base = maps
+        .iter()
+        .map(|l| maps_range(l))
+        .filter(|&(s, _)| s < stack.0)
+        .map(|(_, e)| e)
+        .max()
+        .unwrap_or(0);
+    (stack.1, base)
+}
+
+/// With randomisation on, the host draws its own numbers. Read them back
+/// from where its exec put things, against usermm's exec with all five
+/// at zero: a PIE program's first mapping, the stack's end, `mmap_base`,
+/// the break. Then usermm's exec with those numbers must lay out every
+/// maps line as the host did, and put the break where it did, for a PIE
+/// program, a static PIE one (ld.so run alone, its break at
+/// ELF_ET_DYN_BASE) and a non-PIE one. (The stack pointer's own cut,
+/// `arch_align_stack` in `create_elf_tables`, moves no mapping: left at
+/// zero, and RssAnon not compared.)
+#[test]
+fn exec_with_randomisation_lays_out_as_the_host_given_its_numbers() {
+    let _host = host_to_ourselves();
+    let dir = std::env::temp_dir().join(format!("usermm-aslr-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let programs = [
+        "/usr/bin/true",
+        "/lib64/ld-linux-x86-64.so.2",
+        "/usr/bin/python3.11",
+    ];
+    let mut compared = 0;
+    for prog in programs {
+        if !Path::new(prog).exists() {
+            continue;
+        }
+        let scenario = |aslr: &str| {
+            let f = dir.join("aslr.scn");
+            std::fs::write(&f, format!("exec aslr={aslr} {prog}\nmaps\nbrk\n")).unwrap();
+            f
+        };
+        let f = scenario("0,0,0,0,0");
+        let (_, nat, err) = run(&f, true);
+        if let Some(why) = nat["skipped"].as_str() {
+            eprintln!("{prog}: skipped natively: {why}");
+            continue;
+        }
+        let (host_maps, host_brk) = exec_layout(&nat).unwrap_or_else(|| panic!("{prog}: {err}"));
+        let (_, eng0, err) = run(&f, false);
+        let (maps0, brk0) = exec_layout(&eng0).unwrap_or_else(|| panic!("{prog}: {err}"));
+        let first = |m: &[String]| maps_range(&m[0]).0;
+        let pie = if first(&maps0) == 0x5555_5555_4000 {
+            first(&host_maps) - first(&maps0)
+        } else {
+            0
+        };
+        let ((stack0, base0), (stack, base)) =
+            (stack_and_mmap_base(&maps0), stack_and_mmap_base(&host_maps));
+        let brk_shift = if brk0 == 0x5555_5555_4000 { 0 } else { pie };
+        let numbers = format!(
+            "{:#x},{pie:#x},{:#x},0,{:#x}",
+            base0 - base,
+            stack0 - stack,
+            host_brk - brk0 - brk_shift
+        );
+        let (_, eng, err) = run(&scenario(&numbers), false);
+        let (maps, brk) =
+            exec_layout(&eng).unwrap_or_else(|| panic!("{prog}: aslr={numbers}: {err}\n{eng}"));
+        assert_eq!(
+            maps, host_maps,
+            "{prog}: usermm's maps with aslr={numbers} differ from the host's"
+        );
+        assert_eq!(brk, host_brk, "{prog}: the break, aslr={numbers}");
+        compared += 1;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    eprintln!("exec with randomisation: {compared} programs laid out as on the host");
+}
+
 /// A small deterministic generator (xorshift64*), so that a failing
 /// scenario is reproduced by its seed alone.
 struct Rng(u64);

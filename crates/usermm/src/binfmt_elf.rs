@@ -337,8 +337,9 @@ fn load_program(
             }
             let alignment = elf.maximum_alignment();
             if has_interp {
-                // No randomisation: ELF_ET_DYN_BASE, aligned down.
-                load_bias = ELF_ET_DYN_BASE & !(alignment - 1);
+                // ELF_ET_DYN_BASE (plus the random offset), aligned down.
+                let rnd = bprm.rnd.map_or(0, |r| r.pie);
+                load_bias = (ELF_ET_DYN_BASE + rnd) & !(alignment - 1);
                 flags |= MAP_FIXED_NOREPLACE;
             } else if alignment > PAGE_SIZE {
                 // Find room for the aligned image, then map it there.
@@ -452,13 +453,7 @@ fn load_elf_interp(
 /// interpreter, the vDSO, the tables on the stack, brk. The new mm is the
 /// CPU's current one.
 pub fn load_elf_binary(oncpu: &OnCpu, mm: &Arc<Mm>, bprm: &mut LinuxBinprm) -> KResult<()> {
-    crate::exec::setup_arg_pages(
-        oncpu,
-        mm,
-        bprm,
-        crate::exec::STACK_TOP,
-        bprm.elf.executable_stack(),
-    )?;
+    crate::exec::setup_arg_pages(oncpu, mm, bprm, bprm.stack_top, bprm.elf.executable_stack())?;
     let has_interp = bprm.interp.is_some();
     let mut loaded = load_program(oncpu, mm, bprm, has_interp)?;
     if let Some((interp, file)) = &bprm.interp {
@@ -475,12 +470,21 @@ pub fn load_elf_binary(oncpu: &OnCpu, mm: &Arc<Mm>, bprm: &mut LinuxBinprm) -> K
     crate::exec::create_elf_tables(oncpu, mm, bprm, &loaded, vdso)?;
     // A static position-independent program's brk goes where a PIE
     // program would have been loaded (no CONFIG_COMPAT_BRK).
-    let elf_brk = if bprm.elf.e_type == ET_DYN && !has_interp {
+    let brk_moved = bprm.elf.e_type == ET_DYN && !has_interp;
+    let elf_brk = if brk_moved {
         ELF_ET_DYN_BASE
     } else {
         loaded.elf_brk
     };
-    let brk = elf_pagealign(elf_brk).ok_or(Errno::EINVAL)?;
+    let mut brk = elf_pagealign(elf_brk).ok_or(Errno::EINVAL)?;
+    // With randomisation, a page's gap past the bss (unless moved), then
+    // `arch_randomize_brk`.
+    if let Some(r) = bprm.rnd {
+        if !brk_moved {
+            brk += PAGE_SIZE;
+        }
+        brk += r.brk;
+    }
     let g = mm.mmap_lock.write();
     mm.set_layout(&g, |l| {
         l.start_code = loaded.start_code;

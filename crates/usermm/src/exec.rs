@@ -15,7 +15,17 @@
 //!
 //! Addresses are those of a process run with randomisation off (`setarch
 //! -R`): the stack at `STACK_TOP`, `mmap_base` 128 MiB below it (or the
-//! stack limit and its guard gap, if larger).
+//! stack limit and its guard gap, if larger). With randomisation on, the
+//! kernel draws five numbers, which the caller gives ([`ExecRandom`]):
+//! `mmap_base`'s offset (and its gap then keeps room for the stack's
+//! largest offset), a position-independent program's offset from
+//! `ELF_ET_DYN_BASE`, the stack top's offset (`randomize_stack_top` and
+//! `setup_arg_pages`'s `arch_align_stack`), the stack pointer's
+//! (`create_elf_tables`' `arch_align_stack`), and brk's from a page past
+//! the bss (`arch_randomize_brk`). The kernel builds the stack at
+//! `STACK_TOP` and moves it down (`shift_arg_pages`, its tables freed
+//! behind it); the model builds it at its final place, which leaves the
+//! same pages and tables.
 //!
 //! A `#!` script runs its interpreter (`load_script`, fs/binfmt_script.c):
 //! argv[0] is taken off the stack and the interpreter's name, its one
@@ -62,6 +72,49 @@ const BINPRM_BUF_SIZE: usize = 256;
 /// How many interpreters deep an exec may go (`exec_binprm`'s depth).
 const MAX_INTERP_DEPTH: usize = 5;
 
+/// The random numbers of an exec with randomisation on, in bytes; each a
+/// multiple of the page size but `stack_align`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExecRandom {
+    /// `arch_mmap_rnd()` for `mmap_base` (below 2^28 pages).
+    pub mmap: u64,
+    /// The second `arch_mmap_rnd()`: a position-independent program's
+    /// load bias above `ELF_ET_DYN_BASE` (below 2^28 pages).
+    pub pie: u64,
+    /// How far below `STACK_TOP` the stack ends (`STACK_RND_MASK`: below
+    /// 2^22 pages, plus a page from the alignment).
+    pub stack: u64,
+    /// What `create_elf_tables`' `arch_align_stack` takes off the stack
+    /// pointer before rounding it to 16 (below 8192).
+    pub stack_align: u64,
+    /// `arch_randomize_brk`: the heap's offset from a page past the bss
+    /// (below 1 GiB for a 64-bit task).
+    pub brk: u64,
+}
+
+/// `STACK_RND_MASK` for 64-bit tasks: the stack top moves down by up to
+/// this many pages.
+const STACK_RND_MASK: u64 = 0x3f_ffff;
+
+impl ExecRandom {
+    /// EINVAL unless every number is one the kernel can draw.
+    pub fn check(&self) -> KResult<()> {
+        let paged = [self.mmap, self.pie, self.stack, self.brk]
+            .iter()
+            .all(|v| v % PAGE_SIZE == 0);
+        let in_range = self.mmap >> PAGE_SHIFT < 1 << 28
+            && self.pie >> PAGE_SHIFT < 1 << 28
+            && self.stack >> PAGE_SHIFT <= STACK_RND_MASK + 1
+            && self.stack_align < 8192
+            && self.brk < 1 << 30;
+        if paged && in_range {
+            Ok(())
+        } else {
+            Err(Errno::EINVAL)
+        }
+    }
+}
+
 /// `struct linux_binprm`: the program being exec'd and the strings that
 /// go on its stack.
 pub struct LinuxBinprm {
@@ -84,6 +137,10 @@ pub struct LinuxBinprm {
     pub exec: u64,
     /// The lowest `p` the strings may reach (`bprm->argmin`).
     argmin: u64,
+    /// Randomisation's numbers, if it is on.
+    pub rnd: Option<ExecRandom>,
+    /// Where the stack ends (`STACK_TOP`, less the random offset).
+    pub stack_top: u64,
 }
 
 /// `open_exec` of a host file: a regular file with an execute bit (EACCES
@@ -242,16 +299,20 @@ fn prepare_binprm(oncpu: &OnCpu, path: &str, argv: &[&str], envp: &[&str]) -> KR
         p: 0,
         exec: 0,
         argmin: 0,
+        rnd: None,
+        stack_top: STACK_TOP,
     })
 }
 
-/// `mmap_base` with randomisation off (arch/x86/mm/mmap.c): the stack's
-/// limit and its guard gap below the top, kept between 128 MiB and five
+/// `mmap_base` (arch/x86/mm/mmap.c): the stack's limit and its guard gap
+/// below the top (and, with randomisation, room for the stack's largest
+/// offset, then the random offset `rnd`), kept between 128 MiB and five
 /// sixths of the window.
-pub fn mmap_base(stack_limit: u64) -> u64 {
-    let gap = stack_limit.saturating_add(STACK_GUARD_GAP);
+pub fn mmap_base(stack_limit: u64, rnd: Option<u64>) -> u64 {
+    let pad = STACK_GUARD_GAP + rnd.map_or(0, |_| STACK_RND_MASK << PAGE_SHIFT);
+    let gap = stack_limit.saturating_add(pad);
     let gap = gap.clamp(128 << 20, TASK_SIZE / 6 * 5);
-    (TASK_SIZE - gap) & PAGE_MASK
+    (TASK_SIZE - gap - rnd.unwrap_or(0)) & PAGE_MASK
 }
 
 /// `bprm_mm_init`: the new mm's one VMA, a page of stack at the top
@@ -259,10 +320,11 @@ pub fn mmap_base(stack_limit: u64) -> u64 {
 /// strings' limits (`bprm_stack_limits`).
 fn bprm_mm_init(oncpu: &OnCpu, mm: &Arc<Mm>, bprm: &mut LinuxBinprm) -> KResult<()> {
     let flags = VM_GROWSDOWN | VM_DATA_DEFAULT_FLAGS | VM_ACCOUNT;
-    let start = STACK_TOP - PAGE_SIZE;
-    let vma = Vma::new(mm.id, start, STACK_TOP, flags, start >> PAGE_SHIFT);
+    let top = bprm.stack_top;
+    let start = top - PAGE_SIZE;
+    let vma = Vma::new(mm.id, start, top, flags, start >> PAGE_SHIFT);
     crate::mmap::insert_vm_struct(oncpu, mm, vma)?;
-    bprm.p = STACK_TOP - 8;
+    bprm.p = top - 8;
     // bprm_stack_limits: a quarter of the stack limit (at most three
     // quarters of the default), at least ARG_MAX, less the pointers.
     let limit = (STK_LIM / 4 * 3).min(mm.stack_limit() / 4).max(ARG_MAX);
@@ -374,7 +436,8 @@ pub fn create_elf_tables(
     const AT_EXECFN: u64 = 31;
     const AT_SYSINFO_EHDR: u64 = 33;
     const AT_MINSIGSTKSZ: u64 = 51;
-    let mut p = bprm.p & !0xf;
+    // arch_align_stack: a random cut with randomisation on.
+    let mut p = (bprm.p - bprm.rnd.map_or(0, |r| r.stack_align)) & !0xf;
     p -= ELF_PLATFORM.len() as u64;
     let u_platform = p;
     oncpu.write_bytes(u_platform, ELF_PLATFORM)?;
@@ -462,9 +525,15 @@ pub fn do_execve(
     argv: &[&str],
     envp: &[&str],
     old_shared: bool,
+    rnd: Option<ExecRandom>,
 ) -> KResult<Arc<Mm>> {
     let old = oncpu.mm()?;
+    if let Some(r) = &rnd {
+        r.check()?;
+    }
     let mut bprm = prepare_binprm(oncpu, path, argv, envp)?;
+    bprm.rnd = rnd;
+    bprm.stack_top = STACK_TOP - rnd.map_or(0, |r| r.stack);
     let mm = Mm::new(oncpu.mem().clone(), oncpu.cpu.node, oncpu.id())?;
     // Limits and capabilities survive exec; mlockall's future locking
     // does not (`mm_init` keeps only `VM_NOHUGEPAGE` of def_flags).
@@ -477,7 +546,9 @@ pub fn do_execve(
     );
     {
         let g = mm.mmap_lock.write();
-        mm.set_layout(&g, |l| l.mmap_base = mmap_base(mm.stack_limit()));
+        mm.set_layout(&g, |l| {
+            l.mmap_base = mmap_base(mm.stack_limit(), rnd.map(|r| r.mmap));
+        });
     }
     oncpu.m.register_mm(&mm);
     // The strings go in through the new mm's tables: run it now (the

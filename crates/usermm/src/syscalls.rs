@@ -69,7 +69,19 @@ impl OnCpu<'_> {
         envp: &[&str],
     ) -> KResult<crate::sync::Arc<crate::mm::Mm>> {
         self.kernel_enter();
-        crate::exec::do_execve(self, path, argv, envp, false)
+        crate::exec::do_execve(self, path, argv, envp, false, None)
+    }
+
+    /// `execve(2)` with randomisation on, its random numbers given.
+    pub fn execve_randomized(
+        &self,
+        path: &str,
+        argv: &[&str],
+        envp: &[&str],
+        rnd: crate::exec::ExecRandom,
+    ) -> KResult<crate::sync::Arc<crate::mm::Mm>> {
+        self.kernel_enter();
+        crate::exec::do_execve(self, path, argv, envp, false, Some(rnd))
     }
 
     /// `execve(2)` by a vfork child, which runs its parent's mm: as
@@ -81,7 +93,7 @@ impl OnCpu<'_> {
         envp: &[&str],
     ) -> KResult<crate::sync::Arc<crate::mm::Mm>> {
         self.kernel_enter();
-        crate::exec::do_execve(self, path, argv, envp, true)
+        crate::exec::do_execve(self, path, argv, envp, true, None)
     }
 
     /// `memfd_create(2)`: a new, empty shmem file.

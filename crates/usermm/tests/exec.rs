@@ -242,3 +242,54 @@ fn brk_grows_shrinks_and_refuses_as_the_kernel() {
     m.rcu_barrier();
     usermm::check::check_invariants(&m).unwrap();
 }
+
+/// Randomisation's numbers move what they name, and nothing else: the
+/// stack's end, `mmap_base` (the interpreter below it), a PIE program's
+/// load address, the break (a page past the bss, then its offset); a
+/// number the kernel cannot draw is EINVAL, the old mm kept.
+#[test]
+fn exec_randomized_moves_what_each_number_names() {
+    use usermm::exec::{ExecRandom, STACK_TOP};
+    if !std::path::Path::new(TRUE).exists() {
+        return;
+    }
+    let m = machine();
+    let c = m.bind(0).unwrap();
+    let old = c.new_mm().unwrap();
+    let bad = ExecRandom {
+        brk: 1 << 30,
+        ..Default::default()
+    };
+    assert_eq!(
+        c.execve_randomized(TRUE, &[TRUE], &[], bad).err(),
+        Some(Errno::EINVAL)
+    );
+    assert_eq!(c.mm().unwrap().id, old.id);
+    let zero = c
+        .execve_randomized(TRUE, &[TRUE], &[], ExecRandom::default())
+        .unwrap();
+    let l0 = zero.layout();
+    let rnd = ExecRandom {
+        mmap: 0x1234 << 12,
+        pie: 0x567 << 12,
+        stack: 0x89 << 12,
+        stack_align: 0x123,
+        brk: 0x45 << 12,
+    };
+    let new = c.execve_randomized(TRUE, &[TRUE], &[], rnd).unwrap();
+    let l = new.layout();
+    // arch/x86/mm/mmap.c: the gap below the top is the stack limit, the
+    // guard gap and the stack's largest random offset.
+    let gap = (8 << 20) + (256 << 12) + (0x3f_ffff << 12);
+    assert_eq!(l0.mmap_base, usermm::mm::TASK_SIZE - gap);
+    assert_eq!(l0.mmap_base - l.mmap_base, rnd.mmap);
+    assert_eq!(l.start_code - l0.start_code, rnd.pie);
+    assert_eq!(l.start_brk - l0.start_brk, rnd.pie + rnd.brk);
+    let stack_end = |mm: &usermm::mm::Mm| {
+        let g = usermm::sync::epoch::pin();
+        mm.vma_tree(&g).find_vma(l.start_stack).map(|v| v.end())
+    };
+    assert_eq!(stack_end(&new), Some(STACK_TOP - rnd.stack));
+    assert!(l.start_stack.is_multiple_of(16) && l.start_stack < STACK_TOP - rnd.stack);
+    c.exit_mm().unwrap();
+}

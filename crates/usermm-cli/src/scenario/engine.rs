@@ -262,15 +262,21 @@ impl Backend for EngineBackend {
             self.procs.insert(child.to_string(), mm);
         }))
     }
-    fn exec(&mut self, path: &str, argv: &[String]) -> Result<Result<(), Errno>, String> {
+    fn exec(
+        &mut self,
+        path: &str,
+        argv: &[String],
+        rnd: Option<usermm::exec::ExecRandom>,
+    ) -> Result<Result<(), Errno>, String> {
         let args: Vec<&str> = argv.iter().map(String::as_str).collect();
         let vforked = self.vforked.contains(&self.cur);
-        let r = self.on(|c| {
-            if vforked {
-                c.execve_vfork_child(path, &args, &[])
-            } else {
-                c.execve(path, &args, &[])
-            }
+        if vforked && rnd.is_some() {
+            return Err("exec aslr= by a vfork child is not made natively".into());
+        }
+        let r = self.on(|c| match rnd {
+            _ if vforked => c.execve_vfork_child(path, &args, &[]),
+            Some(rnd) => c.execve_randomized(path, &args, &[], rnd),
+            None => c.execve(path, &args, &[]),
         });
         Ok(r.map(|mm| {
             self.vforked.remove(&self.cur);

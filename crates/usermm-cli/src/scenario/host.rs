@@ -663,11 +663,22 @@ impl Backend for HostBackend {
     fn fork(&mut self, child: &str) -> Result<Result<(), Errno>, String> {
         self.spawn("fork", child)
     }
-    fn exec(&mut self, path: &str, argv: &[String]) -> Result<Result<(), Errno>, String> {
+    fn exec(
+        &mut self,
+        path: &str,
+        argv: &[String],
+        rnd: Option<usermm::exec::ExecRandom>,
+    ) -> Result<Result<(), Errno>, String> {
         if argv.iter().any(|a| a.contains(char::is_whitespace)) {
             return Err("natively an argument may not hold spaces".into());
         }
-        let r = self.call_errno(&format!("exec {path} {}", argv[1..].join(" ")));
+        let vforked = self.procs.get(&self.cur).is_some_and(|s| s.vforked);
+        if vforked && rnd.is_some() {
+            return Err("exec aslr= by a vfork child is not made natively".into());
+        }
+        // With randomisation on, the host draws its own numbers.
+        let verb = if rnd.is_some() { "exec_aslr" } else { "exec" };
+        let r = self.call_errno(&format!("{verb} {path} {}", argv[1..].join(" ")));
         if r.is_ok() {
             if let Some(s) = self.procs.get_mut(&self.cur) {
                 s.vforked = false;
@@ -1533,7 +1544,7 @@ fn serve_with(requests: File, mut w: File, exec: Option<&[String]>) -> ! {
     let mut traced: Option<traced::Traced> = None;
     if let Some(program) = exec {
         let argv: Vec<&str> = program.iter().map(String::as_str).collect();
-        let reply = match argv.first().map(|p| exec_traced(p, &argv)) {
+        let reply = match argv.first().map(|p| exec_traced(p, &argv, false)) {
             Some(Ok(pid)) => match traced::Traced::new(pid) {
                 Ok(t) => {
                     traced = Some(t);
@@ -1575,7 +1586,7 @@ fn serve_with(requests: File, mut w: File, exec: Option<&[String]>) -> ! {
         if let Some(t) = &traced {
             if !matches!(
                 words.first().copied(),
-                Some("figures" | "maps" | "exit" | "exec")
+                Some("figures" | "maps" | "exit" | "exec" | "exec_aslr")
             ) {
                 let reply = t.serve(&words, n, &mut proc_buf());
                 if writeln!(w, "{reply}").is_err() {
@@ -1587,23 +1598,25 @@ fn serve_with(requests: File, mut w: File, exec: Option<&[String]>) -> ! {
         }
         let reply = match words.first().copied() {
             Some("fork") => fork_here(&words, &[r.get_ref().as_raw_fd(), w.as_raw_fd()]),
-            Some("exec") => match exec_traced(words[1], &words[1..]) {
-                Ok(pid) => match traced::Traced::new(pid) {
-                    Ok(t) => {
-                        // The process execs again: the program before
-                        // goes with its address space.
-                        if let Some(old) = traced.replace(t) {
-                            old.kill();
+            Some(verb @ ("exec" | "exec_aslr")) => {
+                match exec_traced(words[1], &words[1..], verb == "exec_aslr") {
+                    Ok(pid) => match traced::Traced::new(pid) {
+                        Ok(t) => {
+                            // The process execs again: the program before
+                            // goes with its address space.
+                            if let Some(old) = traced.replace(t) {
+                                old.kill();
+                            }
+                            "ok".to_string()
                         }
-                        "ok".to_string()
-                    }
-                    Err(e) => {
-                        kill_traced(pid);
-                        format!("err {} cannot drive the exec'd process", e.0)
-                    }
-                },
-                Err(e) => format!("err {}", e.0),
-            },
+                        Err(e) => {
+                            kill_traced(pid);
+                            format!("err {} cannot drive the exec'd process", e.0)
+                        }
+                    },
+                    Err(e) => format!("err {}", e.0),
+                }
+            }
             Some("exit") => {
                 if let Some(t) = &traced {
                     t.kill();
@@ -1866,11 +1879,11 @@ fn fork_here(words: &[&str], fds: &[std::os::unix::io::RawFd]) -> String {
 }
 
 /// `exec` in the server: a child that asks to be traced, turns
-/// randomisation off (`setarch -R`), and execs `path` with `argv` and no
+/// randomisation off (`setarch -R`) unless `randomize`, and execs `path` with `argv` and no
 /// environment; the exec stops it with SIGTRAP before its first
 /// instruction, and it dies with this server (`PTRACE_O_EXITKILL`).
 /// Returns its pid, or the errno its execve failed with.
-fn exec_traced(path: &str, argv: &[&str]) -> Result<libc::pid_t, Errno> {
+fn exec_traced(path: &str, argv: &[&str], randomize: bool) -> Result<libc::pid_t, Errno> {
     use std::ffi::CString;
     let cpath = CString::new(path).map_err(|_| Errno::ENOENT)?;
     let cargs: Vec<CString> = argv
@@ -1893,7 +1906,12 @@ fn exec_traced(path: &str, argv: &[&str]) -> Result<libc::pid_t, Errno> {
         // SAFETY: as above; the pointers are alive in the child's copy.
         unsafe {
             libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0);
-            libc::personality(libc::ADDR_NO_RANDOMIZE as libc::c_ulong);
+            let persona = if randomize {
+                0
+            } else {
+                libc::ADDR_NO_RANDOMIZE
+            };
+            libc::personality(persona as libc::c_ulong);
             libc::execve(cpath.as_ptr(), ptrs.as_ptr(), envp.as_ptr());
             let e = *libc::__errno_location();
             libc::write(pipe[1], (&e as *const i32).cast(), 4);

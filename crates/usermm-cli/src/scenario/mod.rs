@@ -105,8 +105,14 @@ pub trait Backend {
     /// the statement with that message.
     fn fork(&mut self, child: &str) -> Result<Result<(), Errno>, String>;
     /// `execve(2)` of the current process with `argv` and no environment,
-    /// randomisation off; it stops at its first instruction.
-    fn exec(&mut self, path: &str, argv: &[String]) -> Result<Result<(), Errno>, String>;
+    /// randomisation off, or on with `rnd` (natively the host draws its
+    /// own numbers); it stops at its first instruction.
+    fn exec(
+        &mut self,
+        path: &str,
+        argv: &[String],
+        rnd: Option<usermm::exec::ExecRandom>,
+    ) -> Result<Result<(), Errno>, String>;
     /// The current process's /proc/PID/maps, a line a mapping, fields
     /// separated by single spaces.
     fn maps(&mut self) -> Result<Vec<String>, String>;
@@ -577,7 +583,7 @@ impl Interp<'_> {
             Op::ExpectVmstat { name, since, value } => self.expect_vmstat(name, since, *value),
             Op::Fails { errno, op } => self.fails(errno, op),
             Op::Dump => Ok(Res::Ok(None, format!("\n{}", self.b.dump()))),
-            Op::Exec { path, args } => self.exec_program(path, args),
+            Op::Exec { path, args, rnd } => self.exec_program(path, args, *rnd),
             Op::Brk { to, name } => self.brk(to, name.as_deref()),
             Op::Maps => {
                 let lines = self.b.maps()?;
@@ -840,7 +846,12 @@ impl Interp<'_> {
     /// `fork CHILD`: the child starts with the parent's regions, no marks.
     /// `exec`: on success the process's regions are gone with its old
     /// address space.
-    fn exec_program(&mut self, path: &str, args: &[String]) -> Result<Res, String> {
+    fn exec_program(
+        &mut self,
+        path: &str,
+        args: &[String],
+        rnd: Option<usermm::exec::ExecRandom>,
+    ) -> Result<Res, String> {
         if !self.threads_of(&self.tasks[&self.cur]).is_empty() {
             return Err(
                 "exec in a process of several threads is not modelled: exit them first".into(),
@@ -848,7 +859,7 @@ impl Interp<'_> {
         }
         let mut argv = vec![path.to_string()];
         argv.extend(args.iter().cloned());
-        Ok(match self.b.exec(path, &argv)? {
+        Ok(match self.b.exec(path, &argv, rnd)? {
             Ok(()) => {
                 if self.vforked.remove(&self.cur).is_some() {
                     // A vfork child becomes a process of its own, and its

@@ -204,12 +204,15 @@ pub enum Op {
     },
     /// `capdrop ipc_lock`: the process loses `CAP_IPC_LOCK`.
     CapdropIpcLock,
-    /// `exec PATH [ARGS...]`: the process execs the host program `PATH`
-    /// (its arguments `PATH ARGS...`, no environment), with address-space
-    /// randomisation off, and stops at its first instruction.
+    /// `exec [aslr=MMAP,PIE,STACK,ALIGN,BRK] PATH [ARGS...]`: the process
+    /// execs the host program `PATH` (its arguments `PATH ARGS...`, no
+    /// environment) and stops at its first instruction; address-space
+    /// randomisation off, or on with those random numbers (the host draws
+    /// its own).
     Exec {
         path: String,
         args: Vec<String>,
+        rnd: Option<usermm::exec::ExecRandom>,
     },
     /// `maps`: the process's /proc/PID/maps, compared line by line.
     Maps,
@@ -1318,9 +1321,40 @@ fn parse_fails(w: &mut Words) -> Result<Op, ParseError> {
     })
 }
 
-/// The statement `exec PATH [ARGS...]`.
+/// The statement `exec [aslr=MMAP,PIE,STACK,ALIGN,BRK] PATH [ARGS...]`.
 fn parse_exec(w: &mut Words) -> Result<Op, ParseError> {
-    let (col, path) = w.next("a program's path")?;
+    let (mut col, mut path) = w.next("a program's path")?;
+    let mut rnd = None;
+    if let Some(list) = path.strip_prefix("aslr=") {
+        let nums: Vec<Option<u64>> = list.split(',').map(parse_size).collect();
+        let r = match nums.as_slice() {
+            [Some(mmap), Some(pie), Some(stack), Some(stack_align), Some(brk)] => {
+                usermm::exec::ExecRandom {
+                    mmap: *mmap,
+                    pie: *pie,
+                    stack: *stack,
+                    stack_align: *stack_align,
+                    brk: *brk,
+                }
+            }
+            _ => {
+                return Err(w.err(
+                    col,
+                    format!(
+                        "expected aslr=MMAP,PIE,STACK,ALIGN,BRK (five numbers), found {path:?}"
+                    ),
+                ))
+            }
+        };
+        if r.check().is_err() {
+            return Err(w.err(
+                col,
+                "aslr= numbers the kernel cannot draw: MMAP and PIE page multiples below 2^40, STACK one below 16 GiB, ALIGN below 8192, BRK a page multiple below 1 GiB".to_string(),
+            ));
+        }
+        rnd = Some(r);
+        (col, path) = w.next("a program's path")?;
+    }
     if !path.starts_with('/') {
         return Err(w.err(col, format!("expected an absolute path, found {path:?}")));
     }
@@ -1331,6 +1365,7 @@ fn parse_exec(w: &mut Words) -> Result<Op, ParseError> {
     Ok(Op::Exec {
         path: path.to_string(),
         args,
+        rnd,
     })
 }
 
