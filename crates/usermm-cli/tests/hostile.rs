@@ -126,8 +126,13 @@ fn hostile_scenario_files_get_their_documented_status() {
     threads.push_str("switch main\nexit main\n");
     check_file("threads.scn", threads.as_bytes(), 0);
     check_file(
-        "exec_with_threads.scn",
-        b"thread T\nexec /usr/bin/true\n",
+        "exec_by_a_second_thread.scn",
+        b"thread T\nswitch T\nexec /usr/bin/true\n",
+        1,
+    );
+    check_file(
+        "thread_after_exec.scn",
+        b"thread T\nexec /usr/bin/true\nswitch T\n",
         1,
     );
     check_file("vfork_parent_waits.scn", b"vfork c\nswitch main\n", 1);

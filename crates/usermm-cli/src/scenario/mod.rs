@@ -852,15 +852,23 @@ impl Interp<'_> {
         args: &[String],
         rnd: Option<usermm::exec::ExecRandom>,
     ) -> Result<Res, String> {
-        if !self.threads_of(&self.tasks[&self.cur]).is_empty() {
-            return Err(
-                "exec in a process of several threads is not modelled: exit them first".into(),
-            );
+        let process = self.tasks[&self.cur].clone();
+        let threads = self.threads_of(&process);
+        if !threads.is_empty() && self.cur != process {
+            return Err(format!(
+                "exec by a thread other than the process's first ({process}) is not modelled"
+            ));
         }
         let mut argv = vec![path.to_string()];
         argv.extend(args.iter().cloned());
         Ok(match self.b.exec(path, &argv, rnd)? {
             Ok(()) => {
+                // de_thread: past the point of no return, the process's
+                // other threads end (a failed exec leaves them be).
+                for t in threads {
+                    self.b.exit_thread(&t)?;
+                    self.tasks.remove(&t);
+                }
                 if self.vforked.remove(&self.cur).is_some() {
                     // A vfork child becomes a process of its own, and its
                     // parent runs again.
