@@ -256,12 +256,15 @@ fn remap_move(oncpu: &OnCpu, mm: &Arc<Mm>, tree: &mut VmaTree, vrm: &mut VmaRema
         }
         let addr = vma.start().max(start);
         let len = end.min(vma.end()) - addr;
-        let offset = last_end.map_or(0, |e| vma.start() - e);
+        // Unsigned, as the kernel's: a VMA that merged with its own copy
+        // (moved next to itself) is found again, starting before the last
+        // one ended, and the offset wraps.
+        let offset = last_end.map_or(0, |e| vma.start().wrapping_sub(e));
         last_end = Some(vma.end());
         cur = vma.end();
         vrm.vma = Some(vma);
         vrm.addr = addr;
-        vrm.new_addr = target + offset;
+        vrm.new_addr = target.wrapping_add(offset);
         vrm.old_len = len;
         vrm.new_len = len;
         check_prep_vma(mm, vrm)?;

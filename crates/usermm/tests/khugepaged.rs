@@ -52,6 +52,8 @@ fn race_accesses_with_collapse(lock: FaultLock, rounds: u64) {
         for id in 1..3u64 {
             let (m, mm, stop, shadow, accesses) = (&m, mm.clone(), &stop, &shadow, &accesses);
             s.spawn(move || {
+                // A failing accessor stops the operator too.
+                let _stop = StopOnDrop(stop);
                 let c = m.bind(id as usize).unwrap();
                 c.switch_mm(&mm);
                 let mut rng = SmallRng::seed_from_u64(id);
@@ -72,7 +74,9 @@ fn race_accesses_with_collapse(lock: FaultLock, rounds: u64) {
         }
         let mut rng = SmallRng::seed_from_u64(5);
         let mut i = 0u64;
-        while i < rounds || accesses.load(Ordering::Relaxed) < 20_000 {
+        while (i < rounds || accesses.load(Ordering::Relaxed) < 20_000)
+            && !stop.load(Ordering::Relaxed)
+        {
             i += 1;
             let r = match i % 3 {
                 0 => c0.madvise(HOME, LEN, MADV_COLLAPSE),

@@ -60,6 +60,8 @@ fn race_accesses_with_mremap(lock: FaultLock, rounds: u64) {
         for id in 1..3u64 {
             let (m, mm, stop, shadow, accesses) = (&m, mm.clone(), &stop, &shadow, &accesses);
             s.spawn(move || {
+                // A failing accessor stops the operator too.
+                let _stop = StopOnDrop(stop);
                 let c = m.bind(id as usize).unwrap();
                 c.switch_mm(&mm);
                 let mut rng = SmallRng::seed_from_u64(id);
@@ -85,7 +87,9 @@ fn race_accesses_with_mremap(lock: FaultLock, rounds: u64) {
         // went wrong.
         let mut log: Vec<String> = Vec::new();
         let mut i = 0u64;
-        while i < rounds || accesses.load(Ordering::Relaxed) < 20_000 {
+        while (i < rounds || accesses.load(Ordering::Relaxed) < 20_000)
+            && !stop.load(Ordering::Relaxed)
+        {
             i += 1;
             let (t, at0) = (shadow.now(), at);
             match i % 4 {
@@ -252,6 +256,8 @@ fn race_accesses_with_pud_moves(lock: FaultLock, rounds: u64) {
         for id in 1..3u64 {
             let (m, mm, stop, shadow, accesses) = (&m, mm.clone(), &stop, &shadow, &accesses);
             s.spawn(move || {
+                // A failing accessor stops the operator too.
+                let _stop = StopOnDrop(stop);
                 let c = m.bind(id as usize).unwrap();
                 c.switch_mm(&mm);
                 let mut rng = SmallRng::seed_from_u64(id);
@@ -274,7 +280,9 @@ fn race_accesses_with_pud_moves(lock: FaultLock, rounds: u64) {
         let mut rng = SmallRng::seed_from_u64(7);
         let mut at = GIB_RANGES[0];
         let mut i = 0u64;
-        while i < rounds || accesses.load(Ordering::Relaxed) < 20_000 {
+        while (i < rounds || accesses.load(Ordering::Relaxed) < 20_000)
+            && !stop.load(Ordering::Relaxed)
+        {
             i += 1;
             match i % 4 {
                 0 | 1 => {
