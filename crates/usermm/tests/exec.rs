@@ -60,6 +60,17 @@ fn failed_exec_keeps_the_old_mm() {
     let _ = std::fs::remove_dir_all(text.parent().unwrap());
 }
 
+/// A file in a folder of the script test's own (the other tests remove
+/// theirs when they end).
+fn script_file(name: &str, bytes: &[u8], mode: u32) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("usermm-scripts-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    std::fs::write(&p, bytes).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+    p
+}
+
 /// `#!` scripts, each answered as the host kernel answers the same
 /// files (checked with execve(2) on the host): a line with no name or a
 /// name that may be cut off is ENOEXEC, so is an interpreter that is no
@@ -75,19 +86,19 @@ fn scripts_run_their_interpreter() {
     let m = machine();
     let c = m.bind(0).unwrap();
     let mm = c.new_mm().unwrap();
-    let plain = host_file("script-plain", b"just text\n", 0o755);
+    let plain = script_file("script-plain", b"just text\n", 0o755);
     let refused = [
-        (host_file("script-noname", b"#!\n", 0o755), Errno::ENOEXEC),
+        (script_file("script-noname", b"#!\n", 0o755), Errno::ENOEXEC),
         (
-            host_file("script-spaces", b"#!   \t \n", 0o755),
+            script_file("script-spaces", b"#!   \t \n", 0o755),
             Errno::ENOEXEC,
         ),
         (
-            host_file("script-missing", b"#!/nonexistent/interp\n", 0o755),
+            script_file("script-missing", b"#!/nonexistent/interp\n", 0o755),
             Errno::ENOENT,
         ),
         (
-            host_file(
+            script_file(
                 "script-text",
                 format!("#!{}\n", plain.display()).as_bytes(),
                 0o755,
@@ -95,7 +106,7 @@ fn scripts_run_their_interpreter() {
             Errno::ENOEXEC,
         ),
         (
-            host_file(
+            script_file(
                 "script-long",
                 &[b"#!/".as_slice(), &[b'a'; 300]].concat(),
                 0o755,
@@ -110,7 +121,7 @@ fn scripts_run_their_interpreter() {
     }
     let mut chain = TRUE.to_string();
     for i in 1..=6 {
-        let s = host_file(
+        let s = script_file(
             &format!("script-chain{i}"),
             format!("#!{chain}\n").as_bytes(),
             0o755,
@@ -121,7 +132,7 @@ fn scripts_run_their_interpreter() {
         let want = if i <= 5 { Ok(()) } else { Err(Errno::ELOOP) };
         assert_eq!(r, want, "{i} scripts deep");
     }
-    let script = host_file(
+    let script = script_file(
         "script-args",
         format!("#!{TRUE}  arg1 arg2  \nrest\n").as_bytes(),
         0o755,
