@@ -68,6 +68,7 @@ fn demotion_passes_over_mlocked_pages() {
     assert!(slow > 0, "the unlocked pages were demoted");
     assert_eq!(nr_mlock(&m), 2048);
     check(&m, "after demotion");
+    c.exit_mm().unwrap();
 }
 
 #[test]
@@ -139,6 +140,11 @@ fn reclaim_keeps_a_locked_file_mapping() {
     assert_eq!(rss_of(a), 4 << 10, "the locked mapping stays whole");
     assert!(rss_of(b) < 4 << 10, "the unlocked one was reclaimed");
     check(&m, "after reclaim");
+    // Torn down here: a mm left to the machine's drop gives its files up
+    // in a grace period's callback, which another test's thread may run
+    // while the pages are still mapped.
+    drop(mm);
+    c.exit_mm().unwrap();
 }
 
 #[test]
