@@ -19,7 +19,12 @@ fn machine() -> std::sync::Arc<Machine> {
 
 /// A file in a folder of this test's own, with `mode`.
 fn host_file(name: &str, bytes: &[u8], mode: u32) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("usermm-exec-{}", std::process::id()));
+    file_in("usermm-exec", name, bytes, mode)
+}
+
+/// A file with `mode` in the folder `folder`-PID of the temporary folder.
+fn file_in(folder: &str, name: &str, bytes: &[u8], mode: u32) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("{folder}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let p = dir.join(name);
     std::fs::write(&p, bytes).unwrap();
@@ -63,12 +68,7 @@ fn failed_exec_keeps_the_old_mm() {
 /// A file in a folder of the script test's own (the other tests remove
 /// theirs when they end).
 fn script_file(name: &str, bytes: &[u8], mode: u32) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("usermm-scripts-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let p = dir.join(name);
-    std::fs::write(&p, bytes).unwrap();
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
-    p
+    file_in("usermm-scripts", name, bytes, mode)
 }
 
 /// `#!` scripts, each answered as the host kernel answers the same

@@ -270,9 +270,6 @@ impl Backend for EngineBackend {
     ) -> Result<Result<(), Errno>, String> {
         let args: Vec<&str> = argv.iter().map(String::as_str).collect();
         let vforked = self.vforked.contains(&self.cur);
-        if vforked && rnd.is_some() {
-            return Err("exec aslr= by a vfork child is not made natively".into());
-        }
         let r = self.on(|c| match rnd {
             _ if vforked => c.execve_vfork_child(path, &args, &[]),
             Some(rnd) => c.execve_randomized(path, &args, &[], rnd),

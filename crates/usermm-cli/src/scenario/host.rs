@@ -672,10 +672,6 @@ impl Backend for HostBackend {
         if argv.iter().any(|a| a.contains(char::is_whitespace)) {
             return Err("natively an argument may not hold spaces".into());
         }
-        let vforked = self.procs.get(&self.cur).is_some_and(|s| s.vforked);
-        if vforked && rnd.is_some() {
-            return Err("exec aslr= by a vfork child is not made natively".into());
-        }
         // With randomisation on, the host draws its own numbers.
         let verb = if rnd.is_some() { "exec_aslr" } else { "exec" };
         let r = self.call_errno(&format!("{verb} {path} {}", argv[1..].join(" ")));

@@ -852,6 +852,11 @@ impl Interp<'_> {
         args: &[String],
         rnd: Option<usermm::exec::ExecRandom>,
     ) -> Result<Res, String> {
+        if rnd.is_some() && self.vforked.contains_key(&self.cur) {
+            // Natively a vfork child execs through this program, with
+            // randomisation off.
+            return Err("exec aslr= by a vfork child is not made natively".into());
+        }
         let process = self.tasks[&self.cur].clone();
         let threads = self.threads_of(&process);
         if !threads.is_empty() && self.cur != process {
