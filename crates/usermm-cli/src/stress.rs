@@ -1002,6 +1002,25 @@ impl Operator<'_, '_> {
                     ThpMode::Never,
                 ];
                 let _ = t.set_order(order, modes[self.rng.gen_range(0..4)]);
+                // shmem's sizes: the internal mount's huge, and one size's
+                // own knob (shared anonymous memory).
+                use usermm::machine::{ShmemHuge, ShmemOrderMode};
+                let huge = [
+                    ShmemHuge::Always,
+                    ShmemHuge::WithinSize,
+                    ShmemHuge::Advise,
+                    ShmemHuge::Never,
+                ];
+                t.set_shmem_enabled(huge[self.rng.gen_range(0..4)]);
+                let sizes = [
+                    ShmemOrderMode::Always,
+                    ShmemOrderMode::Inherit,
+                    ShmemOrderMode::WithinSize,
+                    ShmemOrderMode::Advise,
+                    ShmemOrderMode::Never,
+                ];
+                let _ =
+                    t.set_shmem_order(self.rng.gen_range(1..=9), sizes[self.rng.gen_range(0..5)]);
                 t.use_zero_page
                     .store(self.rng.gen_bool(0.8), std::sync::atomic::Ordering::Relaxed);
                 // NUMA balancing off or in tiering mode, scanning as often

@@ -399,6 +399,19 @@ fn random_scenario(seed: u64) -> String {
     if r.below(4) == 0 {
         s += "knob use_zero_page 0\n";
     }
+    // A third give shmem large folios, drawn apart (the other draws stay
+    // as the seeds gave them before shmem had them).
+    let mut shmem_rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x7777);
+    if shmem_rng.below(3) == 0 {
+        let knob = shmem_rng.pick(&[
+            "shmem 16K always",
+            "shmem 64K always",
+            "shmem 64K within_size",
+            "shmem_enabled always",
+            "shmem_enabled advise",
+        ]);
+        s += &format!("knob {knob}\n");
+    }
     if exec {
         s += "require file /usr/bin/true\nexec /usr/bin/true\nbrk +256K as=H\n";
     }

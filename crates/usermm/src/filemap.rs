@@ -145,14 +145,30 @@ pub fn generic_perform_write(oncpu: &OnCpu, file: &File, pos: u64, buf: &[u8]) -
     }
     let inode = &*file.inode;
     let mem = oncpu.mem();
-    let max_folio = PAGE_SIZE << inode.i_mapping.max_folio_order();
+    let shmem = inode.i_mapping.is_shmem();
+    // mapping_max_folio_size: shmem's mappings take every page-cache size
+    // (its knobs choose among them).
+    let max_order = if shmem {
+        crate::phys::HPAGE_PMD_ORDER
+    } else {
+        inode.i_mapping.max_folio_order()
+    };
+    let max_folio = PAGE_SIZE << max_order;
     let mut done = 0usize;
     while done < buf.len() {
         let at = pos + done as u64;
         let offset = at & (max_folio - 1);
         let bytes = (max_folio - offset).min((buf.len() - done) as u64);
         // write_begin: the folio covering the start of the step.
-        let c = filemap_get_or_create(oncpu, inode, at >> PAGE_SHIFT, fgf_order(bytes))?;
+        let index = at >> PAGE_SHIFT;
+        let c = if shmem {
+            let want = crate::shmem::ShmemWant::Write {
+                write_end: at + bytes,
+            };
+            crate::shmem::shmem_get_folio(oncpu, inode, index, want)?
+        } else {
+            filemap_get_or_create(oncpu, inode, index, fgf_order(bytes))?
+        };
         folio_lock(mem, c.folio);
         if !folio_still_cached(mem, c.folio, &inode.i_mapping, c.index) {
             // Truncated (or split) meanwhile: look again.
@@ -757,14 +773,10 @@ pub fn split_file_folio(oncpu: &OnCpu, mapping: &AddressSpace, c: CachedFolio) -
     crate::vmscan::try_to_unmap_file(oncpu, c.folio, mapping, c.index, true, &mut ubc);
     ubc.flush(oncpu);
     crate::swap::lru_add_drain(mem, oncpu.id());
-    if c.folio.mapped(mem)
-        || c.folio.ref_count(mem) != nr as i32 + 1
-        || !folio_still_cached(mem, c.folio, mapping, c.index)
-    {
+    if c.folio.mapped(mem) || !folio_still_cached(mem, c.folio, mapping, c.index) {
         return false;
     }
-    crate::huge_memory::split_page_cache_folio(oncpu, mapping, c.folio, c.index, 1);
-    true
+    crate::huge_memory::split_page_cache_folio(oncpu, mapping, c.folio, c.index, 1)
 }
 
 /// `ftruncate(2)` of an open file to `size` bytes: the page cache and

@@ -1084,29 +1084,36 @@ pub fn split_folio_pages(oncpu: &OnCpu, folio: Folio) -> Vec<Pfn> {
 /// file folio): every page becomes a small folio in the cache at its own
 /// index, each with the cache's reference, the first also with the
 /// caller's `held` ones; dirty and on the folio's LRU list as the folio
-/// was. The caller holds the folio's lock, and keeps the first piece's;
-/// no one else may hold a reference (the refcount is the cache's and
-/// `held`).
+/// was. The caller holds the folio's lock, and keeps the first piece's.
+/// No one else may hold a reference: the references are frozen at the
+/// cache's and `held` under the index's lock, so that no lookup takes
+/// one while the pieces get theirs (`folio_ref_freeze` under the
+/// xarray's lock). False: someone else held one; nothing changed.
 pub fn split_page_cache_folio(
     oncpu: &OnCpu,
     mapping: &crate::fs::AddressSpace,
     folio: Folio,
     index: u64,
     held: i32,
-) {
+) -> bool {
     let mem = oncpu.mem();
     let nr = folio.nr_pages(mem);
     debug_assert!(!folio.mapped(mem), "splitting a mapped page-cache folio");
-    debug_assert_eq!(folio.ref_count(mem), nr as i32 + held);
-    if folio.order(mem) == HPAGE_PMD_ORDER {
-        mem.mod_node_state(crate::vmstat::NodeStat::NR_FILE_THPS, -(nr as i64));
+    let order = folio.order(mem);
+    let split = mapping.split_entry_frozen(mem, folio, index, nr as i32 + held, || {
+        __split_folio(oncpu, folio, |i, _| 1 + if i == 0 { held } else { 0 });
+    });
+    if !split {
+        return false;
     }
-    mapping.split_entry(index, (0..nr).map(|i| Folio(folio.pfn() + i)));
-    __split_folio(oncpu, folio, |i, _| 1 + if i == 0 { held } else { 0 });
+    if order == HPAGE_PMD_ORDER {
+        mem.mod_node_state(mapping.thps_stat(), -(nr as i64));
+    }
     // The pieces after the first are the splitter's to unlock.
     for i in 1..nr {
         Folio(folio.pfn() + i).unlock(mem);
     }
+    true
 }
 
 /// `__split_folio_to_order(0)`: the pages of `folio` become small folios

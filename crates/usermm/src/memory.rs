@@ -1094,7 +1094,7 @@ fn do_read_fault(vmf: &mut VmFault<'_>) -> VmFaultResult {
 fn __do_fault(vmf: &VmFault<'_>) -> Result<crate::filemap::FileFault, VmFaultResult> {
     let file = vmf.vma.file().expect("a file fault");
     if file.mapping().is_shmem() {
-        return crate::shmem::shmem_fault(vmf.oncpu, vmf.vma, vmf_pgoff(vmf));
+        return crate::shmem::shmem_fault(vmf.oncpu, vmf.vma, vmf.address, vmf_pgoff(vmf));
     }
     let tried = vmf.flags.contains(FaultFlags::TRIED);
     crate::filemap::filemap_fault(vmf.oncpu, vmf.vma, vmf_pgoff(vmf), tried)

@@ -671,12 +671,15 @@ fn mapped_stat(mem: &PhysMem, folio: Folio) -> NodeStat {
     }
 }
 
-/// The statistic of a folio's PMD mappings: `NR_ANON_THPS` or
+/// The statistic of a folio's PMD mappings: `NR_ANON_THPS`,
+/// `NR_SHMEM_PMDMAPPED` (a swap-backed page-cache folio) or
 /// `NR_FILE_PMDMAPPED`.
 #[inline]
 fn pmd_mapped_stat(mem: &PhysMem, folio: Folio) -> NodeStat {
     if folio.test_anon(mem) {
         NodeStat::NR_ANON_THPS
+    } else if folio.head(mem).test(crate::phys::pg::SWAPBACKED) {
+        NodeStat::NR_SHMEM_PMDMAPPED
     } else {
         NodeStat::NR_FILE_PMDMAPPED
     }

@@ -41,6 +41,7 @@ counters! {
         PGFAULT => "pgfault",
         PGMAJFAULT => "pgmajfault",
         THP_FILE_ALLOC => "thp_file_alloc",
+        THP_FILE_FALLBACK => "thp_file_fallback",
         THP_FILE_MAPPED => "thp_file_mapped",
         THP_FAULT_ALLOC => "thp_fault_alloc",
         THP_FAULT_FALLBACK => "thp_fault_fallback",
@@ -171,6 +172,8 @@ counters! {
         NR_FILE_THPS => "nr_file_hugepages",
         NR_FILE_PMDMAPPED => "nr_file_pmdmapped",
         NR_SHMEM => "nr_shmem",
+        NR_SHMEM_THPS => "nr_shmem_hugepages",
+        NR_SHMEM_PMDMAPPED => "nr_shmem_pmdmapped",
         PGPROMOTE_SUCCESS => "pgpromote_success",
         PGPROMOTE_CANDIDATE => "pgpromote_candidate",
         PGPROMOTE_CANDIDATE_NRL => "pgpromote_candidate_nrl",
@@ -183,9 +186,11 @@ impl NodeStat {
     /// (`vmstat_item_print_in_thp`).
     pub fn print_unit(self) -> i64 {
         match self {
-            NodeStat::NR_ANON_THPS | NodeStat::NR_FILE_THPS | NodeStat::NR_FILE_PMDMAPPED => {
-                crate::page_types::HPAGE_PMD_NR as i64
-            }
+            NodeStat::NR_ANON_THPS
+            | NodeStat::NR_FILE_THPS
+            | NodeStat::NR_FILE_PMDMAPPED
+            | NodeStat::NR_SHMEM_THPS
+            | NodeStat::NR_SHMEM_PMDMAPPED => crate::page_types::HPAGE_PMD_NR as i64,
             _ => 1,
         }
     }
@@ -201,6 +206,8 @@ counters! {
         SPLIT_DEFERRED => "split_deferred",
         NR_ANON => "nr_anon",
         NR_ANON_PARTIALLY_MAPPED => "nr_anon_partially_mapped",
+        SHMEM_ALLOC => "shmem_alloc",
+        SHMEM_FALLBACK => "shmem_fallback",
     }
 }
 

@@ -351,6 +351,7 @@ fn the_checker_catches_page_cache_errors() {
         NodeStat::NR_FILE_PAGES,
         NodeStat::NR_FILE_MAPPED,
         NodeStat::NR_FILE_PMDMAPPED,
+        NodeStat::NR_FILE_THPS,
         NodeStat::NR_FILE_DIRTY,
     ] {
         m.vmstat().mod_node(stat, 1);

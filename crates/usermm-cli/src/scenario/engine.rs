@@ -411,6 +411,27 @@ impl Backend for EngineBackend {
         self.m.tunables.set(name, value).map_err(|e| e.to_string())
     }
 
+    fn knob_shmem(&mut self, size_kb: Option<u64>, mode: &str) -> Result<(), String> {
+        use usermm::machine::{ShmemHuge, ShmemOrderMode};
+        let was_running = self.m.thp.hugepage_pmd_enabled();
+        let r = match size_kb {
+            None => {
+                let m = ShmemHuge::parse(mode).ok_or(format!("bad mode {mode}"))?;
+                self.m.thp.set_shmem_enabled(m);
+                Ok(())
+            }
+            Some(kb) => {
+                let m = ShmemOrderMode::parse(mode).ok_or(format!("bad mode {mode}"))?;
+                self.m.thp.set_shmem_order((kb / 4).trailing_zeros(), m)
+            }
+        };
+        if !was_running && self.m.thp.hugepage_pmd_enabled() {
+            let c = self.m.bind(0).map_err(|e| e.to_string())?;
+            usermm::swap::lru_add_drain_all(c.mem(), c.id());
+        }
+        r.map_err(|e| format!("knob: {e}"))
+    }
+
     fn knob_use_zero_page(&mut self, on: bool) -> Result<(), String> {
         self.m
             .thp

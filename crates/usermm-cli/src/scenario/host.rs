@@ -525,7 +525,7 @@ impl Backend for HostBackend {
         chunk: u64,
     ) -> Result<Result<(), Errno>, String> {
         if fs == "tmpfs" {
-            tmpfs_small_folios()?;
+            shmem_knobs_as_model(&self.saved_knobs)?;
         }
         let dir = if fs == "tmpfs" {
             self.shm_dir()?
@@ -555,7 +555,7 @@ impl Backend for HostBackend {
         size: u64,
         seed: Option<u64>,
     ) -> Result<Result<(), Errno>, String> {
-        tmpfs_small_folios()?;
+        shmem_knobs_as_model(&self.saved_knobs)?;
         let cname = std::ffi::CString::new(format!("usermm-{name}")).map_err(|e| e.to_string())?;
         // SAFETY: memfd_create with a NUL-terminated name; the descriptor
         // is owned by the File made of it below.
@@ -798,6 +798,15 @@ impl Backend for HostBackend {
         }
     }
 
+    fn knob_shmem(&mut self, size_kb: Option<u64>, mode: &str) -> Result<(), String> {
+        let path = match size_kb {
+            None => format!("{THP}/shmem_enabled"),
+            Some(kb) => format!("{THP}/hugepages-{kb}kB/shmem_enabled"),
+        };
+        self.set_knob_file(path, mode)?;
+        khugepaged_decoy();
+        Ok(())
+    }
     fn knob_use_zero_page(&mut self, on: bool) -> Result<(), String> {
         let path = format!("{THP}/use_zero_page");
         let old = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
@@ -2036,28 +2045,36 @@ fn write_file_here(words: &[&str], n: impl Fn(usize) -> u64) -> String {
     }
 }
 
-/// That shmem makes small folios here, as the model's does: the THP
-/// knobs of shmem (`shmem_enabled`, top-level and per size) at `never`
-/// (`inherit` for a size, `deny` at the top), and /dev/shm mounted without
-/// `huge=`; Err says what differs (the scenario is skipped).
-fn tmpfs_small_folios() -> Result<(), String> {
+/// That shmem chooses its folio sizes here as the model's does: each of
+/// shmem's THP knobs (`shmem_enabled`, top-level and per size) that the
+/// scenario did not set (`set`: the knob files it wrote) at the model's
+/// boot value (`never`; the PMD size `inherit`), and /dev/shm mounted
+/// without `huge=`; Err says what differs (the scenario is skipped).
+fn shmem_knobs_as_model(set: &[(String, String)]) -> Result<(), String> {
     let knob = |p: &str| {
         std::fs::read_to_string(p)
             .ok()
             .and_then(|s| s.split('[').nth(1)?.split(']').next().map(str::to_string))
     };
-    if let Some(m) = knob(&format!("{THP}/shmem_enabled")).filter(|m| m != "never" && m != "deny") {
+    let unset = |p: &str| !set.iter().any(|(q, _)| q == p);
+    let top = format!("{THP}/shmem_enabled");
+    if let Some(m) = knob(&top).filter(|m| m != "never" && unset(&top)) {
         return Err(format!(
-            "shmem makes large folios here ({THP}/shmem_enabled is {m})"
+            "shmem's knobs differ from the model's here ({top} is {m})"
         ));
     }
     if let Ok(rd) = std::fs::read_dir(THP) {
         for e in rd.flatten() {
             let p = e.path().join("shmem_enabled");
-            if let Some(m) = knob(&p.to_string_lossy()).filter(|m| m != "never" && m != "inherit") {
+            let p = p.to_string_lossy();
+            let default = if e.file_name() == "hugepages-2048kB" {
+                "inherit"
+            } else {
+                "never"
+            };
+            if let Some(m) = knob(&p).filter(|m| m != default && unset(&p)) {
                 return Err(format!(
-                    "shmem makes large folios here ({} is {m})",
-                    p.display()
+                    "shmem's knobs differ from the model's here ({p} is {m})"
                 ));
             }
         }

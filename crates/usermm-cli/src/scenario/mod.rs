@@ -139,6 +139,9 @@ pub trait Backend {
     fn figures(&mut self) -> Result<[i64; NR_FIGURES], String>;
     /// Set a THP knob; Err says why it cannot be (the scenario is skipped).
     fn knob(&mut self, size_kb: Option<u64>, mode: &str) -> Result<(), String>;
+    /// Set shmem's `transparent_hugepage/shmem_enabled` (no size) or
+    /// `hugepages-<size>kB/shmem_enabled`; Err as for `knob`.
+    fn knob_shmem(&mut self, size_kb: Option<u64>, mode: &str) -> Result<(), String>;
     /// Set `transparent_hugepage/use_zero_page`; Err as for `knob`.
     fn knob_use_zero_page(&mut self, on: bool) -> Result<(), String>;
     /// Set one of the engine's tunables (checked when parsed); Err when it
@@ -411,6 +414,7 @@ impl Interp<'_> {
         let needs_process = !matches!(
             op,
             Op::Knob { .. }
+                | Op::KnobShmem { .. }
                 | Op::KnobOnly { .. }
                 | Op::KnobUseZeroPage { .. }
                 | Op::Demotion { .. }
@@ -562,6 +566,9 @@ impl Interp<'_> {
             Op::Switch { proc_name } => self.switch(proc_name),
             Op::Exit { proc_name } => self.exit(proc_name.as_deref()),
             Op::Knob { size_kb, mode } => Ok(Self::settable(self.b.knob(*size_kb, mode))),
+            Op::KnobShmem { size_kb, mode } => {
+                Ok(Self::settable(self.b.knob_shmem(*size_kb, mode)))
+            }
             Op::KnobUseZeroPage { on } => Ok(Self::settable(self.b.knob_use_zero_page(*on))),
             Op::KnobOnly { size_kb } => Ok(self.knob_only(*size_kb)),
             Op::Tunable { name, value } => Ok(Self::settable(self.b.tunable(name, value))),

@@ -282,6 +282,12 @@ pub enum Op {
     KnobOnly {
         size_kb: u64,
     },
+    /// `knob shmem_enabled MODE` (`size_kb` None) or `knob shmem SIZE
+    /// MODE`: shmem's THP knobs.
+    KnobShmem {
+        size_kb: Option<u64>,
+        mode: String,
+    },
     /// `knob use_zero_page 0|1`: `transparent_hugepage/use_zero_page`.
     KnobUseZeroPage {
         on: bool,
@@ -1228,7 +1234,7 @@ fn parse_tunable(w: &mut Words) -> Result<Op, ParseError> {
 
 /// The statement `knob`.
 fn parse_knob(w: &mut Words) -> Result<Op, ParseError> {
-    let (col, which) = w.next("enabled, only, use_zero_page, or a size")?;
+    let (col, which) = w.next("enabled, only, use_zero_page, shmem_enabled, shmem, or a size")?;
     if which == "use_zero_page" {
         let (col, v) = w.next("0 or 1")?;
         let on = match v {
@@ -1238,6 +1244,44 @@ fn parse_knob(w: &mut Words) -> Result<Op, ParseError> {
         };
         w.done()?;
         return Ok(Op::KnobUseZeroPage { on });
+    }
+    if which == "shmem_enabled" {
+        let (col, mode) = w.next("a mode")?;
+        if usermm::machine::ShmemHuge::parse(mode).is_none() {
+            return Err(w.err(
+                col,
+                format!("bad mode {mode:?} (always, within_size, advise, never, deny or force)"),
+            ));
+        }
+        w.done()?;
+        return Ok(Op::KnobShmem {
+            size_kb: None,
+            mode: mode.to_string(),
+        });
+    }
+    if which == "shmem" {
+        let (col, sz) = w.next("a folio size")?;
+        let kb = parse_size(sz)
+            .and_then(whole_kb)
+            .filter(|kb| [8, 16, 32, 64, 128, 256, 512, 1024, 2048].contains(kb));
+        let size_kb = kb.ok_or_else(|| {
+            w.err(
+                col,
+                format!("expected a shmem folio size (8K..2M), found {sz:?}"),
+            )
+        })?;
+        let (col, mode) = w.next("a mode")?;
+        if usermm::machine::ShmemOrderMode::parse(mode).is_none() {
+            return Err(w.err(
+                col,
+                format!("bad mode {mode:?} (always, inherit, within_size, advise or never)"),
+            ));
+        }
+        w.done()?;
+        return Ok(Op::KnobShmem {
+            size_kb: Some(size_kb),
+            mode: mode.to_string(),
+        });
     }
     if which == "only" {
         let (col, sz) = w.next("a folio size")?;

@@ -75,7 +75,7 @@ pub fn check_invariants(m: &Machine) -> Result<(), String> {
     // pages of anon folios mapped at least once, and the pages of anon
     // folios a PMD maps.
     let (mut anon_mapped, mut anon_thps) = (0i64, 0i64);
-    let (mut file_mapped, mut file_pmdmapped) = (0i64, 0i64);
+    let (mut file_mapped, mut file_pmdmapped, mut shmem_pmdmapped) = (0i64, 0i64, 0i64);
     let mut mms_of: HashMap<Pfn, usize> = HashMap::new();
     for (head, _) in ex.mm_maps.keys() {
         *mms_of.entry(*head).or_default() += 1;
@@ -132,7 +132,12 @@ pub fn check_invariants(m: &Machine) -> Result<(), String> {
             anon_thps += if entire > 0 { nr as i64 } else { 0 };
         } else {
             file_mapped += if entire > 0 { nr as i64 } else { pages_mapped };
-            file_pmdmapped += if entire > 0 { nr as i64 } else { 0 };
+            let pmdmapped = if entire > 0 { nr as i64 } else { 0 };
+            if f.head(mem).test(crate::phys::pg::SWAPBACKED) {
+                shmem_pmdmapped += pmdmapped;
+            } else {
+                file_pmdmapped += pmdmapped;
+            }
         }
         if f.is_large(mem) {
             let lm = f.counters(mem).large_mapcount.load(Ordering::Relaxed) as i64 + 1;
@@ -170,6 +175,7 @@ pub fn check_invariants(m: &Machine) -> Result<(), String> {
         (NodeStat::NR_ANON_THPS, anon_thps),
         (NodeStat::NR_FILE_MAPPED, file_mapped),
         (NodeStat::NR_FILE_PMDMAPPED, file_pmdmapped),
+        (NodeStat::NR_SHMEM_PMDMAPPED, shmem_pmdmapped),
     ] {
         let got = mem.vmstat.node(stat);
         if got != want {
@@ -377,6 +383,7 @@ fn check_lru(m: &Machine, ex: &Expect, free: &HashSet<Pfn>) -> Result<(), String
 fn check_page_cache(m: &Machine, mms: &[Arc<Mm>], ex: &mut Expect) -> Result<(), String> {
     let mem = &m.mem;
     let (mut file_pages, mut dirty, mut shmem) = (0i64, 0i64, 0i64);
+    let (mut file_thps, mut shmem_thps) = (0i64, 0i64);
     let mut linked = 0usize;
     for inode in m.inodes() {
         let mapping = &inode.i_mapping;
@@ -407,6 +414,13 @@ fn check_page_cache(m: &Machine, mms: &[Arc<Mm>], ex: &mut Expect) -> Result<(),
             }
             end = index + nr;
             pages += nr;
+            if folio.order(mem) == crate::phys::HPAGE_PMD_ORDER {
+                *if mapping.is_shmem() {
+                    &mut shmem_thps
+                } else {
+                    &mut file_thps
+                } += nr as i64;
+            }
             if mapping.is_shmem() {
                 shmem += nr as i64;
                 if !head.test(crate::phys::pg::SWAPBACKED) {
@@ -451,6 +465,8 @@ fn check_page_cache(m: &Machine, mms: &[Arc<Mm>], ex: &mut Expect) -> Result<(),
         (NodeStat::NR_FILE_PAGES, file_pages),
         (NodeStat::NR_FILE_DIRTY, dirty),
         (NodeStat::NR_SHMEM, shmem),
+        (NodeStat::NR_FILE_THPS, file_thps),
+        (NodeStat::NR_SHMEM_THPS, shmem_thps),
     ] {
         let got = mem.vmstat.node(stat);
         if got != want {

@@ -188,7 +188,7 @@ impl AddressSpace {
         self.nrpages.fetch_add(nr, Ordering::Relaxed);
         mem.mod_node_state(NodeStat::NR_FILE_PAGES, nr as i64);
         if folio.order(mem) == crate::phys::HPAGE_PMD_ORDER {
-            mem.mod_node_state(NodeStat::NR_FILE_THPS, nr as i64);
+            mem.mod_node_state(self.thps_stat(), nr as i64);
         }
         true
     }
@@ -225,21 +225,55 @@ impl AddressSpace {
         head.mapping.store(0, Ordering::Relaxed);
         mem.mod_node_state(NodeStat::NR_FILE_PAGES, -(nr as i64));
         if folio.order(mem) == crate::phys::HPAGE_PMD_ORDER {
-            mem.mod_node_state(NodeStat::NR_FILE_THPS, -(nr as i64));
+            mem.mod_node_state(thps_stat(shmem), -(nr as i64));
         }
         folio.put_refs(mem, nr as i32, cpu);
     }
 
-    /// The index's side of splitting the folio cached at `index` into
-    /// `pieces` (each one page, in order): each piece takes its page's
-    /// slot. The caller holds the folio's lock and makes the pieces.
-    pub fn split_entry(&self, index: u64, pieces: impl Iterator<Item = Folio>) {
+    /// The statistic of this cache's PMD-sized folios: `NR_SHMEM_THPS`
+    /// (`shmem_add_to_page_cache`) or `NR_FILE_THPS`.
+    pub fn thps_stat(&self) -> NodeStat {
+        thps_stat(self.shmem)
+    }
+
+    /// The index's side of splitting `folio`, cached at `index`, into
+    /// one-page folios: under the index's lock, its references are frozen
+    /// if they are `expected` (none but the cache's and the splitter's:
+    /// a lookup takes its reference under this lock), `split` makes the
+    /// pieces (giving each its references), and each piece takes its
+    /// page's slot. False, nothing done: someone else holds a reference.
+    /// The caller holds the folio's lock.
+    pub fn split_entry_frozen(
+        &self,
+        mem: &PhysMem,
+        folio: Folio,
+        index: u64,
+        expected: i32,
+        split: impl FnOnce(),
+    ) -> bool {
         let mut pages = self.i_pages.lock();
-        debug_assert!(pages.contains_key(&index), "splitting an uncached folio");
-        pages.remove(&index);
-        for (i, f) in pieces.enumerate() {
-            pages.insert(index + i as u64, f);
+        debug_assert_eq!(
+            pages.get(&index),
+            Some(&folio),
+            "splitting an uncached folio"
+        );
+        let nr = folio.nr_pages(mem);
+        // folio_ref_freeze. AcqRel: whoever dropped a reference before is
+        // done with the folio; the pieces' references are stored after.
+        let frozen = folio
+            .head(mem)
+            .refcount
+            .compare_exchange(expected, 0, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok();
+        if !frozen {
+            return false;
         }
+        split();
+        pages.remove(&index);
+        for i in 0..nr {
+            pages.insert(index + i, Folio(folio.pfn() + i));
+        }
+        true
     }
 
     /// Take every folio out (the inode is going), calling `each` on each
@@ -345,4 +379,13 @@ pub unsafe fn folio_mapping<'a>(mem: &PhysMem, folio: Folio) -> Option<&'a Addre
     // SAFETY: a non-anon mapping word is an AddressSpace's address
     // (`add_folio`), alive by the caller's promise.
     Some(unsafe { &*(word as *const AddressSpace) })
+}
+
+/// `NR_SHMEM_THPS` for a shmem cache, else `NR_FILE_THPS`.
+fn thps_stat(shmem: bool) -> NodeStat {
+    if shmem {
+        NodeStat::NR_SHMEM_THPS
+    } else {
+        NodeStat::NR_FILE_THPS
+    }
 }

@@ -52,8 +52,11 @@ pub enum FsKind {
     /// reclaimed), its folios are swap-backed (on the anon LRU lists,
     /// counted in `Shmem` and `RssShmem`) and always dirty; no
     /// write-notify. Shared anonymous memory and memfds live on an
-    /// internal mount of it.
+    /// internal mount of it ([`FsKind::ShmMnt`]).
     Tmpfs,
+    /// The kernel's internal tmpfs mount (`shm_mnt`), of shared anonymous
+    /// memory and memfds: tmpfs whose `huge` follows `shmem_enabled`.
+    ShmMnt,
 }
 
 impl FsKind {
@@ -61,7 +64,7 @@ impl FsKind {
         match self {
             FsKind::Ext4 => "ext4",
             FsKind::Ext2 => "ext2",
-            FsKind::Tmpfs => "tmpfs",
+            FsKind::Tmpfs | FsKind::ShmMnt => "tmpfs",
         }
     }
 
@@ -80,7 +83,7 @@ impl FsKind {
 
     /// `shmem_mapping`: its files are shmem's.
     pub fn shmem(self) -> bool {
-        matches!(self, FsKind::Tmpfs)
+        matches!(self, FsKind::Tmpfs | FsKind::ShmMnt)
     }
 
     /// `mapping_large_folio_support` for this filesystem's regular files.

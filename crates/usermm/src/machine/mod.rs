@@ -27,7 +27,7 @@ mod thp;
 
 pub use crate::tunable::Tunables;
 pub use config::MachineConfig;
-pub use thp::{ThpKnobs, ThpMode};
+pub use thp::{ShmemHuge, ShmemOrderMode, ThpKnobs, ThpMode};
 
 pub struct Machine {
     pub mem: Arc<PhysMem>,

@@ -47,6 +47,87 @@ impl ThpMode {
     }
 }
 
+/// `transparent_hugepage/shmem_enabled` (`shmem_huge`), and a tmpfs
+/// mount's `huge=` (the first four): which shmem files may have large
+/// folios.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShmemHuge {
+    Always,
+    WithinSize,
+    Advise,
+    Never,
+    /// Top level only: no mount has large folios (for emergencies).
+    Deny,
+    /// Top level only: every mount has PMD-sized ones (for testing).
+    Force,
+}
+
+impl ShmemHuge {
+    const ALL: [ShmemHuge; 6] = [
+        ShmemHuge::Always,
+        ShmemHuge::WithinSize,
+        ShmemHuge::Advise,
+        ShmemHuge::Never,
+        ShmemHuge::Deny,
+        ShmemHuge::Force,
+    ];
+    pub fn parse(s: &str) -> Option<ShmemHuge> {
+        Self::ALL.into_iter().find(|m| m.name() == s)
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            ShmemHuge::Always => "always",
+            ShmemHuge::WithinSize => "within_size",
+            ShmemHuge::Advise => "advise",
+            ShmemHuge::Never => "never",
+            ShmemHuge::Deny => "deny",
+            ShmemHuge::Force => "force",
+        }
+    }
+    fn from_u8(v: u8) -> ShmemHuge {
+        Self::ALL[v as usize]
+    }
+}
+
+/// A size's `hugepages-<size>kB/shmem_enabled`: which of the four order
+/// masks (`huge_shmem_orders_always`, `_inherit`, `_within_size`,
+/// `_madvise`) holds its order, if any.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShmemOrderMode {
+    Always,
+    Inherit,
+    WithinSize,
+    Advise,
+    Never,
+}
+
+impl ShmemOrderMode {
+    const ALL: [ShmemOrderMode; 5] = [
+        ShmemOrderMode::Always,
+        ShmemOrderMode::Inherit,
+        ShmemOrderMode::WithinSize,
+        ShmemOrderMode::Advise,
+        ShmemOrderMode::Never,
+    ];
+    pub fn parse(s: &str) -> Option<ShmemOrderMode> {
+        Self::ALL.into_iter().find(|m| m.name() == s)
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            ShmemOrderMode::Always => "always",
+            ShmemOrderMode::Inherit => "inherit",
+            ShmemOrderMode::WithinSize => "within_size",
+            ShmemOrderMode::Advise => "advise",
+            ShmemOrderMode::Never => "never",
+        }
+    }
+    fn from_u8(v: u8) -> ShmemOrderMode {
+        Self::ALL[v as usize]
+    }
+}
+
 /// `/sys/kernel/mm/transparent_hugepage/enabled` and the per-size
 /// `hugepages-<size>kB/enabled` files, changeable while the machine runs.
 /// Each store is followed, as sysfs's is, by `start_stop_khugepaged`,
@@ -59,6 +140,14 @@ pub struct ThpKnobs {
     /// `transparent_hugepage/use_zero_page`: read faults in THP-eligible
     /// ranges map the huge zero page.
     pub use_zero_page: AtomicBool,
+    /// `shmem_enabled` (`shmem_huge`).
+    shmem_huge: AtomicU8,
+    /// The `huge` of the internal mount of shared anonymous memory and
+    /// memfds (`SHMEM_SB(shm_mnt)->huge`): the last top-level value
+    /// other than `deny` and `force`.
+    shm_mnt_huge: AtomicU8,
+    /// Each order's `shmem_enabled`.
+    shmem_per_order: [AtomicU8; 10],
     /// The memory whose reserve follows the knobs.
     mem: Arc<PhysMem>,
     /// `khugepaged_mutex`: the knobs are read, and the reserve set from
@@ -84,6 +173,17 @@ impl ThpKnobs {
             enabled: AtomicU8::new(ThpMode::Madvise as u8),
             per_order: std::array::from_fn(|_| AtomicU8::new(ThpMode::Never as u8)),
             use_zero_page: AtomicBool::new(true),
+            shmem_huge: AtomicU8::new(ShmemHuge::Never as u8),
+            shm_mnt_huge: AtomicU8::new(ShmemHuge::Never as u8),
+            // `shmem_init`: PMD-sized inherits the top level, the other
+            // sizes never.
+            shmem_per_order: std::array::from_fn(|o| {
+                AtomicU8::new(if o == crate::phys::HPAGE_PMD_ORDER as usize {
+                    ShmemOrderMode::Inherit
+                } else {
+                    ShmemOrderMode::Never
+                } as u8)
+            }),
             mem,
             khugepaged_mutex: Mutex::new(()),
         };
@@ -99,15 +199,81 @@ impl ThpKnobs {
     }
 
     /// `hugepage_pmd_enabled`: 2 MiB anonymous THPs may be made, by
-    /// their own knob or by the top level's through `inherit`. (The
-    /// kernel also counts shmem's and read-only file THPs, which the
+    /// their own knob or by the top level's through `inherit`, or shmem
+    /// ones (`shmem_hpage_pmd_enabled`). (The kernel also counts
+    /// read-only file THPs, `CONFIG_READ_ONLY_THP_FOR_FS`, which the
     /// model has not.)
     pub fn hugepage_pmd_enabled(&self) -> bool {
-        match self.order(crate::phys::HPAGE_PMD_ORDER) {
+        let anon = match self.order(crate::phys::HPAGE_PMD_ORDER) {
             ThpMode::Always | ThpMode::Madvise => true,
             ThpMode::Inherit => self.enabled() != ThpMode::Never,
             ThpMode::Never => false,
+        };
+        anon || self.shmem_hpage_pmd_enabled()
+    }
+
+    /// `shmem_hpage_pmd_enabled`: PMD-sized shmem folios may be made.
+    pub fn shmem_hpage_pmd_enabled(&self) -> bool {
+        let top = self.shmem_enabled();
+        if top == ShmemHuge::Deny {
+            return false;
         }
+        match self.shmem_order(crate::phys::HPAGE_PMD_ORDER) {
+            ShmemOrderMode::Always | ShmemOrderMode::Advise | ShmemOrderMode::WithinSize => true,
+            ShmemOrderMode::Inherit => top != ShmemHuge::Never,
+            ShmemOrderMode::Never => false,
+        }
+    }
+
+    /// `shmem_enabled` (`shmem_huge`).
+    pub fn shmem_enabled(&self) -> ShmemHuge {
+        ShmemHuge::from_u8(self.shmem_huge.load(Ordering::Relaxed))
+    }
+
+    /// `shmem_enabled_store`: the top level, and the internal mount's
+    /// `huge` with it unless `deny` or `force`.
+    pub fn set_shmem_enabled(&self, huge: ShmemHuge) {
+        self.shmem_huge.store(huge as u8, Ordering::Relaxed);
+        if !matches!(huge, ShmemHuge::Deny | ShmemHuge::Force) {
+            self.shm_mnt_huge.store(huge as u8, Ordering::Relaxed);
+        }
+        self.start_stop_khugepaged();
+    }
+
+    /// The internal shmem mount's `huge`.
+    pub fn shm_mnt_huge(&self) -> ShmemHuge {
+        ShmemHuge::from_u8(self.shm_mnt_huge.load(Ordering::Relaxed))
+    }
+
+    /// A size's `shmem_enabled`.
+    pub fn shmem_order(&self, order: u32) -> ShmemOrderMode {
+        ShmemOrderMode::from_u8(self.shmem_per_order[order as usize].load(Ordering::Relaxed))
+    }
+
+    /// `thpsize_shmem_enabled_store`: shmem's sizes are the page cache's
+    /// (orders 1..=9); `inherit` of a size other than PMD's is EINVAL
+    /// while the top level is `force`.
+    pub fn set_shmem_order(&self, order: u32, mode: ShmemOrderMode) -> KResult<()> {
+        if !(1..=crate::phys::HPAGE_PMD_ORDER).contains(&order) {
+            return Err(Errno::EINVAL);
+        }
+        if mode == ShmemOrderMode::Inherit
+            && self.shmem_enabled() == ShmemHuge::Force
+            && order != crate::phys::HPAGE_PMD_ORDER
+        {
+            return Err(Errno::EINVAL);
+        }
+        self.shmem_per_order[order as usize].store(mode as u8, Ordering::Relaxed);
+        self.start_stop_khugepaged();
+        Ok(())
+    }
+
+    /// The orders (bit n = order n) whose `shmem_enabled` is `mode`: the
+    /// kernel's `huge_shmem_orders_<mode>` masks.
+    pub fn shmem_orders(&self, mode: ShmemOrderMode) -> u32 {
+        (1..=crate::phys::HPAGE_PMD_ORDER)
+            .filter(|&o| self.shmem_order(o) == mode)
+            .fold(0, |m, o| m | 1 << o)
     }
 
     /// `start_stop_khugepaged`, after every store to a knob: the model
@@ -157,6 +323,25 @@ impl ThpKnobs {
                 } as u8,
                 Ordering::Relaxed,
             );
+        }
+        self.start_stop_khugepaged();
+    }
+
+    /// [`Self::only_order`] for shmem: that size's `shmem_enabled`
+    /// `always`, every other size's and the top level `never` (order 0:
+    /// all never); the anonymous knobs are left as they are.
+    pub fn only_shmem_order(&self, order: u32) {
+        self.shmem_huge
+            .store(ShmemHuge::Never as u8, Ordering::Relaxed);
+        self.shm_mnt_huge
+            .store(ShmemHuge::Never as u8, Ordering::Relaxed);
+        for o in 1..=crate::phys::HPAGE_PMD_ORDER {
+            let mode = if o == order {
+                ShmemOrderMode::Always
+            } else {
+                ShmemOrderMode::Never
+            };
+            self.shmem_per_order[o as usize].store(mode as u8, Ordering::Relaxed);
         }
         self.start_stop_khugepaged();
     }
