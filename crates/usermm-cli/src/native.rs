@@ -50,12 +50,19 @@ fn read_mode(path: &str) -> Option<String> {
 }
 
 impl HostKnobs {
-    /// Make `folio_kb` the only enabled anonymous size (top level never).
-    /// Fails when not root or the kernel lacks the knob.
-    pub fn only_size(folio_kb: u64) -> Result<HostKnobs, String> {
-        let mut files = vec![format!("{THP}/enabled")];
-        for kb in [16u64, 32, 64, 128, 256, 512, 1024, 2048] {
-            files.push(format!("{THP}/hugepages-{kb}kB/enabled"));
+    /// Make `folio_kb` the only enabled anonymous size (top level never),
+    /// or with `shmem` the only size shmem takes (`shmem_enabled`, the
+    /// top level never). Fails when not root or the kernel lacks the knob.
+    pub fn only_size(folio_kb: u64, shmem: bool) -> Result<HostKnobs, String> {
+        let knob = if shmem { "shmem_enabled" } else { "enabled" };
+        let mut files = vec![format!("{THP}/{knob}")];
+        let sizes: &[u64] = if shmem {
+            &[8, 16, 32, 64, 128, 256, 512, 1024, 2048]
+        } else {
+            &[16, 32, 64, 128, 256, 512, 1024, 2048]
+        };
+        for kb in sizes {
+            files.push(format!("{THP}/hugepages-{kb}kB/{knob}"));
         }
         let min_free_kbytes = MinFreeKbytes::read();
         let mut saved = vec![];
@@ -70,7 +77,7 @@ impl HostKnobs {
             min_free_kbytes,
         };
         for (f, old) in &k.saved {
-            let want = if f.ends_with(&format!("hugepages-{folio_kb}kB/enabled")) {
+            let want = if f.ends_with(&format!("hugepages-{folio_kb}kB/{knob}")) {
                 "always"
             } else {
                 "never"
@@ -92,14 +99,15 @@ pub struct KnobsBySize {
 }
 
 impl KnobsBySize {
-    /// The knobs for `folio_kb`, as [`HostKnobs::only_size`] sets them.
-    pub fn only_size(&mut self, folio_kb: u64) -> Result<(), String> {
+    /// The knobs for `folio_kb` (shmem's with `shmem`), as
+    /// [`HostKnobs::only_size`] sets them.
+    pub fn only_size(&mut self, folio_kb: u64, shmem: bool) -> Result<(), String> {
         if self.held.as_ref().is_some_and(|(kb, _)| *kb == folio_kb) {
             return Ok(());
         }
         // The former size's knobs are put back before the new are read.
         self.held = None;
-        self.held = Some((folio_kb, HostKnobs::only_size(folio_kb)?));
+        self.held = Some((folio_kb, HostKnobs::only_size(folio_kb, shmem)?));
         Ok(())
     }
 }
@@ -117,12 +125,16 @@ impl Drop for HostKnobs {
 
 /// `anon_fault_alloc` of one size, to verify what the host gave us.
 pub fn anon_fault_alloc(folio_kb: u64) -> u64 {
-    std::fs::read_to_string(format!(
-        "{THP}/hugepages-{folio_kb}kB/stats/anon_fault_alloc"
-    ))
-    .ok()
-    .and_then(|s| s.trim().parse().ok())
-    .unwrap_or(0)
+    mthp_stat(folio_kb, "anon_fault_alloc")
+}
+
+/// One size's mTHP statistic (`hugepages-<size>kB/stats/<name>`), 0
+/// where the host has none.
+pub fn mthp_stat(folio_kb: u64, name: &str) -> u64 {
+    std::fs::read_to_string(format!("{THP}/hugepages-{folio_kb}kB/stats/{name}"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// Populate `len` bytes by write faults and munmap them; (populate s, munmap s).
@@ -244,6 +256,52 @@ impl HostRegion {
             }
         }
         r
+    }
+
+    /// `len` bytes of shared anonymous memory, write-faulted a byte a
+    /// page, its shmem file held open (through `/proc/self/map_files`,
+    /// which needs CAP_SYS_ADMIN) so that an unmap does not also evict
+    /// it; with `nohuge`, the range is then `MADV_NOHUGEPAGE`, its
+    /// mappings zapped and faulted again, so that the cached PMD-sized
+    /// folios are mapped by PTEs.
+    pub fn populate_shmem(len: usize, nohuge: bool) -> std::io::Result<HostRegion> {
+        // SAFETY: a shared anonymous mapping of our own; checked below.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        let mut r = HostRegion {
+            ptr,
+            len,
+            mapped: true,
+            _file: None,
+        };
+        let start = ptr as usize;
+        r._file = Some(
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(format!("/proc/self/map_files/{start:x}-{:x}", start + len))?,
+        );
+        r.touch();
+        if nohuge {
+            // SAFETY: advice on our own mapping.
+            unsafe {
+                libc::madvise(ptr, len, libc::MADV_NOHUGEPAGE);
+                libc::madvise(ptr, len, libc::MADV_DONTNEED);
+            }
+            r.touch();
+        }
+        Ok(r)
     }
 
     /// A file of `len` bytes in the temporary folder, written in

@@ -46,3 +46,44 @@ fn munmap_rows_carry_their_interval_and_samples() {
         assert!(lo * (1.0 - 1e-12) <= q && q <= hi * (1.0 + 1e-12), "{r}");
     }
 }
+
+/// `--backing shmem`: shared anonymous memory of each size, the engine's
+/// own checks (every folio of the size, PMD-mapped exactly for the PMD
+/// row) passing, the zap batching arm faster where folios are large.
+#[test]
+fn munmap_of_shmem_runs_every_size_it_is_asked() {
+    let v = common::bench_json(
+        "munmap",
+        &[
+            "--runs",
+            "2",
+            "--size-mb",
+            "8",
+            "--sizes",
+            "4,64,2048",
+            "--backing",
+            "shmem",
+            "--no-host",
+        ],
+        |_| vec![],
+    );
+    assert_eq!(v["backing"], "shmem");
+    let rows = v["rows"].as_array().expect("rows");
+    let labels: Vec<(u64, &str)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["folio_kb"].as_u64().unwrap(),
+                r["mapping"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        labels,
+        [(4, "pte"), (64, "pte"), (2048, "pte"), (2048, "pmd")]
+    );
+    for r in rows {
+        assert!(r["baseline_s"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["batched_s"].as_f64().unwrap() > 0.0, "{r}");
+    }
+}

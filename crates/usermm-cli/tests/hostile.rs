@@ -184,6 +184,9 @@ fn bench_options_are_checked_before_anything_runs() {
         &["bench", "migrc", "--arms", "migrc,luf"],
         &["bench", "migrc", "--arms", "off,mglru"],
         &["bench", "migrc", "--migration-entry-ad", "maybe"],
+        &["bench", "fork", "--backing", "shmem"],
+        &["bench", "--backing", "shmem"],
+        &["bench", "munmap", "--backing", "hugetlb"],
     ] {
         let mut c = usermm();
         c.args(args);

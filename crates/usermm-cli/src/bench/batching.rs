@@ -15,7 +15,7 @@ use std::time::Instant;
 use anyhow::{anyhow, Context};
 use serde::Serialize;
 use usermm::madvise::MADV_DONTNEED;
-use usermm::mmap::{MAP_ANONYMOUS, MAP_PRIVATE, PROT_READ, PROT_WRITE};
+use usermm::mmap::{MAP_ANONYMOUS, MAP_PRIVATE, MAP_SHARED, PROT_READ, PROT_WRITE};
 use usermm::tunable::Tunable;
 use usermm::vmstat::{MthpStat, NodeStat};
 use usermm::{Machine, OnCpu};
@@ -236,10 +236,31 @@ impl Row {
     }
 }
 
+/// What backs an experiment's region (`--backing`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Backing {
+    /// Private anonymous memory, write-faulted.
+    Anon,
+    /// A file's page cache, mapped private and read-faulted.
+    File,
+    /// Shared anonymous memory (shmem), write-faulted, its file held open.
+    Shmem,
+}
+
+impl Backing {
+    fn of(a: &BenchArgs) -> Backing {
+        match a.backing.as_str() {
+            "file" => Backing::File,
+            "shmem" => Backing::Shmem,
+            _ => Backing::Anon,
+        }
+    }
+}
+
 /// Run one batching experiment; returns its rows and the machine it ran on.
 pub fn run(a: &BenchArgs, op: Op) -> anyhow::Result<(Vec<Row>, String)> {
     let len = a.size_mb << 20;
-    let file = a.backing == "file";
+    let backing = Backing::of(a);
     let m = super::experiment_machine(a, super::region_machine_bytes(a.size_mb))?;
     // CPU 0's thread (this one) on host CPU 0, as the reference programs
     // pin theirs, with the host's loop on the same CPU; after the machine
@@ -265,7 +286,7 @@ pub fn run(a: &BenchArgs, op: Op) -> anyhow::Result<(Vec<Row>, String)> {
         // the allocator state the other left.
         let first = k.is_multiple_of(2);
         for on in [!first, first] {
-            let (t, pages) = engine_once(&m, op, case, len, on, file)
+            let (t, pages) = engine_once(&m, op, case, len, on, backing)
                 .with_context(|| format!("{} {}", op.name(), case.label()))?;
             if on {
                 s.batched_s.push(t);
@@ -279,8 +300,8 @@ pub fn run(a: &BenchArgs, op: Op) -> anyhow::Result<(Vec<Row>, String)> {
         // is over the first rounds only, and the rounds that narrow an
         // interval run the engine alone.
         if !a.no_host && note.is_none() && k < Rounds::expected(a.runs()) {
-            match knobs.only_size(case.kb) {
-                Ok(()) => match host_once(op, case, len as usize, file) {
+            match knobs.only_size(case.kb, backing == Backing::Shmem) {
+                Ok(()) => match host_once(op, case, len as usize, backing) {
                     Ok(t) => s.host_s.push(t),
                     Err(e) => *note = Some(e),
                 },
@@ -350,7 +371,7 @@ fn engine_once(
     case: Case,
     len: u64,
     on: bool,
-    file: bool,
+    backing: Backing,
 ) -> anyhow::Result<(f64, u64)> {
     // Start every arm from the same allocator state: everything in the
     // buddy lists, none on the per-CPU lists (contiguity otherwise depends
@@ -360,11 +381,16 @@ fn engine_once(
     c.new_mm().map_err(|e| anyhow!("mm: {e}"))?;
     // A file-backed region's file stays open until the end, as a
     // program keeps its descriptor (the unmap does not evict it).
-    let (addr, _open_file) = if file {
-        let (addr, f) = engine_populate_file(m, &c, case, len)?;
-        (addr, Some(f))
-    } else {
-        (engine_populate(m, &c, case, len)?, None)
+    let (addr, _open_file) = match backing {
+        Backing::File => {
+            let (addr, f) = engine_populate_file(m, &c, case, len)?;
+            (addr, Some(f))
+        }
+        Backing::Shmem => {
+            let (addr, f) = engine_populate_shmem(m, &c, case, len)?;
+            (addr, Some(f))
+        }
+        Backing::Anon => (engine_populate(m, &c, case, len)?, None),
     };
     op.set_batching(m, on);
     if op == Op::Cow {
@@ -504,11 +530,75 @@ fn engine_populate_file(
     Ok((addr, file))
 }
 
+/// Map `len` bytes of shared anonymous memory with the case's size the
+/// only one shmem may take (`shmem_enabled` always), write-fault every
+/// page, and check through the counters that every folio has that size
+/// and is mapped by PTEs or by its PMD as the case wants (2M by PTEs: the
+/// range is `MADV_NOHUGEPAGE` and its mappings zapped, so that the
+/// faults map the cached THPs by PTEs). Returns the region and its shmem
+/// file, held so that the unmap does not also evict it.
+fn engine_populate_shmem(
+    m: &Machine,
+    c: &OnCpu,
+    case: Case,
+    len: u64,
+) -> anyhow::Result<(u64, std::sync::Arc<usermm::fs::File>)> {
+    m.thp
+        .only_shmem_order(if case.kb > 4 { case.order() } else { 0 });
+    let addr = c
+        .mmap(0, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS)
+        .map_err(|e| anyhow!("mmap: {e}"))?;
+    let before = m.vmstat().mthp(case.order(), MthpStat::SHMEM_ALLOC);
+    c.touch_pages(addr, addr + len, 1)
+        .map_err(|e| anyhow!("populate: {e}"))?;
+    if case.kb > 4 {
+        let got = m.vmstat().mthp(case.order(), MthpStat::SHMEM_ALLOC) - before;
+        anyhow::ensure!(
+            got as u64 == len / (case.kb << 10),
+            "the engine gave {got} shmem folios of {}K, not {}",
+            case.kb,
+            len / (case.kb << 10)
+        );
+    }
+    if case.kb == 2048 && !case.pmd {
+        c.madvise(addr, len, usermm::madvise::MADV_NOHUGEPAGE)
+            .and_then(|_| c.madvise(addr, len, usermm::madvise::MADV_DONTNEED))
+            .map_err(|e| anyhow!("madvise: {e}"))?;
+        c.touch_pages(addr, addr + len, 1)
+            .map_err(|e| anyhow!("populate: {e}"))?;
+    }
+    let mm = c.mm().map_err(|e| anyhow!("{e}"))?;
+    let rss = mm.get_rss(usermm::mm::MmCounter::ShmemPages) as u64;
+    anyhow::ensure!(
+        rss == len >> 12,
+        "{rss} shmem pages mapped of {}",
+        len >> 12
+    );
+    let pmd_pages = m.vmstat().node(NodeStat::NR_SHMEM_PMDMAPPED) as u64;
+    let want = if case.pmd { len >> 12 } else { 0 };
+    anyhow::ensure!(
+        pmd_pages == want,
+        "{}: {pmd_pages} shmem pages PMD-mapped, expected {want}",
+        case.label()
+    );
+    let file = {
+        let _mmap = mm.mmap_lock.read();
+        let guard = usermm::sync::epoch::pin();
+        mm.vma_tree(&guard)
+            .vma_lookup(addr)
+            .and_then(|v| v.file().cloned())
+    };
+    let file = file.ok_or_else(|| anyhow!("no shmem file at {addr:#x}"))?;
+    Ok((addr, file))
+}
+
 /// The same on the host kernel (knobs already set): Err explains why the
 /// timing cannot be trusted.
-fn host_once(op: Op, case: Case, len: usize, file: bool) -> Result<f64, String> {
-    if file {
-        return host_once_file(op, case, len);
+fn host_once(op: Op, case: Case, len: usize, backing: Backing) -> Result<f64, String> {
+    match backing {
+        Backing::File => return host_once_file(op, case, len),
+        Backing::Shmem => return host_once_shmem(op, case, len),
+        Backing::Anon => {}
     }
     let before = native::anon_fault_alloc(case.kb);
     let mut r = native::HostRegion::populate(len, case.kb == 2048 && !case.pmd);
@@ -555,12 +645,42 @@ fn host_once_file(op: Op, case: Case, len: usize) -> Result<f64, String> {
     })
 }
 
+/// [`host_once`] over shared anonymous memory
+/// ([`native::HostRegion::populate_shmem`]), checked in the mTHP counter
+/// and smaps: every folio of the case's size, every page resident, and
+/// PMD-mapped exactly for the PMD case.
+fn host_once_shmem(op: Op, case: Case, len: usize) -> Result<f64, String> {
+    let before = native::mthp_stat(case.kb, "shmem_alloc");
+    let nohuge = case.kb == 2048 && !case.pmd;
+    let mut r =
+        native::HostRegion::populate_shmem(len, nohuge).map_err(|e| format!("host shmem: {e}"))?;
+    if case.kb > 4 {
+        let got = native::mthp_stat(case.kb, "shmem_alloc") - before;
+        if got < (len as u64 / (case.kb << 10)) * 9 / 10 {
+            return Err(format!("host gave {got} shmem folios of {}K", case.kb));
+        }
+    }
+    let rss = native::smaps_range_kb(r.ptr as usize, len, "Rss").unwrap_or(0);
+    if rss < (len as u64 >> 10) * 9 / 10 {
+        return Err(format!("host mapped {rss} kB of the shmem"));
+    }
+    let pmd_kb = native::smaps_range_kb(r.ptr as usize, len, "ShmemPmdMapped").unwrap_or(0);
+    if (pmd_kb >= (len as u64 >> 10) * 9 / 10) != case.pmd {
+        return Err(format!("host has {pmd_kb} kB of the shmem PMD-mapped"));
+    }
+    Ok(match op {
+        Op::Munmap => r.munmap(),
+        Op::Dontneed => r.dontneed(),
+        Op::Fork | Op::Cow => unreachable!("--backing shmem is refused for {}", op.name()),
+    })
+}
+
 /// The table in the seeds' shape, with the host beside it.
 pub fn print_table(op: Op, rows: &[Row], a: &BenchArgs) {
-    let backing = if a.backing == "file" {
-        " of a file's page cache (mapped private, read-faulted)"
-    } else {
-        ""
+    let backing = match Backing::of(a) {
+        Backing::File => " of a file's page cache (mapped private, read-faulted)",
+        Backing::Shmem => " of shared anonymous memory (write-faulted, its file held open)",
+        Backing::Anon => "",
     };
     outln!(
         "bench {}: {} MiB of folios of one size{backing}; tunable {} off (baseline) vs on, interleaved; medians of the rounds (runs {})",

@@ -109,7 +109,7 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
                 r.populate.engine_s.push(p);
                 r.munmap.engine_s.push(u);
             } else if !r.host_refused {
-                match knobs.only_size(kb) {
+                match knobs.only_size(kb, false) {
                     Ok(()) if file => match host_read_file_munmap(kb, len) {
                         Ok((p, u)) => {
                             r.populate.host_s.push(p);

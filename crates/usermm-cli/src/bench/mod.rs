@@ -78,11 +78,13 @@ pub struct BenchArgs {
     #[arg(long)]
     pub no_host: bool,
     /// fault, munmap, dontneed: what backs the region: `anon` (private
-    /// anonymous memory), or `file` (a file written in writes of the folio
+    /// anonymous memory), `file` (a file written in writes of the folio
     /// size, so that the page cache holds folios of that size, mapped
     /// private and read-faulted; natively a file in the temporary folder,
     /// which must be on a filesystem with large folios, as ext4 is since
-    /// 6.16).
+    /// 6.16), or `shmem` (munmap and dontneed: shared anonymous memory
+    /// write-faulted with that size's `shmem_enabled` always, its file
+    /// held open meanwhile).
     #[arg(long, default_value = "anon")]
     pub backing: String,
     /// pft: the fault-thread counts (comma-separated); by default 1, 2 and
@@ -316,8 +318,14 @@ fn validate(a: &BenchArgs) -> anyhow::Result<()> {
             ),
             None => anyhow::bail!("--backing file: name the experiment (fault, munmap or dontneed)"),
         },
-        "shmem" => anyhow::bail!("--backing shmem: shared memory is not modelled yet"),
-        b => anyhow::bail!("--backing {b:?}: anon or file"),
+        "shmem" => match a.name.as_deref() {
+            Some("munmap" | "dontneed") => {}
+            Some(n) => anyhow::bail!(
+                "--backing shmem: only munmap and dontneed take it ({n} maps anonymous memory)"
+            ),
+            None => anyhow::bail!("--backing shmem: name the experiment (munmap or dontneed)"),
+        },
+        b => anyhow::bail!("--backing {b:?}: anon, file or shmem"),
     }
     migrc::parse_ipi_cost(&a.ipi_cost)?;
     migrc::parse_arms(&a.arms)?;

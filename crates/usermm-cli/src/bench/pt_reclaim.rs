@@ -149,7 +149,7 @@ fn run(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let host_knobs = if a.no_host {
         Err("not run".to_string())
     } else {
-        native::HostKnobs::only_size(4).map_err(|e| e.to_string())
+        native::HostKnobs::only_size(4, false).map_err(|e| e.to_string())
     };
     let mut jobs: Vec<Job> = vec![];
     if host_knobs.is_ok() {

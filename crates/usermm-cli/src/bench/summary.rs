@@ -28,8 +28,13 @@ pub struct Headline {
 /// The headline of experiment `name` from its JSON object.
 pub fn headline(name: &'static str, v: &Value) -> Option<Headline> {
     let rows = v["rows"].as_array()?;
-    // Over a file's page cache (`--backing file`), or anonymous memory.
-    let of_file = v["backing"].as_str() == Some("file");
+    // Over a file's page cache or shmem (`--backing`), or anonymous
+    // memory: said after the figure's name.
+    let of_backing = match v["backing"].as_str() {
+        Some("file") => ", of a file's page cache",
+        Some("shmem") => ", of shared anonymous memory",
+        _ => "",
+    };
     let line = |what: String, published: Option<String>, usermm: String, host: Option<String>| {
         Some(Headline {
             experiment: name,
@@ -51,11 +56,7 @@ pub fn headline(name: &'static str, v: &Value) -> Option<Headline> {
                 "fork" => "fork batching: fork with 2 MiB folios mapped by PTEs",
                 _ => "large-folio reuse (v6.15): writes after fork and the child's exit",
             };
-            let what = if of_file {
-                format!("{what}, of a file's page cache")
-            } else {
-                what.to_string()
-            };
+            let what = format!("{what}{of_backing}");
             let host = beside(r, "host_s", "batched_s");
             let published = f(r, "seed_change_pct").map(|c| format!("{c:+.0}%").replace('-', "−"));
             line(what, published, change(r, "ratio")?, host)
@@ -161,7 +162,7 @@ pub fn headline(name: &'static str, v: &Value) -> Option<Headline> {
         }
         "fault" => {
             let r = find(rows, &[("op", "populate".into()), ("folio_kb", 4.into())])?;
-            let what = if of_file {
+            let what = if !of_backing.is_empty() {
                 "the engine's speed: read faults of a cached file in 4 KiB folios"
             } else {
                 "the engine's speed: write faults in 4 KiB folios"
