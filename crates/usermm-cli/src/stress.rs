@@ -701,9 +701,14 @@ impl Operator<'_, '_> {
                 "file mprotect"
             }
             5 => {
-                use usermm::madvise::MADV_PAGEOUT;
-                let advice = [MADV_DONTNEED, MADV_PAGEOUT, MADV_FREE, MADV_NOHUGEPAGE]
-                    [self.rng.gen_range(0..4)];
+                use usermm::madvise::{MADV_PAGEOUT, MADV_REMOVE};
+                let advice = [
+                    MADV_DONTNEED,
+                    MADV_PAGEOUT,
+                    MADV_FREE,
+                    MADV_NOHUGEPAGE,
+                    MADV_REMOVE,
+                ][self.rng.gen_range(0..5)];
                 self.set_last_op(format!(
                     "mm {mm}: madvise {start:#x} {len:#x} {advice} (file window)"
                 ));

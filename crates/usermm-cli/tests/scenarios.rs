@@ -534,6 +534,7 @@ fn random_scenario(seed: u64) -> String {
                     "populate_read",
                     "populate_write",
                     "collapse",
+                    "remove",
                 ]);
                 if advice == "collapse" && shmem[i] {
                     "hugepage"

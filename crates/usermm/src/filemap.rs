@@ -30,7 +30,7 @@
 //! truncation has passed.
 
 use crate::errno::{Errno, KResult};
-use crate::fs::{AddressSpace, CachedFolio, File, FileRaState, Inode};
+use crate::fs::{AddressSpace, CachedFolio, File, FileRaState, FsKind, Inode};
 use crate::machine::OnCpu;
 use crate::mm::vma::VM_HUGEPAGE;
 use crate::mm::Vma;
@@ -664,7 +664,7 @@ pub fn truncate_pagecache(oncpu: &OnCpu, inode: &Inode, newsize: u64) {
         u64::MAX >> PAGE_SHIFT,
         true,
     );
-    truncate_inode_pages_range(oncpu, inode, first);
+    truncate_inode_pages_range(oncpu, inode, first, u64::MAX >> PAGE_SHIFT);
     crate::memory::unmap_mapping_range(
         oncpu,
         &inode.i_mapping,
@@ -682,16 +682,22 @@ pub fn truncate_pagecache(oncpu: &OnCpu, inode: &Inode, newsize: u64) {
     }
 }
 
-/// `truncate_inode_pages_range` from page `first` on: every folio that
-/// lies wholly past it leaves the cache. One that straddles it is split
-/// (`truncate_inode_partial_folio`), which unmaps it from every mapping,
-/// and its pieces past the end leave; where it cannot be split (someone
-/// else holds it), it stays whole and unmapped, its pages past the end
-/// zeroed.
-fn truncate_inode_pages_range(oncpu: &OnCpu, inode: &Inode, first: u64) {
+/// `truncate_inode_pages_range` of pages `first..=last`: every folio
+/// that lies wholly inside leaves the cache. One that straddles an end
+/// is split (`truncate_inode_partial_folio`), which unmaps it from every
+/// mapping, and its pieces inside leave. Where it cannot be split
+/// (someone else holds it, or it is dirty on a disk filesystem), a disk
+/// filesystem's folio is unmapped whole (`try_folio_split_or_unmap`, for
+/// faults to map it again by PTEs); then its pages inside are zeroed and
+/// it stays if it is dirty (shmem's always are), or leaves whole if it
+/// is clean (the kernel's `truncate_inode_folio`: its data is below the
+/// cache still). The model splits into single pages where 6.18 splits
+/// around the page at the end alone (`folio_split`, pieces of every
+/// order).
+fn truncate_inode_pages_range(oncpu: &OnCpu, inode: &Inode, first: u64, last: u64) {
     let mem = oncpu.mem();
     let mapping = &inode.i_mapping;
-    let folios = mapping.get_folios(mem, first, u64::MAX >> PAGE_SHIFT);
+    let folios = mapping.get_folios(mem, first, last);
     // folio_batch_release drains this CPU's LRU batches once a batch of
     // folios was found.
     if !folios.is_empty() {
@@ -699,56 +705,140 @@ fn truncate_inode_pages_range(oncpu: &OnCpu, inode: &Inode, first: u64) {
     }
     for c in folios {
         folio_lock(mem, c.folio);
-        if c.index >= first && folio_still_cached(mem, c.folio, mapping, c.index) {
-            if c.folio.mapped(mem) {
-                // Mapped again meanwhile: unmap it once more (the kernel's
-                // truncate_cleanup_folio).
-                crate::memory::unmap_mapping_range(
-                    oncpu,
-                    mapping,
-                    c.index,
-                    c.index + c.folio.nr_pages(mem) - 1,
-                    false,
-                );
-            }
-            mapping.remove_folio(mem, c, oncpu.id());
-        } else if c.index < first && folio_still_cached(mem, c.folio, mapping, c.index) {
-            let nr = c.folio.nr_pages(mem);
-            if split_file_folio(oncpu, mapping, c) {
-                // The pieces past the end go, each locked for it.
-                for i in first - c.index..nr {
-                    let piece = CachedFolio {
-                        folio: Folio(c.folio.pfn() + i),
-                        index: c.index + i,
-                    };
-                    piece.folio.get(mem);
-                    folio_lock(mem, piece.folio);
-                    if folio_still_cached(mem, piece.folio, mapping, piece.index)
-                        && !piece.folio.mapped(mem)
-                    {
-                        mapping.remove_folio(mem, piece, oncpu.id());
-                    }
-                    piece.folio.unlock(mem);
-                    piece.folio.put(mem, oncpu.id());
-                }
-            } else {
-                // try_folio_split_or_unmap: unmapped whole, for faults to
-                // map it again by PTEs.
-                crate::memory::unmap_mapping_range(
-                    oncpu,
-                    mapping,
-                    c.index,
-                    c.index + nr - 1,
-                    false,
-                );
-                for i in first - c.index..nr {
-                    mem.clear_page(c.folio.pfn() + i);
-                }
-            }
+        let nr = c.folio.nr_pages(mem);
+        let (from, to) = (first.max(c.index), last.min(c.index + nr - 1));
+        if !folio_still_cached(mem, c.folio, mapping, c.index) || from > to {
+            // Gone meanwhile, or (split meanwhile) no page inside.
+        } else if from == c.index && to == c.index + nr - 1 {
+            truncate_inode_folio(oncpu, mapping, c);
+        } else {
+            truncate_inode_partial_folio(oncpu, mapping, c, from, to);
         }
         c.folio.unlock(mem);
         c.folio.put(mem, oncpu.id());
     }
+}
+
+/// `truncate_inode_folio`: a locked folio wholly inside the range leaves
+/// the cache, unmapped once more if it was mapped again meanwhile (the
+/// kernel's `truncate_cleanup_folio`).
+fn truncate_inode_folio(oncpu: &OnCpu, mapping: &AddressSpace, c: CachedFolio) {
+    let mem = oncpu.mem();
+    if c.folio.mapped(mem) {
+        let last = c.index + c.folio.nr_pages(mem) - 1;
+        crate::memory::unmap_mapping_range(oncpu, mapping, c.index, last, false);
+    }
+    mapping.remove_folio(mem, c, oncpu.id());
+}
+
+/// `truncate_inode_partial_folio` of a locked folio whose pages
+/// `from..=to` lie inside the range (see [`truncate_inode_pages_range`]).
+fn truncate_inode_partial_folio(
+    oncpu: &OnCpu,
+    mapping: &AddressSpace,
+    c: CachedFolio,
+    from: u64,
+    to: u64,
+) {
+    let mem = oncpu.mem();
+    let nr = c.folio.nr_pages(mem);
+    if split_file_folio(oncpu, mapping, c) {
+        // The pieces inside go, each locked for it (the first is the
+        // caller's, locked already).
+        for index in from..=to {
+            let piece = CachedFolio {
+                folio: Folio(c.folio.pfn() + (index - c.index)),
+                index,
+            };
+            let ours = index == c.index;
+            if !ours {
+                piece.folio.get(mem);
+                folio_lock(mem, piece.folio);
+            }
+            if folio_still_cached(mem, piece.folio, mapping, piece.index)
+                && !piece.folio.mapped(mem)
+            {
+                mapping.remove_folio(mem, piece, oncpu.id());
+            }
+            if !ours {
+                piece.folio.unlock(mem);
+                piece.folio.put(mem, oncpu.id());
+            }
+        }
+        return;
+    }
+    if !mapping.is_shmem() {
+        crate::memory::unmap_mapping_range(oncpu, mapping, c.index, c.index + nr - 1, false);
+    }
+    for index in from..=to {
+        mem.clear_page(c.folio.pfn() + (index - c.index));
+    }
+    let dirty = mapping.is_shmem() || c.folio.head(mem).test(pg::DIRTY);
+    if !dirty && !c.folio.mapped(mem) {
+        mapping.remove_folio(mem, c, oncpu.id());
+    }
+}
+
+/// `truncate_pagecache_range` of bytes `lstart..=lend` (a hole punched):
+/// the pages wholly inside are unmapped from every mapping but private
+/// COW copies (`unmap_mapping_range` without `even_cows`), then leave
+/// the cache (shmem's `shmem_truncate_range` does the same); a page the
+/// range covers in part is zeroed there.
+pub fn truncate_pagecache_range(oncpu: &OnCpu, inode: &Inode, lstart: u64, lend: u64) {
+    let mem = oncpu.mem();
+    let first = lstart.div_ceil(PAGE_SIZE);
+    let end = (lend + 1) >> PAGE_SHIFT;
+    if end > first {
+        crate::memory::unmap_mapping_range(oncpu, &inode.i_mapping, first, end - 1, false);
+        truncate_inode_pages_range(oncpu, inode, first, end - 1);
+    }
+    // The partial pages at either end.
+    for (at, from, to) in [
+        (lstart >> PAGE_SHIFT, lstart % PAGE_SIZE, PAGE_SIZE),
+        (lend >> PAGE_SHIFT, 0, (lend % PAGE_SIZE) + 1),
+    ] {
+        let page_from = at << PAGE_SHIFT;
+        let (lo, hi) = (
+            (page_from + from).max(lstart),
+            (page_from + to).min(lend + 1),
+        );
+        if lo >= hi || (lo == page_from && hi == page_from + PAGE_SIZE) {
+            continue;
+        }
+        if let Some(c) = inode.i_mapping.get_folio(mem, at) {
+            let page = c.folio.pfn() + (at - c.index);
+            let off = (lo - page_from) as usize;
+            mem.write_frame(page, off, &vec![0u8; (hi - lo) as usize]);
+            c.folio.put(mem, oncpu.id());
+        }
+    }
+}
+
+/// `vfs_fallocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE)` of `len`
+/// bytes at `offset` (MADV_REMOVE's): EBADF for a file not open for
+/// writing; shmem's `shmem_fallocate` punches the range (past the end of
+/// the file too); ext4's `ext4_punch_hole` clips it at the end of the
+/// file, drops the cache's pages and frees the blocks; ext2 has no
+/// fallocate (EOPNOTSUPP).
+pub fn punch_hole(oncpu: &OnCpu, file: &File, offset: u64, len: u64) -> KResult<()> {
+    if !file.f_mode.write {
+        return Err(Errno::EBADF);
+    }
+    let inode = &*file.inode;
+    let end = match inode.kind {
+        FsKind::Tmpfs | FsKind::ShmMnt => offset + len,
+        FsKind::Ext4 => {
+            let size = inode.size();
+            if offset >= size {
+                return Ok(());
+            }
+            (offset + len).min(size.next_multiple_of(PAGE_SIZE))
+        }
+        FsKind::Ext2 => return Err(Errno::EOPNOTSUPP),
+    };
+    truncate_pagecache_range(oncpu, inode, offset, end - 1);
+    inode.punch_blocks(offset, end);
+    Ok(())
 }
 
 /// `split_folio` of a locked page-cache folio `c` that the caller holds a

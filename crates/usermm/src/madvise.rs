@@ -1,6 +1,6 @@
 //! madvise (mm/madvise.c): MADV_DONTNEED, MADV_FREE, MADV_PAGEOUT,
-//! MADV_HUGEPAGE and MADV_NOHUGEPAGE; MADV_COLLAPSE's work is in
-//! [`crate::khugepaged`].
+//! MADV_REMOVE, MADV_HUGEPAGE and MADV_NOHUGEPAGE; MADV_COLLAPSE's work
+//! is in [`crate::khugepaged`].
 //!
 //! DONTNEED, FREE and PAGEOUT run under mmap_lock for reading, so two of
 //! them may run on one mm at once; their gathers then end in a full flush
@@ -29,6 +29,7 @@ pub const MADV_NORMAL: i32 = 0;
 pub const MADV_WILLNEED: i32 = 3;
 pub const MADV_DONTNEED: i32 = 4;
 pub const MADV_FREE: i32 = 8;
+pub const MADV_REMOVE: i32 = 9;
 pub const MADV_DONTFORK: i32 = 10;
 pub const MADV_DOFORK: i32 = 11;
 pub const MADV_HUGEPAGE: i32 = 14;
@@ -53,6 +54,7 @@ pub fn do_madvise(
         MADV_WILLNEED,
         MADV_DONTNEED,
         MADV_FREE,
+        MADV_REMOVE,
         MADV_HUGEPAGE,
         MADV_NOHUGEPAGE,
         MADV_PAGEOUT,
@@ -99,6 +101,24 @@ pub fn do_madvise(
             for vma in &vmas {
                 let (s, e) = (start.max(vma.start()), end.min(vma.end()));
                 crate::khugepaged::madvise_collapse(oncpu, mm, vma, s, e)?;
+            }
+            if has_hole(&vmas, start, end) {
+                Err(Errno::ENOMEM)
+            } else {
+                Ok(())
+            }
+        }
+        // Each VMA's range punched out of its file in turn, with mmap_lock
+        // dropped (the kernel drops it around `vfs_fallocate`); the first
+        // VMA that fails ends the walk with its error.
+        MADV_REMOVE => {
+            let vmas: Vec<Arc<Vma>> = {
+                let _g = mm.mmap_lock.read();
+                let guard = crate::sync::epoch::pin();
+                mm.vma_tree(&guard).range(start, end).cloned().collect()
+            };
+            for vma in &vmas {
+                madvise_remove(oncpu, vma, start.max(vma.start()), end.min(vma.end()))?;
             }
             if has_hole(&vmas, start, end) {
                 Err(Errno::ENOMEM)
@@ -202,6 +222,25 @@ pub fn do_madvise(
             result
         }
     }
+}
+
+/// `madvise_remove`: free `[start, end)` of a shared, writable file
+/// mapping's file (a hole punched: shmem's pages, or a disk file's
+/// blocks and cached pages), unmapping them from every mapping of the
+/// file. EINVAL for a locked VMA or one without a file, EACCES for a
+/// mapping that is not shared and may-write.
+fn madvise_remove(oncpu: &OnCpu, vma: &Vma, start: u64, end: u64) -> KResult<()> {
+    if vma.flags() & VM_LOCKED != 0 {
+        return Err(Errno::EINVAL);
+    }
+    let Some(file) = vma.file() else {
+        return Err(Errno::EINVAL);
+    };
+    if vma.flags() & (VM_SHARED | VM_MAYWRITE) != VM_SHARED | VM_MAYWRITE {
+        return Err(Errno::EACCES);
+    }
+    let offset = (start - vma.start()) + (vma.pgoff() << crate::phys::PAGE_SHIFT);
+    crate::filemap::punch_hole(oncpu, file, offset, end - start)
 }
 
 fn has_hole(vmas: &[Arc<Vma>], start: u64, end: u64) -> bool {

@@ -656,6 +656,7 @@ fn parse_advice(w: &str) -> Option<i32> {
         "wipeonfork" => 18,
         "keeponfork" => 19,
         "free" => 8,
+        "remove" => 9,
         "hugepage" => 14,
         "nohugepage" => 15,
         "pageout" => 21,

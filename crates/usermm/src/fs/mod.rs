@@ -277,6 +277,24 @@ impl Inode {
 
     /// Drop the blocks from page `from` on, and zero the rest of the page
     /// that holds byte `size` (the disk side of a truncate).
+    /// A hole punched in bytes `start..end` of a file this machine
+    /// made: the blocks wholly inside go, the parts of the others inside
+    /// read zeroes.
+    pub(crate) fn punch_blocks(&self, start: u64, end: u64) {
+        let Backing::Blocks(blocks) = &self.backing else {
+            return;
+        };
+        let mut b = blocks.lock();
+        for (&i, block) in b.iter_mut() {
+            let from = i << PAGE_SHIFT;
+            let (lo, hi) = (start.max(from), end.min(from + PAGE_SIZE));
+            if lo < hi {
+                block[(lo - from) as usize..(hi - from) as usize].fill(0);
+            }
+        }
+        b.retain(|&i, _| !(start <= i << PAGE_SHIFT && (i + 1) << PAGE_SHIFT <= end));
+    }
+
     pub(crate) fn truncate_blocks(&self, size: u64) {
         let Backing::Blocks(blocks) = &self.backing else {
             return;
