@@ -175,11 +175,6 @@ fn splits_by_truncation_race_with_faults_that_look_folios_up() {
                         Ok(_) | Err(Errno::SIGBUS) => {}
                         Err(e) => panic!("load at {addr:#x}: {e}"),
                     }
-                    // Now and then the mapping goes, so that faults look
-                    // the folios up again.
-                    if rng.gen_range(0..64) == 0 {
-                        let _ = c.madvise(HOME, 2 << 20, usermm::madvise::MADV_DONTNEED);
-                    }
                     accesses.fetch_add(1, Ordering::Relaxed);
                 }
                 c.idle();
