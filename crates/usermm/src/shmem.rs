@@ -225,13 +225,13 @@ fn shmem_alloc_and_add_folio(
     } else {
         0
     };
+    // vma_thp_gfp_mask (or the mount's gfp, for a write): no reclaim for
+    // a large folio unless the range was advised.
+    let gfp = match want.vma() {
+        Some(vma) => crate::huge_memory::vma_thp_gfp_mask(vma),
+        None => AllocFlags::ZERO.transhuge_light(),
+    };
     while suitable != 0 {
-        // vma_thp_gfp_mask (or the mount's gfp, for a write): no reclaim
-        // for a large folio unless the range was advised.
-        let gfp = match want.vma() {
-            Some(vma) => crate::huge_memory::vma_thp_gfp_mask(vma),
-            None => AllocFlags::ZERO.transhuge_light(),
-        };
         let aligned = index & !((1u64 << order) - 1);
         if let Some(f) = mem.folio_alloc(oncpu.cpu.node, order, oncpu.id(), gfp) {
             found = Some((f, aligned));
