@@ -616,11 +616,15 @@ fn split_huge_pmd_file(oncpu: &OnCpu, mm: &Arc<Mm>, ptl: &mut PmdLocked<'_>, had
         .vma_lookup(haddr)
         .map_or(0, |v| v.flags());
     crate::mlock::munlock_vma_folio(mem, folio, vm_flags, oncpu.id());
+    // The counter is read before the mapping's reference goes: with its
+    // rmap gone, a truncation racing this split may already have taken the
+    // folio out of the page cache, and then this put frees it, and a freed
+    // folio is not SWAPBACKED any more (shmem's pages would come off
+    // RssFile). The kernel reads it after `folio_put`, the window too
+    // short to matter there.
+    let counter = crate::mm::mm_counter_file(mem, folio);
     folio.put(mem, oncpu.id());
-    mm.add_rss(
-        crate::mm::mm_counter_file(mem, folio),
-        -(HPAGE_PMD_NR as i64),
-    );
+    mm.add_rss(counter, -(HPAGE_PMD_NR as i64));
 }
 
 /// `do_set_pmd`: map a PMD-sized page-cache folio by the fault's empty
