@@ -12,6 +12,7 @@ mod plot;
 mod report;
 mod scenario;
 mod stress;
+mod trace;
 mod tunable_args;
 
 use clap::{Parser, Subcommand};
@@ -45,6 +46,21 @@ enum Cmd {
     /// the shadow memory, the invariant checker, a watchdog and a leak check.
     /// Exit status: 0 clean, 1 something broke, 3 a stall.
     Stress(stress::StressArgs),
+    /// Real programs: record one on the host kernel, summarise a trace,
+    /// replay it in usermm against what the kernel did (docs/traces.md).
+    Trace(trace::TraceArgs),
+    /// `trace record`'s workload: write this pid to W, wait for a byte on
+    /// R, turn randomisation off and exec CMD.
+    #[command(hide = true)]
+    TraceStub {
+        w: i32,
+        r: i32,
+        /// Start CMD with only `PATH=/usr/bin:/bin` in its environment.
+        #[arg(long)]
+        clean_env: bool,
+        #[arg(last = true)]
+        cmd: Vec<String>,
+    },
     /// Build a chain of forked processes on the host and print how long it
     /// takes to tear down (`bench vma` runs it).
     #[command(hide = true)]
@@ -225,6 +241,13 @@ fn run_command(cmd: Cmd) -> anyhow::Result<i32> {
         Cmd::Inspect(a) => inspect(a),
         Cmd::Report(a) => report::run(a),
         Cmd::Stress(a) => stress::run(a),
+        Cmd::Trace(a) => trace::run(a),
+        Cmd::TraceStub {
+            w,
+            r,
+            clean_env,
+            cmd,
+        } => trace::record::stub(w, r, clean_env, &cmd),
         Cmd::HostForkChain { depth, vmas } => host_chain::main(depth, vmas),
         Cmd::HostPtReclaim { mode, iterations } => host_pt_reclaim::main(mode, iterations),
         Cmd::RestoreHostSettings => knob_guard::main(),

@@ -71,6 +71,64 @@ impl EngineBackend {
         usermm::check::check_invariants(&self.m)
     }
 
+    /// `execve(2)` of the current process with `argv` and the
+    /// environment `env` (a replayed program's stack starts with the
+    /// strings the recorded one had).
+    pub fn exec_env(
+        &mut self,
+        path: &str,
+        argv: &[String],
+        env: &[String],
+        rnd: Option<usermm::exec::ExecRandom>,
+    ) -> Result<(), Errno> {
+        let args: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let env: Vec<&str> = env.iter().map(String::as_str).collect();
+        let vforked = self.vforked.contains(&self.cur);
+        let r = self.on(|c| match rnd {
+            _ if vforked => c.execve_vfork_child(path, &args, &env),
+            Some(rnd) => c.execve_randomized(path, &args, &env, rnd),
+            None => c.execve(path, &args, &env),
+        });
+        r.map(|mm| {
+            self.vforked.remove(&self.cur);
+            self.procs.insert(self.cur.clone(), mm);
+        })
+    }
+
+    /// Read the whole of the file `name` into the page cache, as
+    /// `POSIX_FADV_WILLNEED` reads (small folios, a readahead window at a
+    /// time): a file a recorded program mapped was most likely cached on
+    /// the host already, and read through long before, so no folio keeps
+    /// the `PG_readahead` mark a read consumes (fault-around skips marked
+    /// folios).
+    pub fn warm_file(&mut self, name: &str) -> Result<(), Errno> {
+        let file = self.files.get(name).cloned().ok_or(Errno::EBADF)?;
+        let c = self.m.bind(0).map_err(|_| Errno::EBUSY)?;
+        let pages = file.inode.size_pages();
+        let window = file.f_ra.lock().ra_pages.max(1);
+        let mut at = 0;
+        while at < pages {
+            usermm::filemap::force_page_cache_readahead(&c, &file, at, window);
+            at += window;
+        }
+        let mem = c.mem();
+        for (_, folio) in file.mapping().folios() {
+            folio.head(mem).clear(usermm::phys::pg::READAHEAD);
+        }
+        Ok(())
+    }
+
+    /// Each VMA of the current process with resident pages: its start,
+    /// end and `Rss` in kB, as /proc/PID/smaps shows them.
+    pub fn vma_rss(&self) -> Vec<(u64, u64, u64)> {
+        self.m.rcu_barrier();
+        usermm::proc::smaps(&self.procs[&self.cur])
+            .into_iter()
+            .filter(|s| s.rss > 0)
+            .map(|s| (s.start, s.end, s.rss))
+            .collect()
+    }
+
     /// The scenario's process names and their mm ids.
     pub fn process_ids(&self) -> Vec<(String, u64)> {
         let mut v: Vec<(String, u64)> = self
@@ -268,17 +326,7 @@ impl Backend for EngineBackend {
         argv: &[String],
         rnd: Option<usermm::exec::ExecRandom>,
     ) -> Result<Result<(), Errno>, String> {
-        let args: Vec<&str> = argv.iter().map(String::as_str).collect();
-        let vforked = self.vforked.contains(&self.cur);
-        let r = self.on(|c| match rnd {
-            _ if vforked => c.execve_vfork_child(path, &args, &[]),
-            Some(rnd) => c.execve_randomized(path, &args, &[], rnd),
-            None => c.execve(path, &args, &[]),
-        });
-        Ok(r.map(|mm| {
-            self.vforked.remove(&self.cur);
-            self.procs.insert(self.cur.clone(), mm);
-        }))
+        Ok(self.exec_env(path, argv, &[], rnd))
     }
     /// The child runs the parent's mm, on the parent's CPU (CPU 0).
     fn vfork(&mut self, child: &str) -> Result<Result<(), Errno>, String> {

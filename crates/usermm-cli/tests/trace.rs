@@ -1,0 +1,195 @@
+//! `usermm trace`: a real program recorded on the host kernel and replayed
+//! in usermm, the replay checked against what the kernel did; and the
+//! commands against bad input.
+//!
+//! Recording needs `perf` and the rights to the kernel's tracepoints
+//! (root) and a C compiler for the test program: where one is missing the
+//! recording tests say so and pass without checking.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+fn usermm() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_usermm"))
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("usermm-trace-test-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Compile tests/programs/NAME.c into `dir`, or None (with a message)
+/// where this host cannot record it.
+fn recordable(name: &str, dir: &Path) -> Option<PathBuf> {
+    let probe = usermm()
+        .args(["trace", "record", "-o"])
+        .arg(dir.join("probe.trace.gz"))
+        .args(["--", "/bin/true"])
+        .output()
+        .unwrap();
+    if !probe.status.success() {
+        let why = String::from_utf8_lossy(&probe.stderr);
+        if why.contains("cannot record here") || why.contains("ptrace") {
+            eprintln!("not checked: {}", why.trim());
+            return None;
+        }
+        panic!("recording /bin/true failed: {why}");
+    }
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/programs/{name}.c"));
+    let exe = dir.join(name);
+    let cc = Command::new("cc")
+        .args(["-O1", "-pthread", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .output();
+    match cc {
+        Ok(o) if o.status.success() => Some(exe),
+        _ => {
+            eprintln!("not checked: no C compiler to build {}", src.display());
+            None
+        }
+    }
+}
+
+fn json(cmd: &mut Command) -> Value {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.code() == Some(0) || out.status.code() == Some(1),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("{e}: {}", String::from_utf8_lossy(&out.stdout));
+    })
+}
+
+/// mm_mix (anonymous memory, MADV_DONTNEED, mprotect, mremap, a thread, a
+/// fork, malloc) recorded, summarised and replayed: every call's result,
+/// the address space exec built, and each process's anonymous memory,
+/// page tables and VMAs as the kernel had them.
+#[test]
+fn a_recorded_program_replays_as_the_kernel_ran_it() {
+    let dir = scratch("mix");
+    let Some(exe) = recordable("mm_mix", &dir) else {
+        return;
+    };
+    let trace = dir.join("mix.trace.gz");
+    let rec = usermm()
+        .args(["trace", "record", "--clean-env", "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert!(
+        rec.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rec.stderr)
+    );
+
+    let show = json(usermm().args(["trace", "show", "--json"]).arg(&trace));
+    assert_eq!(show["processes"], 2, "{show}");
+    assert_eq!(show["threads"], 3, "{show}");
+    assert_eq!(show["lost"], 0, "{show}");
+    for call in ["mmap", "munmap", "mprotect", "madvise", "mremap", "brk"] {
+        assert!(show["calls"][call].as_u64() >= Some(1), "{call}: {show}");
+    }
+
+    let r = json(usermm().args(["trace", "replay", "--json"]).arg(&trace));
+    for (name, c) in r["calls"].as_object().unwrap() {
+        assert_eq!(
+            c["agreed"].as_u64().unwrap() + c["skipped"].as_u64().unwrap(),
+            c["replayed"].as_u64().unwrap(),
+            "{name}: {r}"
+        );
+    }
+    assert_eq!(r["placed_elsewhere"], 0, "{r}");
+    assert_eq!(r["exec_maps_alike"], r["exec_maps_lines"], "{r}");
+    let procs = r["processes"].as_array().unwrap();
+    assert_eq!(procs.len(), 2, "{r}");
+
+    // The same trace as a scenario: it parses, and runs in usermm.
+    let scn = usermm()
+        .args(["trace", "scenario"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert!(scn.status.success());
+    let file = dir.join("mix.scn");
+    std::fs::write(&file, &scn.stdout).unwrap();
+    let run = usermm().arg("run").arg(&file).output().unwrap();
+    assert!(
+        matches!(run.status.code(), Some(0 | 1)),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let text = String::from_utf8_lossy(&scn.stdout);
+    for stmt in [
+        "exec ", "map m1 ", "mremap ", "thread t", "fork p", "write 0x", "exit ",
+    ] {
+        assert!(text.contains(stmt), "{stmt}: {text}");
+    }
+    for p in procs {
+        for f in p["figures"].as_array().unwrap() {
+            let (name, kernel, ours) = (f[0].as_str().unwrap(), f[1].as_i64(), f[2].as_i64());
+            match name {
+                // The vDSO's page (the engine has no image of it), and
+                // a page of fault-around: the host's page cache holds the
+                // folios its own readahead made, the replay's are 4 KiB.
+                "VmRSS" | "RssFile" => {
+                    let d = (ours.unwrap() - kernel.unwrap()).abs();
+                    assert!(d <= 8, "{name} differs by {d} kB: {r}");
+                }
+                _ => assert_eq!(kernel, ours, "{name}: {r}"),
+            }
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn bad_input_is_a_one_line_error() {
+    let dir = scratch("bad");
+    let missing = usermm()
+        .args(["trace", "replay"])
+        .arg(dir.join("missing.trace.gz"))
+        .output()
+        .unwrap();
+    assert_eq!(missing.status.code(), Some(1));
+    assert_eq!(String::from_utf8_lossy(&missing.stderr).lines().count(), 1);
+
+    let text = dir.join("not.trace");
+    std::fs::write(&text, "hello\n").unwrap();
+    let out = usermm()
+        .args(["trace", "show"])
+        .arg(&text)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not a trace"), "{err}");
+
+    let bad = dir.join("bad.trace");
+    std::fs::write(&bad, "usermm-trace 1\n0 1/1 mmap addr=0x0 = 0x0\n").unwrap();
+    let out = usermm()
+        .args(["trace", "replay"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(":2: mmap"), "{err}");
+
+    let gz = dir.join("broken.trace.gz");
+    std::fs::write(&gz, [0x1f, 0x8b, 0, 1, 2]).unwrap();
+    let out = usermm().args(["trace", "show"]).arg(&gz).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("gzip"));
+
+    let none = usermm().args(["trace", "record", "--"]).output().unwrap();
+    assert_ne!(none.status.code(), Some(0));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
