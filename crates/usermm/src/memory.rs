@@ -362,10 +362,12 @@ pub fn handle_mm_fault<'a>(
     addr: u64,
     flags: FaultFlags,
 ) -> VmFaultResult {
-    if vma.special().is_some() {
-        // The model keeps no vDSO image: an access to a special mapping
-        // is SIGBUS, where the kernel maps the vDSO's pages (and the vvar
-        // pages' frames).
+    if vma
+        .special()
+        .is_some_and(|sm| !std::ptr::eq(sm, &crate::vdso::VDSO_MAPPING))
+    {
+        // The model keeps no vvar data: an access is SIGBUS, where the
+        // kernel inserts the data pages' frames (see vdso.rs).
         return mm_account_fault(oncpu, VmFaultResult::Sigbus);
     }
     let pmd = match mm.pmd_alloc(addr, oncpu.id()) {
@@ -1073,7 +1075,9 @@ fn do_fault_around(vmf: &mut VmFault<'_>) -> bool {
 
 /// `do_read_fault`.
 fn do_read_fault(vmf: &mut VmFault<'_>) -> VmFaultResult {
-    if FAULT_AROUND_PAGES > 1 && do_fault_around(vmf) {
+    // Only a file's `vm_ops` have `map_pages` (a special mapping's have
+    // not).
+    if FAULT_AROUND_PAGES > 1 && vmf.vma.file().is_some() && do_fault_around(vmf) {
         return VmFaultResult::Done;
     }
     let ff = match __do_fault(vmf) {
@@ -1092,12 +1096,35 @@ fn do_read_fault(vmf: &mut VmFault<'_>) -> VmFaultResult {
 /// `__do_fault`: the file page of the fault (`vm_ops->fault`: shmem's or
 /// the page cache's), locked, with a reference.
 fn __do_fault(vmf: &VmFault<'_>) -> Result<crate::filemap::FileFault, VmFaultResult> {
+    if vmf.vma.special().is_some() {
+        return vdso_fault(vmf);
+    }
     let file = vmf.vma.file().expect("a file fault");
     if file.mapping().is_shmem() {
         return crate::shmem::shmem_fault(vmf.oncpu, vmf.vma, vmf.address, vmf_pgoff(vmf));
     }
     let tried = vmf.flags.contains(FaultFlags::TRIED);
     crate::filemap::filemap_fault(vmf.oncpu, vmf.vma, vmf_pgoff(vmf), tried)
+}
+
+/// `special_mapping_fault` of `[vdso]` (`vdso_fault`): the image's page
+/// at the fault's offset, with a reference, locked as `__do_fault` locks
+/// a page a fault handler returns unlocked; SIGBUS past the image.
+fn vdso_fault(vmf: &VmFault<'_>) -> Result<crate::filemap::FileFault, VmFaultResult> {
+    let mem = vmf.oncpu.mem();
+    let pgoff = (vmf.address - vmf.vma.start()) >> PAGE_SHIFT;
+    let Some(&page) = vmf.oncpu.m.vdso_pages.get(pgoff as usize) else {
+        return Err(VmFaultResult::Sigbus);
+    };
+    let folio = Folio(page);
+    folio.get(mem);
+    crate::filemap::folio_lock(mem, folio);
+    Ok(crate::filemap::FileFault {
+        folio,
+        page,
+        index: pgoff,
+        major: false,
+    })
 }
 
 /// `do_cow_fault`: a write to a missing page of a private file mapping

@@ -4,9 +4,15 @@
 //! 4 pages), `[vvar_vclock]` (the clock pages, 2), then `[vdso]`, the
 //! code (2 pages: the host's vDSO image is 8 KiB).
 //!
-//! The model keeps no vDSO image and no data pages: the VMAs are there,
-//! with the kernel's flags, and an access to them is SIGBUS (see
-//! [`crate::memory::handle_mm_fault`]).
+//! `[vdso]` maps the image's pages on fault, a page at a time
+//! (`vdso_fault`, through `special_mapping_fault`): each mapping takes a
+//! reference and a file mapcount and counts in `RssFile`, as
+//! `finish_fault` counts any page it maps that is not anonymous. The
+//! image is the host's own (its bytes read from this process's vDSO), so
+//! a program's loader finds a real ELF there. The model keeps no data
+//! pages: `[vvar]` and `[vvar_vclock]` are there with the kernel's flags,
+//! and an access to them is SIGBUS, where the kernel inserts the time and
+//! clock pages' frames (`vvar_fault`, `VM_PFNMAP`: no RSS either way).
 
 use crate::errno::KResult;
 use crate::mm::vma::*;
@@ -19,7 +25,7 @@ const VDSO_NR_PAGES: u64 = 4;
 /// `VDSO_NR_VCLOCK_PAGES`: the clock pages of `[vvar_vclock]`.
 const VDSO_NR_VCLOCK_PAGES: u64 = 2;
 /// `vdso_image_64.size`.
-const VDSO_IMAGE_SIZE: u64 = 2 * PAGE_SIZE;
+const VDSO_IMAGE_SIZE: u64 = crate::machine::VDSO_IMAGE_PAGES * PAGE_SIZE;
 
 pub static VDSO_MAPPING: SpecialMapping = SpecialMapping { name: "[vdso]" };
 pub static VVAR_MAPPING: SpecialMapping = SpecialMapping { name: "[vvar]" };

@@ -87,9 +87,12 @@ pub fn check_invariants(m: &Machine) -> Result<(), String> {
         } else {
             0
         };
+        // The machine's own reference to a vDSO image page.
+        let image_ref = i64::from(m.vdso_pages.contains(&head));
         let refs = ex.refs.get(&head).copied().unwrap_or(0)
             + ex.batched.get(&head).copied().unwrap_or(0)
-            + cache_refs;
+            + cache_refs
+            + image_ref;
         let got = f.ref_count(mem) as i64;
         if ex.migrating.contains(&head) {
             if got <= refs {
@@ -233,6 +236,7 @@ fn check_no_leak(
         held.extend(head..head + Folio(head).nr_pages(mem));
     }
     held.insert(m.zero_pfn);
+    held.extend(m.vdso_pages);
     // MIGRC's kept sources: pinned by its reference alone.
     for f in m.mem.migrc.kept() {
         if f.ref_count(mem) != 1 || f.mapped(mem) {
@@ -532,6 +536,9 @@ fn check_rmap(m: &Machine, mm: &Mm, tree: &VmaTree, p: Pfn, addr: u64) -> Result
             "{mm:?} {addr:#x}: page {p:#x} mapped outside any VMA"
         ));
     };
+    if let Some(i) = m.vdso_pages.iter().position(|&v| v == p) {
+        return check_vdso_page(mm, vma, i as u64, addr);
+    }
     if !f.test_anon(mem) {
         return check_file_rmap(m, mm, vma, f, p, addr);
     }
@@ -553,6 +560,20 @@ fn check_rmap(m: &Machine, mm: &Mm, tree: &VmaTree, p: Pfn, addr: u64) -> Result
         return Err(format!(
             "{mm:?} {addr:#x}: page {p:#x} has index {pgoff:#x}, which {vma:?} maps at {:?}",
             vma.address_of(pgoff)
+        ));
+    }
+    Ok(())
+}
+
+/// The vDSO image's page `i` is mapped only by `[vdso]`, at its offset.
+fn check_vdso_page(mm: &Mm, vma: &crate::mm::Vma, i: u64, addr: u64) -> Result<(), String> {
+    let ok = vma
+        .special()
+        .is_some_and(|sm| std::ptr::eq(sm, &crate::vdso::VDSO_MAPPING))
+        && vma.start() + i * PAGE_SIZE == addr;
+    if !ok {
+        return Err(format!(
+            "{mm:?} {addr:#x}: the vDSO's page {i} mapped by {vma:?}"
         ));
     }
     Ok(())

@@ -27,7 +27,9 @@ mod thp;
 
 pub use crate::tunable::Tunables;
 pub use config::MachineConfig;
+mod vdso_image;
 pub use thp::{ShmemHuge, ShmemOrderMode, ThpKnobs, ThpMode};
+pub use vdso_image::VDSO_IMAGE_PAGES;
 
 pub struct Machine {
     pub mem: Arc<PhysMem>,
@@ -38,6 +40,11 @@ pub struct Machine {
     pub overcommit: Overcommit,
     /// The shared zero page (`ZERO_PAGE(0)`).
     pub zero_pfn: Pfn,
+    /// The vDSO image's pages (`vdso_image_64.data`), which every
+    /// process's `[vdso]` maps: the host's own image, read from this
+    /// process's vDSO at boot. The machine holds a reference to each, as
+    /// the kernel's image is never freed.
+    pub vdso_pages: [Pfn; VDSO_IMAGE_PAGES as usize],
     /// The huge zero folio, allocated on first use (`get_huge_zero_folio`);
     /// None inside if that allocation failed.
     huge_zero: crate::sync::OnceLock<Option<Pfn>>,
@@ -114,6 +121,7 @@ impl Machine {
             )
             .ok_or(Errno::ENOMEM)?;
         mem.page(zero_pfn).set(pg::ZERO);
+        let vdso_pages = vdso_image::alloc_vdso_image(&mem)?;
         let overcommit = Overcommit::new(mem.nr_pages());
         let cpus = config
             .cpus
@@ -138,6 +146,7 @@ impl Machine {
             tunables: Tunables::default(),
             overcommit,
             zero_pfn,
+            vdso_pages,
             huge_zero: crate::sync::OnceLock::new(),
             mms: Mutex::new(Vec::new()),
             inodes: Mutex::new(Vec::new()),
