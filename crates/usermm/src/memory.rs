@@ -362,19 +362,17 @@ pub fn handle_mm_fault<'a>(
     addr: u64,
     flags: FaultFlags,
 ) -> VmFaultResult {
-    if vma
+    let vvar = vma
         .special()
-        .is_some_and(|sm| !std::ptr::eq(sm, &crate::vdso::VDSO_MAPPING))
-    {
-        // The model keeps no vvar data: an access is SIGBUS, where the
-        // kernel inserts the data pages' frames (see vdso.rs).
-        return mm_account_fault(oncpu, VmFaultResult::Sigbus);
-    }
+        .is_some_and(|sm| !std::ptr::eq(sm, &crate::vdso::VDSO_MAPPING));
     let pmd = match mm.pmd_alloc(addr, oncpu.id()) {
         Ok(slot) => slot,
         Err(e) => return mm_account_fault(oncpu, e.into()),
     };
     let mut vmf = VmFault::new(oncpu, mm, vma, addr, flags, pmd);
+    if vvar {
+        return mm_account_fault(oncpu, crate::vdso::vvar_fault(&mut vmf));
+    }
     let r = mm_account_fault(oncpu, __handle_mm_fault(&mut vmf));
     luf_flush_after_fault(oncpu, mm, vma, flags);
     r
@@ -813,6 +811,29 @@ fn alloc_anon_folio(vmf: &VmFault<'_>) -> Result<(Folio, u64), VmFaultResult> {
         crate::mempolicy::vma_alloc_folio(oncpu, vmf.mm, vmf.vma, vmf.address, 0, AllocFlags::ZERO)
             .ok_or(VmFaultResult::Oom)?;
     Ok((f, addr))
+}
+
+/// Map the zero page, read-only and special (no reference, no RSS), at
+/// the fault's address: Raced where something is mapped there already.
+pub(crate) fn map_zero_page_special(vmf: &mut VmFault<'_>) -> VmFaultResult {
+    if let Err(e) = vmf.mm.pte_alloc(
+        vmf.pmd,
+        vmf.oncpu.id(),
+        crate::pt_reclaim::new_pte_tracking(vmf.oncpu),
+    ) {
+        return e.into();
+    }
+    let pte = Pte::new(vmf.oncpu.m.zero_pfn, vmf.vma.page_prot()).mkspecial();
+    let mut pt = match vmf.pte_map_lock() {
+        Ok(pt) => pt,
+        Err(r) => return r,
+    };
+    let idx = vmf.pte_idx();
+    if !pt.pte(idx).none() {
+        return VmFaultResult::Raced;
+    }
+    pt.set(idx, pte);
+    VmFaultResult::Done
 }
 
 /// `do_anonymous_page`.

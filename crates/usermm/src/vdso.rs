@@ -4,15 +4,19 @@
 //! 4 pages), `[vvar_vclock]` (the clock pages, 2), then `[vdso]`, the
 //! code (2 pages: the host's vDSO image is 8 KiB).
 //!
+//! `[vvar]`'s time and random-state pages are inserted on fault as the
+//! kernel's `vvar_fault` inserts their frames (`VM_PFNMAP`: special
+//! entries, no reference, no RSS); the model keeps no clock data, so they
+//! map the zero page. Its time-namespace page (no namespace), its arch
+//! page (x86 keeps no arch data) and `[vvar_vclock]` (as on a host whose
+//! vDSO reads the TSC, not a paravirtual clock) are SIGBUS, as there.
+//!
 //! `[vdso]` maps the image's pages on fault, a page at a time
 //! (`vdso_fault`, through `special_mapping_fault`): each mapping takes a
 //! reference and a file mapcount and counts in `RssFile`, as
 //! `finish_fault` counts any page it maps that is not anonymous. The
 //! image is the host's own (its bytes read from this process's vDSO), so
-//! a program's loader finds a real ELF there. The model keeps no data
-//! pages: `[vvar]` and `[vvar_vclock]` are there with the kernel's flags,
-//! and an access to them is SIGBUS, where the kernel inserts the time and
-//! clock pages' frames (`vvar_fault`, `VM_PFNMAP`: no RSS either way).
+//! a program's loader finds a real ELF there.
 
 use crate::errno::KResult;
 use crate::mm::vma::*;
@@ -32,6 +36,24 @@ pub static VVAR_MAPPING: SpecialMapping = SpecialMapping { name: "[vvar]" };
 pub static VVAR_VCLOCK_MAPPING: SpecialMapping = SpecialMapping {
     name: "[vvar_vclock]",
 };
+
+/// `[vvar]`'s pages (`VDSO_TIME_PAGE_OFFSET` and on).
+const VDSO_TIME_PAGE_OFFSET: u64 = 0;
+const VDSO_RNG_PAGE_OFFSET: u64 = 2;
+
+/// `vvar_fault` (and `vvar_vclock_fault`, always SIGBUS here): the data
+/// page at the fault's offset, as a special entry of the zero page.
+pub(crate) fn vvar_fault(vmf: &mut crate::memory::VmFault<'_>) -> crate::memory::VmFaultResult {
+    let vvar = vmf
+        .vma
+        .special()
+        .is_some_and(|sm| std::ptr::eq(sm, &VVAR_MAPPING));
+    let pgoff = (vmf.address - vmf.vma.start()) / PAGE_SIZE;
+    if !vvar || !matches!(pgoff, VDSO_TIME_PAGE_OFFSET | VDSO_RNG_PAGE_OFFSET) {
+        return crate::memory::VmFaultResult::Sigbus;
+    }
+    crate::memory::map_zero_page_special(vmf)
+}
 
 /// `map_vdso`: returns the vDSO's code address (`AT_SYSINFO_EHDR`).
 pub fn map_vdso(mm: &Arc<Mm>) -> KResult<u64> {

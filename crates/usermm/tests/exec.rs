@@ -304,3 +304,58 @@ fn exec_randomized_moves_what_each_number_names() {
     assert!(l.start_stack.is_multiple_of(16) && l.start_stack < STACK_TOP - rnd.stack);
     c.exit_mm().unwrap();
 }
+
+/// The vDSO's pages are the host's image, mapped a page at a time, each a
+/// page of RssFile; `[vvar]` maps its time and random-state pages (no
+/// RSS) and is SIGBUS elsewhere, as is `[vvar_vclock]` (checked on the
+/// host: a program reading each page of its own).
+#[test]
+fn vdso_and_vvar_fault_as_the_kernel_maps_them() {
+    if !std::path::Path::new(TRUE).exists() {
+        return;
+    }
+    let m = machine();
+    let c = m.bind(0).unwrap();
+    c.new_mm().unwrap();
+    let mm = c.execve(TRUE, &[TRUE], &[]).unwrap();
+    c.switch_mm(&mm);
+    let sp = mm.layout().start_stack;
+    // AT_SYSINFO_EHDR (33) in the auxiliary vector, after argc, argv's
+    // one pointer and NULL, envp's NULL.
+    let auxv = sp + 8 * 4;
+    let vdso = (0..40)
+        .map(|i| {
+            (
+                c.load_u64(auxv + 16 * i).unwrap(),
+                c.load_u64(auxv + 16 * i + 8).unwrap(),
+            )
+        })
+        .find(|&(k, _)| k == 33)
+        .map(|(_, v)| v)
+        .expect("AT_SYSINFO_EHDR");
+    let rss_file = || usermm::proc::status(&mm).rss_file;
+    let before = rss_file();
+    // "\x7fELF", 64-bit, little-endian, version 1.
+    assert_eq!(c.load_u64(vdso).unwrap(), 0x0001_0102_464c_457f);
+    assert_eq!(rss_file(), before + 4);
+    c.load_u8(vdso + PAGE).unwrap();
+    assert_eq!(rss_file(), before + 8);
+    let vvar = vdso - 6 * PAGE;
+    let vclock = vdso - 2 * PAGE;
+    for (addr, ok) in [
+        (vvar, true),
+        (vvar + PAGE, false),
+        (vvar + 2 * PAGE, true),
+        (vvar + 3 * PAGE, false),
+        (vclock, false),
+        (vclock + PAGE, false),
+    ] {
+        let r = c.load_u8(addr);
+        assert_eq!(r.is_ok(), ok, "{addr:#x}: {r:?}");
+        if !ok {
+            assert_eq!(r.err(), Some(Errno::SIGBUS), "{addr:#x}");
+        }
+    }
+    assert_eq!(rss_file(), before + 8);
+    c.exit_mm().unwrap();
+}
