@@ -194,3 +194,94 @@ fn bad_input_is_a_one_line_error() {
     assert_ne!(none.status.code(), Some(0));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The programs of tests/traces/record.sh, built where the corpus's
+/// traces name them (a trace names the files its program maps).
+const CORPUS_BUILD: &str = "/tmp/usermm-corpus";
+const CORPUS_PROGRAMS: [&str; 6] = [
+    "mm_mix",
+    "threads",
+    "allocator",
+    "pft",
+    "fork_large",
+    "lookup",
+];
+
+fn build_corpus_programs() {
+    std::fs::create_dir_all(CORPUS_BUILD).unwrap();
+    for p in CORPUS_PROGRAMS {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/programs/{p}.c"));
+        let tmp = Path::new(CORPUS_BUILD).join(format!(".{p}.{}", std::process::id()));
+        let ok = Command::new("cc")
+            .args(["-O1", "-pthread", "-o"])
+            .arg(&tmp)
+            .arg(&src)
+            .status()
+            .is_ok_and(|s| s.success());
+        if ok {
+            std::fs::rename(&tmp, Path::new(CORPUS_BUILD).join(p)).unwrap();
+        }
+    }
+}
+
+/// Every trace of tests/traces replays with each call's result, each
+/// exec's address space and each process's anonymous memory, page tables
+/// and VMAs as the kernel had them, and its file memory within 5% (16 kB
+/// at least): the replay caches what the host's page cache held as the
+/// recording ended, so a file first read during the run was cached in
+/// part when the kernel faulted on it, and fault-around mapped less
+/// (docs/traces.md). A trace whose files differ here (another libc,
+/// another compiler) is skipped with a message.
+#[test]
+fn the_corpus_replays_as_the_kernel_ran_it() {
+    build_corpus_programs();
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/traces");
+    let mut traces: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().ends_with(".trace.gz"))
+        .collect();
+    traces.sort();
+    assert!(traces.len() >= 9, "{traces:?}");
+    let mut replayed = 0;
+    for t in &traces {
+        let r = json(usermm().args(["trace", "replay", "--json"]).arg(t));
+        let name = t.file_name().unwrap().to_string_lossy();
+        if !r["files_changed"].as_array().unwrap().is_empty() {
+            eprintln!(
+                "{name} not checked: files differ here: {}",
+                r["files_changed"]
+            );
+            continue;
+        }
+        replayed += 1;
+        for (call, c) in r["calls"].as_object().unwrap() {
+            assert_eq!(
+                c["agreed"].as_u64().unwrap() + c["skipped"].as_u64().unwrap(),
+                c["replayed"].as_u64().unwrap(),
+                "{name}: {call}: {r}"
+            );
+        }
+        for k in ["placed_elsewhere", "faults_refused", "orphan_events"] {
+            assert_eq!(r[k], 0, "{name}: {k}: {r}");
+        }
+        assert_eq!(r["exec_maps_alike"], r["exec_maps_lines"], "{name}: {r}");
+        assert!(!r["processes"].as_array().unwrap().is_empty(), "{name}");
+        for p in r["processes"].as_array().unwrap() {
+            for f in p["figures"].as_array().unwrap() {
+                let (fig, kernel, ours) = (
+                    f[0].as_str().unwrap(),
+                    f[1].as_i64().unwrap(),
+                    f[2].as_i64().unwrap(),
+                );
+                if fig == "VmRSS" || fig == "RssFile" {
+                    let d = (ours - kernel).abs();
+                    assert!(d <= (kernel / 20).max(16), "{name}: {fig} by {d} kB: {r}");
+                } else {
+                    assert_eq!(kernel, ours, "{name}: {fig}: {r}");
+                }
+            }
+        }
+    }
+    eprintln!("{replayed} of {} corpus traces checked", traces.len());
+}

@@ -95,21 +95,25 @@ impl EngineBackend {
         })
     }
 
-    /// Read the whole of the file `name` into the page cache, as
+    /// Read the file `name` into the page cache (the page ranges given,
+    /// or all of it), as
     /// `POSIX_FADV_WILLNEED` reads (small folios, a readahead window at a
     /// time): a file a recorded program mapped was most likely cached on
     /// the host already, and read through long before, so no folio keeps
     /// the `PG_readahead` mark a read consumes (fault-around skips marked
     /// folios).
-    pub fn warm_file(&mut self, name: &str) -> Result<(), Errno> {
+    pub fn warm_file(&mut self, name: &str, ranges: Option<&[(u64, u64)]>) -> Result<(), Errno> {
         let file = self.files.get(name).cloned().ok_or(Errno::EBADF)?;
         let c = self.m.bind(0).map_err(|_| Errno::EBUSY)?;
-        let pages = file.inode.size_pages();
+        let whole = [(0, file.inode.size_pages())];
         let window = file.f_ra.lock().ra_pages.max(1);
-        let mut at = 0;
-        while at < pages {
-            usermm::filemap::force_page_cache_readahead(&c, &file, at, window);
-            at += window;
+        for &(start, end) in ranges.unwrap_or(&whole) {
+            let mut at = start;
+            while at < end {
+                let n = window.min(end - at);
+                usermm::filemap::force_page_cache_readahead(&c, &file, at, n);
+                at += n;
+            }
         }
         let mem = c.mem();
         for (_, folio) in file.mapping().folios() {

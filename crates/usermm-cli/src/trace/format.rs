@@ -49,8 +49,8 @@ pub struct Trace {
     pub events: Vec<Event>,
 }
 
-/// A mapped file: its path when recorded, its identity (device and inode)
-/// and its size when the recording ended.
+/// A mapped file: its path when recorded, its identity (device and inode),
+/// and its size and contents' hash when the recording ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TraceFile {
     pub id: u32,
@@ -58,7 +58,22 @@ pub struct TraceFile {
     pub dev: String,
     pub ino: u64,
     pub size: u64,
+    /// [`content_hash`] of the file's bytes (0 where it could not be read).
+    pub hash: u64,
     pub path: String,
+    /// The file's pages in the host's page cache as the recording ended
+    /// (`mincore`), as page ranges `[start, end)`: what a replay caches
+    /// first. None where unknown (the whole file is cached then).
+    pub cached: Option<Vec<(u64, u64)>>,
+}
+
+/// FNV-1a (64-bit) of a file's bytes: whether a replay maps the bytes the
+/// program mapped. None where it cannot be read.
+pub fn content_hash(path: &std::path::Path) -> Option<u64> {
+    let bytes = std::fs::read(path).ok()?;
+    Some(bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    }))
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -338,13 +353,18 @@ impl Trace {
         for f in &self.files {
             writeln!(
                 w,
-                "file {} {} {} {} {}",
+                "file {} {} {} {} {:016x} {}",
                 f.id,
                 f.dev,
                 f.ino,
                 f.size,
+                f.hash,
                 json(&f.path)
             )?;
+            if let Some(c) = &f.cached {
+                let r: Vec<String> = c.iter().map(|(s, e)| format!("{s}-{e}")).collect();
+                writeln!(w, "cached {} {}", f.id, r.join(","))?;
+            }
         }
         for e in &self.events {
             writeln!(w, "{e}")?;
@@ -445,20 +465,38 @@ fn parse_line(t: &mut Trace, line: &str) -> Result<(), String> {
             t.knobs.push((k.to_string(), v.trim().to_string()));
         }
         "file" => {
-            let mut w = rest.splitn(5, ' ');
-            let mut next = || w.next().ok_or("a `file` line has five fields");
+            let mut w = rest.splitn(6, ' ');
+            let mut next = || w.next().ok_or("a `file` line has six fields");
             let id = num(next()?)? as u32;
             let dev = next()?.to_string();
             let ino = num(next()?)?;
             let size = num(next()?)?;
+            let hash = u64::from_str_radix(next()?, 16).map_err(|_| "file: a hash expected")?;
             let path = json_prefix(next()?)?.0;
             t.files.push(TraceFile {
                 id,
                 dev,
                 ino,
                 size,
+                hash,
                 path,
+                cached: None,
             });
+        }
+        "cached" => {
+            let (id, ranges) = rest.split_once(' ').unwrap_or((rest, ""));
+            let id = num(id)? as u32;
+            let mut v = Vec::new();
+            for r in ranges.split(',').filter(|r| !r.is_empty()) {
+                let (s, e) = r.split_once('-').ok_or("cached: START-END expected")?;
+                v.push((num(s)?, num(e)?));
+            }
+            let f = t
+                .files
+                .iter_mut()
+                .find(|f| f.id == id)
+                .ok_or_else(|| format!("cached: no file {id}"))?;
+            f.cached = Some(v);
         }
         _ => t.events.push(parse_event(head, rest)?),
     }
@@ -604,7 +642,9 @@ mod tests {
                 dev: "fe:00".into(),
                 ino: 42,
                 size: 8192,
+                hash: 0x1234,
                 path: "/a b/c\n".into(),
+                cached: Some(vec![(0, 1), (3, 5)]),
             }],
             events: vec![
                 ev(

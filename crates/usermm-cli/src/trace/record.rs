@@ -169,6 +169,14 @@ fn record_in(dir: &Path, cmd: &[String], clean_env: bool) -> anyhow::Result<Trac
         .args(clean_env.then_some("--clean-env"))
         .arg("--")
         .args(cmd);
+    // Ctrl-C reaches the program and perf (its process group): the
+    // program ends, perf writes what it has, and the recorder, which
+    // only notes the signal, writes the partial trace.
+    // SAFETY: installing a handler that does nothing (async-signal-safe);
+    // a handler, unlike SIG_IGN, is not inherited across exec.
+    unsafe {
+        libc::signal(libc::SIGINT, on_sigint as *const () as libc::sighandler_t);
+    }
     let child = perf.spawn().context("starting perf")?;
     drop(pid_w);
     drop(go_r);
@@ -206,8 +214,10 @@ fn record_in(dir: &Path, cmd: &[String], clean_env: bool) -> anyhow::Result<Trac
     }
     go.write_all(b"g").ok();
     drop(go);
+    // perf exits with the program's status: a program that fails is
+    // still recorded; only a missing perf.data is perf's own failure.
     let perf_status = trace_loop(&mut tracer, stub, perf_pid)?;
-    if perf_status != 0 {
+    if !data.exists() {
         bail!("perf record failed (exit status {perf_status})");
     }
     let script = Command::new("perf")
@@ -272,6 +282,8 @@ pub fn thp_knobs() -> Vec<(String, String)> {
         .filter_map(|n| Some((n.clone(), read(&n)?)))
         .collect()
 }
+
+extern "C" fn on_sigint(_: libc::c_int) {}
 
 /// waitpid for `pid`: its exit status (128 + signal if killed).
 fn wait_pid(pid: i32) -> i32 {
@@ -642,7 +654,9 @@ fn assemble(text: &str, root: i32, mut tracer: Tracer) -> anyhow::Result<Trace> 
                         dev,
                         ino,
                         size: 0,
+                        hash: 0,
                         path: path.trim_end_matches(" (deleted)").to_string(),
+                        cached: None,
                     });
                 mapped.insert(p.tid, (addr, f.id));
             }
@@ -694,10 +708,57 @@ fn assemble(text: &str, root: i32, mut tracer: Tracer) -> anyhow::Result<Trace> 
     }
     for f in files.values_mut() {
         f.size = file_size(&f.path, &f.dev, f.ino);
+        if f.size > 0 {
+            f.hash = super::format::content_hash(Path::new(&f.path)).unwrap_or(0);
+            f.cached = page_cache_residency(Path::new(&f.path), f.size);
+        }
     }
     t.files = files.into_values().collect();
     t.files.sort_by_key(|f| f.id);
     Ok(t)
+}
+
+/// Which pages of the file the host's page cache holds (`mincore` of a
+/// mapping of it, which reads nothing), as ranges.
+fn page_cache_residency(path: &Path, size: u64) -> Option<Vec<(u64, u64)>> {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(path).ok()?;
+    let pages = size.div_ceil(4096);
+    // SAFETY: a fresh read-only shared mapping of an open file, unmapped
+    // below; nothing reads through it.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            size as usize,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return None;
+    }
+    let mut vec = vec![0u8; pages as usize];
+    // SAFETY: `p` maps `size` bytes; `vec` has a byte per page.
+    let r = unsafe { libc::mincore(p, size as usize, vec.as_mut_ptr()) };
+    // SAFETY: the mapping made above.
+    unsafe { libc::munmap(p, size as usize) };
+    if r != 0 {
+        return None;
+    }
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for (i, b) in vec.iter().enumerate() {
+        if b & 1 == 0 {
+            continue;
+        }
+        let i = i as u64;
+        match out.last_mut() {
+            Some(last) if last.1 == i => last.1 = i + 1,
+            _ => out.push((i, i + 1)),
+        }
+    }
+    Some(out)
 }
 
 /// The file's size now, if the path still names that file.

@@ -81,6 +81,10 @@ pub struct ReplayReport {
     pub processes: Vec<ProcessReport>,
     /// Events of threads the trace never introduced (skipped).
     pub orphan_events: u64,
+    /// Mapped files whose bytes are not those the program mapped (changed
+    /// or missing since the recording): the replay cannot be expected to
+    /// agree where they matter.
+    pub files_changed: Vec<String>,
     /// The first divergences, one line each.
     pub notes: Vec<String>,
 }
@@ -156,6 +160,9 @@ impl ReplayReport {
                 crate::outln!("  {n:<10} {k:>10} {u:>10} {:>+8}{unit}", u - k);
             }
         }
+        for f in &self.files_changed {
+            crate::outln!("CHANGED since the recording (replayed as it is now): {f}");
+        }
         if self.orphan_events > 0 {
             crate::outln!(
                 "{} events of threads the trace did not introduce",
@@ -216,6 +223,15 @@ pub fn replay(trace: &Trace, b: EngineBackend, cold_cache: bool) -> anyhow::Resu
         anyhow::bail!("the trace has no events");
     };
     rp.names.insert(first.pid, "main".into());
+    rp.r.files_changed = trace
+        .files
+        .iter()
+        .filter(|f| {
+            f.hash != 0
+                && super::format::content_hash(std::path::Path::new(&f.path)) != Some(f.hash)
+        })
+        .map(|f| f.path.clone())
+        .collect();
     rp.set_knobs()?;
     if !cold_cache {
         rp.warm_exec_files();
@@ -438,10 +454,24 @@ impl Replay<'_> {
             return Ok(());
         };
         self.b.switch(&name).map_err(anyhow::Error::msg)?;
-        let ours = self.b.maps().map_err(anyhow::Error::msg)?;
+        // Device and inode left out: a file is the same by its contents
+        // (the trace's hash), wherever it lies now.
+        let key = |l: &str| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            let mut k: Vec<&str> = w.iter().take(3).copied().collect();
+            k.extend(w.iter().skip(5));
+            k.join(" ")
+        };
+        let ours: Vec<String> = self
+            .b
+            .maps()
+            .map_err(anyhow::Error::msg)?
+            .iter()
+            .map(|l| key(l))
+            .collect();
         self.r.exec_maps_lines += recorded.len() as u64;
         for line in &recorded {
-            if ours.contains(line) {
+            if ours.contains(&key(line)) {
                 self.r.exec_maps_alike += 1;
             } else {
                 self.r
@@ -468,8 +498,14 @@ impl Replay<'_> {
         paths.dedup();
         for (i, path) in paths.into_iter().enumerate() {
             let name = format!("exec{i}");
+            let cached = self
+                .trace
+                .files
+                .iter()
+                .find(|f| f.path == path)
+                .and_then(|f| f.cached.as_deref());
             if self.b.open_file(&name, path).is_ok() {
-                let _ = self.b.warm_file(&name);
+                let _ = self.b.warm_file(&name, cached);
             }
         }
     }
@@ -484,7 +520,7 @@ impl Replay<'_> {
         let opened = match self.b.open_file(&name, &tf.path) {
             Ok(()) => {
                 if !self.cold_cache {
-                    let _ = self.b.warm_file(&name);
+                    let _ = self.b.warm_file(&name, tf.cached.as_deref());
                 }
                 Some(name)
             }
