@@ -285,3 +285,57 @@ fn the_corpus_replays_as_the_kernel_ran_it() {
     }
     eprintln!("{replayed} of {} corpus traces checked", traces.len());
 }
+
+/// A call whose result differs is counted, the replay goes on (a call the
+/// engine does not make is skipped and listed), and the report shows the
+/// events around the first difference; exit status 1.
+#[test]
+fn a_disagreement_is_shown_in_its_neighbourhood() {
+    let dir = scratch("differ");
+    let t = dir.join("by-hand.trace.txt");
+    std::fs::write(
+        &t,
+        "usermm-trace 1\n\
+         kernel \"by hand\"\n\
+         cmd [\"by hand\"]\n\
+         lost 0\n\
+         0 7/7 mmap addr=0x600000000000 len=0x4000 prot=0x3 flags=0x32 fd=0xffffffff off=0x0 = 0x600000000000\n\
+         1 7/7 fault 0x600000000000 w\n\
+         2 7/7 memfd_create uname=0x7ffff000 flags=0x0 = 0x3\n\
+         3 7/7 munmap addr=0x600000001000 len=0x1000 = -22\n\
+         4 7/7 munmap addr=0x600000000000 len=0x1000 = 0x0\n\
+         5 7/7 fault 0x600000002000 r\n",
+    )
+    .unwrap();
+    let out = usermm()
+        .args(["trace", "replay", "--json"])
+        .arg(&t)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["calls"]["munmap"]["replayed"], 2, "{r}");
+    assert_eq!(r["calls"]["munmap"]["agreed"], 1, "{r}");
+    assert_eq!(r["calls"]["memfd_create"]["skipped"], 1, "{r}");
+    let around: Vec<&str> = r["first_disagreement"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap())
+        .collect();
+    assert!(
+        around.iter().any(|l| l.starts_with("> 3 7/7 munmap")),
+        "{around:?}"
+    );
+    assert!(
+        around.iter().any(|l| l.starts_with("  5 7/7 fault")),
+        "{around:?}"
+    );
+    assert!(
+        r["notes"].to_string().contains("kernel EINVAL, usermm 0x0"),
+        "{r}"
+    );
+    assert!(r["tunables"].to_string().contains("zap_batch="), "{r}");
+    assert!(r["counters"]["pgfault"].as_i64() >= Some(2), "{r}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

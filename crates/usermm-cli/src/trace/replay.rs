@@ -87,7 +87,26 @@ pub struct ReplayReport {
     pub files_changed: Vec<String>,
     /// The first divergences, one line each.
     pub notes: Vec<String>,
+    /// The events around the first call whose result differed, that one
+    /// marked `>`.
+    pub first_disagreement: Vec<String>,
+    /// The engine's tunables, each `name=value`.
+    pub tunables: Vec<String>,
+    /// Machine-wide counters over the replay (/proc/vmstat names).
+    pub counters: BTreeMap<&'static str, i64>,
 }
+
+/// The counters a replay reports.
+const COUNTERS: [&str; 8] = [
+    "pgfault",
+    "pgmajfault",
+    "thp_fault_alloc",
+    "thp_split_pmd",
+    "pgfree",
+    "nr_tlb_remote_flush",
+    "nr_tlb_remote_flush_received",
+    "workingset_refault_file",
+];
 
 impl ReplayReport {
     fn note(&mut self, s: String) {
@@ -172,6 +191,19 @@ impl ReplayReport {
         for n in &self.notes {
             crate::outln!("  {n}");
         }
+        if !self.first_disagreement.is_empty() {
+            crate::outln!("around the first call that differed:");
+            for l in &self.first_disagreement {
+                crate::outln!("  {l}");
+            }
+        }
+        crate::outln!("tunables: {}", self.tunables.join(" "));
+        let c: Vec<String> = self
+            .counters
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        crate::outln!("counters: {}", c.join(", "));
         crate::outln!(
             "{}",
             if self.agrees() {
@@ -236,15 +268,43 @@ pub fn replay(trace: &Trace, b: EngineBackend, cold_cache: bool) -> anyhow::Resu
     if !cold_cache {
         rp.warm_exec_files();
     }
-    let faults0 = rp.b.vmstat("pgfault").map_err(anyhow::Error::msg)?;
+    let counters0: Vec<Option<i64>> = COUNTERS.iter().map(|c| rp.b.vmstat(c).ok()).collect();
     let start = Instant::now();
-    for ev in &trace.events {
+    let mut first_bad = None;
+    for (i, ev) in trace.events.iter().enumerate() {
+        let agreed: u64 = rp.r.calls.values().map(|c| c.agreed + c.skipped).sum();
+        let replayed: u64 = rp.r.calls.values().map(|c| c.replayed).sum();
         rp.event(ev)?;
+        if first_bad.is_none() && matches!(ev.what, What::Call(_)) {
+            let agreed_now: u64 = rp.r.calls.values().map(|c| c.agreed + c.skipped).sum();
+            let replayed_now: u64 = rp.r.calls.values().map(|c| c.replayed).sum();
+            if replayed_now - replayed != agreed_now - agreed {
+                first_bad = Some(i);
+            }
+        }
     }
     rp.compare_maps()?;
     rp.r.seconds = start.elapsed().as_secs_f64();
     rp.r.events = trace.events.len() as u64;
-    rp.r.engine_faults = (rp.b.vmstat("pgfault").map_err(anyhow::Error::msg)? - faults0) as u64;
+    for (c, before) in COUNTERS.iter().zip(counters0) {
+        if let (Some(b), Ok(a)) = (before, rp.b.vmstat(c)) {
+            rp.r.counters.insert(c, a - b);
+        }
+    }
+    rp.r.engine_faults = rp.r.counters.get("pgfault").copied().unwrap_or(0) as u64;
+    rp.r.tunables =
+        rp.b.tunables()
+            .list()
+            .into_iter()
+            .map(|(n, v)| format!("{n}={v}"))
+            .collect();
+    if let Some(i) = first_bad {
+        let lo = i.saturating_sub(3);
+        let hi = (i + 4).min(trace.events.len());
+        rp.r.first_disagreement = (lo..hi)
+            .map(|j| format!("{} {}", if j == i { ">" } else { " " }, trace.events[j]))
+            .collect();
+    }
     Ok(rp.r)
 }
 
