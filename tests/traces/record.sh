@@ -35,6 +35,15 @@ record() {
 for p in mm_mix threads allocator pft fork_large lookup; do
     record "$p" "$build/$p"
 done
+# The fork of a large process again, with 64 KiB mTHPs (the host's knob
+# set for the recording and put back; the trace carries the settings).
+knob=/sys/kernel/mm/transparent_hugepage/hugepages-64kB/enabled
+old=$(sed 's/.*\[\(.*\)\].*/\1/' "$knob")
+echo always > "$knob"
+trap 'echo "$old" > "$knob"' EXIT
+record fork_mthp "$build/fork_large"
+echo "$old" > "$knob"
+trap - EXIT
 record pipeline /bin/sh -c 'ls /usr | wc -l'
 record python python3 -c 'x = [i * 2 for i in range(200000)]; y = sorted(x)'
 record cc cc -c -o "$build/hello.o" "$src"

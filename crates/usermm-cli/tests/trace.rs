@@ -242,7 +242,7 @@ fn the_corpus_replays_as_the_kernel_ran_it() {
         .filter(|p| p.to_string_lossy().ends_with(".trace.gz"))
         .collect();
     traces.sort();
-    assert!(traces.len() >= 9, "{traces:?}");
+    assert!(traces.len() >= 10, "{traces:?}");
     let mut replayed = 0;
     for t in &traces {
         let r = json(usermm().args(["trace", "replay", "--json"]).arg(t));
