@@ -339,3 +339,55 @@ fn a_disagreement_is_shown_in_its_neighbourhood() {
     assert!(r["counters"]["pgfault"].as_i64() >= Some(2), "{r}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `bench replay` over one corpus trace: a row per series, both arms
+/// timed, and the arms' agreement with the kernel.
+#[test]
+fn bench_replay_compares_each_series_on_a_trace() {
+    build_corpus_programs();
+    let dir = scratch("bench");
+    let trace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/traces/mm_mix.trace.gz");
+    let out = usermm()
+        .args(["bench", "replay", "--runs", "2", "--json", "--trace"])
+        .arg(&trace)
+        .arg("--out")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    if rows.is_empty() {
+        eprintln!("not checked: mm_mix's files differ here");
+        return;
+    }
+    let tunables: Vec<&str> = rows
+        .iter()
+        .map(|r| r["tunable"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        tunables,
+        ["fork_batch", "zap_batch", "pt_reclaim", "fault_lock"]
+    );
+    for r in rows {
+        assert!(
+            r["base_ms"].as_f64() > Some(0.0) && r["arm_ms"].as_f64() > Some(0.0),
+            "{r}"
+        );
+        assert_eq!(r["runs"], 2, "{r}");
+        // The changed arm is the kernel's algorithm: it agrees.
+        assert_eq!(r["arm_agrees"], true, "{r}");
+    }
+    // PT reclaim off keeps the page tables mm_mix emptied with DONTNEED.
+    let ptr = &rows[2];
+    assert!(
+        ptr["base_vm_pte_kb"].as_i64() > ptr["arm_vm_pte_kb"].as_i64(),
+        "{ptr}"
+    );
+    assert_eq!(ptr["base_agrees"], false, "{ptr}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

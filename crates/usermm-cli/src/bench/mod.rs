@@ -9,6 +9,7 @@ mod migrate;
 mod migrc;
 mod pft;
 mod pt_reclaim;
+mod replay;
 pub mod stats;
 pub mod summary;
 mod tiering;
@@ -23,7 +24,7 @@ use usermm::{Machine, MachineConfig};
 #[derive(clap::Args, Clone)]
 pub struct BenchArgs {
     /// Experiment: access, fault, munmap, dontneed, fork, cow, vma,
-    /// pt_reclaim, pft, migrate, tiering or migrc
+    /// pt_reclaim, pft, migrate, tiering, migrc or replay
     /// (see --list). All when omitted.
     pub name: Option<String>,
     /// List the experiments with what each measures, and stop.
@@ -135,6 +136,10 @@ pub struct BenchArgs {
     /// defer).
     #[arg(long, default_value = "madvise")]
     pub thp: String,
+    /// replay: the traces to replay (docs/traces.md); by default the
+    /// corpus in tests/traces.
+    #[arg(long)]
+    pub trace: Vec<PathBuf>,
     /// Folder for the results (JSON and SVG per experiment).
     #[arg(long, default_value = "results")]
     pub out: PathBuf,
@@ -268,7 +273,7 @@ pub struct Experiment {
 }
 
 /// Every experiment, in the order `usermm bench` runs them.
-pub const EXPERIMENTS: [Experiment; 12] = [
+pub const EXPERIMENTS: [Experiment; 13] = [
     access::EXPERIMENT,
     fault::EXPERIMENT,
     batching::MUNMAP,
@@ -281,6 +286,7 @@ pub const EXPERIMENTS: [Experiment; 12] = [
     migrate::EXPERIMENT,
     tiering::EXPERIMENT,
     migrc::EXPERIMENT,
+    replay::EXPERIMENT,
 ];
 
 fn names() -> String {

@@ -138,11 +138,13 @@ pub fn run(a: TraceArgs) -> anyhow::Result<i32> {
     }
 }
 
-/// The default machine of a replay: 4 GiB with a CPU for each of the
-/// trace's threads (at least two, at most 16).
+/// The default machine of a replay: one node of four times the pages the
+/// trace faulted and 512 MiB more (1 to 16 GiB), with a CPU for each of
+/// its threads (at least two, at most 16).
 pub fn replay_machine(t: &Trace) -> usermm::MachineConfig {
     let s = Summary::of(t);
-    usermm::MachineConfig::single_node(4 << 30, s.threads.clamp(2, 16))
+    let bytes = (s.pages_touched as u64 * 4 * 4096 + (512 << 20)).clamp(1 << 30, 16 << 30);
+    usermm::MachineConfig::single_node(bytes, s.threads.clamp(2, 16))
 }
 
 /// What `usermm trace show` prints.
