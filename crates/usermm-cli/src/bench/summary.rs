@@ -225,6 +225,25 @@ pub fn headline(name: &'static str, v: &Value) -> Option<Headline> {
                 None,
             )
         }
+        "replay" => {
+            // Traces whose every changed arm agreed with the kernel.
+            let mut traces: Vec<(&str, bool)> = Vec::new();
+            for r in rows {
+                let (t, ok) = (r["trace"].as_str()?, r["arm_agrees"].as_bool()?);
+                match traces.iter_mut().find(|(n, _)| *n == t) {
+                    Some(e) => e.1 &= ok,
+                    None => traces.push((t, ok)),
+                }
+            }
+            let agree = traces.iter().filter(|(_, ok)| *ok).count();
+            line(
+                "real programs replayed: traces agreeing with the kernel on every call and figure"
+                    .into(),
+                None,
+                format!("{agree} of {}", traces.len()),
+                None,
+            )
+        }
         _ => None,
     }
 }
