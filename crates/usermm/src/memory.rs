@@ -823,6 +823,13 @@ pub(crate) fn map_zero_page_special(vmf: &mut VmFault<'_>) -> VmFaultResult {
     ) {
         return e.into();
     }
+    set_zero_page_pte(vmf)
+}
+
+/// Map the shared zero page read-only at the fault's address, its PTE
+/// table there already; no RSS, no reference. Raced where the entry is
+/// no longer empty.
+fn set_zero_page_pte(vmf: &mut VmFault<'_>) -> VmFaultResult {
     let pte = Pte::new(vmf.oncpu.m.zero_pfn, vmf.vma.page_prot()).mkspecial();
     let mut pt = match vmf.pte_map_lock() {
         Ok(pt) => pt,
@@ -841,18 +848,7 @@ fn do_anonymous_page(vmf: &mut VmFault<'_>) -> VmFaultResult {
     let (oncpu, mm, vma) = (vmf.oncpu, vmf.mm, vmf.vma);
     let mem = oncpu.mem();
     if !vmf.write() {
-        // Map the shared zero page read-only; no RSS, no reference.
-        let pte = Pte::new(oncpu.m.zero_pfn, vma.page_prot()).mkspecial();
-        let mut pt = match vmf.pte_map_lock() {
-            Ok(pt) => pt,
-            Err(r) => return r,
-        };
-        let idx = vmf.pte_idx();
-        if !pt.pte(idx).none() {
-            return VmFaultResult::Raced;
-        }
-        pt.set(idx, pte);
-        return VmFaultResult::Done;
+        return set_zero_page_pte(vmf);
     }
     if let Err(r) = vmf_anon_prepare(vmf) {
         return r;

@@ -167,6 +167,20 @@ fn scripts_run_their_interpreter() {
     let _ = std::fs::remove_dir_all(plain.parent().unwrap());
 }
 
+/// The value of auxiliary-vector entry `key` in the vector at `auxv`
+/// (among its first 40 entries).
+fn auxv_value(c: &usermm::OnCpu, auxv: u64, key: u64) -> Option<u64> {
+    (0..40)
+        .map(|i| {
+            (
+                c.load_u64(auxv + 16 * i).unwrap(),
+                c.load_u64(auxv + 16 * i + 8).unwrap(),
+            )
+        })
+        .find(|&(k, _)| k == key)
+        .map(|(_, v)| v)
+}
+
 #[test]
 fn exec_writes_argc_argv_and_envp_on_the_new_stack() {
     if !std::path::Path::new(TRUE).exists() {
@@ -199,16 +213,7 @@ fn exec_writes_argc_argv_and_envp_on_the_new_stack() {
     assert_eq!(c.load_u64(sp + 8 * 6).unwrap(), 0);
     assert!(l.arg_start < l.arg_end && l.arg_end <= l.env_start);
     // The auxiliary vector follows: AT_PAGESZ (6) is 4096.
-    let auxv = sp + 8 * 7;
-    let pagesz = (0..30)
-        .map(|i| {
-            (
-                c.load_u64(auxv + 16 * i).unwrap(),
-                c.load_u64(auxv + 16 * i + 8).unwrap(),
-            )
-        })
-        .find(|&(k, _)| k == 6);
-    assert_eq!(pagesz, Some((6, 4096)));
+    assert_eq!(auxv_value(&c, sp + 8 * 7, 6), Some(4096));
     c.exit_mm().unwrap();
 }
 
@@ -322,17 +327,7 @@ fn vdso_and_vvar_fault_as_the_kernel_maps_them() {
     let sp = mm.layout().start_stack;
     // AT_SYSINFO_EHDR (33) in the auxiliary vector, after argc, argv's
     // one pointer and NULL, envp's NULL.
-    let auxv = sp + 8 * 4;
-    let vdso = (0..40)
-        .map(|i| {
-            (
-                c.load_u64(auxv + 16 * i).unwrap(),
-                c.load_u64(auxv + 16 * i + 8).unwrap(),
-            )
-        })
-        .find(|&(k, _)| k == 33)
-        .map(|(_, v)| v)
-        .expect("AT_SYSINFO_EHDR");
+    let vdso = auxv_value(&c, sp + 8 * 4, 33).expect("AT_SYSINFO_EHDR");
     let rss_file = || usermm::proc::status(&mm).rss_file;
     let before = rss_file();
     // "\x7fELF", 64-bit, little-endian, version 1.
