@@ -66,6 +66,24 @@ fn json(cmd: &mut Command) -> Value {
     })
 }
 
+/// Every call a replay made returned what the kernel's did.
+fn assert_calls_agree(trace: &str, r: &Value) {
+    for (call, c) in r["calls"].as_object().unwrap() {
+        assert_eq!(
+            c["agreed"].as_u64().unwrap() + c["skipped"].as_u64().unwrap(),
+            c["replayed"].as_u64().unwrap(),
+            "{trace}: {call}: {r}"
+        );
+    }
+}
+
+/// `usermm trace VERB FILE`'s stderr, which must end it with status 1.
+fn error_of(verb: &str, file: &Path) -> String {
+    let out = usermm().args(["trace", verb]).arg(file).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{verb} {}", file.display());
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 /// mm_mix (anonymous memory, MADV_DONTNEED, mprotect, mremap, a thread, a
 /// fork, malloc) recorded, summarised and replayed: every call's result,
 /// the address space exec built, and each process's anonymous memory,
@@ -99,13 +117,7 @@ fn a_recorded_program_replays_as_the_kernel_ran_it() {
     }
 
     let r = json(usermm().args(["trace", "replay", "--json"]).arg(&trace));
-    for (name, c) in r["calls"].as_object().unwrap() {
-        assert_eq!(
-            c["agreed"].as_u64().unwrap() + c["skipped"].as_u64().unwrap(),
-            c["replayed"].as_u64().unwrap(),
-            "{name}: {r}"
-        );
-    }
+    assert_calls_agree("mix", &r);
     assert_eq!(r["placed_elsewhere"], 0, "{r}");
     assert_eq!(r["faults_refused"], 0, "{r}");
     assert_eq!(r["exec_maps_alike"], r["exec_maps_lines"], "{r}");
@@ -154,41 +166,22 @@ fn a_recorded_program_replays_as_the_kernel_ran_it() {
 #[test]
 fn bad_input_is_a_one_line_error() {
     let dir = scratch("bad");
-    let missing = usermm()
-        .args(["trace", "replay"])
-        .arg(dir.join("missing.trace.gz"))
-        .output()
-        .unwrap();
-    assert_eq!(missing.status.code(), Some(1));
-    assert_eq!(String::from_utf8_lossy(&missing.stderr).lines().count(), 1);
+    let err = error_of("replay", &dir.join("missing.trace.gz"));
+    assert_eq!(err.lines().count(), 1, "{err}");
 
     let text = dir.join("not.trace");
     std::fs::write(&text, "hello\n").unwrap();
-    let out = usermm()
-        .args(["trace", "show"])
-        .arg(&text)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = error_of("show", &text);
     assert!(err.contains("not a trace"), "{err}");
 
     let bad = dir.join("bad.trace");
     std::fs::write(&bad, "usermm-trace 1\n0 1/1 mmap addr=0x0 = 0x0\n").unwrap();
-    let out = usermm()
-        .args(["trace", "replay"])
-        .arg(&bad)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = error_of("replay", &bad);
     assert!(err.contains(":2: mmap"), "{err}");
 
     let gz = dir.join("broken.trace.gz");
     std::fs::write(&gz, [0x1f, 0x8b, 0, 1, 2]).unwrap();
-    let out = usermm().args(["trace", "show"]).arg(&gz).output().unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("gzip"));
+    assert!(error_of("show", &gz).contains("gzip"));
 
     let none = usermm().args(["trace", "record", "--"]).output().unwrap();
     assert_ne!(none.status.code(), Some(0));
@@ -255,13 +248,7 @@ fn the_corpus_replays_as_the_kernel_ran_it() {
             continue;
         }
         replayed += 1;
-        for (call, c) in r["calls"].as_object().unwrap() {
-            assert_eq!(
-                c["agreed"].as_u64().unwrap() + c["skipped"].as_u64().unwrap(),
-                c["replayed"].as_u64().unwrap(),
-                "{name}: {call}: {r}"
-            );
-        }
+        assert_calls_agree(&name, &r);
         for k in ["placed_elsewhere", "faults_refused", "orphan_events"] {
             assert_eq!(r[k], 0, "{name}: {k}: {r}");
         }

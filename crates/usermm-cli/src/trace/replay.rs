@@ -234,6 +234,12 @@ struct Replay<'t> {
     vma_rss: HashMap<i32, Vec<(u64, u64, u64)>>,
     /// Files start uncached (else each is read whole when first mapped).
     cold_cache: bool,
+    /// The thread the backend runs now (None: switch at the next event).
+    on_tid: Option<i32>,
+    /// The index of the event being replayed, and of the first call whose
+    /// result differed.
+    at: usize,
+    first_bad: Option<usize>,
     r: ReplayReport,
 }
 
@@ -249,39 +255,25 @@ pub fn replay(trace: &Trace, b: EngineBackend, cold_cache: bool) -> anyhow::Resu
         pending_maps: None,
         vma_rss: HashMap::new(),
         cold_cache,
+        on_tid: None,
+        at: 0,
+        first_bad: None,
         r: ReplayReport::default(),
     };
     let Some(first) = trace.events.first() else {
         anyhow::bail!("the trace has no events");
     };
     rp.names.insert(first.pid, "main".into());
-    rp.r.files_changed = trace
-        .files
-        .iter()
-        .filter(|f| {
-            f.hash != 0
-                && super::format::content_hash(std::path::Path::new(&f.path)) != Some(f.hash)
-        })
-        .map(|f| f.path.clone())
-        .collect();
+    rp.r.files_changed = changed_files(trace);
     rp.set_knobs()?;
     if !cold_cache {
         rp.warm_exec_files();
     }
     let counters0: Vec<Option<i64>> = COUNTERS.iter().map(|c| rp.b.vmstat(c).ok()).collect();
     let start = Instant::now();
-    let mut first_bad = None;
     for (i, ev) in trace.events.iter().enumerate() {
-        let agreed: u64 = rp.r.calls.values().map(|c| c.agreed + c.skipped).sum();
-        let replayed: u64 = rp.r.calls.values().map(|c| c.replayed).sum();
+        rp.at = i;
         rp.event(ev)?;
-        if first_bad.is_none() && matches!(ev.what, What::Call(_)) {
-            let agreed_now: u64 = rp.r.calls.values().map(|c| c.agreed + c.skipped).sum();
-            let replayed_now: u64 = rp.r.calls.values().map(|c| c.replayed).sum();
-            if replayed_now - replayed != agreed_now - agreed {
-                first_bad = Some(i);
-            }
-        }
     }
     rp.compare_maps()?;
     rp.r.seconds = start.elapsed().as_secs_f64();
@@ -298,7 +290,7 @@ pub fn replay(trace: &Trace, b: EngineBackend, cold_cache: bool) -> anyhow::Resu
             .into_iter()
             .map(|(n, v)| format!("{n}={v}"))
             .collect();
-    if let Some(i) = first_bad {
+    if let Some(i) = rp.first_bad {
         let lo = i.saturating_sub(3);
         let hi = (i + 4).min(trace.events.len());
         rp.r.first_disagreement = (lo..hi)
@@ -306,6 +298,20 @@ pub fn replay(trace: &Trace, b: EngineBackend, cold_cache: bool) -> anyhow::Resu
             .collect();
     }
     Ok(rp.r)
+}
+
+/// The trace's files whose contents here are not those recorded (changed,
+/// or gone).
+pub fn changed_files(trace: &Trace) -> Vec<String> {
+    trace
+        .files
+        .iter()
+        .filter(|f| {
+            f.hash != 0
+                && super::format::content_hash(std::path::Path::new(&f.path)) != Some(f.hash)
+        })
+        .map(|f| f.path.clone())
+        .collect()
 }
 
 fn result(r: Result<u64, Errno>) -> i64 {
@@ -354,11 +360,14 @@ impl Replay<'_> {
         if !matches!(ev.what, What::Vma(_)) {
             self.compare_maps()?;
         }
-        let Some(name) = self.names.get(&ev.tid).cloned() else {
+        let Some(name) = self.names.get(&ev.tid) else {
             self.r.orphan_events += 1;
             return Ok(());
         };
-        self.b.switch(&name).map_err(anyhow::Error::msg)?;
+        if self.on_tid != Some(ev.tid) {
+            self.b.switch(name).map_err(anyhow::Error::msg)?;
+            self.on_tid = Some(ev.tid);
+        }
         match &ev.what {
             What::Exec { path, argv, env } => {
                 self.r.execs += 1;
@@ -433,6 +442,8 @@ impl Replay<'_> {
     }
 
     fn exit(&mut self, ev: &Event, group: bool) -> anyhow::Result<()> {
+        // The backend's current thread may be the one that goes.
+        self.on_tid = None;
         if ev.tid != ev.pid {
             // A thread other than the first: it leaves the mm to the rest.
             if let Some(name) = self.names.remove(&ev.tid) {
@@ -464,6 +475,7 @@ impl Replay<'_> {
             return Ok(());
         };
         self.b.switch(&name).map_err(anyhow::Error::msg)?;
+        self.on_tid = None;
         let ours = self.b.figures().map_err(anyhow::Error::msg)?;
         // Which VMAs the resident sizes differ in.
         let recorded_rss = self.vma_rss.remove(&pid).unwrap_or_default();
@@ -514,6 +526,7 @@ impl Replay<'_> {
             return Ok(());
         };
         self.b.switch(&name).map_err(anyhow::Error::msg)?;
+        self.on_tid = None;
         // Device and inode left out: a file is the same by its contents
         // (the trace's hash), wherever it lies now.
         let key = |l: &str| {
@@ -656,6 +669,7 @@ impl Replay<'_> {
         if got == c.ret {
             self.r.calls.get_mut(c.sys.name()).expect("tallied").agreed += 1;
         } else {
+            self.first_bad.get_or_insert(self.at);
             self.r.note(format!(
                 "{} {}: {}: kernel {}, usermm {}",
                 ev.t_us,
